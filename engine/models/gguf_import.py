@@ -1,0 +1,262 @@
+"""Import a GGUF file (llama.cpp / LM Studio / Ollama format) into an MLX model folder.
+
+Weights are dequantized with the `gguf` package (it reads every quant type in numpy;
+`mx.load` fails on some, e.g. Q5_0), renamed to Hugging Face names and saved as
+float32 safetensors, the fastest dtype on the CPU. The tokenizer is rebuilt from the
+GGUF metadata with transformers' GGUF tokenizer builder, which needs no torch.
+
+Quirks handled (llama.cpp's converter, convert_hf_to_gguf.py):
+- `llama` q/k projections are row-permuted for llama.cpp's rotary layout: undone here.
+- Gemma norm weights are stored as `w + 1` (HF stores `w`, the model adds 1): subtract 1.
+- No `output.weight` means tied embeddings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from engine.errors import GGUFImportError
+
+log = logging.getLogger(__name__)
+
+# Tokens that end an assistant turn in the chat templates we know; when the template
+# uses one, generation must stop on it even if the GGUF's eos_token_id says otherwise.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>")
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "ffn_norm": "post_attention_layernorm",
+}
+_GEMMA3_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    model_type: str  # mlx-lm's module name
+    layer_names: dict[str, str]
+    unpermute_qk: bool = False
+    norms_plus_one: bool = False
+
+
+ARCHITECTURES = {
+    "llama": ArchSpec("llama", _LAYER_NAMES, unpermute_qk=True),
+    "qwen2": ArchSpec("qwen2", _LAYER_NAMES),
+    "gemma3": ArchSpec("gemma3_text", _GEMMA3_LAYER_NAMES, norms_plus_one=True),
+}
+
+
+class _Metadata:
+    """Typed access to a GGUFReader's key/value fields."""
+
+    def __init__(self, reader):
+        self._fields = reader.fields
+
+    def get(self, key: str, default=None):
+        field = self._fields.get(key)
+        if field is None:
+            return default
+        return field.contents()
+
+    def require(self, key: str):
+        value = self.get(key)
+        if value is None:
+            raise GGUFImportError(f"GGUF metadata lacks '{key}'; the file is incomplete or not a model")
+        return value
+
+
+def open_gguf(path: Path):
+    import gguf
+
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFImportError(f"No such file: {path}")
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise GGUFImportError(f"{path.name} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as exc:  # the reader raises bare ValueError/IndexError on damage
+        raise GGUFImportError(f"{path.name} is damaged or truncated: {exc}") from exc
+
+
+def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[str]) -> dict:
+    hidden = int(meta.require(f"{arch}.embedding_length"))
+    heads = int(meta.require(f"{arch}.attention.head_count"))
+    config = {
+        "model_type": spec.model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(meta.require(f"{arch}.block_count")),
+        "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        "rms_norm_eps": float(meta.require(f"{arch}.attention.layer_norm_rms_epsilon")),
+        "vocab_size": len(meta.require("tokenizer.ggml.tokens")),
+        "max_position_embeddings": int(meta.require(f"{arch}.context_length")),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+    }
+    scaling = meta.get(f"{arch}.rope.scaling.type")
+    if "rope_freqs.weight" in tensor_names:
+        raise GGUFImportError("Llama-3-style rope frequency tables (rope_freqs) are not supported yet")
+    if scaling == "linear":
+        config["rope_scaling"] = {"type": "linear", "factor": float(meta.require(f"{arch}.rope.scaling.factor"))}
+    elif scaling not in (None, "none"):
+        raise GGUFImportError(f"RoPE scaling '{scaling}' in a GGUF is not supported yet")
+    if arch == "gemma3":
+        # Gemma-3 facts llama.cpp hard-codes rather than storing (see shared/MODELS.md).
+        config.update(
+            sliding_window=int(meta.get("gemma3.attention.sliding_window", 512)),
+            sliding_window_pattern=6,
+            rope_local_base_freq=10000.0,
+            query_pre_attn_scalar=config["head_dim"],
+        )
+    return config
+
+
+def _unpermute(weight: np.ndarray, n_heads: int) -> np.ndarray:
+    # llama.cpp interleaves each head's rotary halves; restore HF's (half, half) order.
+    rows = weight.shape[0]
+    return (
+        weight.reshape(n_heads, rows // n_heads // 2, 2, *weight.shape[1:])  # (H, D/2, 2, ...)
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+def hf_name(gguf_name: str, spec: ArchSpec) -> str:
+    stem, _, kind = gguf_name.rpartition(".")  # kind: weight | bias
+    if stem in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[stem]}.{kind}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in spec.layer_names:
+        return f"model.layers.{parts[1]}.{spec.layer_names[parts[2]]}.{kind}"
+    raise GGUFImportError(f"Unexpected tensor '{gguf_name}' for a {spec.model_type} model")
+
+
+def convert_tensors(reader, config: dict, spec: ArchSpec, progress: Callable[[int, int], None]):
+    """HF-named float32 mx arrays; each tensor leaves numpy at once to halve peak memory."""
+    import mlx.core as mx
+    from gguf.quants import dequantize
+
+    weights = {}
+    total = len(reader.tensors)
+    for i, tensor in enumerate(reader.tensors):
+        name = hf_name(tensor.name, spec)
+        try:
+            array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        except Exception as exc:
+            raise GGUFImportError(f"Cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {exc}") from exc
+        if spec.unpermute_qk and name.endswith("q_proj.weight"):
+            array = _unpermute(array, config["num_attention_heads"])
+        elif spec.unpermute_qk and name.endswith("k_proj.weight"):
+            array = _unpermute(array, config["num_key_value_heads"])
+        if spec.norms_plus_one and "norm" in name:
+            array = array - 1.0
+        weights[name] = mx.array(array)
+        progress(i + 1, total)
+    return weights
+
+
+def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
+    """Rebuild tokenizer.json/tokenizer_config.json; returns extra config (eos ids)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    tokens = list(meta.require("tokenizer.ggml.tokens"))
+    tokenizer_dict = {
+        "tokenizer_type": meta.get("tokenizer.ggml.model"),
+        "pre_tokenizer_type": meta.get("tokenizer.ggml.pre"),
+        "tokens": tokens,
+        "token_type": meta.get("tokenizer.ggml.token_type"),
+        "scores": meta.get("tokenizer.ggml.scores"),
+        "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": meta.get("tokenizer.ggml.eos_token_id"),
+        "unk_token_id": meta.get("tokenizer.ggml.unknown_token_id"),
+        "pad_token_id": meta.get("tokenizer.ggml.padding_token_id"),
+    }
+    merges = meta.get("tokenizer.ggml.merges")
+    if merges is not None:
+        tokenizer_dict["merges"] = list(merges)
+    try:
+        backend, _ = convert_gguf_tokenizer(arch, {k: v for k, v in tokenizer_dict.items() if v is not None})
+    except Exception as exc:
+        raise GGUFImportError(f"Cannot rebuild the tokenizer from GGUF metadata: {exc}") from exc
+    backend.save(str(dest / "tokenizer.json"))
+
+    template = meta.get("tokenizer.chat_template")
+
+    def token(key):
+        idx = meta.get(f"tokenizer.ggml.{key}")
+        return tokens[idx] if idx is not None and idx < len(tokens) else None
+
+    bos = token("bos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
+    if template and bos and bos in template:
+        add_bos = False  # the template writes BOS itself: adding it again would double it
+    eos_ids = [meta.get("tokenizer.ggml.eos_token_id")] if token("eos_token_id") else []
+    for name in END_OF_TURN_TOKENS:
+        if template and name in template and name in tokens:
+            eos_ids.append(tokens.index(name))
+    eos_ids = sorted(set(i for i in eos_ids if i is not None))
+    eos_token = tokens[eos_ids[-1]] if eos_ids else None
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": bos,
+        "eos_token": eos_token,
+        "unk_token": token("unknown_token_id"),
+        "pad_token": token("padding_token_id"),
+        "add_bos_token": add_bos,
+        "add_eos_token": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": int(meta.get(f"{arch}.context_length", 0) or 0) or None,
+    }
+    if template:
+        tokenizer_config["chat_template"] = template
+    (dest / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return {"eos_token_id": eos_ids} if eos_ids else {}
+
+
+def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] | None = None) -> dict:
+    """Convert `path` into the (empty, existing) folder `dest`; returns the config written."""
+    reader = open_gguf(path)
+    meta = _Metadata(reader)
+    arch = meta.get("general.architecture")
+    spec = ARCHITECTURES.get(arch)
+    if spec is None:
+        raise GGUFImportError(
+            f"GGUF architecture '{arch}' is not supported for import (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    config = build_config(meta, arch, spec, {t.name for t in reader.tensors})
+    config.update(write_tokenizer(reader, meta, arch, dest))
+    weights = convert_tensors(reader, config, spec, progress or (lambda *_: None))
+    expected = f"model.layers.{config['num_hidden_layers'] - 1}.self_attn.q_proj.weight"
+    if expected not in weights or "model.embed_tokens.weight" not in weights:
+        raise GGUFImportError(f"{Path(path).name} lacks tensors its metadata promises (e.g. {expected})")
+    import mlx.core as mx
+
+    mx.save_safetensors(str(dest / "model.safetensors"), weights)
+    config["brisk_source"] = {"gguf": Path(path).name, "name": meta.get("general.name")}
+    (dest / "config.json").write_text(json.dumps(config, indent=2))
+    return config

@@ -1,0 +1,65 @@
+"""Load an installed model for inference, verified first, in the compute dtype."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import BrokenModelFolder
+from engine.models.folder import FolderInfo, inspect_folder, read_config
+from engine.models.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    id: str
+    path: Path
+    model: Any  # mlx.nn.Module
+    tokenizer: Any  # mlx_lm TokenizerWrapper
+    config: dict
+    info: FolderInfo
+    compute_dtype: str
+
+    @property
+    def context_length(self) -> int:
+        return self.info.context_length
+
+
+def compute_dtype_name() -> str:
+    """float32 on the CPU: half-precision matmuls run ~40x slower there (shared/CPU.md)."""
+    import mlx.core as mx
+
+    if sys.platform == "darwin" and mx.metal.is_available():
+        return "native"
+    return "float32"
+
+
+def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
+    import mlx.core as mx
+    from mlx_lm.utils import load
+
+    path = Path(path)
+    info = inspect_folder(path)  # names the problem before mlx-lm can fail obscurely
+    config = read_config(path)
+    try:
+        model, tokenizer = load(str(path))
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+        raise BrokenModelFolder(f"{path.name} cannot be loaded by mlx-lm: {exc}") from exc
+    dtype = compute_dtype_name()
+    if dtype == "float32":
+        model.set_dtype(mx.float32)  # leaves quantized (integer) weights as they are
+        mx.eval(model.parameters())
+    if not tokenizer.eos_token_ids:
+        log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)
+    return LoadedModel(model_id or path.name, path, model, tokenizer, config, info, dtype)
+
+
+def load_model(model_id: str, *, store: ModelStore | None = None) -> LoadedModel:
+    store = store or ModelStore()
+    store.get(model_id)  # ModelNotFound with the list of what is installed
+    return load_folder(store.path(model_id), model_id=model_id)

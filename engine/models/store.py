@@ -1,0 +1,145 @@
+"""The model store: installed model folders and their catalog entries.
+
+Layout under `brisk_home()`:
+    models/<id>/            an MLX model folder plus `brisk.json` (its catalog entry)
+    models/.staging-<id>/   an install in progress; moved into place only when complete
+    cache/                  downloads (Hugging Face snapshots, PyPI wheels), resumable
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+from engine.errors import BriskError, BrokenModelFolder, ModelNotFound
+from engine.models.folder import inspect_folder
+
+CATALOG_FILE = "brisk.json"
+MODEL_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
+
+
+def brisk_home() -> Path:
+    """Where Brisk keeps its data: $BRISK_HOME, else the platform's user data dir."""
+    override = os.environ.get("BRISK_HOME")
+    if override:
+        return Path(override).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("Brisk", appauthor=False))
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    id: str
+    architecture: str
+    parameters: int
+    dtype: str
+    bytes_on_disk: int
+    tokenizer_fingerprint: str
+    context_length: int
+    has_chat_template: bool
+    source: str
+    installed_at: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def validate_model_id(model_id: str) -> str:
+    if not MODEL_ID_PATTERN.match(model_id or ""):
+        raise BriskError(
+            f"Invalid model id '{model_id}': use lowercase letters, digits, '.', '_' or '-' (max 80)"
+        )
+    return model_id
+
+
+def model_id_from_repo(repo_id: str) -> str:
+    return validate_model_id(re.sub(r"[^a-z0-9._-]+", "-", repo_id.split("/")[-1].lower()).strip("-."))
+
+
+class ModelStore:
+    def __init__(self, home: Path | None = None):
+        self.home = Path(home) if home else brisk_home()
+        self.models_dir = self.home / "models"
+        self.cache_dir = self.home / "cache"
+
+    def path(self, model_id: str) -> Path:
+        return self.models_dir / validate_model_id(model_id)
+
+    def has(self, model_id: str) -> bool:
+        return (self.path(model_id) / CATALOG_FILE).is_file()
+
+    def get(self, model_id: str) -> CatalogEntry:
+        folder = self.path(model_id)
+        entry_file = folder / CATALOG_FILE
+        if not entry_file.is_file():
+            installed = ", ".join(e.id for e in self.list()) or "none"
+            raise ModelNotFound(
+                f"Model '{model_id}' is not installed (installed: {installed}). "
+                "Try `brisk models install-bundled`, `brisk models pull REPO` or `brisk models import-gguf`."
+            )
+        try:
+            return CatalogEntry(**json.loads(entry_file.read_text()))
+        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+            raise BrokenModelFolder(f"Catalog entry {entry_file} is corrupt ({exc}); reinstall the model") from exc
+
+    def list(self) -> list[CatalogEntry]:
+        if not self.models_dir.is_dir():
+            return []
+        entries = []
+        for folder in sorted(self.models_dir.iterdir()):
+            if folder.name.startswith(".") or not (folder / CATALOG_FILE).is_file():
+                continue
+            try:
+                entries.append(self.get(folder.name))
+            except BriskError:
+                continue  # a corrupt entry must not hide the others; `get` reports it by name
+        return entries
+
+    def remove(self, model_id: str) -> None:
+        folder = self.path(model_id)
+        if not folder.is_dir():
+            raise ModelNotFound(f"Model '{model_id}' is not installed")
+        shutil.rmtree(folder)
+
+    @contextmanager
+    def staging(self, model_id: str, *, replace: bool = False) -> Iterator[Path]:
+        """A scratch folder that becomes models/<id> only if the block succeeds."""
+        final = self.path(model_id)
+        if final.exists() and not replace:
+            raise BriskError(f"Model '{model_id}' is already installed; remove it first or choose another --id")
+        stage = self.models_dir / f".staging-{model_id}"
+        shutil.rmtree(stage, ignore_errors=True)
+        stage.mkdir(parents=True)
+        try:
+            yield stage
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        if final.exists():
+            shutil.rmtree(final)
+        stage.rename(final)
+
+    def register(self, folder: Path, *, model_id: str, source: str) -> CatalogEntry:
+        """Verify `folder` and write its catalog entry."""
+        info = inspect_folder(folder)
+        entry = CatalogEntry(id=model_id, source=source, installed_at=time.time(), **asdict(info))
+        (folder / CATALOG_FILE).write_text(json.dumps(entry.to_dict(), indent=2))
+        return entry
+
+    def install_folder(self, source_folder: Path, *, model_id: str, source: str) -> CatalogEntry:
+        """Copy an existing MLX model folder into the store."""
+        inspect_folder(source_folder)  # refuse a broken folder before copying gigabytes
+        with self.staging(model_id) as stage:
+            for item in Path(source_folder).iterdir():
+                if item.is_file() and item.name != CATALOG_FILE:
+                    shutil.copy2(item, stage / item.name)
+            self.register(stage, model_id=model_id, source=source)
+        return self.get(model_id)

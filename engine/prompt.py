@@ -1,0 +1,52 @@
+"""Turn a conversation into prompt tokens: chat template, system prompt, overflow policy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import ContextOverflow
+
+# With no chat template (base models), turns are joined as plain paragraphs.
+PLAIN_SEPARATOR = "\n\n"
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    tokens: list[int]
+    dropped_messages: int  # oldest turns left out under the truncate_oldest policy
+
+
+def _encode(lm, messages) -> list[int]:
+    tokenizer = lm.tokenizer
+    dicts = [{"role": m.role, "content": m.content} for m in messages]
+    if tokenizer.chat_template:
+        return list(tokenizer.apply_chat_template(dicts, add_generation_prompt=True))
+    text = PLAIN_SEPARATOR.join(m["content"] for m in dicts)
+    return list(tokenizer.encode(text))
+
+
+def render_prompt(lm, messages, settings) -> RenderedPrompt:
+    """Tokens for the next answer. Never drops anything silently: either every message
+    is in, or the caller hears how many of the oldest were dropped (or gets ContextOverflow)."""
+    from engine.session import Message
+
+    system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
+    history = list(messages)
+    tokens = _encode(lm, system + history)
+    limit = lm.context_length - 1  # room for at least one answer token
+    if len(tokens) <= limit:
+        return RenderedPrompt(tokens, 0)
+    if settings.context_overflow != "truncate_oldest":
+        raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)
+    dropped = 0
+    # Drop whole turns from the front, keeping the newest user message at least.
+    while len(history) > 1:
+        history.pop(0)
+        dropped += 1
+        while len(history) > 1 and history[0].role != "user":
+            history.pop(0)
+            dropped += 1
+        tokens = _encode(lm, system + history)
+        if len(tokens) <= limit:
+            return RenderedPrompt(tokens, dropped)
+    raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)

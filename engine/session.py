@@ -1,0 +1,249 @@
+"""One conversation: messages, settings, and the prompt cache of its last turn.
+
+A turn renders the chat template, reuses the longest cached token prefix, prefills
+only the new tokens (in chunks, reporting progress and honouring cancellation), then
+decodes with mlx-lm's `generate_step`. Editing or regenerating an earlier message
+trims the cache back to the common prefix. Errors come out as `EngineErrored` events.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Iterator
+
+from engine.detokenize import StreamingText
+from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
+from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
+from engine.models.loader import LoadedModel
+from engine.prefill import prefill_chunks
+from engine.prompt import render_prompt
+from engine.settings import ChatSettings
+
+log = logging.getLogger(__name__)
+
+
+class CancelToken:
+    """Set from any thread; the engine checks it between prefill chunks and tokens."""
+
+    def __init__(self):
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self) -> None:
+        if self._event.is_set():
+            raise TurnCancelled()
+
+
+@dataclass
+class Message:
+    role: str  # system | user | assistant
+    content: str
+    finish_reason: str | None = None  # for answers: stop | length | context | cancelled | error
+    token_ids: list[int] = field(default_factory=list)
+    metrics: dict | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Session:
+    def __init__(self, lm: LoadedModel, settings: ChatSettings | None = None,
+                 messages: list[Message] | None = None):
+        self.lm = lm
+        self.settings = (settings or ChatSettings(model=lm.id)).validate()
+        self.messages: list[Message] = list(messages or [])
+        self._cache = None  # mlx-lm per-layer caches
+        self._cache_tokens: list[int] = []  # exactly the tokens the cache holds
+
+    # --- public turn entry points -------------------------------------------------
+
+    def send(self, text: str, *, cancel: CancelToken | None = None) -> Iterator[object]:
+        self.messages.append(Message("user", text))
+        return self._turn(cancel or CancelToken())
+
+    def regenerate(self, *, cancel: CancelToken | None = None) -> Iterator[object]:
+        while self.messages and self.messages[-1].role == "assistant":
+            self.messages.pop()
+        if not self.messages or self.messages[-1].role != "user":
+            raise InvalidSettings("Nothing to regenerate: the conversation has no user message")
+        return self._turn(cancel or CancelToken())
+
+    def edit(self, index: int, text: str, *, cancel: CancelToken | None = None) -> Iterator[object]:
+        """Replace user message `index`, drop everything after it, answer again."""
+        if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
+            raise InvalidSettings(f"Message {index} is not a user message")
+        del self.messages[index + 1:]
+        self.messages[index] = Message("user", text)
+        return self._turn(cancel or CancelToken())
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self._cache_tokens)
+
+    # --- the turn -----------------------------------------------------------------
+
+    def _turn(self, cancel: CancelToken) -> Iterator[object]:
+        answer = Message("assistant", "")
+        metrics = TurnMetrics()
+        try:
+            yield from self._run_turn(cancel, answer, metrics)
+        except TurnCancelled:
+            metrics.finish_reason = "cancelled"
+        except BriskError as exc:
+            metrics.finish_reason = "error"
+            yield EngineErrored(str(exc), exc.kind)
+        except Exception as exc:  # never let a turn crash the engine thread
+            log.exception("turn failed")
+            self._reset_cache()  # the cache may hold a half-applied step
+            metrics.finish_reason = "error"
+            yield EngineErrored(f"Generation failed: {exc}", "internal", traceback.format_exc())
+        answer.finish_reason = metrics.finish_reason
+        answer.metrics = metrics.to_dict()
+        if answer.content or answer.finish_reason in ("stop", "length", "context", "cancelled"):
+            self.messages.append(answer)
+        if metrics.finish_reason != "error":
+            yield TurnFinished(answer.content, list(answer.token_ids), metrics)
+
+    def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+
+        settings = self.settings.validate()
+        start = time.perf_counter()
+        mx.reset_peak_memory()
+        rendered = render_prompt(self.lm, self.messages, settings)
+        if rendered.dropped_messages:
+            yield ContextTruncated(rendered.dropped_messages, len(rendered.tokens))
+        tokens = rendered.tokens
+        budget = self.lm.context_length - len(tokens)
+        if budget < 1:
+            raise ContextOverflow(len(tokens) + 1, self.lm.context_length, self.lm.id)
+        max_tokens = min(settings.max_tokens, budget)
+
+        cached = self._reuse_prefix(tokens)
+        metrics.prompt_tokens, metrics.cached_tokens = len(tokens), cached
+        metrics.prefilled_tokens = len(tokens) - cached
+        yield PrefillProgressed(0, metrics.prefilled_tokens)
+
+        # Chunked prefill of all but the last token; generate_step runs the last one.
+        suffix = tokens[cached:]
+        for done in prefill_chunks(self.lm.model, self._cache, suffix[:-1], settings.prefill_step_size):
+            self._cache_tokens = tokens[: cached + done]
+            yield PrefillProgressed(done, metrics.prefilled_tokens)
+            cancel.check()
+
+        if settings.seed is not None:
+            mx.random.seed(settings.seed)
+        sampler, processors = make_sampling(settings)
+        steps = generate_step(
+            mx.array(suffix[-1:]), self.lm.model, max_tokens=max_tokens, sampler=sampler,
+            logits_processors=processors, prompt_cache=self._cache,
+            prefill_step_size=settings.prefill_step_size,
+        )
+        self._cache_tokens = list(tokens)
+        text = StreamingText(self.lm.tokenizer, seed=tokens)
+        eos = set(self.lm.tokenizer.eos_token_ids)
+        first_at = None
+        metrics.finish_reason = "context" if max_tokens < settings.max_tokens else "length"
+        try:
+            for token, _ in steps:
+                self._cache_tokens.append(token)  # generate_step feeds each token it yields
+                if first_at is None:
+                    first_at = time.perf_counter()
+                    metrics.ttft_s = first_at - start
+                    yield PrefillProgressed(metrics.prefilled_tokens, metrics.prefilled_tokens)
+                if token in eos:
+                    metrics.finish_reason = "stop"
+                    break
+                answer.token_ids.append(token)
+                delta = text.add(token)
+                answer.content += delta
+                yield TokenEmitted(delta, token)
+                cancel.check()
+        finally:
+            steps.close()
+            tail = text.flush()
+            answer.content += tail
+            self._finish_metrics(metrics, start, first_at, len(answer.token_ids))
+        if tail:
+            yield TokenEmitted(tail, -1)
+
+    # --- helpers ------------------------------------------------------------------
+
+    def _reuse_prefix(self, tokens: list[int]) -> int:
+        """Trim the cache to the longest common prefix with `tokens`; return its length."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        common = 0
+        for a, b in zip(self._cache_tokens, tokens):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(tokens) - 1)  # the last prompt token must run to give logits
+        if self._cache is not None and common < len(self._cache_tokens):
+            if can_trim_prompt_cache(self._cache):
+                trim_prompt_cache(self._cache, len(self._cache_tokens) - common)
+            else:
+                self._cache = None  # e.g. recurrent state: cannot rewind, start over
+        if self._cache is None:
+            self._cache = make_prompt_cache(self.lm.model)
+            common = 0
+        self._cache_tokens = tokens[:common]
+        return common
+
+    def _reset_cache(self) -> None:
+        self._cache, self._cache_tokens = None, []
+
+    def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int) -> None:
+        import mlx.core as mx
+
+        end = time.perf_counter()
+        metrics.total_s = end - start
+        metrics.generated_tokens = n
+        if first_at is not None:
+            metrics.prefill_tps = metrics.prefilled_tokens / max(metrics.ttft_s, 1e-9)
+            if n > 1:
+                metrics.decode_tps = (n - 1) / max(end - first_at, 1e-9)
+        if self._cache is not None:
+            metrics.kv_bytes = kv_bytes_measured(self._cache)
+            metrics.kv_bytes_allocated = kv_bytes_allocated(self._cache)
+            shape = kv_shape(self.lm.config)
+            if shape:
+                metrics.kv_bytes_formula = kv_bytes_formula(self._cache, **shape, itemsize=_cache_itemsize(self._cache))
+        metrics.peak_memory_bytes = mx.get_peak_memory()
+
+
+def kv_shape(config: dict) -> dict | None:
+    """kv_heads and head_dim from the model config (the formula's independent inputs)."""
+    args = config.get("text_config") or config
+    heads = args.get("num_key_value_heads") or args.get("num_attention_heads")
+    if not heads or not args.get("num_attention_heads"):
+        return None
+    head_dim = args.get("head_dim") or args["hidden_size"] // args["num_attention_heads"]
+    return {"kv_heads": heads, "head_dim": head_dim}
+
+
+def _cache_itemsize(cache) -> int:
+    keys = getattr(cache[0], "keys", None) if cache else None
+    return keys.dtype.size if keys is not None else 4
+
+
+def make_sampling(settings: ChatSettings):
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+    sampler = make_sampler(settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
+                           top_k=settings.top_k)
+    processors = make_logits_processors(
+        repetition_penalty=settings.repetition_penalty if settings.repetition_penalty != 1.0 else None)
+    return sampler, processors
