@@ -1,0 +1,39 @@
+"""`brisk bench ...` argument parsing."""
+
+from __future__ import annotations
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def add_bench_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (interleaved A/B, medians)").add_subparsers(
+        dest="bench_cmd", required=True)
+    p = bench.add_parser("overhead", help="Brisk's run path vs bare mlx-lm stream_generate")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--gen-tokens", type=int, default=32)
+    p.add_argument("--prefill-step", type=int, default=512)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _overhead(a))
+    p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _blas(a))
+
+
+def _overhead(args) -> int:
+    from engine.bench.overhead import run_overhead
+
+    run_overhead(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens,
+                 step=args.prefill_step, as_json=args.json)
+    return 0
+
+
+def _blas(args) -> int:
+    from engine.bench.blas import run_blas
+
+    run_blas(runs=args.runs, as_json=args.json)
+    return 0

@@ -1,0 +1,54 @@
+"""Shared pieces of the benchmarks: interleaved A/B runs, medians, tables, prompts."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Callable
+
+FILLER = (
+    "The committee reviewed the quarterly report on regional water usage, noting that "
+    "consumption in the northern districts rose while the southern reservoirs stayed full. "
+    "Engineers proposed new pipes, auditors asked for clearer figures, and the mayor promised "
+    "a public hearing before any budget was approved. "
+)
+
+
+def filler_text(tokenizer, n_tokens: int) -> str:
+    """Plain prose of about `n_tokens` tokens for this tokenizer."""
+    per = max(1, len(tokenizer.encode(FILLER)))
+    text = FILLER * (n_tokens // per + 1)
+    ids = tokenizer.encode(text)[:n_tokens]
+    return tokenizer.decode(ids)
+
+
+def interleave(runs: int, variants: dict[str, Callable[[], dict]]) -> dict[str, list[dict]]:
+    """Run each variant `runs` times, alternating the order every round (ABAB, BABA...)."""
+    names = list(variants)
+    results = {name: [] for name in names}
+    for r in range(runs):
+        order = names if r % 2 == 0 else list(reversed(names))
+        for name in order:
+            results[name].append(variants[name]())
+    return results
+
+
+def median(rows: list[dict], key: str) -> float:
+    return statistics.median(row[key] for row in rows)
+
+
+def print_table(title: str, header: list[str], rows: list[list], payload: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(payload, indent=2))
+        return
+    print(title)
+    widths = [max(len(str(h)), *(len(_fmt(r[i])) for r in rows)) for i, h in enumerate(header)]
+    print("  ".join(str(h).rjust(w) for h, w in zip(header, widths)))
+    for row in rows:
+        print("  ".join(_fmt(v).rjust(w) for v, w in zip(row, widths)))
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.3f}" if abs(value) < 100 else f"{value:.1f}"
+    return str(value)

@@ -1,0 +1,76 @@
+"""`brisk bench overhead`: Brisk's run path vs bare mlx-lm `stream_generate`.
+
+Same model object, same prompt tokens, same prefill chunk size, greedy; A and B runs
+interleaved, medians reported. Goal: ratios within 3% of 1.0 (Brisk adds no overhead).
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.bench.common import filler_text, interleave, median, print_table
+
+
+def _brisk_run(lm, text: str, max_tokens: int, step: int) -> dict:
+    from engine.events import TurnFinished
+    from engine.session import Session
+    from engine.settings import ChatSettings
+
+    session = Session(lm, ChatSettings(model=lm.id, temperature=0.0, max_tokens=max_tokens, prefill_step_size=step))
+    for event in session.send(text):
+        if isinstance(event, TurnFinished):
+            m = event.metrics
+            return {"ttft_s": m.ttft_s, "decode_tps": m.decode_tps, "tokens": m.generated_tokens}
+    raise RuntimeError("turn did not finish")
+
+
+def _mlx_lm_run(lm, tokens: list[int], max_tokens: int, step: int) -> dict:
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+
+    start = time.perf_counter()
+    first = last = None
+    n = 0
+    for response in stream_generate(lm.model, lm.tokenizer, tokens, max_tokens=max_tokens, prefill_step_size=step):
+        last = time.perf_counter()
+        if first is None:
+            first = last
+        n += 1
+    mx.clear_cache()
+    return {"ttft_s": first - start, "decode_tps": (n - 1) / max(last - first, 1e-9), "tokens": n}
+
+
+def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, step: int,
+                 as_json: bool) -> dict:
+    from engine.models.loader import load_model
+    from engine.prompt import _encode
+    from engine.session import Message
+
+    lm = load_model(model_id)
+    rows, payload = [], {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "prefill_step": step,
+                         "lengths": []}
+    for n in prompt_tokens:
+        text = filler_text(lm.tokenizer, n) + "\nRepeat the first sentence above."
+        tokens = _encode(lm, [Message("user", text)])
+        _brisk_run(lm, text, 2, step)  # warm-up both paths (kernels, allocator)
+        _mlx_lm_run(lm, tokens, 2, step)
+        res = interleave(runs, {
+            "brisk": lambda: _brisk_run(lm, text, gen_tokens, step),
+            "mlx_lm": lambda: _mlx_lm_run(lm, tokens, gen_tokens, step),
+        })
+        b, m = res["brisk"], res["mlx_lm"]
+        entry = {
+            "prompt_tokens": len(tokens),
+            "brisk_ttft_s": median(b, "ttft_s"), "mlx_lm_ttft_s": median(m, "ttft_s"),
+            "brisk_decode_tps": median(b, "decode_tps"), "mlx_lm_decode_tps": median(m, "decode_tps"),
+            "generated": [r["tokens"] for r in b],
+        }
+        entry["ttft_ratio"] = entry["brisk_ttft_s"] / entry["mlx_lm_ttft_s"]
+        entry["decode_ratio"] = entry["brisk_decode_tps"] / entry["mlx_lm_decode_tps"]
+        payload["lengths"].append(entry)
+        rows.append([len(tokens), entry["brisk_ttft_s"], entry["mlx_lm_ttft_s"], entry["ttft_ratio"],
+                     entry["brisk_decode_tps"], entry["mlx_lm_decode_tps"], entry["decode_ratio"]])
+    print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians (ratio = brisk / mlx-lm)",
+                ["prompt", "ttft brisk s", "ttft mlx-lm s", "ttft ratio", "decode brisk", "decode mlx-lm",
+                 "decode ratio"], rows, payload, as_json)
+    return payload

