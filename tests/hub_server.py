@@ -20,9 +20,10 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class HubServer:
     """Serves `root/<org>/<name>/*` as repos `<org>/<name>`; records requests."""
 
-    def __init__(self, root: Path, *, max_bytes_per_get: int | None = None):
+    def __init__(self, root: Path, *, drop_first_get_after: int | None = None):
         self.root = Path(root)
-        self.max_bytes_per_get = max_bytes_per_get  # simulate a dropped connection
+        self.drop_first_get_after = drop_first_get_after  # simulate one dropped connection per file
+        self._dropped: set[str] = set()
         self.requests: list[str] = []
         hub = self
 
@@ -54,7 +55,8 @@ class HubServer:
 
     def _serve(self, req: BaseHTTPRequestHandler, *, head: bool) -> None:
         path = unquote(urlparse(req.path).path)
-        self.requests.append(f"{req.command} {path}")
+        rng = req.headers.get("Range")
+        self.requests.append(f"{req.command} {path}" + (f" Range={rng}" if rng else ""))
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "models"] and len(parts) >= 4:
             return self._info(req, parts[2], parts[3])
@@ -90,13 +92,15 @@ class HubServer:
         if head:
             headers["Content-Length"] = str(len(data))
             return self._send(req, 200, b"", headers, head=True)
-        if self.max_bytes_per_get is not None and len(body) > self.max_bytes_per_get:
+        cut = self.drop_first_get_after
+        if cut is not None and len(body) > cut and filename not in self._dropped:
+            self._dropped.add(filename)
             headers["Content-Length"] = str(len(body))
             req.send_response(status)
             for k, v in headers.items():
                 req.send_header(k, v)
             req.end_headers()
-            req.wfile.write(body[: self.max_bytes_per_get])
+            req.wfile.write(body[:cut])
             req.close_connection = True
             return
         self._send(req, status, body, headers)

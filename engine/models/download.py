@@ -1,9 +1,11 @@
 """`brisk models pull REPO_ID`: download an mlx-lm compatible model from a Hugging Face hub.
 
-The hub is whatever `HF_ENDPOINT` points at (huggingface.co by default). Files land in
-`cache/hf/<id>/` through `hf_hub_download`, which resumes `.incomplete` files, so an
-interrupted pull continues where it stopped. config.json comes first: a repo whose
-architecture mlx-lm cannot run is refused before any weights are fetched.
+The hub is whatever `HF_ENDPOINT` points at (huggingface.co by default). huggingface_hub
+lists the repo and builds URLs and auth headers; the bytes are streamed here into
+`cache/hf/<id>/<file>.part` with HTTP Range requests, because huggingface_hub >= 2 deletes
+partial files on failure. So a dropped connection, a cancel or a crash resumes where it
+stopped. config.json comes first: a repo whose architecture mlx-lm cannot run is refused
+before any weights are fetched.
 """
 
 from __future__ import annotations
@@ -30,39 +32,47 @@ def _wanted(path: str) -> bool:
     return "/" not in path and any(fnmatch.fnmatch(path, p) for p in ALLOW_PATTERNS)
 
 
-class _ByteCounter:
-    """A tqdm stand-in handed to hf_hub_download: forwards bytes to one callback."""
+# Retries of a dropped transfer within one pull; each resumes from the bytes on disk.
+TRANSFER_RETRIES = 5
+CHUNK_BYTES = 1 << 20
 
-    on_bytes: Callable[[int], None] = staticmethod(lambda n: None)
 
-    def __init__(self, *args, total=None, initial=0, **kwargs):
-        self.n = initial or 0
-        if initial:
-            self.on_bytes(int(initial))  # bytes already on disk from an earlier attempt
+def fetch_resumable(url: str, dest: Path, size: int, on_progress: Callable[[int], None]) -> None:
+    """Download `url` to `dest`, continuing a `dest.part` left by an earlier attempt.
 
-    def update(self, n=1):
-        self.n += n or 0
-        self.on_bytes(int(n or 0))
+    `on_progress` receives the bytes of this file on disk so far (it may raise to cancel).
+    """
+    import httpx2
+    from huggingface_hub import get_session
+    from huggingface_hub.utils import build_hf_headers
 
-    def update_transfer(self, n=1):
-        pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def close(self):
-        pass
-
-    def refresh(self, *a, **k):
-        pass
-
-    def set_postfix_str(self, *a, **k):
-        pass
-
-    set_transfer_postfix_str = set_description = set_description_str = set_postfix_str
+    part = dest.with_name(dest.name + ".part")
+    for attempt in range(TRANSFER_RETRIES + 1):
+        have = part.stat().st_size if part.exists() else 0
+        headers = build_hf_headers()
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        try:
+            with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=30) as response:
+                if response.status_code == 416 and have == size:
+                    break  # the part file is already complete
+                response.raise_for_status()
+                if response.status_code != 206:
+                    have = 0  # the server ignored Range: start over
+                with open(part, "ab" if have else "wb") as out:
+                    on_progress(have)
+                    for chunk in response.iter_bytes(CHUNK_BYTES):
+                        out.write(chunk)
+                        have += len(chunk)
+                        on_progress(have)
+            break
+        except (httpx2.RemoteProtocolError, httpx2.ReadError, httpx2.ReadTimeout) as exc:
+            if attempt == TRANSFER_RETRIES:
+                raise
+            log.warning("transfer of %s dropped (%s); resuming", dest.name, exc)
+    if size and part.stat().st_size != size:
+        raise DownloadError(f"{dest.name}: got {part.stat().st_size} bytes, the hub lists {size}")
+    part.replace(dest)
 
 
 def _hub_errors():
@@ -83,6 +93,8 @@ def _explain(exc: Exception, repo_id: str, endpoint: str) -> DownloadError:
         return DownloadError(f"{repo_id} has no such revision")
     if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, LocalMissing)):
         return DownloadError(f"Cannot reach {endpoint}: are you offline? ({type(exc).__name__})")
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return DownloadError(f"The hub answered HTTP {exc.response.status_code} for {exc.request.url}")
     if isinstance(exc, HTTPError):
         return DownloadError(f"The hub refused the download of {repo_id}: {exc}")
     return DownloadError(f"Download of {repo_id} failed: {exc}")
@@ -91,7 +103,7 @@ def _explain(exc: Exception, repo_id: str, endpoint: str) -> DownloadError:
 def pull(repo_id: str, *, store: ModelStore | None = None, model_id: str | None = None,
          revision: str = "main", on_progress: Callable[[DownloadProgressed], None] | None = None,
          should_stop: Callable[[], bool] | None = None) -> CatalogEntry:
-    from huggingface_hub import HfApi, constants, hf_hub_download
+    from huggingface_hub import HfApi, constants, hf_hub_url
 
     store = store or ModelStore()
     model_id = validate_model_id(model_id) if model_id else model_id_from_repo(repo_id)
@@ -112,17 +124,14 @@ def pull(repo_id: str, *, store: ModelStore | None = None, model_id: str | None 
             raise UnsupportedModel(f"{repo_id} has no .safetensors weights (mlx-lm cannot read PyTorch .bin files)")
 
         def fetch(name: str, done_before: int) -> None:
-            class Counter(_ByteCounter):
-                @staticmethod
-                def on_bytes(n):
-                    Counter.seen += n
-                    report(DownloadProgressed(repo_id, done_before + Counter.seen, total, name))
-                    if stop():
-                        raise DownloadError(f"Download of {repo_id} cancelled; pull again to resume")
+            def on_bytes(on_disk: int) -> None:
+                report(DownloadProgressed(repo_id, done_before + on_disk, total, name))
+                if stop():
+                    raise DownloadError(f"Download of {repo_id} cancelled; pull again to resume")
 
-            Counter.seen = 0
-            hf_hub_download(repo_id, name, revision=info.sha, local_dir=target, tqdm_class=Counter,
-                            endpoint=endpoint)
+            if not (target / name).is_file():
+                url = hf_hub_url(repo_id, name, revision=info.sha, endpoint=endpoint)
+                fetch_resumable(url, target / name, files[name], on_bytes)
 
         total = sum(files.values())
         fetch("config.json", 0)
