@@ -4,6 +4,11 @@ The optimized BLAS has to be loaded before anything imports `mlx.core`, so it is
 first thing this package does (see engine/blas.py).
 """
 
+import os
+
 from engine.blas import preload_optimized_blas
+
+# Brisk uses transformers for tokenizers only; its "PyTorch was not found" notice is noise.
+os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 preload_optimized_blas()

