@@ -70,7 +70,37 @@ def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_toke
         payload["lengths"].append(entry)
         rows.append([len(tokens), entry["brisk_ttft_s"], entry["mlx_lm_ttft_s"], entry["ttft_ratio"],
                      entry["brisk_decode_tps"], entry["mlx_lm_decode_tps"], entry["decode_ratio"]])
+        entry["time_split"] = _time_split(lm, len(tokens), step, entry)
     print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians (ratio = brisk / mlx-lm)",
                 ["prompt", "ttft brisk s", "ttft mlx-lm s", "ttft ratio", "decode brisk", "decode mlx-lm",
                  "decode ratio"], rows, payload, as_json)
+    if not as_json:
+        for entry in payload["lengths"]:
+            _print_split(entry)
     return payload
+
+
+def _time_split(lm, n: int, step: int, entry: dict) -> dict | None:
+    from engine.bench.profile import profile_time
+
+    parts = profile_time(lm, n, step)
+    if parts is None:
+        return None
+    parts["prefill"]["measured_total"] = entry["brisk_ttft_s"]
+    parts["decode"]["measured_total"] = 1 / entry["brisk_decode_tps"]
+    return parts
+
+
+def _print_split(entry: dict) -> None:
+    split = entry.get("time_split")
+    if not split:
+        return
+    print(f"\nwhere the time goes at {entry['prompt_tokens']} tokens (components timed alone x layers)")
+    for phase, unit, factor in (("prefill", "s", 1.0), ("decode", "ms/token", 1000.0)):
+        parts = split[phase]
+        total = parts["measured_total"]
+        named = {k: v for k, v in parts.items() if k != "measured_total"}
+        row = ", ".join(f"{k} {v * factor:.3g} ({100 * v / total:.0f}%)" for k, v in named.items())
+        rest = total - sum(named.values())
+        print(f"  {phase}: measured {total * factor:.3g} {unit} = {row}, other {rest * factor:.3g} "
+              f"({100 * rest / total:.0f}%)")
