@@ -37,6 +37,12 @@ def median(rows: list[dict], key: str) -> float:
     return statistics.median(row[key] for row in rows)
 
 
+def paired_ratio(a_rows: list[dict], b_rows: list[dict], key: str) -> float:
+    """Median of per-round ratios a/b: each round's A and B ran back to back, so slow
+    drifts of a shared machine cancel out better than in a ratio of medians."""
+    return statistics.median(a[key] / b[key] for a, b in zip(a_rows, b_rows))
+
+
 def print_table(title: str, header: list[str], rows: list[list], payload: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(payload, indent=2))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from engine.bench.common import filler_text, interleave, median, print_table
+from engine.bench.common import filler_text, interleave, median, paired_ratio, print_table
 
 
 def _brisk_run(lm, text: str, max_tokens: int, step: int) -> dict:
@@ -65,13 +65,13 @@ def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_toke
             "brisk_decode_tps": median(b, "decode_tps"), "mlx_lm_decode_tps": median(m, "decode_tps"),
             "generated": [r["tokens"] for r in b],
         }
-        entry["ttft_ratio"] = entry["brisk_ttft_s"] / entry["mlx_lm_ttft_s"]
-        entry["decode_ratio"] = entry["brisk_decode_tps"] / entry["mlx_lm_decode_tps"]
+        entry["ttft_ratio"] = paired_ratio(b, m, "ttft_s")
+        entry["decode_ratio"] = paired_ratio(b, m, "decode_tps")
         payload["lengths"].append(entry)
         rows.append([len(tokens), entry["brisk_ttft_s"], entry["mlx_lm_ttft_s"], entry["ttft_ratio"],
                      entry["brisk_decode_tps"], entry["mlx_lm_decode_tps"], entry["decode_ratio"]])
         entry["time_split"] = _time_split(lm, len(tokens), step, entry)
-    print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians (ratio = brisk / mlx-lm)",
+    print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians (ratio = median of per-round brisk / mlx-lm)",
                 ["prompt", "ttft brisk s", "ttft mlx-lm s", "ttft ratio", "decode brisk", "decode mlx-lm",
                  "decode ratio"], rows, payload, as_json)
     if not as_json:
