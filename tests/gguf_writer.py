@@ -44,7 +44,8 @@ def _gguf_name(hf: str, model_type: str) -> str:
     return f"blk.{idx}.{names[rest]}.{kind}"
 
 
-def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False) -> Path:
+def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False, base_model: bool = False) -> Path:
+    """base_model: no chat template and add_bos_token set, like Gemma's base GGUFs."""
     import gguf
     import mlx.core as mx
 
@@ -78,9 +79,10 @@ def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False)
     writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
     writer.add_eos_token_id(vocab["<|im_end|>"])
     writer.add_bos_token_id(vocab["<|endoftext|>"])
-    writer.add_add_bos_token(False)
-    tc = json.loads((model_dir / "tokenizer_config.json").read_text())
-    writer.add_chat_template(tc["chat_template"])
+    writer.add_add_bos_token(base_model)
+    if not base_model:
+        tc = json.loads((model_dir / "tokenizer_config.json").read_text())
+        writer.add_chat_template(tc["chat_template"])
 
     weights = mx.load(str(model_dir / "model.safetensors"))
     for name, value in sorted(weights.items()):

@@ -203,8 +203,6 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
         backend, _ = convert_gguf_tokenizer(arch, {k: v for k, v in tokenizer_dict.items() if v is not None})
     except Exception as exc:
         raise GGUFImportError(f"Cannot rebuild the tokenizer from GGUF metadata: {exc}") from exc
-    backend.save(str(dest / "tokenizer.json"))
-
     template = meta.get("tokenizer.chat_template")
 
     def token(key):
@@ -215,6 +213,15 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
     if template and bos and bos in template:
         add_bos = False  # the template writes BOS itself: adding it again would double it
+    if add_bos and bos:
+        # Fast tokenizers add BOS only through a post-processor; without it a base model
+        # like Gemma sees no <bos> and degenerates ("The The The...").
+        from tokenizers import processors
+
+        bos_id = tokens.index(bos)
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)])
+    backend.save(str(dest / "tokenizer.json"))
     eos_ids = [meta.get("tokenizer.ggml.eos_token_id")] if token("eos_token_id") else []
     for name in END_OF_TURN_TOKENS:
         if template and name in template and name in tokens:

@@ -58,6 +58,18 @@ def test_import_dequantizes_q8_0_tensors(tmp_path):
     assert not np.array_equal(got, emb)  # it really went through quantization
 
 
+def test_base_model_gguf_gets_its_bos_token(tmp_path):
+    original_dir = make_tiny_model(tmp_path / "orig", "gemma3_text", seed=2)
+    gguf_path = write_gguf(original_dir, tmp_path / "base.gguf", base_model=True)
+    (tmp_path / "imp").mkdir()
+    import_gguf(gguf_path, tmp_path / "imp")
+    imported = load_folder(tmp_path / "imp")
+    bos_id = imported.tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    ids = imported.tokenizer.encode("The quick brown fox")
+    assert ids[0] == bos_id and ids[1:] == load_folder(original_dir).tokenizer.encode("The quick brown fox")
+    assert not imported.tokenizer.chat_template
+
+
 def test_import_refuses_a_file_that_is_not_gguf(tmp_path):
     bad = tmp_path / "notes.gguf"
     bad.write_text("just some text")
