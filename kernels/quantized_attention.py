@@ -1,0 +1,137 @@
+"""Attention computed on a packed (int4/int8, affine, grouped) KV cache.
+
+After Open-TQ-Metal (2026): K and V stay quantized (per group of 32 or 64: packed
+integers, a scale and a bias); attention reads them through `mx.quantized_matmul`, which
+dequantizes inside the dot products, so no full-precision copy of K or V is made.
+
+- `quantized_attention_reference`: dequantize, then plain softmax attention (the oracle).
+- `quantized_attention_single`: one pass, GQA query heads folded into matmul rows so each
+  packed K/V head is read once per step, not once per query head (mlx-lm broadcasts).
+- `quantized_attention_split`: the same over blocks of keys with an online softmax
+  (running max and sum, log-sum-exp merge), so the (heads, queries, keys) score matrix
+  is never materialized at long context (prefill and multi-token verify).
+- `quantized_attention`: the dispatcher. There is no Metal/CUDA kernel here yet: every
+  backend takes the portable paths, which our tests run.
+
+Shapes: queries (B, Hq, L, D); packed keys/values are mx.quantize outputs of
+(B, Hkv, S, D) tensors. Masks follow mlx-lm: None, "causal" (queries are the last L of
+the S positions), or an array broadcastable to (B, Hq, L, S), boolean or additive.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+# Above this many score elements (B·Hq·L·S) the split path bounds memory.
+DEFAULT_MAX_SCORE_ELEMENTS = 1 << 22
+# Keys per block in the split path: large enough to amortize per-block dispatch.
+DEFAULT_KEY_BLOCK = 4096
+
+Packed = tuple  # (packed uint32, scales, biases)
+
+
+def _dequantize(packed: Packed, group_size: int, bits: int) -> mx.array:
+    return mx.dequantize(*packed, group_size=group_size, bits=bits)
+
+
+def _mask_as_additive(mask, q_len: int, k_len: int, dtype) -> mx.array | None:
+    if mask is None:
+        return None
+    if isinstance(mask, str):
+        if mask != "causal":
+            raise ValueError(f"unknown mask {mask!r}")
+        q_pos = mx.arange(k_len - q_len, k_len)[:, None]
+        mask = q_pos >= mx.arange(k_len)[None]  # (L, S)
+    if mask.dtype == mx.bool_:
+        return mx.where(mask, mx.array(0.0, dtype), mx.array(mx.finfo(dtype).min, dtype))
+    return mask.astype(dtype)
+
+
+def quantized_attention_reference(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
+                                  group_size: int = 32, bits: int = 4) -> mx.array:
+    keys = _dequantize(q_keys, group_size, bits)  # (B, Hkv, S, D)
+    values = _dequantize(q_values, group_size, bits)
+    rep = queries.shape[1] // keys.shape[1]
+    keys, values = mx.repeat(keys, rep, axis=1), mx.repeat(values, rep, axis=1)  # (B, Hq, S, D)
+    scores = (queries.astype(mx.float32) * scale) @ keys.astype(mx.float32).swapaxes(-1, -2)
+    additive = _mask_as_additive(mask, queries.shape[2], keys.shape[2], mx.float32)
+    if additive is not None:
+        scores = scores + additive
+    return (mx.softmax(scores, axis=-1) @ values.astype(mx.float32)).astype(queries.dtype)
+
+
+def _fold(queries, n_kv: int):
+    """(B, Hq, L, D) -> (B, Hkv, rep·L, D): query heads sharing a KV head become rows."""
+    b, hq, length, d = queries.shape
+    return queries.reshape(b, n_kv, (hq // n_kv) * length, d)
+
+
+def _folded_mask(mask, queries, k_len: int, n_kv: int, dtype):
+    """The additive mask laid out like the folded rows: (B|1, Hkv|1, rep·L, S)."""
+    additive = _mask_as_additive(mask, queries.shape[2], k_len, dtype)
+    if additive is None:
+        return None
+    b, hq, length, _ = queries.shape
+    rep = hq // n_kv
+    while additive.ndim < 4:
+        additive = additive[None]
+    if additive.shape[1] == 1:  # shared by all heads: repeat rows per folded head
+        rows = mx.broadcast_to(additive[:, :, None], (additive.shape[0], 1, rep, length, k_len))
+        return rows.reshape(additive.shape[0], 1, rep * length, k_len)
+    per_head = mx.broadcast_to(additive, (additive.shape[0], hq, length, k_len))
+    return per_head.reshape(additive.shape[0], n_kv, rep * length, k_len)
+
+
+def quantized_attention_single(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
+                               group_size: int = 32, bits: int = 4) -> mx.array:
+    b, hq, length, _ = queries.shape
+    n_kv, k_len = q_keys[0].shape[1], q_keys[0].shape[2]
+    rows = _fold(queries * scale, n_kv)
+    scores = mx.quantized_matmul(rows, *q_keys, transpose=True, group_size=group_size, bits=bits)
+    additive = _folded_mask(mask, queries, k_len, n_kv, scores.dtype)
+    if additive is not None:
+        scores = scores + additive
+    probs = mx.softmax(scores, axis=-1, precise=True)  # (B, Hkv, rep·L, S)
+    out = mx.quantized_matmul(probs, *q_values, transpose=False, group_size=group_size, bits=bits)
+    return out.reshape(b, hq, length, out.shape[-1])
+
+
+def quantized_attention_split(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
+                              group_size: int = 32, bits: int = 4, block: int = DEFAULT_KEY_BLOCK) -> mx.array:
+    b, hq, length, _ = queries.shape
+    n_kv, k_len = q_keys[0].shape[1], q_keys[0].shape[2]
+    rows = _fold(queries * scale, n_kv)
+    additive = _folded_mask(mask, queries, k_len, n_kv, rows.dtype)
+    running_max = running_sum = out = None
+    for start in range(0, k_len, block):
+        stop = min(start + block, k_len)
+        kb = tuple(x[..., start:stop, :] for x in q_keys)
+        vb = tuple(x[..., start:stop, :] for x in q_values)
+        scores = mx.quantized_matmul(rows, *kb, transpose=True, group_size=group_size, bits=bits)
+        if additive is not None:
+            scores = scores + additive[..., start:stop]
+        block_max = scores.max(axis=-1, keepdims=True)
+        new_max = block_max if running_max is None else mx.maximum(running_max, block_max)
+        probs = mx.exp(scores - new_max)
+        partial = mx.quantized_matmul(probs, *vb, transpose=False, group_size=group_size, bits=bits)
+        if running_max is None:
+            running_sum, out = probs.sum(axis=-1, keepdims=True), partial
+        else:
+            correction = mx.exp(running_max - new_max)  # rescale what earlier blocks summed
+            running_sum = running_sum * correction + probs.sum(axis=-1, keepdims=True)
+            out = out * correction + partial
+        running_max = new_max
+    out = out / running_sum
+    return out.reshape(b, hq, length, out.shape[-1])
+
+
+def quantized_attention(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
+                        group_size: int = 32, bits: int = 4,
+                        max_score_elements: int = DEFAULT_MAX_SCORE_ELEMENTS) -> mx.array:
+    """Pick the path: one pass while the scores are small, split keys beyond."""
+    b, hq, length, _ = queries.shape
+    k_len = q_keys[0].shape[2]
+    kwargs = dict(scale=scale, mask=mask, group_size=group_size, bits=bits)
+    if b * hq * length * k_len <= max_score_elements:
+        return quantized_attention_single(queries, q_keys, q_values, **kwargs)
+    return quantized_attention_split(queries, q_keys, q_values, **kwargs)
