@@ -17,6 +17,7 @@ class TurnMetrics:
     kv_bytes: int = 0  # measured from the cache arrays, for the tokens they hold
     kv_bytes_formula: int = 0  # 2·layers·kv_heads·head_dim·tokens·bytes, the cross-check
     kv_bytes_allocated: int = 0  # what the buffers reserve (mlx-lm grows them in 256-token steps)
+    kv_bits: int = 16  # 16 = unquantized (the compute dtype); 8 or 4 = packed
     peak_memory_bytes: int = 0
     finish_reason: str = ""  # stop | length | context | cancelled | error
     total_s: float = 0.0
@@ -26,19 +27,10 @@ class TurnMetrics:
         return asdict(self)
 
 
-def _layer_arrays(layer_cache):
-    """(keys, values) trimmed to the tokens held, for the caches that expose them."""
-    if hasattr(layer_cache, "keys_and_values") and getattr(layer_cache, "keys", None) is not None:
-        return layer_cache.keys_and_values()
-    return ()
-
-
 def kv_bytes_measured(cache) -> int:
-    total = 0
-    for layer_cache in cache:
-        arrays = _layer_arrays(layer_cache)
-        total += sum(a.nbytes for a in arrays) if arrays else layer_cache.nbytes
-    return total
+    from engine.kvcache import held_arrays
+
+    return sum(a.nbytes for layer in cache for a in held_arrays(layer))
 
 
 def kv_bytes_allocated(cache) -> int:
@@ -46,5 +38,7 @@ def kv_bytes_allocated(cache) -> int:
 
 
 def kv_bytes_formula(cache, *, kv_heads: int, head_dim: int, itemsize: int) -> int:
-    """2 (K and V) · kv_heads · head_dim · tokens · bytes, summed over layers."""
-    return sum(2 * kv_heads * head_dim * c.size() * itemsize for c in cache)
+    """The formula, layer by layer (packed layers count bits plus group scales/biases)."""
+    from engine.kvcache import layer_bytes_formula
+
+    return sum(layer_bytes_formula(c, kv_heads=kv_heads, head_dim=head_dim, itemsize=itemsize) for c in cache)

@@ -15,9 +15,12 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
+import mlx.core as mx
+
 from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.kvcache import maybe_quantize_kv_cache
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
 from engine.prefill import prefill_chunks
@@ -65,6 +68,7 @@ class Session:
         self.messages: list[Message] = list(messages or [])
         self._cache = None  # mlx-lm per-layer caches
         self._cache_tokens: list[int] = []  # exactly the tokens the cache holds
+        self._cache_mode: tuple | None = None  # (kv_bits, kv_group_size) the cache was built with
 
     # --- public turn entry points -------------------------------------------------
 
@@ -95,7 +99,7 @@ class Session:
 
     def _turn(self, cancel: CancelToken) -> Iterator[object]:
         answer = Message("assistant", "")
-        metrics = TurnMetrics()
+        metrics = TurnMetrics(kv_bits=self.settings.kv_bits)
         try:
             yield from self._run_turn(cancel, answer, metrics)
         except TurnCancelled:
@@ -116,7 +120,6 @@ class Session:
             yield TurnFinished(answer.content, list(answer.token_ids), metrics)
 
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
-        import mlx.core as mx
         from mlx_lm.generate import generate_step
 
         settings = self.settings.validate()
@@ -131,6 +134,13 @@ class Session:
             raise ContextOverflow(len(tokens) + 1, self.lm.context_length, self.lm.id)
         max_tokens = min(settings.max_tokens, budget)
 
+        if settings.kv_bits < 16:
+            check_kv_packable(self.lm.config, settings.kv_group_size)
+        if self._cache_mode != (settings.kv_bits, settings.kv_group_size):
+            self._reset_cache()  # a cache of another precision cannot be reused
+            self._cache_mode = (settings.kv_bits, settings.kv_group_size)
+        pack = lambda: maybe_quantize_kv_cache(  # noqa: E731
+            self._cache, bits=settings.kv_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
         cached = self._reuse_prefix(tokens)
         metrics.prompt_tokens, metrics.cached_tokens = len(tokens), cached
         metrics.prefilled_tokens = len(tokens) - cached
@@ -140,6 +150,7 @@ class Session:
         suffix = tokens[cached:]
         for done in prefill_chunks(self.lm.model, self._cache, suffix[:-1], settings.prefill_step_size):
             self._cache_tokens = tokens[: cached + done]
+            pack()
             yield PrefillProgressed(done, metrics.prefilled_tokens)
             cancel.check()
 
@@ -159,6 +170,7 @@ class Session:
         try:
             for token, _ in steps:
                 self._cache_tokens.append(token)  # generate_step feeds each token it yields
+                pack()
                 if first_at is None:
                     first_at = time.perf_counter()
                     metrics.ttft_s = first_at - start
@@ -203,11 +215,9 @@ class Session:
         return common
 
     def _reset_cache(self) -> None:
-        self._cache, self._cache_tokens = None, []
+        self._cache, self._cache_tokens, self._cache_mode = None, [], None
 
     def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int) -> None:
-        import mlx.core as mx
-
         end = time.perf_counter()
         metrics.total_s = end - start
         metrics.generated_tokens = n
@@ -224,6 +234,13 @@ class Session:
         metrics.peak_memory_bytes = mx.get_peak_memory()
 
 
+def check_kv_packable(config: dict, group_size: int) -> None:
+    shape = kv_shape(config)
+    if shape and shape["head_dim"] % group_size:
+        raise InvalidSettings(f"A {group_size}-wide quantization group does not divide this model's head "
+                              f"dimension ({shape['head_dim']}); use kv_bits 16 or a smaller group")
+
+
 def kv_shape(config: dict) -> dict | None:
     """kv_heads and head_dim from the model config (the formula's independent inputs)."""
     args = config.get("text_config") or config
@@ -235,8 +252,12 @@ def kv_shape(config: dict) -> dict | None:
 
 
 def _cache_itemsize(cache) -> int:
-    keys = getattr(cache[0], "keys", None) if cache else None
-    return keys.dtype.size if keys is not None else 4
+    """Bytes per element of the unpacked layers (packed layers' formula does not use it)."""
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array):
+            return keys.dtype.size
+    return 4
 
 
 def make_sampling(settings: ChatSettings):

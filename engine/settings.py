@@ -31,6 +31,10 @@ class ChatSettings:
     # What to do when the conversation no longer fits the context window.
     context_overflow: str = "refuse"
     prefill_step_size: int = DEFAULT_PREFILL_STEP
+    # KV cache: 16 keeps the compute dtype; 8/4 packs K and V (engine/kvcache.py).
+    kv_bits: int = 16
+    kv_group_size: int = 32
+    kv_quant_start: int = 0  # tokens held before a layer is packed
 
     def validate(self) -> "ChatSettings":
         problems = []
@@ -50,6 +54,12 @@ class ChatSettings:
             problems.append(f"context_overflow must be one of {OVERFLOW_POLICIES}")
         if self.prefill_step_size < 1:
             problems.append("prefill_step_size must be >= 1")
+        if self.kv_bits not in (16, 8, 4):
+            problems.append(f"kv_bits must be 16, 8 or 4 (got {self.kv_bits})")
+        if self.kv_group_size not in (32, 64):
+            problems.append(f"kv_group_size must be 32 or 64 (got {self.kv_group_size})")
+        if self.kv_quant_start < 0:
+            problems.append("kv_quant_start must be >= 0")
         if problems:
             raise InvalidSettings("Invalid chat settings: " + "; ".join(problems))
         return self

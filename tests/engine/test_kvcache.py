@@ -1,0 +1,126 @@
+"""int4/int8 KV cache: exact byte accounting, the packed attention path inside real
+models, prompt-cache trimming, start offset, sliding-window layers."""
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models import base as mlx_lm_base
+from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache, trim_prompt_cache
+
+from engine.events import EngineErrored, TurnFinished
+from engine.kvcache import MLX_LM_QUANTIZED_SDPA, PackedKVCache, maybe_quantize_kv_cache
+from engine.models.loader import load_folder
+from engine.session import CancelToken, Session
+from engine.settings import ChatSettings
+from tests.tiny_models import make_tiny_model
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    # head_dim 64 (hidden 256 / 4 heads) so groups of 32 and 64 both fit
+    return load_folder(make_tiny_model(tmp_path_factory.mktemp("kv") / "m", "llama", context_length=4096,
+                                       hidden_size=256))
+
+
+def finish(events):
+    events = list(events)
+    errors = [e for e in events if isinstance(e, EngineErrored)]
+    assert not errors, errors
+    return [e for e in events if isinstance(e, TurnFinished)][0]
+
+
+def settings(**kw):
+    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 12, "prefill_step_size": 64, **kw})
+
+
+@pytest.mark.parametrize("bits,group,ratio", [(4, 32, 5 / 32), (4, 64, 4.5 / 32), (8, 32, 9 / 32)])
+def test_kv_bytes_are_exact(lm, bits, group, ratio):
+    dense = finish(Session(lm, settings()).send(PROMPT)).metrics
+    packed_session = Session(lm, settings(kv_bits=bits, kv_group_size=group))
+    packed = finish(packed_session.send(PROMPT)).metrics
+    assert packed.kv_bytes == packed.kv_bytes_formula  # measured on the arrays == formula, to the byte
+    assert dense.kv_bytes == dense.kv_bytes_formula
+    assert packed.kv_bits == bits
+    # same tokens held; int4/g32 with fp16 scale+bias = 5 bits = 5/32 of float32 (5/16 of fp16)
+    assert packed_session.cached_tokens == dense.prompt_tokens + dense.generated_tokens + (
+        dense.finish_reason == "stop")
+    assert packed.kv_bytes == dense.kv_bytes * ratio
+
+
+def test_packed_attention_inside_the_model_matches_mlx_lms(lm):
+    """The same packed cache, attended by Brisk's kernel and by mlx-lm's: same logits."""
+    tokens = mx.array(lm.tokenizer.encode(PROMPT))[None]
+    logits = {}
+    for name, fn in (("mlx_lm", MLX_LM_QUANTIZED_SDPA), ("brisk", None)):
+        cache = make_prompt_cache(lm.model)
+        lm.model(tokens[:, :64], cache=cache)
+        maybe_quantize_kv_cache(cache, bits=4, group_size=32, start=0)  # installs Brisk's kernel
+        if fn is not None:
+            mlx_lm_base.quantized_scaled_dot_product_attention = fn
+        try:
+            logits[name] = lm.model(tokens[:, 64:], cache=cache)  # multi-token, causal, on packed data
+        finally:
+            maybe_quantize_kv_cache([], bits=4, group_size=32, start=0)  # restore Brisk's routing
+    assert mx.allclose(logits["brisk"], logits["mlx_lm"], atol=1e-3, rtol=1e-3).item()
+
+
+def test_trim_and_append_equal_a_fresh_packed_cache(lm):
+    """Speculative rollback: trimming a packed cache and appending gives identical state."""
+    tokens = lm.tokenizer.encode(PROMPT)
+    a = make_prompt_cache(lm.model)
+    lm.model(mx.array(tokens[:80])[None], cache=a)
+    maybe_quantize_kv_cache(a, bits=4, group_size=32, start=0)
+    lm.model(mx.array(tokens[80:90])[None], cache=a)
+    trim_prompt_cache(a, 10)
+    out_a = lm.model(mx.array(tokens[80:85])[None], cache=a)
+    b = make_prompt_cache(lm.model)
+    lm.model(mx.array(tokens[:80])[None], cache=b)
+    maybe_quantize_kv_cache(b, bits=4, group_size=32, start=0)
+    out_b = lm.model(mx.array(tokens[80:85])[None], cache=b)
+    assert mx.array_equal(out_a, out_b).item()
+
+
+def test_multi_turn_and_edit_with_int4(lm):
+    session = Session(lm, settings(kv_bits=4))
+    finish(session.send(PROMPT))
+    second = finish(session.send("and then?"))
+    assert second.metrics.cached_tokens > 0
+    assert all(isinstance(c, PackedKVCache) and c.offset == session.cached_tokens for c in session._cache)
+    edited = finish(session.edit(2, "and after that?"))
+    assert edited.metrics.cached_tokens > 0
+    assert all(c.offset == session.cached_tokens for c in session._cache)
+
+
+def test_changing_kv_bits_rebuilds_the_cache(lm):
+    session = Session(lm, settings())
+    finish(session.send(PROMPT))
+    session.settings.kv_bits = 4
+    turn = finish(session.send("next"))
+    assert turn.metrics.cached_tokens == 0  # a float cache cannot be reused as int4
+    assert isinstance(session._cache[0], PackedKVCache)
+
+
+def test_quantization_starts_at_the_offset(lm):
+    short = Session(lm, settings(kv_bits=4, kv_quant_start=10_000))
+    finish(short.send(PROMPT))
+    assert all(type(c) is KVCache for c in short._cache)
+    later = Session(lm, settings(kv_bits=4, kv_quant_start=100))
+    finish(later.send(PROMPT))
+    assert all(isinstance(c, PackedKVCache) for c in later._cache)
+
+
+def test_sliding_window_layers_work_with_int4(tmp_path):
+    gemma = load_folder(make_tiny_model(tmp_path / "g", "gemma3_text", context_length=1024))
+    session = Session(gemma, settings(kv_bits=4, max_tokens=20))
+    turn = finish(session.send(PROMPT))  # far longer than the 16-token window
+    kinds = {type(c).__name__ for c in session._cache}
+    assert kinds == {"RotatingKVCache", "PackedKVCache"}  # local layers stay dense, global ones pack
+    assert turn.metrics.kv_bytes == turn.metrics.kv_bytes_formula
+    assert len(turn.token_ids) == 20
+
+
+def test_group_that_does_not_divide_head_dim_is_refused(tiny_llama):
+    session = Session(tiny_llama, ChatSettings(model="t", kv_bits=4, kv_group_size=32))  # head_dim 16
+    errors = [e for e in session.send("hi") if isinstance(e, EngineErrored)]
+    assert errors and "head dimension (16)" in errors[0].message
