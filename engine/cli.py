@@ -31,6 +31,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="refuse",
                    help="when the conversation exceeds the context: refuse, or drop the oldest turns")
     p.add_argument("--prefill-step", type=int, default=ChatSettings.prefill_step_size)
+    p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=ChatSettings.kv_bits,
+                   help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data")
+    p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=ChatSettings.kv_group_size)
 
 
 def settings_from_args(args) -> ChatSettings:
@@ -38,6 +41,7 @@ def settings_from_args(args) -> ChatSettings:
         model=args.model, system_prompt=args.system, max_tokens=args.max_tokens, temperature=args.temp,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
+        kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
     ).validate()
 
 
@@ -139,9 +143,16 @@ def cmd_info(args) -> int:
         info["model"] = model_memory_info(args.model)
     if args.json:
         print(json.dumps(info, indent=2))
-    else:
-        for key, value in info.items():
-            print(f"{key:>14}: {value}")
+        return 0
+    model = info.pop("model", None)
+    for key, value in info.items():
+        print(f"{key:>14}: {value}")
+    if model:
+        print(f"\n{model['id']}: weights {model['weights_bytes'] / 2**30:.2f} GiB, context {model['context_length']}, "
+              f"{model['free_bytes_beside_weights'] / 2**30:.1f} GiB free beside the weights")
+        print(f"{'kv bits':>8} {'bytes/token':>12} {'max context in free memory':>28}")
+        for row in model["kv"]:
+            print(f"{row['kv_bits']:>8} {row['bytes_per_token']:>12.0f} {row['max_context']:>28}")
     return 0
 
 

@@ -59,29 +59,27 @@ def engine_info() -> dict:
     }
 
 
-def kv_bytes_per_token(config: dict, itemsize: int) -> int:
-    from engine.session import kv_shape
-
-    shape = kv_shape(config) or {"kv_heads": 0, "head_dim": 0}
-    layers = (config.get("text_config") or config)["num_hidden_layers"]
-    return 2 * layers * shape["kv_heads"] * shape["head_dim"] * itemsize
-
-
-def model_memory_info(model_id: str) -> dict:
-    """Weights, KV bytes per token, and the longest context that fits beside the weights."""
+def model_memory_info(model_id: str, *, group_size: int = 32) -> dict:
+    """Weights, and per KV precision the bytes per token and the longest context that fits
+    in the memory available beside the weights (what Open-TQ-Metal reports as 73K -> 236K)."""
+    from engine.kvcache import kv_bytes_per_token
     from engine.models.folder import read_config
     from engine.models.store import ModelStore
+    from engine.session import kv_shape
 
     store = ModelStore()
     entry = store.get(model_id)
     config = read_config(store.path(model_id))
+    args = config.get("text_config") or config
+    shape = kv_shape(config)
     weights = entry.parameters * 4  # float32 compute on the CPU
-    per_token = kv_bytes_per_token(config, 4)
-    free = _meminfo()["MemAvailable"] - weights
-    return {
-        "id": model_id,
-        "weights_bytes": weights,
-        "kv_bytes_per_token": per_token,
-        "context_length": entry.context_length,
-        "max_context_in_free_memory": max(0, free // per_token) if per_token else None,
-    }
+    free = max(0, _meminfo()["MemAvailable"] - weights)
+    rows = []
+    for bits in (16, 8, 4):
+        if not shape or (bits < 16 and shape["head_dim"] % group_size):
+            continue
+        per_token = kv_bytes_per_token(args["num_hidden_layers"], shape["kv_heads"], shape["head_dim"],
+                                       bits=bits, group_size=group_size, itemsize=4)
+        rows.append({"kv_bits": bits, "bytes_per_token": per_token, "max_context": int(free // per_token)})
+    return {"id": model_id, "weights_bytes": weights, "context_length": entry.context_length,
+            "free_bytes_beside_weights": free, "kv_group_size": group_size, "kv": rows}

@@ -18,6 +18,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prefill-step", type=int, default=512)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _overhead(a))
+    p = bench.add_parser("kv", help="int4 KV cache: attention step time, decode tok/s, bytes, prefill peak")
+    p.add_argument("--model", required=True)
+    p.add_argument("--context", type=_ints, default=[2048, 8192, 32768])
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--steps", type=int, default=8, help="decode steps per tok/s sample")
+    p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
+    p.add_argument("--prefill-tokens", type=int, default=2048, help="0 skips the prefill peak-memory check")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _kv(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
@@ -29,6 +38,14 @@ def _overhead(args) -> int:
 
     run_overhead(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens,
                  step=args.prefill_step, as_json=args.json)
+    return 0
+
+
+def _kv(args) -> int:
+    from engine.bench.kv import run_kv
+
+    run_kv(args.model, args.context, runs=args.runs, steps=args.steps, group_size=args.kv_group_size,
+           prefill_tokens=args.prefill_tokens, as_json=args.json)
     return 0
 
 

@@ -82,7 +82,9 @@ def test_info_reports_blas_and_dtype(cli_home):
     assert info["compute_dtype"] == "float32"
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         assert info["blas"] == "mkl" and info["sgemm_gflops"] > 20  # the reference BLAS gives ~4
-    assert info["model"]["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4
+    # tiny: 2 layers, 2 kv heads, head_dim 16 (not divisible by group 32: no packed rows)
+    assert info["model"]["kv"] == [{"kv_bits": 16, "bytes_per_token": 2 * 2 * 2 * 16 * 4,
+                                    "max_context": info["model"]["free_bytes_beside_weights"] // 512}]
 
 
 def test_models_list_and_rm(cli_home, tiny_llama_dir):
