@@ -27,6 +27,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prefill-tokens", type=int, default=2048, help="0 skips the prefill peak-memory check")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _kv(a))
+    p = bench.add_parser("kv-quality", help="int4 vs unquantized KV: top-1 agreement and KL over greedy decoding")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192])
+    p.add_argument("--gen", type=int, default=256)
+    p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _kv_quality(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
@@ -46,6 +53,13 @@ def _kv(args) -> int:
 
     run_kv(args.model, args.context, runs=args.runs, steps=args.steps, group_size=args.kv_group_size,
            prefill_tokens=args.prefill_tokens, as_json=args.json)
+    return 0
+
+
+def _kv_quality(args) -> int:
+    from engine.bench.kv_quality import run_kv_quality
+
+    run_kv_quality(args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json)
     return 0
 
 
