@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Iterator
 
 from engine.errors import BriskError, BrokenModelFolder, ModelNotFound
-from engine.models.folder import inspect_folder
+from engine.models.folder import FolderInfo, inspect_folder
 
 CATALOG_FILE = "brisk.json"
 MODEL_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
@@ -36,15 +36,10 @@ def brisk_home() -> Path:
 
 
 @dataclass(frozen=True)
-class CatalogEntry:
+class CatalogEntry(FolderInfo):
+    """What `models list` shows: the folder's description plus where it came from."""
+
     id: str
-    architecture: str
-    parameters: int
-    dtype: str
-    bytes_on_disk: int
-    tokenizer_fingerprint: str
-    context_length: int
-    has_chat_template: bool
     source: str
     installed_at: float
 
