@@ -3,14 +3,18 @@
 import mlx.core as mx
 import pytest
 
-from kernels.quantized_attention import (quantized_attention, quantized_attention_reference,
-                                         quantized_attention_single, quantized_attention_split)
+from kernels.quantized_attention import (quantized_attention, quantized_attention_dequantized,
+                                         quantized_attention_reference, quantized_attention_single,
+                                         quantized_attention_split)
 
 PATHS = {
     "single": quantized_attention_single,
     "split": lambda *a, **k: quantized_attention_split(*a, block=37, **k),  # odd block: ragged last block
+    "dequantized": quantized_attention_dequantized,
     "dispatch": quantized_attention,
-    "dispatch_small_budget": lambda *a, **k: quantized_attention(*a, max_score_elements=64, **k),
+    "dispatch_fused_only": lambda *a, **k: quantized_attention(*a, fused_max_rows=10**9, **k),
+    "dispatch_small_budget": lambda *a, **k: quantized_attention(*a, max_score_elements=64,
+                                                                 fused_max_rows=10**9, **k),
 }
 
 
@@ -66,6 +70,17 @@ def test_reference_is_close_to_full_precision_attention():
     ref = quantized_attention_reference(q, pack(k), pack(v), scale=0.125, mask="causal", group_size=32, bits=8)
     exact = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
     assert mx.abs(ref - exact).max().item() < 5e-2 and mx.abs(ref - exact).mean().item() < 5e-3
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_float16_scales_are_used_at_full_precision(path):
+    """The KV cache stores scales/biases in float16; results must equal the reference on them."""
+    q, qk, qv = make(1, 6, 2, 9, 120, 64, 32, 4, seed=11)
+    half = lambda p: (p[0], p[1].astype(mx.float16), p[2].astype(mx.float16))  # noqa: E731
+    kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
+    ref = quantized_attention_reference(q, half(qk), half(qv), **kw)
+    assert ref.dtype == mx.float32
+    assert mx.allclose(PATHS[path](q, half(qk), half(qv), **kw), ref, atol=1e-4, rtol=1e-4).item()
 
 
 def test_inputs_are_not_modified():
