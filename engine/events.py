@@ -40,6 +40,14 @@ class EngineErrored:
 
 
 @dataclass(frozen=True)
+class EngineWarned:
+    """Something degraded but the turn goes on (e.g. sparse prefill fell back to full)."""
+
+    message: str
+    kind: str = "warning"
+
+
+@dataclass(frozen=True)
 class DownloadProgressed:
     repo_id: str
     done_bytes: int

@@ -97,7 +97,7 @@ def maybe_quantize_kv_cache(cache: list, *, bits: int, group_size: int, start: i
 def held_arrays(layer) -> list:
     """The arrays a layer cache uses for the tokens it holds (its buffers may be larger)."""
     if not hasattr(layer, "keys"):  # e.g. recurrent state: all of it is held
-        return [a for _, a in tree_flatten(layer.state)]
+        return [a for _, a in tree_flatten(layer.state) if a is not None]
     if layer.keys is None:
         return []
     held = layer.size()
@@ -107,6 +107,8 @@ def held_arrays(layer) -> list:
 def layer_bytes_formula(layer, *, kv_heads: int, head_dim: int, itemsize: int) -> int:
     """2·kv_heads·tokens·(head_dim·bytes), or for packed layers head_dim·bits/8 plus the
     float16 scale and bias of each group."""
+    if not hasattr(layer, "keys"):  # recurrent state has a fixed size, no per-token formula
+        return sum(a.nbytes for a in held_arrays(layer))
     tokens = layer.size()
     if isinstance(layer, QuantizedKVCache):
         per_head = head_dim * layer.bits // 8 + (head_dim // layer.group_size) * 2 * SCALE_DTYPE.size

@@ -21,6 +21,10 @@ class TurnMetrics:
     peak_memory_bytes: int = 0
     finish_reason: str = ""  # stop | length | context | cancelled | error
     total_s: float = 0.0
+    sparse_prefill: str = "off"  # used (with counts), or off/fallback and why
+    kept_tokens: int = 0  # new prompt tokens the target prefilled under sparse prefill
+    scoring_s: float = 0.0  # draft prefill + lookahead scoring
+    sparse_prefill_s: float = 0.0  # target prefill of the kept tokens
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -19,13 +19,18 @@ import mlx.core as mx
 
 from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
-from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from mlx_lm.models.cache import RotatingKVCache
+
+from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
+                           TurnFinished)
 from engine.kvcache import maybe_quantize_kv_cache
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
+from engine.positions import ShiftedModel, install_position_shift
 from engine.prefill import prefill_chunks
 from engine.prompt import render_prompt
 from engine.settings import ChatSettings
+from engine.specprefill import CHUNK, DraftScorer, SparsePrefillDeclined, select_chunks, sparse_prefill
 
 log = logging.getLogger(__name__)
 
@@ -62,13 +67,18 @@ class Message:
 
 class Session:
     def __init__(self, lm: LoadedModel, settings: ChatSettings | None = None,
-                 messages: list[Message] | None = None):
+                 messages: list[Message] | None = None, *, draft: LoadedModel | None = None):
         self.lm = lm
         self.settings = (settings or ChatSettings(model=lm.id)).validate()
         self.messages: list[Message] = list(messages or [])
         self._cache = None  # mlx-lm per-layer caches
         self._cache_tokens: list[int] = []  # exactly the tokens the cache holds
         self._cache_mode: tuple | None = None  # (kv_bits, kv_group_size) the cache was built with
+        # After a sparse prefill the cache holds fewer slots than the tokens it stands for:
+        # positions = slots + _shift from token _dense_from on, and no rewinding before it.
+        self._shift = 0
+        self._dense_from = 0
+        self._scorer = DraftScorer(draft) if draft is not None else None
 
     # --- public turn entry points -------------------------------------------------
 
@@ -146,19 +156,13 @@ class Session:
         metrics.prefilled_tokens = len(tokens) - cached
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
-        # Chunked prefill of all but the last token; generate_step runs the last one.
-        suffix = tokens[cached:]
-        for done in prefill_chunks(self.lm.model, self._cache, suffix[:-1], settings.prefill_step_size):
-            self._cache_tokens = tokens[: cached + done]
-            pack()
-            yield PrefillProgressed(done, metrics.prefilled_tokens)
-            cancel.check()
+        yield from self._prefill(tokens, cached, settings, metrics, cancel, pack)
 
         if settings.seed is not None:
             mx.random.seed(settings.seed)
         sampler, processors = make_sampling(settings)
         steps = generate_step(
-            mx.array(suffix[-1:]), self.lm.model, max_tokens=max_tokens, sampler=sampler,
+            mx.array(tokens[-1:]), self._model(), max_tokens=max_tokens, sampler=sampler,
             logits_processors=processors, prompt_cache=self._cache,
             prefill_step_size=settings.prefill_step_size,
         )
@@ -191,6 +195,78 @@ class Session:
         if tail:
             yield TokenEmitted(tail, -1)
 
+    def _prefill(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
+        """All prompt tokens but the last into the cache (generate_step runs the last one):
+        dense chunks, or SpecPrefill's kept runs when it applies."""
+        suffix = tokens[cached:]
+        selection = yield from self._plan_sparse(tokens, cached, settings, metrics)
+        if selection is None:
+            for done in prefill_chunks(self._model(), self._cache, suffix[:-1], settings.prefill_step_size):
+                self._cache_tokens = tokens[: cached + done]
+                pack()
+                yield PrefillProgressed(done, metrics.prefilled_tokens)
+                cancel.check()
+            return
+        started = time.perf_counter()
+        runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
+        try:
+            for done in sparse_prefill(self.lm.model, self._cache, suffix, runs, base=cached,
+                                       step=settings.prefill_step_size):
+                pack()
+                yield PrefillProgressed(done, selection.kept)
+                cancel.check()
+        except BaseException:
+            self._reset_cache()  # a half-built sparse cache has no consistent prefix to keep
+            raise
+        physical = next(c.offset for c in self._cache if hasattr(c, "offset"))
+        self._dense_from = len(tokens) - 1  # from here on, cache slots and positions advance together
+        self._shift = self._dense_from - physical
+        self._cache_tokens = tokens[:-1]
+        metrics.sparse_prefill_s = time.perf_counter() - started
+        metrics.prefilled_tokens = selection.kept
+        metrics.kept_tokens = selection.kept
+
+    def _plan_sparse(self, tokens, cached, settings, metrics) -> Iterator[object]:
+        """SpecPrefill's selection, or None (with the reason in metrics, and a warning
+        event when something failed: the turn then runs a full prefill)."""
+        mode, new = settings.sparse_prefill, len(tokens) - cached
+        if mode == "off":
+            return None
+        if self._scorer is None:
+            metrics.sparse_prefill = "off: no draft model"
+            return None
+        if mode == "auto" and new < settings.sparse_threshold:
+            metrics.sparse_prefill = f"off: {new} new tokens < threshold {settings.sparse_threshold}"
+            return None
+        if new < 2 * CHUNK:
+            metrics.sparse_prefill = "off: too few new tokens"
+            return None
+        started = time.perf_counter()
+        try:
+            if self._scorer.draft.info.tokenizer_fingerprint != self.lm.info.tokenizer_fingerprint:
+                raise NotImplementedError("cross-tokenizer scoring is not implemented yet")
+            importance = self._scorer.importance(tokens, cached, settings.prefill_step_size)
+            window = max((c.max_size for c in self._cache if isinstance(c, RotatingKVCache)), default=None)
+            selection = select_chunks(importance, keep=None if mode == "auto" else settings.sparse_keep,
+                                      window=window)
+            install_position_shift(self.lm.model)
+        except SparsePrefillDeclined as exc:
+            metrics.sparse_prefill = str(exc)
+            return None
+        except Exception as exc:  # any failure here costs speed, never the turn
+            log.warning("sparse prefill fell back to full prefill: %s", exc)
+            metrics.sparse_prefill = f"fallback: {exc}"
+            yield EngineWarned(f"Sparse prefill unavailable, running a full prefill: {exc}", "sparse_prefill")
+            return None
+        finally:
+            metrics.scoring_s = time.perf_counter() - started
+        metrics.sparse_prefill = f"used: kept {selection.kept} of {selection.total} new tokens"
+        return selection
+
+    def _model(self):
+        """The target, with RoPE positions shifted past tokens a sparse prefill dropped."""
+        return ShiftedModel(self.lm.model, self._shift) if self._shift else self.lm.model
+
     # --- helpers ------------------------------------------------------------------
 
     def _reuse_prefix(self, tokens: list[int]) -> int:
@@ -203,6 +279,8 @@ class Session:
                 break
             common += 1
         common = min(common, len(tokens) - 1)  # the last prompt token must run to give logits
+        if common < self._dense_from:
+            self._reset_cache()  # cannot rewind into a sparsely prefilled region
         if self._cache is not None and common < len(self._cache_tokens):
             if can_trim_prompt_cache(self._cache):
                 trim_prompt_cache(self._cache, len(self._cache_tokens) - common)
@@ -216,6 +294,7 @@ class Session:
 
     def _reset_cache(self) -> None:
         self._cache, self._cache_tokens, self._cache_mode = None, [], None
+        self._shift = self._dense_from = 0
 
     def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int) -> None:
         end = time.perf_counter()

@@ -15,6 +15,7 @@ DEFAULT_PREFILL_STEP = 512
 DEFAULT_MAX_TOKENS = 512
 
 OVERFLOW_POLICIES = ("refuse", "truncate_oldest")
+SPARSE_MODES = ("off", "on", "auto")
 
 
 @dataclass
@@ -35,6 +36,11 @@ class ChatSettings:
     kv_bits: int = 16
     kv_group_size: int = 32
     kv_quant_start: int = 0  # tokens held before a layer is packed
+    # SpecPrefill (engine/specprefill.py): the draft scores, the target prefills the kept part.
+    draft: str | None = None
+    sparse_prefill: str = "off"  # off | on (fixed keep) | auto (adaptive keep, long prompts only)
+    sparse_keep: float = 0.2  # the paper's default share of 32-token chunks
+    sparse_threshold: int = 8192  # `auto` acts on at least this many new tokens
 
     def validate(self) -> "ChatSettings":
         problems = []
@@ -60,6 +66,12 @@ class ChatSettings:
             problems.append(f"kv_group_size must be 32 or 64 (got {self.kv_group_size})")
         if self.kv_quant_start < 0:
             problems.append("kv_quant_start must be >= 0")
+        if self.sparse_prefill not in SPARSE_MODES:
+            problems.append(f"sparse_prefill must be one of {SPARSE_MODES}")
+        if not 0 < self.sparse_keep <= 1:
+            problems.append(f"sparse_keep must be in (0, 1] (got {self.sparse_keep})")
+        if self.sparse_threshold < 0:
+            problems.append("sparse_threshold must be >= 0")
         if problems:
             raise InvalidSettings("Invalid chat settings: " + "; ".join(problems))
         return self

@@ -32,6 +32,23 @@ BASE_CONFIGS = {
                     "head_dim": 32, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
                     "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 32,
                     "sliding_window": 16, "sliding_window_pattern": 6},
+    "qwen3": {"model_type": "qwen3", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "tie_word_embeddings": True},
+    # sliding-window + full layers, YaRN RoPE, attention sinks, MoE
+    "gpt_oss": {"model_type": "gpt_oss", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 64,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_local_experts": 4,
+                "num_experts_per_tok": 2, "sliding_window": 16, "rope_theta": 150000,
+                "layer_types": ["sliding_attention", "full_attention"],
+                "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                 "original_max_position_embeddings": 128}},
+    # hybrid SSM: Mamba-2 layers, attention without RoPE, MLP
+    "nemotron_h": {"model_type": "nemotron_h", "hidden_size": 64, "intermediate_size": 128,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+                   "mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_proj_bias": False, "ssm_state_size": 16,
+                   "conv_kernel": 4, "n_groups": 1, "mlp_bias": False, "layer_norm_epsilon": 1e-5,
+                   "use_bias": False, "use_conv_bias": True, "hybrid_override_pattern": ["M", "*", "-", "M", "*"],
+                   "tie_word_embeddings": False},
 }
 
 

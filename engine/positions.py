@@ -1,0 +1,96 @@
+"""Position-mapped RoPE: run a model at positions other than its cache offset.
+
+Sparse prefill stores only some prompt tokens in the KV cache, so a token's slot in the
+cache (`cache.offset`) is not its position in the text. mlx-lm's attention layers call
+`self.rope(x, offset=cache.offset)`; every RoPE module gets wrapped so that its offset
+is shifted by the amount set for the current call. Every variant mlx-lm builds (nn.RoPE
+with `traditional`/`scale`, Llama3, YaRN, SuScaled, ...) takes `(x, offset)` and applies
+its own frequencies, so all of them map positions the same way, with no frequency math
+copied here. With shift 0 (the default) the wrapper is an exact pass-through.
+
+A model whose positions live somewhere we cannot map is detected, not skipped:
+`install_position_shift` raises when it finds no RoPE module although the model's source
+uses RoPE (a silently unmapped position was a reported bug in another implementation).
+Attention without positional encoding (e.g. nemotron-h's hybrid layers) needs no mapping.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from contextlib import contextmanager
+from typing import Iterator
+
+import mlx.nn as nn
+from mlx_lm.models import rope_utils
+
+_shift = 0  # added to every wrapped RoPE offset; set only inside `position_shift`
+
+
+class ShiftedRoPE(nn.Module):
+    def __init__(self, rope: nn.Module):
+        super().__init__()
+        self.rope = rope
+
+    def __call__(self, x, offset=0, **kwargs):
+        return self.rope(x, offset=offset + _shift, **kwargs)
+
+
+def _is_rope(module) -> bool:
+    return isinstance(module, nn.RoPE) or type(module).__module__ == rope_utils.__name__
+
+
+ROPE_IN_SOURCE = re.compile(r"\brope\b|initialize_rope|RoPE|rotary")
+
+
+def _source_uses_rope(model) -> bool:
+    modules = {type(m).__module__ for _, m in model.named_modules()}
+    for name in modules:
+        try:
+            if ROPE_IN_SOURCE.search(inspect.getsource(sys.modules[name])):
+                return True
+        except (KeyError, OSError, TypeError):
+            return True  # cannot tell: assume positions matter
+    return False
+
+
+def install_position_shift(model) -> int:
+    """Wrap every RoPE module of `model` once; returns how many are wrapped."""
+    if getattr(model, "_brisk_rope_count", None) is not None:
+        return model._brisk_rope_count
+    count = 0
+    for _, module in model.named_modules():
+        for key, child in list(module.items()):
+            if _is_rope(child):
+                setattr(module, key, ShiftedRoPE(child))
+                count += 1
+    if count == 0 and _source_uses_rope(model):
+        raise NotImplementedError(
+            f"{type(model).__module__}: no RoPE module found to map positions; sparse prefill would "
+            "place kept tokens at wrong positions")
+    model._brisk_rope_count = count
+    return count
+
+
+@contextmanager
+def position_shift(delta: int) -> Iterator[None]:
+    """Within the block, wrapped RoPEs see `offset + delta`."""
+    global _shift
+    previous, _shift = _shift, int(delta)
+    try:
+        yield
+    finally:
+        _shift = previous
+
+
+class ShiftedModel:
+    """A callable that runs `model` with a fixed position shift (for mlx-lm's generate_step,
+    which calls `model(tokens, cache=...)` lazily from inside a generator)."""
+
+    def __init__(self, model, delta: int):
+        self.model, self.delta = model, delta
+
+    def __call__(self, *args, **kwargs):
+        with position_shift(self.delta):
+            return self.model(*args, **kwargs)

@@ -1,0 +1,224 @@
+"""SpecPrefill: a small draft model picks the prompt tokens that matter; the target
+prefills only those, at their original positions.
+
+Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Inference"
+(Liu et al., 2025), as ported to MLX in "SpecPrefill on Unified Memory" (2026).
+
+1. The draft prefills the new part of the prompt (its own prompt cache, like the target's).
+2. Lookahead: the draft decodes LOOKAHEAD_STEPS tokens greedily; every attention layer's
+   post-RoPE query is captured where mlx-lm's model code hands it to the shared
+   `scaled_dot_product_attention`, so the capture does not depend on how the module
+   builds its queries (plain, q_norm, gated, no RoPE).
+3. Importance of each new prompt token: softmax(q·Kᵀ·scale) in float32 (GQA heads folded),
+   average-pooled along tokens (kernel 13), max over heads and layers, mean over steps.
+   Layers whose keys do not span the prompt (sliding windows) are skipped.
+4. Selection in 32-token chunks by mean importance: the top ⌈k·M/32⌉, plus the first
+   chunk (attention sinks), the chunk with the last prompt token, and for sliding-window
+   targets the last `window` tokens. `auto` keeps the fewest chunks holding a share of the
+   importance mass instead, or declines when that share needs most of the prompt.
+5. The target prefills kept runs with their original RoPE positions (engine/positions.py).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Iterator
+
+import mlx.core as mx
+
+from engine.positions import install_position_shift, position_shift
+
+LOOKAHEAD_STEPS = 8  # the paper's setting
+CHUNK = 32  # selection granularity (tokens)
+POOL_KERNEL = 13  # smooths single-token spikes before chunking
+DEFAULT_KEEP = 0.2
+DEFAULT_THRESHOLD = 8192  # `auto` only acts on prompts at least this long
+# `auto`: keep chunks holding this share of the importance mass, never fewer than
+# AUTO_MIN_KEEP; if that needs more than AUTO_MAX_KEEP, importance is too flat to drop
+# anything safely (e.g. counting across a whole document) and a full prefill runs.
+AUTO_MASS = 0.9
+AUTO_MIN_KEEP = 0.1
+AUTO_MAX_KEEP = 0.6
+
+
+class SparsePrefillDeclined(Exception):
+    """Not an error: the turn runs a full prefill and metrics say why."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    runs: list[tuple[int, int]]  # kept [start, end) ranges of the new tokens, in order
+    kept: int
+    total: int
+    keep_fraction: float
+
+
+@contextmanager
+def capture_attention(model, sink: list) -> Iterator[None]:
+    """Record (queries, keys, scale) of every attention call `model` makes through
+    mlx-lm's shared SDPA, by rebinding that name in the modules its layers come from."""
+    names = {type(m).__module__ for _, m in model.named_modules()}
+    patched = []
+    for name in names:
+        module = sys.modules.get(name)
+        original = getattr(module, "scaled_dot_product_attention", None)
+        if original is None:
+            continue
+
+        def spy(queries, keys, values, *args, _original=original, **kwargs):
+            scale = kwargs.get("scale", args[1] if len(args) > 1 else None)
+            sink.append((queries, keys, scale))
+            return _original(queries, keys, values, *args, **kwargs)
+
+        setattr(module, "scaled_dot_product_attention", spy)
+        patched.append((module, original))
+    if not patched:
+        raise NotImplementedError(f"{type(model).__module__} does not use mlx-lm's shared attention")
+    try:
+        yield
+    finally:
+        for module, original in patched:
+            setattr(module, "scaled_dot_product_attention", original)
+
+
+def _pool(scores: mx.array, kernel: int = POOL_KERNEL) -> mx.array:
+    """Average pool along the last axis, same length, zero padding (counted)."""
+    pad = kernel // 2
+    padded = mx.pad(scores, [(0, 0)] * (scores.ndim - 1) + [(pad, pad)])
+    csum = mx.concatenate([mx.zeros(scores.shape[:-1] + (1,)), mx.cumsum(padded, axis=-1)], axis=-1)
+    return (csum[..., kernel:] - csum[..., :-kernel]) / kernel
+
+
+def layer_importance(queries, keys, scale: float, start: int, end: int) -> mx.array | None:
+    """Pooled attention of one step's queries over keys [start, end): (end - start,)."""
+    if not isinstance(keys, mx.array) or keys.shape[2] < end:
+        return None  # packed or sliding-window cache: it does not span the prompt
+    b, hq, length, d = queries.shape
+    hkv = keys.shape[1]
+    q = queries.astype(mx.float32).reshape(b, hkv, (hq // hkv) * length, d) * scale  # (B, Hkv, rows, D)
+    probs = mx.softmax(q @ keys.astype(mx.float32).swapaxes(-1, -2), axis=-1)  # (B, Hkv, rows, S)
+    return _pool(probs[..., start:end]).max(axis=(0, 1, 2))  # max over heads
+
+
+def score_tokens(draft_model, cache, first_token: int, start: int, end: int,
+                 steps: int = LOOKAHEAD_STEPS) -> mx.array:
+    """Importance of cached positions [start, end) from `steps` greedy lookahead steps.
+    The lookahead tokens are trimmed off `cache` afterwards."""
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    token = mx.array([[first_token]])
+    total = None
+    fed = 0
+    try:
+        for _ in range(steps):
+            captured: list = []
+            with capture_attention(draft_model, captured):
+                logits = draft_model(token, cache=cache)
+            fed += 1
+            per_layer = [s for s in (layer_importance(q, k, sc, start, end) for q, k, sc in captured) if s is not None]
+            if not per_layer:
+                raise NotImplementedError("no attention layer of the draft spans the prompt")
+            step = mx.stack(per_layer).max(axis=0)
+            total = step if total is None else total + step
+            token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
+            mx.eval(total, token)
+    finally:
+        trim_prompt_cache(cache, fed)
+    return total / steps
+
+
+def select_chunks(importance: mx.array, *, keep: float | None, window: int | None = None,
+                  mass: float = AUTO_MASS) -> Selection:
+    """Chunks to keep. keep=None is `auto` (importance mass); raises SparsePrefillDeclined."""
+    scores = importance.tolist()
+    total = len(scores)
+    n_chunks = math.ceil(total / CHUNK)
+    chunk_scores = [sum(scores[i * CHUNK:(i + 1) * CHUNK]) / len(scores[i * CHUNK:(i + 1) * CHUNK])
+                    for i in range(n_chunks)]
+    order = sorted(range(n_chunks), key=lambda i: -chunk_scores[i])
+    if keep is None:
+        masses = [chunk_scores[i] * len(scores[i * CHUNK:(i + 1) * CHUNK]) for i in order]
+        goal, acc, needed = mass * sum(masses), 0.0, 0
+        for m in masses:
+            acc += m
+            needed += 1
+            if acc >= goal:
+                break
+        fraction = needed / n_chunks
+        if fraction > AUTO_MAX_KEEP:
+            raise SparsePrefillDeclined(f"auto: importance is flat ({fraction:.0%} of chunks hold {mass:.0%}"
+                                        " of it); full prefill")
+        n_keep = max(needed, math.ceil(AUTO_MIN_KEEP * n_chunks))
+    else:
+        n_keep = math.ceil(keep * total / CHUNK)
+    chosen = set(order[:n_keep]) | {0, n_chunks - 1}
+    if window:
+        chosen |= set(range(max(0, (total - window) // CHUNK), n_chunks))
+    runs: list[tuple[int, int]] = []
+    for i in sorted(chosen):
+        s, e = i * CHUNK, min((i + 1) * CHUNK, total)
+        if runs and runs[-1][1] == s:
+            runs[-1] = (runs[-1][0], e)
+        else:
+            runs.append((s, e))
+    kept = sum(e - s for s, e in runs)
+    return Selection(runs, kept, total, kept / total)
+
+
+def sparse_prefill(model, cache, tokens: list[int], runs: list[tuple[int, int]], *, base: int, step: int
+                   ) -> Iterator[int]:
+    """Prefill tokens[s:e] for each run at logical positions base + s (yields tokens done).
+
+    `cache` holds `cache_len` physical slots before; each run is shifted so its RoPE
+    positions are its original ones."""
+    install_position_shift(model)
+    done = 0
+    for s, e in runs:
+        for c in range(s, e, step):
+            chunk = tokens[c:min(c + step, e)]
+            physical = next((layer.offset for layer in cache if hasattr(layer, "offset")), None)
+            if physical is None:
+                raise NotImplementedError("the target's cache has no positional layer to map from")
+            with position_shift(base + c - physical):
+                model(mx.array(chunk)[None], cache=cache)
+            mx.eval([x.state for x in cache])
+            done += len(chunk)
+            yield done
+
+
+class DraftScorer:
+    """The draft side of SpecPrefill for one conversation: its model, its prompt cache
+    (reused across turns like the target's), and the scoring of new prompt tokens."""
+
+    def __init__(self, draft):
+        self.draft = draft
+        self._cache = None
+        self._tokens: list[int] = []
+
+    def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
+        """Importance of tokens[start:] (same tokenizer as the target)."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        from engine.prefill import prefill_chunks
+
+        if len(tokens) > self.draft.context_length:
+            raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
+        common = 0
+        for a, b in zip(self._tokens, tokens[:-1]):
+            if a != b:
+                break
+            common += 1
+        if self._cache is not None and common < len(self._tokens) and can_trim_prompt_cache(self._cache):
+            trim_prompt_cache(self._cache, len(self._tokens) - common)
+        elif self._cache is None or common < len(self._tokens):
+            self._cache, common = make_prompt_cache(self.draft.model), 0
+        self._tokens = list(tokens[:common])
+        for done in prefill_chunks(self.draft.model, self._cache, tokens[common:-1], step):
+            self._tokens = list(tokens[:common + done])
+        logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self._cache)
+        self._tokens = list(tokens)
+        first = int(mx.argmax(logits[0, -1]).item())
+        return score_tokens(self.draft.model, self._cache, first, start, len(tokens))

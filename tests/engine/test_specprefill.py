@@ -1,0 +1,193 @@
+"""SpecPrefill: exactness, original positions, selection rules, fallback, multi-turn."""
+
+import sys
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine.events import EngineWarned, TurnFinished
+from engine.models.loader import load_folder
+from engine.positions import ShiftedRoPE, install_position_shift, position_shift
+from engine.session import Session
+from engine.settings import ChatSettings
+from engine.specprefill import (CHUNK, DraftScorer, SparsePrefillDeclined, capture_attention, select_chunks,
+                                sparse_prefill)
+from tests.tiny_models import make_tiny_model
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h"]
+DOC = ("Report on regional water use. The northern districts used more water while the southern "
+       "reservoirs stayed full. Engineers proposed new pipes. ") * 6
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sp")
+    return {arch: load_folder(make_tiny_model(root / arch, arch, seed=1, context_length=2048)) for arch in ARCHS}
+
+
+def turn(session, text):
+    events = list(session.send(text))
+    done = [e for e in events if isinstance(e, TurnFinished)]
+    assert done, events
+    return events, done[0]
+
+
+def greedy(**kw):
+    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 8, "prefill_step_size": 64, **kw})
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_keep_all_equals_full_prefill_also_after_a_cached_prefix(models, arch):
+    lm = models[arch]
+    dense = Session(lm, greedy())
+    sparse = Session(lm, greedy(sparse_prefill="on", sparse_keep=1.0), draft=lm)
+    for text in (DOC, "Which districts used more water? " + DOC[:200]):
+        _, d = turn(dense, text)
+        _, s = turn(sparse, text)
+        assert s.metrics.sparse_prefill.startswith("used"), s.metrics.sparse_prefill
+        assert s.token_ids == d.token_ids
+
+
+def masked_dense_logits(model, tokens, visible):
+    """Full forward where only `visible` keys can be attended (plus causality)."""
+    keep = mx.array(visible)
+    patched = []
+    for name in {type(m).__module__ for _, m in model.named_modules()}:
+        module = sys.modules[name]
+        original = getattr(module, "scaled_dot_product_attention", None)
+        if original is None:
+            continue
+
+        def masked(q, k, v, *args, _original=original, **kwargs):
+            n, length = k.shape[2], q.shape[2]
+            causal = mx.arange(n - length, n)[:, None] >= mx.arange(n)[None]
+            kwargs["mask"] = causal & keep[None, :n]
+            return _original(q, k, v, *args, **kwargs)
+
+        setattr(module, "scaled_dot_product_attention", masked)
+        patched.append((module, original))
+    try:
+        return model(mx.array(tokens)[None])[0, -1]
+    finally:
+        for module, original in patched:
+            setattr(module, "scaled_dot_product_attention", original)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("prefix", [0, 40])
+def test_kept_tokens_sit_at_their_original_positions(models, arch, prefix):
+    """Sparse prefill == a dense pass in which dropped tokens are invisible: so every kept
+    token, and the first decoded one, ran at its original RoPE position."""
+    model = models[arch].model
+    tokens = [(i * 37) % 380 + 3 for i in range(prefix + 200)]
+    runs = [(0, 32), (64, 96), (150, 199)]  # of the 200 new tokens; the last one runs separately
+    cache = make_prompt_cache(model)
+    if prefix:
+        model(mx.array(tokens[:prefix])[None], cache=cache)
+    list(sparse_prefill(model, cache, tokens[prefix:], runs, base=prefix, step=16))
+    with position_shift(len(tokens) - 1 - cache[0].offset):
+        sparse_logits = model(mx.array(tokens[-1:])[None], cache=cache)[0, -1]
+    visible = [True] * prefix + [any(s <= i < e for s, e in runs) or i == 199 for i in range(200)]
+    reference = masked_dense_logits(model, tokens, visible)
+    assert mx.allclose(sparse_logits, reference, atol=1e-4, rtol=1e-4).item()
+    full = model(mx.array(tokens)[None])[0, -1]
+    assert not mx.allclose(sparse_logits, full, atol=1e-3).item()  # dropping tokens did matter
+
+
+def test_decoding_continues_at_the_original_length(models):
+    lm = models["llama"]
+    session = Session(lm, greedy(sparse_prefill="on", sparse_keep=0.3, max_tokens=4), draft=lm)
+    install_position_shift(lm.model)
+    rope = lm.model.model.layers[0].self_attn.rope
+    assert isinstance(rope, ShiftedRoPE)
+    seen = []
+    inner = rope.rope
+    rope.rope = lambda x, offset=0, **kw: (seen.append((x.shape[2], offset)), inner(x, offset=offset, **kw))[1]
+    try:
+        _, done = turn(session, DOC)
+    finally:
+        rope.rope = inner
+    m = done.metrics
+    assert m.sparse_prefill.startswith("used") and m.kept_tokens < m.prompt_tokens
+    singles = [offset for length, offset in seen if length == 1][::2]  # q and k both pass through rope
+    # last prompt token at M-1, then the answer at M, M+1, ... although the cache holds fewer slots
+    assert singles[:4] == list(range(m.prompt_tokens - 1, m.prompt_tokens + 3))
+    assert session._cache[0].offset < m.prompt_tokens
+
+
+def test_model_is_unchanged_for_later_full_prefills(models):
+    lm = models["qwen2"]
+    before = turn(Session(lm, greedy()), DOC)[1].token_ids
+    turn(Session(lm, greedy(sparse_prefill="on", sparse_keep=0.2), draft=lm), DOC)
+    assert turn(Session(lm, greedy()), DOC)[1].token_ids == before
+
+
+def test_a_second_turn_reuses_the_sparse_cache_and_an_edit_inside_it_resets(models):
+    lm = models["llama"]
+    session = Session(lm, greedy(sparse_prefill="on", sparse_keep=0.2), draft=lm)
+    _, first = turn(session, DOC)
+    _, second = turn(session, "And the south?")
+    # the whole sparse first prompt is reused (a random model's answer may re-tokenize differently)
+    assert second.metrics.cached_tokens >= first.metrics.prompt_tokens
+    events = list(session.edit(0, DOC + " Extra."))
+    edited = [e for e in events if isinstance(e, TurnFinished)][0]
+    assert edited.metrics.cached_tokens == 0  # the edit lands inside the sparse region
+
+
+def test_failure_falls_back_to_full_prefill_with_a_warning(models, monkeypatch):
+    lm = models["llama"]
+    _, reference = turn(Session(lm, greedy()), DOC)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated scoring failure")
+
+    monkeypatch.setattr(DraftScorer, "importance", broken)
+    events, done = turn(Session(lm, greedy(sparse_prefill="on"), draft=lm), DOC)
+    warnings = [e for e in events if isinstance(e, EngineWarned)]
+    assert warnings and "simulated scoring failure" in warnings[0].message
+    assert done.metrics.sparse_prefill.startswith("fallback")
+    assert done.token_ids == reference.token_ids
+
+
+def test_auto_respects_the_threshold(models):
+    lm = models["llama"]
+    _, done = turn(Session(lm, greedy(sparse_prefill="auto", sparse_threshold=10_000), draft=lm), DOC)
+    assert done.metrics.sparse_prefill.startswith("off:") and "threshold" in done.metrics.sparse_prefill
+
+
+def test_no_draft_means_no_sparse_prefill(models):
+    _, done = turn(Session(models["llama"], greedy(sparse_prefill="on")), DOC)
+    assert done.metrics.sparse_prefill == "off: no draft model"
+
+
+def test_selection_keeps_first_last_top_and_window():
+    importance = mx.array([0.0] * 320)
+    importance[100:110] = 5.0  # chunk 3 is the important one
+    sel = select_chunks(importance, keep=0.1)  # 10 chunks -> 1 by score, + first + last
+    assert sel.runs == [(0, 32), (96, 128), (288, 320)]
+    windowed = select_chunks(importance, keep=0.1, window=64)
+    assert windowed.runs[-1] == (256, 320)
+
+
+def test_auto_keeps_few_chunks_when_importance_is_peaked_and_declines_when_flat():
+    peaked = mx.concatenate([mx.full((32,), 10.0), mx.full((2048 - 32,), 0.001)])
+    sel = select_chunks(peaked, keep=None)
+    assert sel.keep_fraction <= 0.15
+    with pytest.raises(SparsePrefillDeclined, match="flat"):
+        select_chunks(mx.ones((2048,)), keep=None)
+
+
+def test_capture_sees_every_attention_layer_including_hybrids(models):
+    for arch, n_attention in (("llama", 2), ("nemotron_h", 2), ("gpt_oss", 2)):
+        lm = models[arch]
+        sink = []
+        with capture_attention(lm.model, sink):
+            lm.model(mx.array([[5, 6, 7]]))
+        assert len(sink) == n_attention, arch
+        q, k, scale = sink[0]
+        assert q.ndim == 4 and k.ndim == 4 and scale > 0
+
+
+def test_chunk_size_is_the_papers():
+    assert CHUNK == 32
