@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from engine.errors import BriskError
-from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
+                           TurnFinished)
 from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, ChatSettings
 
 # glibc returns big freed blocks to the OS and page-faults them back on every prefill
@@ -34,6 +35,11 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=ChatSettings.kv_bits,
                    help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data")
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=ChatSettings.kv_group_size)
+    p.add_argument("--draft", help="draft model id (SpecPrefill scoring)")
+    p.add_argument("--sparse-prefill", choices=("off", "on", "auto"), default=ChatSettings.sparse_prefill)
+    p.add_argument("--keep", type=float, default=ChatSettings.sparse_keep, help="share of 32-token chunks kept (on)")
+    p.add_argument("--threshold", type=int, default=ChatSettings.sparse_threshold,
+                   help="new-token count from which `auto` sparse prefill acts")
 
 
 def settings_from_args(args) -> ChatSettings:
@@ -41,7 +47,8 @@ def settings_from_args(args) -> ChatSettings:
         model=args.model, system_prompt=args.system, max_tokens=args.max_tokens, temperature=args.temp,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
-        kv_bits=args.kv_bits, kv_group_size=args.kv_group_size,
+        kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, draft=args.draft,
+        sparse_prefill=args.sparse_prefill, sparse_keep=args.keep, sparse_threshold=args.threshold,
     ).validate()
 
 
@@ -58,6 +65,14 @@ def read_prompt_file(path: str) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise BriskError(f"{path} is not valid UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+
+
+def load_pair(settings: ChatSettings):
+    """The target and, when set, the draft model."""
+    from engine.models.loader import load_model
+
+    target = load_for_chat(settings.model)
+    return target, (load_model(settings.draft) if settings.draft else None)
 
 
 def load_for_chat(model_id: str):
@@ -77,14 +92,16 @@ def cmd_run(args) -> int:
 
     prompt = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
     settings = settings_from_args(args)
-    lm = load_for_chat(args.model)
-    session = Session(lm, settings)
+    lm, draft = load_pair(settings)
+    session = Session(lm, settings, draft=draft)
     finished = None
     for event in session.send(prompt):
         if isinstance(event, TokenEmitted) and not args.json:
             print(event.text, end="", flush=True)
         elif isinstance(event, ContextTruncated):
             print(f"[dropped {event.dropped_messages} oldest messages to fit the context]", file=sys.stderr)
+        elif isinstance(event, EngineWarned):
+            print(f"[warning] {event.message}", file=sys.stderr)
         elif isinstance(event, EngineErrored):
             raise BriskError(event.message)
         elif isinstance(event, TurnFinished):
@@ -96,15 +113,17 @@ def cmd_run(args) -> int:
         print()
         m = finished.metrics
         print(f"[ttft {m.ttft_s:.2f}s · prefill {m.prefill_tps:.1f} tok/s · decode {m.decode_tps:.1f} tok/s"
-              f" · {m.generated_tokens} tokens · {m.finish_reason}]", file=sys.stderr)
+              f" · {m.generated_tokens} tokens · {m.finish_reason} · sparse prefill {m.sparse_prefill}]",
+              file=sys.stderr)
     return 0
 
 
 def cmd_chat(args) -> int:
     from engine.session import CancelToken, Session
 
-    lm = load_for_chat(args.model)
-    session = Session(lm, settings_from_args(args))
+    settings = settings_from_args(args)
+    lm, draft = load_pair(settings)
+    session = Session(lm, settings, draft=draft)
     print(f"Brisk chat with {lm.id} ({lm.compute_dtype}). Ctrl-C stops an answer; Ctrl-D or /quit exits.")
     while True:
         try:
@@ -124,6 +143,8 @@ def cmd_chat(args) -> int:
                     print(f"\r[prefill {100 * event.done // event.total}%]", end="", flush=True)
                 elif isinstance(event, TokenEmitted):
                     print(event.text, end="", flush=True)
+                elif isinstance(event, EngineWarned):
+                    print(f"\n[warning] {event.message}")
                 elif isinstance(event, EngineErrored):
                     print(f"\n[error] {event.message}")
                 elif isinstance(event, TurnFinished):

@@ -12,9 +12,10 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
 3. Importance of each new prompt token: softmax(q·Kᵀ·scale) in float32 (GQA heads folded),
    average-pooled along tokens (kernel 13), max over heads and layers, mean over steps.
    Layers whose keys do not span the prompt (sliding windows) are skipped.
-4. Selection in 32-token chunks by mean importance: the top ⌈k·M/32⌉, plus the first
-   chunk (attention sinks), the chunk with the last prompt token, and for sliding-window
-   targets the last `window` tokens. `auto` keeps the fewest chunks holding a share of the
+4. Selection in 32-token chunks (aligned to the end of the prompt) by mean importance:
+   the top ⌈k·M/32⌉, plus the first 32 tokens (attention sinks), the chunk with the last
+   prompt token (its logits give the first answer token; reference implementations drop
+   it), and for sliding-window targets the last `window` tokens. `auto` keeps the fewest chunks holding a share of the
    importance mass instead, or declines when that share needs most of the prompt.
 5. The target prefills kept runs with their original RoPE positions (engine/positions.py).
 """
@@ -135,12 +136,14 @@ def select_chunks(importance: mx.array, *, keep: float | None, window: int | Non
     """Chunks to keep. keep=None is `auto` (importance mass); raises SparsePrefillDeclined."""
     scores = importance.tolist()
     total = len(scores)
-    n_chunks = math.ceil(total / CHUNK)
-    chunk_scores = [sum(scores[i * CHUNK:(i + 1) * CHUNK]) / len(scores[i * CHUNK:(i + 1) * CHUNK])
-                    for i in range(n_chunks)]
+    # Chunks are aligned to the end, so the last one is a full 32 tokens ending with the
+    # question; a short remainder, if any, is the first chunk.
+    bounds = [(max(0, e - CHUNK), e) for e in range(total, 0, -CHUNK)][::-1]
+    n_chunks = len(bounds)
+    chunk_scores = [sum(scores[s:e]) / (e - s) for s, e in bounds]
     order = sorted(range(n_chunks), key=lambda i: -chunk_scores[i])
     if keep is None:
-        masses = [chunk_scores[i] * len(scores[i * CHUNK:(i + 1) * CHUNK]) for i in order]
+        masses = [chunk_scores[i] * (bounds[i][1] - bounds[i][0]) for i in order]
         goal, acc, needed = mass * sum(masses), 0.0, 0
         for m in masses:
             acc += m
@@ -154,12 +157,14 @@ def select_chunks(importance: mx.array, *, keep: float | None, window: int | Non
         n_keep = max(needed, math.ceil(AUTO_MIN_KEEP * n_chunks))
     else:
         n_keep = math.ceil(keep * total / CHUNK)
-    chosen = set(order[:n_keep]) | {0, n_chunks - 1}
+    # the first 32 tokens (attention sinks) and the last chunk (the question) always stay
+    sinks = {i for i, (s, _) in enumerate(bounds) if s < CHUNK}
+    chosen = set(order[:n_keep]) | sinks | {n_chunks - 1}
     if window:
-        chosen |= set(range(max(0, (total - window) // CHUNK), n_chunks))
+        chosen |= {i for i, (_, e) in enumerate(bounds) if e > total - window}
     runs: list[tuple[int, int]] = []
     for i in sorted(chosen):
-        s, e = i * CHUNK, min((i + 1) * CHUNK, total)
+        s, e = bounds[i]
         if runs and runs[-1][1] == s:
             runs[-1] = (runs[-1][0], e)
         else:

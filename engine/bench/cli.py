@@ -7,6 +7,10 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (interleaved A/B, medians)").add_subparsers(
         dest="bench_cmd", required=True)
@@ -34,6 +38,22 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _kv_quality(a))
+    p = bench.add_parser("specprefill", help="TTFT full vs SpecPrefill: speedup, r, 1/(r+k), G")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[2048, 4096, 8192])
+    p.add_argument("--keep", type=_floats, default=[0.1, 0.2, 0.3])
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _specprefill(a))
+    p = bench.add_parser("needle", help="retrieve a fact hidden at several depths, full vs sparse prefill")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9])
+    p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _needle(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
@@ -60,6 +80,20 @@ def _kv_quality(args) -> int:
     from engine.bench.kv_quality import run_kv_quality
 
     run_kv_quality(args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json)
+    return 0
+
+
+def _specprefill(args) -> int:
+    from engine.bench.specprefill import run_specprefill
+
+    run_specprefill(args.target, args.draft, args.prompt_tokens, args.keep, runs=args.runs, as_json=args.json)
+    return 0
+
+
+def _needle(args) -> int:
+    from engine.bench.specprefill import run_needle
+
+    run_needle(args.target, args.draft, args.tokens, args.depths, args.keep, as_json=args.json)
     return 0
 
 

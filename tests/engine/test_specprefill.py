@@ -170,6 +170,12 @@ def test_selection_keeps_first_last_top_and_window():
     assert windowed.runs[-1] == (256, 320)
 
 
+def test_chunks_align_to_the_end_and_keep_the_first_32_tokens():
+    importance = mx.zeros((100,))  # 100 = 4 + 3 * 32: a 4-token remainder first
+    sel = select_chunks(importance, keep=0.01)
+    assert sel.runs == [(0, 36), (68, 100)]  # remainder + next chunk (first 32 tokens), last full chunk
+
+
 def test_auto_keeps_few_chunks_when_importance_is_peaked_and_declines_when_flat():
     peaked = mx.concatenate([mx.full((32,), 10.0), mx.full((2048 - 32,), 0.001)])
     sel = select_chunks(peaked, keep=None)

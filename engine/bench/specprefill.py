@@ -1,0 +1,100 @@
+"""`brisk bench specprefill` and `brisk bench needle`.
+
+specprefill: cold TTFT of a long prompt with full prefill vs SpecPrefill at several keep
+fractions, interleaved round by round, medians. r = draft scoring time / target full
+prefill time; the ideal speedup is 1/(r + k); G = ideal / measured (1.0 = no overhead
+beyond the draft and the kept tokens; the paper's best is 1.1).
+
+needle: a fact hidden at several depths of a filler document; the target must retrieve
+it with full prefill and with sparse prefill.
+"""
+
+from __future__ import annotations
+
+from engine.bench.common import filler_text, interleave, median, print_table
+
+QUESTION = "\n\nIn one sentence, what did the committee discuss?"
+
+
+def _ttft(target, draft, text: str, *, mode: str, keep: float) -> dict:
+    from engine.events import TurnFinished
+    from engine.session import Session
+    from engine.settings import ChatSettings
+
+    settings = ChatSettings(model=target.id, temperature=0.0, max_tokens=1, sparse_prefill=mode, sparse_keep=keep,
+                            draft=draft.id if draft else None)
+    for event in Session(target, settings, draft=draft).send(text):
+        if isinstance(event, TurnFinished):
+            m = event.metrics
+            return {"ttft_s": m.ttft_s, "scoring_s": m.scoring_s, "kept": m.kept_tokens,
+                    "prompt": m.prompt_tokens, "note": m.sparse_prefill}
+    raise RuntimeError("turn did not finish")
+
+
+def run_specprefill(target_id: str, draft_id: str, lengths: list[int], keeps: list[float], *, runs: int,
+                    as_json: bool) -> dict:
+    from engine.models.loader import load_model
+
+    target, draft = load_model(target_id), load_model(draft_id)
+    payload = {"target": target_id, "draft": draft_id, "runs": runs, "rows": []}
+    rows = []
+    _ttft(target, draft, filler_text(target.tokenizer, 256) + QUESTION, mode="on", keep=0.2)  # warm-up
+    for n in lengths:
+        text = filler_text(target.tokenizer, n) + QUESTION
+        variants = {"full": lambda: _ttft(target, None, text, mode="off", keep=1.0)}
+        for k in keeps:
+            variants[f"keep {k}"] = lambda k=k: _ttft(target, draft, text, mode="on", keep=k)
+        res = interleave(runs, variants)
+        full = median(res["full"], "ttft_s")
+        for k in keeps:
+            sparse = res[f"keep {k}"]
+            ttft, scoring = median(sparse, "ttft_s"), median(sparse, "scoring_s")
+            r = scoring / full
+            speedup = full / ttft
+            bound = 1 / (r + k)
+            entry = {"prompt_tokens": res["full"][0]["prompt"], "keep": k, "kept_tokens": sparse[0]["kept"],
+                     "full_ttft_s": full, "sparse_ttft_s": ttft, "scoring_s": scoring, "r": r,
+                     "speedup": speedup, "bound": bound, "G": bound / speedup, "note": sparse[0]["note"]}
+            payload["rows"].append(entry)
+            rows.append([entry["prompt_tokens"], k, entry["kept_tokens"], full, ttft, scoring, r, speedup, bound,
+                         entry["G"]])
+    print_table(f"brisk bench specprefill: target {target_id}, draft {draft_id}, medians of {runs}",
+                ["prompt", "keep", "kept", "full ttft s", "sparse ttft s", "scoring s", "r", "speedup",
+                 "1/(r+k)", "G"], rows, payload, as_json)
+    return payload
+
+
+NEEDLE = "The secret passcode of the {name} vault is {code}."
+ASK = "\n\nWhat is the secret passcode of the {name} vault? Answer with the number only."
+
+
+def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], keep: float, *,
+               as_json: bool) -> dict:
+    from engine.events import TurnFinished
+    from engine.models.loader import load_model
+    from engine.session import Session
+    from engine.settings import ChatSettings
+
+    target, draft = load_model(target_id), load_model(draft_id)
+    filler = filler_text(target.tokenizer, tokens)
+    payload = {"target": target_id, "draft": draft_id, "tokens": tokens, "keep": keep, "rows": []}
+    rows = []
+    for i, depth in enumerate(depths):
+        name, code = ["Aurora", "Basalt", "Cedar", "Delta", "Ember"][i % 5], str(48213 + 1111 * i)
+        cut = filler.rfind(". ", 0, int(len(filler) * depth)) + 2
+        text = filler[:cut] + NEEDLE.format(name=name, code=code) + " " + filler[cut:] + ASK.format(name=name)
+        result = {"depth": depth}
+        for mode in ("off", "on"):
+            settings = ChatSettings(model=target_id, temperature=0.0, max_tokens=16, sparse_prefill=mode,
+                                    sparse_keep=keep, draft=draft_id)
+            for event in Session(target, settings, draft=draft).send(text):
+                if isinstance(event, TurnFinished):
+                    result[mode] = {"answer": event.text.strip(), "found": code in event.text,
+                                    "kept": event.metrics.kept_tokens, "ttft_s": event.metrics.ttft_s}
+        payload["rows"].append(result)
+        rows.append([depth, result["off"]["found"], result["on"]["found"], result["on"]["kept"],
+                     result["off"]["ttft_s"], result["on"]["ttft_s"], result["on"]["answer"][:24]])
+    print_table(f"brisk bench needle: {target_id} (draft {draft_id}), ~{tokens}-token document, keep {keep}",
+                ["depth", "full found", "sparse found", "kept", "full ttft s", "sparse ttft s", "sparse answer"],
+                rows, payload, as_json)
+    return payload
