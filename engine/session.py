@@ -243,9 +243,11 @@ class Session:
             return None
         started = time.perf_counter()
         try:
-            if self._scorer.draft.info.tokenizer_fingerprint != self.lm.info.tokenizer_fingerprint:
-                raise NotImplementedError("cross-tokenizer scoring is not implemented yet")
-            importance = self._scorer.importance(tokens, cached, settings.prefill_step_size)
+            if self._scorer.draft.info.tokenizer_fingerprint == self.lm.info.tokenizer_fingerprint:
+                importance = self._scorer.importance(tokens, cached, settings.prefill_step_size)
+            else:
+                importance = self._scorer.importance_across(self.lm.tokenizer, tokens, cached,
+                                                            settings.prefill_step_size)
             window = max((c.max_size for c in self._cache if isinstance(c, RotatingKVCache)), default=None)
             selection = select_chunks(importance, keep=None if mode == "auto" else settings.sparse_keep,
                                       window=window)

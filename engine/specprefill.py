@@ -203,8 +203,21 @@ class DraftScorer:
         self._cache = None
         self._tokens: list[int] = []
 
+    def importance_across(self, target_tokenizer, tokens: list[int], start: int, step: int) -> mx.array:
+        """Importance of target tokens[start:] scored by a draft with another tokenizer:
+        the draft reads the same text, and each target token takes the highest importance
+        of the draft tokens sharing its characters (engine/translate.py)."""
+        from engine.translate import encode_with_spans, project, text_and_spans
+
+        text, target_spans = text_and_spans(target_tokenizer, tokens)
+        draft_ids, draft_spans = encode_with_spans(self.draft.tokenizer, text)
+        char_start = target_spans[start][0]
+        draft_start = next(i for i, (_, e) in enumerate(draft_spans) if e > char_start)
+        scores = self.importance(draft_ids, draft_start, step).tolist()
+        return mx.array(project(scores, draft_spans[draft_start:], target_spans[start:]))
+
     def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
-        """Importance of tokens[start:] (same tokenizer as the target)."""
+        """Importance of tokens[start:], in the draft's own token ids."""
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
         from engine.prefill import prefill_chunks

@@ -72,14 +72,14 @@ def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
 
 
 def make_tiny_model(folder: Path, arch: str = "llama", *, seed: int = 0, context_length: int = 512,
-                    **overrides) -> Path:
+                    tokenizer_vocab: int = 384, **overrides) -> Path:
     import mlx.core as mx
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(folder)
+    vocab = write_tokenizer(folder, tokenizer_vocab)
     config = {**BASE_CONFIGS[arch], "vocab_size": vocab, "max_position_embeddings": context_length,
               "eos_token_id": 2, **overrides}
     model_class, args_class = _get_classes(config)

@@ -197,3 +197,25 @@ def test_capture_sees_every_attention_layer_including_hybrids(models):
 
 def test_chunk_size_is_the_papers():
     assert CHUNK == 32
+
+
+def test_projection_takes_the_max_over_overlapping_characters():
+    from engine.translate import project
+
+    draft_spans = [(0, 3), (3, 5), (5, 9), (9, 10)]
+    target_spans = [(0, 4), (4, 9), (9, 10), (10, 10)]
+    assert project([1.0, 2.0, 5.0, 0.5], draft_spans, target_spans) == [2.0, 5.0, 0.5, 0.0]
+
+
+def test_cross_tokenizer_draft_scores_for_the_target(models, tmp_path):
+    """A draft with another vocabulary: importance comes through character offsets; with
+    keep 1.0 the answer equals a full prefill, and with keep 0.3 tokens are dropped."""
+    target = models["llama"]
+    draft = load_folder(make_tiny_model(tmp_path / "d", "qwen2", seed=4, context_length=2048, tokenizer_vocab=300))
+    assert draft.info.tokenizer_fingerprint != target.info.tokenizer_fingerprint
+    _, dense = turn(Session(target, greedy()), DOC)
+    _, same = turn(Session(target, greedy(sparse_prefill="on", sparse_keep=1.0), draft=draft), DOC)
+    assert same.metrics.sparse_prefill.startswith("used") and same.token_ids == dense.token_ids
+    _, sparse = turn(Session(target, greedy(sparse_prefill="on", sparse_keep=0.3), draft=draft), DOC)
+    assert sparse.metrics.sparse_prefill.startswith("used")
+    assert sparse.metrics.kept_tokens < 0.5 * sparse.metrics.prompt_tokens

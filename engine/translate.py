@@ -1,0 +1,46 @@
+"""Moving between two tokenizers through text and character offsets.
+
+Used by SpecPrefill's cross-tokenizer scoring: a draft with another vocabulary reads the
+same text, and what it learns per draft token is carried to the target tokens that cover
+the same characters.
+"""
+
+from __future__ import annotations
+
+
+def _hf(tokenizer):
+    return getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's wrapper -> the HF tokenizer
+
+
+def encode_with_spans(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    enc = _hf(tokenizer)(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(span) for span in enc["offset_mapping"]]
+
+
+def text_and_spans(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
+    """The text `ids` spell, and each id's character span in it.
+
+    Spans come from re-encoding the text, which must give back the same ids (chat
+    templates are encoded from text, so it does); otherwise ValueError."""
+    text = _hf(tokenizer).decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    again, spans = encode_with_spans(tokenizer, text)
+    if again != list(ids):
+        raise ValueError("the prompt's tokens do not re-encode from their own text")
+    return text, spans
+
+
+def project(values: list[float], source: list[tuple[int, int]], target: list[tuple[int, int]]) -> list[float]:
+    """For each target span, the max of `values` over the source spans overlapping it.
+
+    Both span lists are sorted and cover the text left to right (two pointers)."""
+    out, i = [], 0
+    for start, end in target:
+        end = max(end, start + 1)  # a zero-width token takes what covers its position
+        while i < len(source) and source[i][1] <= start:
+            i += 1
+        j, best = i, None
+        while j < len(source) and source[j][0] < end:
+            best = values[j] if best is None else max(best, values[j])
+            j += 1
+        out.append(best if best is not None else 0.0)
+    return out
