@@ -21,6 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.models import base as mlx_lm_base
+from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from kernels.quantized_attention import quantized_attention
@@ -82,6 +83,10 @@ class PackedKVCache(QuantizedKVCache):
             keys, values = dense.keys_and_values()
             packed.update_and_fetch(keys, values)
         return packed
+
+
+# mlx-lm's load_prompt_cache rebuilds caches by class name from its own module.
+mlx_lm_cache.PackedKVCache = PackedKVCache
 
 
 def maybe_quantize_kv_cache(cache: list, *, bits: int, group_size: int, start: int) -> None:

@@ -8,6 +8,7 @@ trims the cache back to the common prefix. Errors come out as `EngineErrored` ev
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -104,6 +105,32 @@ class Session:
     @property
     def cached_tokens(self) -> int:
         return len(self._cache_tokens)
+
+    def save_cache(self, path) -> None:
+        """Write the prompt cache (any KV mode, sparse or not) so a reopened chat skips its prefill."""
+        from mlx_lm.models.cache import save_prompt_cache
+
+        if self._cache is None:
+            raise BriskError("Nothing to save: this conversation has no prompt cache yet")
+        meta = {"brisk": json.dumps({"model": self.lm.id, "tokenizer": self.lm.info.tokenizer_fingerprint,
+                                     "tokens": self._cache_tokens, "shift": self._shift,
+                                     "dense_from": self._dense_from, "mode": self._cache_mode})}
+        save_prompt_cache(str(path), self._cache, meta)
+
+    def load_cache(self, path) -> None:
+        """Adopt a cache written by `save_cache` for the same model; refuse anything else."""
+        from mlx_lm.models.cache import load_prompt_cache
+
+        try:
+            cache, meta = load_prompt_cache(str(path), return_metadata=True)
+            state = json.loads(meta["brisk"])
+        except Exception as exc:  # missing, truncated, or not ours
+            raise BriskError(f"Cannot read saved cache {path}: {exc}") from exc
+        if (state["model"], state["tokenizer"]) != (self.lm.id, self.lm.info.tokenizer_fingerprint):
+            raise BriskError(f"Saved cache {path} belongs to model {state['model']}, not {self.lm.id}")
+        self._cache, self._cache_tokens = cache, list(state["tokens"])
+        self._shift, self._dense_from = state["shift"], state["dense_from"]
+        self._cache_mode = tuple(state["mode"]) if state["mode"] else None
 
     # --- the turn -----------------------------------------------------------------
 

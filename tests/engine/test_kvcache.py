@@ -124,3 +124,29 @@ def test_group_that_does_not_divide_head_dim_is_refused(tiny_llama):
     session = Session(tiny_llama, ChatSettings(model="t", kv_bits=4, kv_group_size=32))  # head_dim 16
     errors = [e for e in session.send("hi") if isinstance(e, EngineErrored)]
     assert errors and "head dimension (16)" in errors[0].message
+
+
+@pytest.mark.parametrize("bits", [16, 4])
+def test_saved_cache_reopens_without_prefill(lm, tmp_path, bits):
+    first = Session(lm, settings(kv_bits=bits))
+    finish(first.send(PROMPT))
+    first.save_cache(tmp_path / "chat.safetensors")
+    reopened = Session(lm, settings(kv_bits=bits), messages=list(first.messages))
+    reopened.load_cache(tmp_path / "chat.safetensors")
+    again = finish(reopened.send("and then?"))
+    expected = finish(first.send("and then?"))
+    assert again.metrics.cached_tokens == expected.metrics.cached_tokens > 0
+    assert again.token_ids == expected.token_ids
+
+
+def test_saved_cache_of_another_model_or_corrupt_file_is_refused(lm, tiny_llama, tmp_path):
+    from engine.errors import BriskError
+
+    session = Session(lm, settings())
+    finish(session.send(PROMPT))
+    session.save_cache(tmp_path / "c.safetensors")
+    with pytest.raises(BriskError, match="belongs to model"):
+        Session(tiny_llama, settings()).load_cache(tmp_path / "c.safetensors")
+    (tmp_path / "bad.safetensors").write_bytes(b"garbage")
+    with pytest.raises(BriskError, match="Cannot read saved cache"):
+        Session(lm, settings()).load_cache(tmp_path / "bad.safetensors")
