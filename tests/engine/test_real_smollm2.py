@@ -109,3 +109,18 @@ def test_bundled_assembly_checks_the_pinned_hash(real_store, tmp_path):
     with pytest.raises(DownloadError, match="sha256"):
         assemble_gguf(spec, cache, progress=lambda m: None)
     assert not (cache / f"{MODEL}.gguf.partial").exists()
+
+
+def test_sparse_prefill_with_keep_all_equals_full_prefill(smol):
+    document = ("The committee met on Tuesday to review the water budget for the coming year. " * 12
+                + "What did the committee review?")
+    full = finished(Session(smol, greedy(max_tokens=24)).send(document))
+    sparse_session = Session(smol, greedy(max_tokens=24, sparse_prefill="on", sparse_keep=1.0), draft=smol)
+    sparse = finished(sparse_session.send(document))
+    assert sparse.metrics.sparse_prefill.startswith("used")
+    assert sparse.token_ids == full.token_ids
+    # and with a cached prefix: the second turn's new tokens go through the same path
+    follow = finished(sparse_session.send("Summarize that in three words. " * 4))
+    cold = Session(smol, greedy(max_tokens=24), messages=sparse_session.messages[:3])
+    assert follow.metrics.cached_tokens > 0
+    assert follow.token_ids == finished(cold._turn(CancelToken())).token_ids
