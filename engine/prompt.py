@@ -16,7 +16,8 @@ class RenderedPrompt:
     dropped_messages: int  # oldest turns left out under the truncate_oldest policy
 
 
-def _encode(lm, messages) -> list[int]:
+def encode_messages(lm, messages) -> list[int]:
+    """Prompt tokens for `messages`: the chat template, or plain paragraphs for base models."""
     tokenizer = lm.tokenizer
     dicts = [{"role": m.role, "content": m.content} for m in messages]
     if tokenizer.chat_template:
@@ -32,7 +33,7 @@ def render_prompt(lm, messages, settings) -> RenderedPrompt:
 
     system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
     history = list(messages)
-    tokens = _encode(lm, system + history)
+    tokens = encode_messages(lm, system + history)
     limit = lm.context_length - 1  # room for at least one answer token
     if len(tokens) <= limit:
         return RenderedPrompt(tokens, 0)
@@ -46,7 +47,7 @@ def render_prompt(lm, messages, settings) -> RenderedPrompt:
         while len(history) > 1 and history[0].role != "user":
             history.pop(0)
             dropped += 1
-        tokens = _encode(lm, system + history)
+        tokens = encode_messages(lm, system + history)
         if len(tokens) <= limit:
             return RenderedPrompt(tokens, dropped)
     raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)

@@ -43,7 +43,7 @@ def _mlx_lm_run(lm, tokens: list[int], max_tokens: int, step: int) -> dict:
 def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, step: int,
                  as_json: bool) -> dict:
     from engine.models.loader import load_model
-    from engine.prompt import _encode
+    from engine.prompt import encode_messages
     from engine.session import Message
 
     lm = load_model(model_id)
@@ -51,7 +51,7 @@ def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_toke
                          "lengths": []}
     for n in prompt_tokens:
         text = filler_text(lm.tokenizer, n) + "\nRepeat the first sentence above."
-        tokens = _encode(lm, [Message("user", text)])
+        tokens = encode_messages(lm, [Message("user", text)])
         _brisk_run(lm, text, 2, step)  # warm-up both paths (kernels, allocator)
         _mlx_lm_run(lm, tokens, 2, step)
         res = interleave(runs, {

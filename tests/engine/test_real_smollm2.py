@@ -10,7 +10,7 @@ from engine.errors import DownloadError
 from engine.events import TokenEmitted, TurnFinished
 from engine.models.bundled import BUNDLED, assemble_gguf
 from engine.models.loader import load_model
-from engine.prompt import _encode
+from engine.prompt import encode_messages
 from engine.session import CancelToken, Session
 from engine.settings import ChatSettings
 
@@ -41,7 +41,7 @@ def test_greedy_output_equals_bare_mlx_lm_token_for_token(smol):
 
     session = Session(smol, greedy())
     done = finished(session.send("Write a haiku about the sea."))
-    prompt = _encode(smol, session.messages[:1])
+    prompt = encode_messages(smol, session.messages[:1])
     expected = []
     for token, _ in generate_step(mx.array(prompt), smol.model, max_tokens=48):
         if token in smol.tokenizer.eos_token_ids:

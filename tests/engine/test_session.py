@@ -5,7 +5,7 @@ import pytest
 
 from engine.errors import InvalidSettings
 from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
-from engine.prompt import _encode
+from engine.prompt import encode_messages
 from engine.session import CancelToken, Message, Session
 from engine.settings import ChatSettings
 
@@ -34,7 +34,7 @@ def test_greedy_answer_equals_mlx_lm(tiny_llama):
     session = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY))
     events, done, errors = run(session.send("The quick brown fox"))
     assert not errors
-    expected = mlx_lm_greedy(tiny_llama, _encode(tiny_llama, session.messages[:1]), 24)
+    expected = mlx_lm_greedy(tiny_llama, encode_messages(tiny_llama, session.messages[:1]), 24)
     assert done.token_ids == expected
     assert done.text == tiny_llama.tokenizer.decode(expected)
     assert "".join(e.text for e in events if isinstance(e, TokenEmitted)) == done.text
@@ -126,7 +126,7 @@ def test_context_overflow_is_refused_with_both_numbers(tiny_llama):
     session = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY))
     events, done, errors = run(session.send("fox " * 600))
     assert done is None and errors[0].kind == "context_overflow"
-    assert "512" in errors[0].message and str(len(_encode(tiny_llama, session.messages)) + 1) in errors[0].message
+    assert "512" in errors[0].message and str(len(encode_messages(tiny_llama, session.messages)) + 1) in errors[0].message
 
 
 def test_truncate_oldest_drops_whole_turns_and_says_so(tiny_llama):
