@@ -54,6 +54,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--keep", type=float, default=0.2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _needle(a))
+    p = bench.add_parser("sparse-ppl", help="continuation perplexity after sparse vs full prefill of a text")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--text-file", required=True, help="a long natural text (UTF-8)")
+    p.add_argument("--context", type=_ints, default=[2048, 4096])
+    p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--continuation", type=int, default=256)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _sparse_ppl(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
@@ -94,6 +103,14 @@ def _needle(args) -> int:
     from engine.bench.specprefill import run_needle
 
     run_needle(args.target, args.draft, args.tokens, args.depths, args.keep, as_json=args.json)
+    return 0
+
+
+def _sparse_ppl(args) -> int:
+    from engine.bench.specprefill import run_perplexity
+
+    run_perplexity(args.target, args.draft, args.text_file, args.context, args.keep,
+                   continuation=args.continuation, as_json=args.json)
     return 0
 
 

@@ -98,3 +98,57 @@ def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], 
                 ["depth", "full found", "sparse found", "kept", "full ttft s", "sparse ttft s", "sparse answer"],
                 rows, payload, as_json)
     return payload
+
+
+def _continuation_nll(model, cache, last: int, continuation: list[int], shift: int) -> float:
+    """Mean negative log-likelihood of `continuation` after the cached context."""
+    import mlx.core as mx
+
+    from engine.positions import position_shift
+
+    with position_shift(shift):
+        logits = model(mx.array([last] + continuation[:-1])[None], cache=cache)[0]  # (C, V)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    nll = -mx.take_along_axis(logp, mx.array(continuation)[:, None], axis=-1).mean()
+    return nll.item()
+
+
+def run_perplexity(target_id: str, draft_id: str, text_file: str, lengths: list[int], keep: float, *,
+                   continuation: int, as_json: bool) -> dict:
+    """Perplexity of the next `continuation` tokens of a real text after full vs sparse
+    prefill of the preceding context (the paper: mean ratio 1.14 at keep 0.2)."""
+    import math
+    from pathlib import Path
+
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.models.loader import load_model
+    from engine.prefill import prefill_chunks
+    from engine.specprefill import DraftScorer, select_chunks, sparse_prefill
+
+    target, draft = load_model(target_id), load_model(draft_id)
+    ids = target.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"))
+    payload = {"target": target_id, "draft": draft_id, "keep": keep, "text": Path(text_file).name, "rows": []}
+    rows = []
+    for n in lengths:
+        context, cont = ids[:n], ids[n:n + continuation]
+        cache = make_prompt_cache(target.model)
+        list(prefill_chunks(target.model, cache, context[:-1], 512))
+        full = math.exp(_continuation_nll(target.model, cache, context[-1], cont, 0))
+        scorer = DraftScorer(draft)
+        same = draft.info.tokenizer_fingerprint == target.info.tokenizer_fingerprint
+        importance = (scorer.importance(context, 0, 512) if same
+                      else scorer.importance_across(target.tokenizer, context, 0, 512))
+        selection = select_chunks(importance, keep=keep)
+        runs = [(s, min(e, n - 1)) for s, e in selection.runs if s < n - 1]
+        cache = make_prompt_cache(target.model)
+        list(sparse_prefill(target.model, cache, context, runs, base=0, step=512))
+        sparse = math.exp(_continuation_nll(target.model, cache, context[-1], cont,
+                                            n - 1 - next(c.offset for c in cache if hasattr(c, "offset"))))
+        entry = {"context": n, "kept": selection.kept, "ppl_full": full, "ppl_sparse": sparse, "ratio": sparse / full}
+        payload["rows"].append(entry)
+        rows.append([n, selection.kept, full, sparse, sparse / full])
+    print_table(f"brisk bench sparse-ppl: {target_id} (draft {draft_id}), keep {keep}, next {continuation} tokens "
+                f"of {Path(text_file).name}", ["context", "kept", "ppl full", "ppl sparse", "ratio"],
+                rows, payload, as_json)
+    return payload
