@@ -1,9 +1,11 @@
 """One conversation: messages, settings, and the prompt cache of its last turn.
 
 A turn renders the chat template, reuses the longest cached token prefix, prefills
-only the new tokens (in chunks, reporting progress and honouring cancellation), then
-decodes with mlx-lm's `generate_step`. Editing or regenerating an earlier message
-trims the cache back to the common prefix. Errors come out as `EngineErrored` events.
+only the new tokens (in chunks, reporting progress and honouring cancellation; with
+SpecPrefill only the chunks a draft scores as important), then decodes with mlx-lm's
+`generate_step`. The cache may be packed to int8/int4 (engine/kvcache.py). Editing or
+regenerating an earlier message trims the cache back to the common prefix. Errors come
+out as `EngineErrored` events, degradations as `EngineWarned`.
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache
 
 from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
-from mlx_lm.models.cache import RotatingKVCache
-
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
                            TurnFinished)
 from engine.kvcache import maybe_quantize_kv_cache
@@ -73,7 +74,7 @@ class Session:
         self.settings = (settings or ChatSettings(model=lm.id)).validate()
         self.messages: list[Message] = list(messages or [])
         self._cache = None  # mlx-lm per-layer caches
-        self._cache_tokens: list[int] = []  # exactly the tokens the cache holds
+        self._cache_tokens: list[int] = []  # the tokens the cache stands for, in order
         self._cache_mode: tuple | None = None  # (kv_bits, kv_group_size) the cache was built with
         # After a sparse prefill the cache holds fewer slots than the tokens it stands for:
         # positions = slots + _shift from token _dense_from on, and no rewinding before it.
