@@ -239,4 +239,7 @@ class DraftScorer:
         logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self._cache)
         self._tokens = list(tokens)
         first = int(mx.argmax(logits[0, -1]).item())
-        return score_tokens(self.draft.model, self._cache, first, start, len(tokens))
+        scores = score_tokens(self.draft.model, self._cache, first, start, len(tokens))
+        if not can_trim_prompt_cache(self._cache):
+            self._cache, self._tokens = None, []  # the lookahead tokens could not be taken back out
+        return scores

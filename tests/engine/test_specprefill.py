@@ -219,3 +219,17 @@ def test_cross_tokenizer_draft_scores_for_the_target(models, tmp_path):
     _, sparse = turn(Session(target, greedy(sparse_prefill="on", sparse_keep=0.3), draft=draft), DOC)
     assert sparse.metrics.sparse_prefill.startswith("used")
     assert sparse.metrics.kept_tokens < 0.5 * sparse.metrics.prompt_tokens
+
+
+@pytest.mark.parametrize("arch", ["llama", "nemotron_h"])
+def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
+    """A trimmable draft cache ends holding exactly the prompt; a recurrent one is dropped."""
+    draft = models[arch]
+    scorer = DraftScorer(draft)
+    tokens = draft.tokenizer.encode(DOC)
+    scorer.importance(tokens, 0, 64)
+    if scorer._cache is not None:
+        assert all(c.offset == len(tokens) for c in scorer._cache if hasattr(c, "offset"))
+        assert scorer._tokens == tokens
+    else:
+        assert arch == "nemotron_h" and scorer._tokens == []
