@@ -65,7 +65,7 @@ def model_memory_info(model_id: str, *, group_size: int = 32) -> dict:
     from engine.kvcache import kv_bytes_per_token
     from engine.models.folder import read_config
     from engine.models.store import ModelStore
-    from engine.session import kv_shape
+    from engine.kvcache import kv_shape
 
     store = ModelStore()
     entry = store.get(model_id)

@@ -24,6 +24,7 @@ from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
+from engine.errors import InvalidSettings
 from kernels.quantized_attention import quantized_attention
 
 # Group 32 is Open-TQ-Metal's choice: finer groups, better int4 accuracy, 5 bits/element.
@@ -126,3 +127,20 @@ def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, *, bits: int, 
     if bits >= 16:
         return 2 * layers * kv_heads * head_dim * itemsize
     return 2 * layers * kv_heads * (head_dim * bits / 8 + head_dim / group_size * 2 * SCALE_DTYPE.size)
+
+
+def check_kv_packable(config: dict, group_size: int) -> None:
+    shape = kv_shape(config)
+    if shape and shape["head_dim"] % group_size:
+        raise InvalidSettings(f"A {group_size}-wide quantization group does not divide this model's head "
+                              f"dimension ({shape['head_dim']}); use kv_bits 16 or a smaller group")
+
+
+def kv_shape(config: dict) -> dict | None:
+    """kv_heads and head_dim from the model config (the formula's independent inputs)."""
+    args = config.get("text_config") or config
+    heads = args.get("num_key_value_heads") or args.get("num_attention_heads")
+    if not heads or not args.get("num_attention_heads"):
+        return None
+    head_dim = args.get("head_dim") or args["hidden_size"] // args["num_attention_heads"]
+    return {"kv_heads": heads, "head_dim": head_dim}

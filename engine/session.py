@@ -25,7 +25,7 @@ from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
                            TurnFinished)
-from engine.kvcache import maybe_quantize_kv_cache
+from engine.kvcache import check_kv_packable, kv_shape, maybe_quantize_kv_cache
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
 from engine.positions import ShiftedModel, install_position_shift
@@ -341,23 +341,6 @@ class Session:
             if shape:
                 metrics.kv_bytes_formula = kv_bytes_formula(self._cache, **shape, itemsize=_cache_itemsize(self._cache))
         metrics.peak_memory_bytes = mx.get_peak_memory()
-
-
-def check_kv_packable(config: dict, group_size: int) -> None:
-    shape = kv_shape(config)
-    if shape and shape["head_dim"] % group_size:
-        raise InvalidSettings(f"A {group_size}-wide quantization group does not divide this model's head "
-                              f"dimension ({shape['head_dim']}); use kv_bits 16 or a smaller group")
-
-
-def kv_shape(config: dict) -> dict | None:
-    """kv_heads and head_dim from the model config (the formula's independent inputs)."""
-    args = config.get("text_config") or config
-    heads = args.get("num_key_value_heads") or args.get("num_attention_heads")
-    if not heads or not args.get("num_attention_heads"):
-        return None
-    head_dim = args.get("head_dim") or args["hidden_size"] // args["num_attention_heads"]
-    return {"kv_heads": heads, "head_dim": head_dim}
 
 
 def _cache_itemsize(cache) -> int:

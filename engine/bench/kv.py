@@ -63,7 +63,7 @@ def _filled_cache(lm, context: int, bits: int, group_size: int):
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
     from engine.kvcache import maybe_quantize_kv_cache
-    from engine.session import kv_shape
+    from engine.kvcache import kv_shape
 
     shape = kv_shape(lm.config)
     cache = make_prompt_cache(lm.model)
@@ -111,7 +111,7 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
 
     from engine.metrics import kv_bytes_formula, kv_bytes_measured
     from engine.models.loader import load_model
-    from engine.session import check_kv_packable, kv_shape
+    from engine.kvcache import check_kv_packable, kv_shape
 
     lm = load_model(model_id)
     check_kv_packable(lm.config, group_size)

@@ -11,7 +11,7 @@ from engine.models.loader import load_folder
 from engine.positions import ShiftedRoPE, install_position_shift, position_shift
 from engine.session import Session
 from engine.settings import ChatSettings
-from engine.specprefill import (CHUNK, DraftScorer, SparsePrefillDeclined, capture_attention, select_chunks,
+from engine.specprefill import (DraftScorer, SparsePrefillDeclined, capture_attention, select_chunks,
                                 sparse_prefill)
 from tests.tiny_models import make_tiny_model
 
@@ -193,10 +193,6 @@ def test_capture_sees_every_attention_layer_including_hybrids(models):
         assert len(sink) == n_attention, arch
         q, k, scale = sink[0]
         assert q.ndim == 4 and k.ndim == 4 and scale > 0
-
-
-def test_chunk_size_is_the_papers():
-    assert CHUNK == 32
 
 
 def test_projection_takes_the_max_over_overlapping_characters():
