@@ -25,6 +25,15 @@ class TurnMetrics:
     kept_tokens: int = 0  # new prompt tokens the target prefilled under sparse prefill
     scoring_s: float = 0.0  # draft prefill + lookahead scoring
     sparse_prefill_s: float = 0.0  # target prefill of the kept tokens
+    spec_decode: str = "off"  # mode and rule, or off and why
+    acceptance_rate: float = 0.0  # accepted / proposed draft tokens
+    draft_tokens: int = 0  # target tokens proposed by the draft
+    accepted_tokens: int = 0
+    tokens_per_cycle: float = 0.0  # tokens per target forward pass
+    mean_k: float = 0.0  # draft tokens per drafting cycle
+    draft_time_share: float = 0.0  # share of decode time spent in the draft
+    draft_prefill_s: float = 0.0  # bringing the draft's cache up to the prompt
+    from_draft: list = field(default_factory=list)  # per generated token: came from the draft
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

@@ -21,3 +21,40 @@ def prefill_chunks(model, cache, tokens: list[int], step: int) -> Iterator[int]:
         done += len(chunk)
         mx.clear_cache()
         yield done
+
+
+class TokenCache:
+    """A model's prompt cache and the tokens it stands for, reused across turns.
+
+    The draft model keeps one per conversation: SpecPrefill scores with it and
+    speculative decoding drafts from it, so a prompt is prefilled into the draft once."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache = None
+        self.tokens: list[int] = []
+
+    def sync(self, tokens: list[int], step: int) -> Iterator[int]:
+        """Make the cache hold exactly `tokens`: keep the longest common prefix, rewind
+        the rest (or start over when it cannot be rewound), prefill what is new."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        common = 0
+        for a, b in zip(self.tokens, tokens):
+            if a != b:
+                break
+            common += 1
+        if self.cache is not None and common < len(self.tokens):
+            if can_trim_prompt_cache(self.cache):
+                trim_prompt_cache(self.cache, len(self.tokens) - common)
+            else:
+                self.cache = None
+        if self.cache is None:
+            self.cache, common = make_prompt_cache(self.model), 0
+        self.tokens = list(tokens[:common])
+        for done in prefill_chunks(self.model, self.cache, tokens[common:], step):
+            self.tokens = list(tokens[:common + done])
+            yield done
+
+    def reset(self) -> None:
+        self.cache, self.tokens = None, []

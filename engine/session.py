@@ -29,9 +29,13 @@ from engine.kvcache import check_kv_packable, kv_shape, maybe_quantize_kv_cache
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
 from engine.positions import ShiftedModel, install_position_shift
-from engine.prefill import prefill_chunks
+from engine.drafting import SameTokenizerDrafter, TranslatingDrafter
+from engine.prefill import TokenCache, prefill_chunks
 from engine.prompt import render_prompt
+from engine.sampling import TokenDistribution, make_sampling
 from engine.settings import ChatSettings
+from engine.spec_controller import DraftLengthController
+from engine.speculative import SpeculativeDecoder
 from engine.specprefill import CHUNK, DraftScorer, SparsePrefillDeclined, select_chunks, sparse_prefill
 
 log = logging.getLogger(__name__)
@@ -80,7 +84,12 @@ class Session:
         # positions = slots + _shift from token _dense_from on, and no rewinding before it.
         self._shift = 0
         self._dense_from = 0
-        self._scorer = DraftScorer(draft) if draft is not None else None
+        self.draft = draft
+        # the draft's prompt cache serves both SpecPrefill scoring and speculative decoding
+        self._draft_cache = TokenCache(draft.model) if draft is not None else None
+        self._scorer = DraftScorer(draft, self._draft_cache) if draft is not None else None
+        self._controller: DraftLengthController | None = None  # kept across turns: α and timings
+        self._controller_key: tuple | None = None
 
     # --- public turn entry points -------------------------------------------------
 
@@ -158,8 +167,6 @@ class Session:
             yield TurnFinished(answer.content, list(answer.token_ids), metrics)
 
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
-        from mlx_lm.generate import generate_step
-
         settings = self.settings.validate()
         start = time.perf_counter()
         mx.reset_peak_memory()
@@ -188,20 +195,19 @@ class Session:
 
         if settings.seed is not None:
             mx.random.seed(settings.seed)
-        sampler, processors = make_sampling(settings)
-        steps = generate_step(
-            mx.array(tokens[-1:]), self._model(), max_tokens=max_tokens, sampler=sampler,
-            logits_processors=processors, prompt_cache=self._cache,
-            prefill_step_size=settings.prefill_step_size,
-        )
+        steps, decoder = self._decoding(tokens, max_tokens, settings)
         self._cache_tokens = list(tokens)
         text = StreamingText(self.lm.tokenizer, seed=tokens)
         eos = set(self.lm.tokenizer.eos_token_ids)
         first_at = None
         metrics.finish_reason = "context" if max_tokens < settings.max_tokens else "length"
         try:
-            for token, _ in steps:
-                self._cache_tokens.append(token)  # generate_step feeds each token it yields
+            for step in steps:
+                if isinstance(step, EngineWarned):
+                    yield step
+                    continue
+                token, from_draft = step
+                self._cache_tokens.append(token)
                 pack()
                 if first_at is None:
                     first_at = time.perf_counter()
@@ -213,10 +219,17 @@ class Session:
                 answer.token_ids.append(token)
                 delta = text.add(token)
                 answer.content += delta
-                yield TokenEmitted(delta, token)
+                yield TokenEmitted(delta, token, from_draft)
                 cancel.check()
         finally:
             steps.close()
+            if decoder is not None:
+                self._cache_tokens = self._cache_tokens[:-1]  # it holds back the last token
+                if not decoder.consistent:
+                    self._reset_cache()
+                for name, value in decoder.stats.to_metrics().items():
+                    setattr(metrics, name, value)
+                metrics.from_draft = decoder.stats.from_draft[:len(answer.token_ids)]
             tail = text.flush()
             answer.content += tail
             self._finish_metrics(metrics, start, first_at, len(answer.token_ids))
@@ -293,6 +306,25 @@ class Session:
         metrics.sparse_prefill = f"used: kept {selection.kept} of {selection.total} new tokens"
         return selection
 
+    def _decoding(self, tokens, max_tokens, settings):
+        """The token steps of this turn, (token, from_draft) pairs: mlx-lm's generate_step,
+        or the speculative decoder when a draft is set (returned too, for its stats)."""
+        if settings.spec_decode == "off" or self.draft is None:
+            return _plain_steps(tokens, self._model(), self._cache, max_tokens, settings), None
+        dist = TokenDistribution(settings)
+        if self.draft.info.tokenizer_fingerprint == self.lm.info.tokenizer_fingerprint:
+            drafter = SameTokenizerDrafter(self.draft, dist, self._draft_cache, settings.prefill_step_size)
+        else:
+            drafter = TranslatingDrafter(self.draft, self.lm.tokenizer, dist, self._draft_cache,
+                                         settings.prefill_step_size, prefix=settings.translation_prefix)
+        key = (settings.spec_decode, settings.num_draft, self.draft.id)
+        if self._controller is None or self._controller_key != key:
+            self._controller = DraftLengthController(settings.spec_decode, settings.num_draft)
+            self._controller_key = key
+        decoder = SpeculativeDecoder(self._model(), self._cache, drafter, self._controller, dist,
+                                     rule=settings.spec_rule, max_tokens=max_tokens)
+        return decoder.steps(tokens), decoder
+
     def _model(self):
         """The target, with RoPE positions shifted past tokens a sparse prefill dropped."""
         return ShiftedModel(self.lm.model, self._shift) if self._shift else self.lm.model
@@ -352,11 +384,16 @@ def _cache_itemsize(cache) -> int:
     return 4
 
 
-def make_sampling(settings: ChatSettings):
-    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+def _plain_steps(tokens, model, cache, max_tokens, settings) -> Iterator[tuple[int, bool]]:
+    """mlx-lm's generate_step; every token it yields has been fed to the cache."""
+    from mlx_lm.generate import generate_step
 
-    sampler = make_sampler(settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
-                           top_k=settings.top_k)
-    processors = make_logits_processors(
-        repetition_penalty=settings.repetition_penalty if settings.repetition_penalty != 1.0 else None)
-    return sampler, processors
+    sampler, processors = make_sampling(settings)
+    steps = generate_step(mx.array(tokens[-1:]), model, max_tokens=max_tokens, sampler=sampler,
+                          logits_processors=processors, prompt_cache=cache,
+                          prefill_step_size=settings.prefill_step_size)
+    try:
+        for token, _ in steps:
+            yield token, False
+    finally:
+        steps.close()

@@ -16,6 +16,10 @@ DEFAULT_MAX_TOKENS = 512
 
 OVERFLOW_POLICIES = ("refuse", "truncate_oldest")
 SPARSE_MODES = ("off", "on", "auto")
+SPEC_MODES = ("off", "on", "auto")
+SPEC_RULES = ("rejection", "match")
+# k = 3 is where fixed-k drafting usually peaked in the MLX studies; `auto` picks its own.
+DEFAULT_NUM_DRAFT = 3
 
 
 @dataclass
@@ -41,6 +45,12 @@ class ChatSettings:
     sparse_prefill: str = "off"  # off | on (fixed keep) | auto (adaptive keep, long prompts only)
     sparse_keep: float = 0.2  # the paper's default share of 32-token chunks
     sparse_threshold: int = 8192  # `auto` acts on at least this many new tokens
+    # Speculative decoding (engine/speculative.py) with the same draft; `auto` picks k
+    # per cycle and decodes plainly when drafting would not pay.
+    spec_decode: str = "auto"
+    num_draft: int = DEFAULT_NUM_DRAFT  # draft tokens per cycle in `on` mode
+    spec_rule: str = "rejection"  # same tokenizer: rejection sampling, or `match` (mlx-lm's rule)
+    translation_prefix: int = 4  # cross tokenizer: tokens of context re-encoded with a draft
 
     def validate(self) -> "ChatSettings":
         problems = []
@@ -72,6 +82,14 @@ class ChatSettings:
             problems.append(f"sparse_keep must be in (0, 1] (got {self.sparse_keep})")
         if self.sparse_threshold < 0:
             problems.append("sparse_threshold must be >= 0")
+        if self.spec_decode not in SPEC_MODES:
+            problems.append(f"spec_decode must be one of {SPEC_MODES}")
+        if not 1 <= self.num_draft <= 16:
+            problems.append(f"num_draft must be in [1, 16] (got {self.num_draft})")
+        if self.spec_rule not in SPEC_RULES:
+            problems.append(f"spec_rule must be one of {SPEC_RULES}")
+        if not 1 <= self.translation_prefix <= 64:
+            problems.append(f"translation_prefix must be in [1, 64] (got {self.translation_prefix})")
         if problems:
             raise InvalidSettings("Invalid chat settings: " + "; ".join(problems))
         return self

@@ -198,10 +198,11 @@ class DraftScorer:
     """The draft side of SpecPrefill for one conversation: its model, its prompt cache
     (reused across turns like the target's), and the scoring of new prompt tokens."""
 
-    def __init__(self, draft):
+    def __init__(self, draft, cache=None):
+        from engine.prefill import TokenCache
+
         self.draft = draft
-        self._cache = None
-        self._tokens: list[int] = []
+        self.cache = cache or TokenCache(draft.model)
 
     def importance_across(self, target_tokenizer, tokens: list[int], start: int, step: int) -> mx.array:
         """Importance of target tokens[start:] scored by a draft with another tokenizer:
@@ -218,28 +219,16 @@ class DraftScorer:
 
     def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
         """Importance of tokens[start:], in the draft's own token ids."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-
-        from engine.prefill import prefill_chunks
+        from mlx_lm.models.cache import can_trim_prompt_cache
 
         if len(tokens) > self.draft.context_length:
             raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
-        common = 0
-        for a, b in zip(self._tokens, tokens[:-1]):
-            if a != b:
-                break
-            common += 1
-        if self._cache is not None and common < len(self._tokens) and can_trim_prompt_cache(self._cache):
-            trim_prompt_cache(self._cache, len(self._tokens) - common)
-        elif self._cache is None or common < len(self._tokens):
-            self._cache, common = make_prompt_cache(self.draft.model), 0
-        self._tokens = list(tokens[:common])
-        for done in prefill_chunks(self.draft.model, self._cache, tokens[common:-1], step):
-            self._tokens = list(tokens[:common + done])
-        logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self._cache)
-        self._tokens = list(tokens)
+        for _ in self.cache.sync(tokens[:-1], step):
+            pass
+        logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self.cache.cache)
+        self.cache.tokens = list(tokens)
         first = int(mx.argmax(logits[0, -1]).item())
-        scores = score_tokens(self.draft.model, self._cache, first, start, len(tokens))
-        if not can_trim_prompt_cache(self._cache):
-            self._cache, self._tokens = None, []  # the lookahead tokens could not be taken back out
+        scores = score_tokens(self.draft.model, self.cache.cache, first, start, len(tokens))
+        if not can_trim_prompt_cache(self.cache.cache):
+            self.cache.reset()  # the lookahead tokens could not be taken back out
         return scores

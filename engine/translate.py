@@ -1,8 +1,8 @@
 """Moving between two tokenizers through text and character offsets.
 
-Used by SpecPrefill's cross-tokenizer scoring: a draft with another vocabulary reads the
+Used by SpecPrefill's cross-tokenizer scoring (a draft with another vocabulary reads the
 same text, and what it learns per draft token is carried to the target tokens that cover
-the same characters.
+the same characters) and by cross-tokenizer speculative decoding (engine/drafting.py).
 """
 
 from __future__ import annotations
@@ -10,6 +10,11 @@ from __future__ import annotations
 
 def _hf(tokenizer):
     return getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's wrapper -> the HF tokenizer
+
+
+def decode_text(tokenizer, ids: list[int]) -> str:
+    """The exact text of `ids`, special tokens included, spaces untouched."""
+    return _hf(tokenizer).decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
 
 def encode_with_spans(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -22,7 +27,7 @@ def text_and_spans(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]
 
     Spans come from re-encoding the text, which must give back the same ids (chat
     templates are encoded from text, so it does); otherwise ValueError."""
-    text = _hf(tokenizer).decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    text = decode_text(tokenizer, ids)
     again, spans = encode_with_spans(tokenizer, text)
     if again != list(ids):
         raise ValueError("the prompt's tokens do not re-encode from their own text")

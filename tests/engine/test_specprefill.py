@@ -224,8 +224,8 @@ def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
     scorer = DraftScorer(draft)
     tokens = draft.tokenizer.encode(DOC)
     scorer.importance(tokens, 0, 64)
-    if scorer._cache is not None:
-        assert all(c.offset == len(tokens) for c in scorer._cache if hasattr(c, "offset"))
-        assert scorer._tokens == tokens
+    if scorer.cache.cache is not None:
+        assert all(c.offset == len(tokens) for c in scorer.cache.cache if hasattr(c, "offset"))
+        assert scorer.cache.tokens == tokens
     else:
-        assert arch == "nemotron_h" and scorer._tokens == []
+        assert arch == "nemotron_h" and scorer.cache.tokens == []

@@ -1,0 +1,197 @@
+"""The draft side of speculative decoding: propose target tokens, then follow what the
+target accepted.
+
+`SameTokenizerDrafter` proposes the draft's own tokens with their distributions q (for
+exact rejection sampling). `TranslatingDrafter` is Universal Assisted Generation (Hugging
+Face, 2024; as ported to MLX in the Polish study): a draft with another vocabulary
+proposes text, which is re-tokenized into the target's vocabulary in context, and the
+accepted target text is re-tokenized back into the draft's vocabulary to keep its cache
+consistent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from engine.prefill import TokenCache
+from engine.rewind import CacheCheckpoint
+from engine.sampling import TokenDistribution, sample
+from engine.translate import decode_text, encode_with_spans
+
+# Tokens of context re-encoded with a translation, so word boundaries come out as each
+# tokenizer would cut them mid-sentence (the UAG port used a few tokens).
+DEFAULT_TRANSLATION_PREFIX = 4
+
+
+class DraftUnavailable(Exception):
+    """This draft cannot serve this turn (the reason is shown; decoding goes on plainly)."""
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]  # target token ids to verify
+    q: mx.array | None  # (len(tokens), V) draft distributions, same tokenizer only
+    drafted: int  # draft model steps taken
+
+
+class _Drafter:
+    """A draft model, its TokenCache, and the tokens still to feed it."""
+
+    def __init__(self, draft, dist: TokenDistribution, cache: TokenCache | None, step: int):
+        self.draft, self.dist, self.step = draft, dist, step
+        self.tc = cache or TokenCache(draft.model)
+        self.pending: list[int] = []
+        self._mark: tuple[CacheCheckpoint, int] | None = None
+
+    def _sync(self, sequence: list[int]) -> None:
+        if len(sequence) + 1 > self.draft.context_length:
+            raise DraftUnavailable(f"the draft holds {self.draft.context_length} tokens, "
+                                   f"this conversation needs {len(sequence)}")
+        for _ in self.tc.sync(sequence[:-1], self.step):
+            pass
+        self.pending = sequence[-1:]
+
+    def _draft(self, k: int, history: list[int], eos: set[int]) -> tuple[list[int], list[mx.array]]:
+        """Feed the pending tokens, then sample up to k draft tokens (stopping after EOS)."""
+        self._mark = (CacheCheckpoint(self.tc.cache, len(self.pending) + k), len(self.tc.tokens))
+        feed, drafted, rows = list(self.pending), [], []
+        for i in range(k):
+            logits = self.draft.model(mx.array(feed)[None], cache=self.tc.cache)[0, -1:]  # (1, V)
+            self.tc.tokens += feed
+            probs = self.dist.probs(logits, history + drafted, [])
+            token = int((mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs)).item())
+            drafted.append(token)
+            rows.append(probs)
+            if token in eos:
+                break
+            feed = [token]
+        self.pending = []
+        return drafted, rows
+
+    def _rewind_to(self, keep: int) -> None:
+        """Leave the first `keep` tokens of self.tc.tokens in the cache."""
+        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
+
+        drop = len(self.tc.tokens) - keep
+        if drop > 0:
+            mark = self._mark
+            if can_trim_prompt_cache(self.tc.cache):
+                trim_prompt_cache(self.tc.cache, drop)
+            elif mark is not None and keep >= mark[1]:
+                mark[0].rewind(self.draft.model, self.tc.tokens[mark[1]:], keep - mark[1])
+            else:
+                self.tc.reset()  # re-prefilled on the next proposal
+        self.tc.tokens = self.tc.tokens[:keep] if self.tc.cache is not None else []
+        self._mark = None
+
+
+class SameTokenizerDrafter(_Drafter):
+    same_tokenizer = True
+
+    def start(self, prompt: list[int]) -> None:
+        self._sync(prompt)
+        self.sequence = list(prompt)
+
+    def propose(self, k: int) -> Proposal:
+        if self.tc.cache is None:  # reset by a rewind it could not do in place
+            self._sync(self.sequence)
+        tokens, rows = self._draft(k, self.sequence, set(self.draft.tokenizer.eos_token_ids))
+        return Proposal(tokens, mx.concatenate(rows, axis=0), len(tokens))
+
+    def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
+        self.sequence += proposal.tokens[:accepted] + [token]
+        self._follow()
+
+    def observe_plain(self, token: int) -> None:
+        self.sequence.append(token)
+        self._follow()
+
+    def _follow(self) -> None:
+        """Keep the cache on the longest prefix of the sequence it holds; the rest is pending."""
+        common = _common_prefix(self.tc.tokens, self.sequence[:-1])
+        self._rewind_to(common)
+        self.pending = self.sequence[len(self.tc.tokens):]
+
+
+class TranslatingDrafter(_Drafter):
+    same_tokenizer = False
+
+    def __init__(self, draft, target_tokenizer, dist, cache=None, step=512, *, prefix=DEFAULT_TRANSLATION_PREFIX):
+        super().__init__(draft, dist, cache, step)
+        self.target_tokenizer, self.prefix = target_tokenizer, max(1, prefix)
+
+    def start(self, prompt: list[int]) -> None:
+        self.target = list(prompt)  # the target's tokens so far
+        self.answer_from = len(prompt)
+        self.base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
+        self.answer_ids: list[int] = []  # the draft's tokens for the answer text so far
+        self.answer_spans: list[tuple[int, int]] = []  # their character spans in that text
+        self._sync(self.base)
+
+    def propose(self, k: int) -> Proposal:
+        if self.tc.cache is None:
+            self._sync(self.base + self.answer_ids)
+        sequence = self.base + self.answer_ids
+        drafted, _ = self._draft(k, sequence, set(self.draft.tokenizer.eos_token_ids))
+        eos = set(self.draft.tokenizer.eos_token_ids)
+        clean = drafted[:next((i for i, t in enumerate(drafted) if t in eos), len(drafted))]
+        text = _continuation(self.draft.tokenizer, sequence[-self.prefix:], clean)
+        tokens = _continuation_ids(self.target_tokenizer, self.target[-self.prefix:], text)[:k]
+        return Proposal(tokens, None, len(drafted))
+
+    def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
+        self.target += proposal.tokens[:accepted] + [token]
+        self._follow()
+
+    def observe_plain(self, token: int) -> None:
+        self.target.append(token)
+        self._follow()
+
+    def _follow(self) -> None:
+        """Re-tokenize the answer's tail into draft tokens (the last `prefix` draft tokens
+        are redone with the new text, so merges across the boundary come out right)."""
+        text = decode_text(self.target_tokenizer, self.target[self.answer_from:]).rstrip("\ufffd")
+        keep = max(0, len(self.answer_ids) - self.prefix)
+        spans = self.answer_spans
+        # never cut inside a character: byte-level tokens can split one (their spans overlap)
+        while keep and keep < len(spans) and spans[keep][0] < spans[keep - 1][1]:
+            keep -= 1
+        covered = spans[keep - 1][1] if keep else 0
+        ids, new_spans = encode_with_spans(self.draft.tokenizer, text[covered:])
+        self.answer_ids = self.answer_ids[:keep] + ids
+        self.answer_spans = spans[:keep] + [(covered + a, covered + b) for a, b in new_spans]
+        sequence = self.base + self.answer_ids
+        self._rewind_to(_common_prefix(self.tc.tokens, sequence[:-1]))
+        self.pending = sequence[len(self.tc.tokens):]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _continuation(tokenizer, context: list[int], new: list[int]) -> str:
+    """The text `new` adds after `context` (decoded together: some tokenizers drop a
+    leading space when a token is decoded alone). Incomplete UTF-8 at the end is held back."""
+    before = decode_text(tokenizer, context)
+    after = decode_text(tokenizer, context + new)
+    text = after[len(before):] if after.startswith(before) else decode_text(tokenizer, new)
+    return text.rstrip("\ufffd")
+
+
+def _continuation_ids(tokenizer, context: list[int], text: str) -> list[int]:
+    """Target tokens for `text` written after `context`: encode them together and strip the
+    context's tokens. If the boundary merges (the context's last token would change), the
+    text is encoded alone: the target has already committed its side of the boundary."""
+    if not text:
+        return []  # the context absorbed the draft's characters: nothing to verify
+    together = encode_with_spans(tokenizer, decode_text(tokenizer, context) + text)[0]
+    if together[:len(context)] == context:
+        return together[len(context):]
+    return encode_with_spans(tokenizer, text)[0]

@@ -1,0 +1,81 @@
+"""Sampling: mlx-lm's sampler for plain decoding, and the same transforms as explicit
+probability distributions for speculative decoding's rejection test.
+
+mlx-lm's sampler applies logits processors (repetition penalty), then top-p, min-p and
+top-k on the log-probabilities, then samples softmax(logprobs / temperature). The
+distributions here follow the same order with mlx-lm's own filter functions, so a token
+accepted or resampled from them has exactly the law plain sampling would give it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from engine.settings import ChatSettings
+
+
+def make_sampling(settings: ChatSettings):
+    """mlx-lm's sampler and logits processors for these settings (plain decoding)."""
+    from mlx_lm.sample_utils import make_sampler
+
+    sampler = make_sampler(settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
+                           top_k=settings.top_k)
+    return sampler, _processors(settings)
+
+
+def _processors(settings: ChatSettings) -> list:
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(
+        repetition_penalty=settings.repetition_penalty if settings.repetition_penalty != 1.0 else None)
+
+
+class TokenDistribution:
+    """Logits rows -> the sampling distribution (float32) under the chat's settings."""
+
+    def __init__(self, settings: ChatSettings):
+        self.settings = settings
+        self.processors = _processors(settings)
+
+    @property
+    def greedy(self) -> bool:
+        return self.settings.temperature == 0
+
+    def process(self, logits: mx.array, history: list[int], extra: list[int]) -> mx.array:
+        """Apply logits processors row by row: row i has seen history + extra[:i]. (m, V)"""
+        logits = logits.astype(mx.float32)
+        if not self.processors:
+            return logits
+        rows = []
+        for i in range(logits.shape[0]):
+            seen = mx.array(history + extra[:i], dtype=mx.uint32)
+            row = logits[i:i + 1]
+            for processor in self.processors:
+                row = processor(seen, row)
+            rows.append(row)
+        return mx.concatenate(rows, axis=0)
+
+    def probs(self, logits: mx.array, history: list[int], extra: list[int]) -> mx.array:
+        """Sampling probabilities per row (m, V); one-hot on the argmax when greedy."""
+        logits = self.process(logits, history, extra)
+        if self.greedy:
+            return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+        return mx.softmax(self._filtered(logits) / self.settings.temperature, axis=-1, precise=True)
+
+    def _filtered(self, logits: mx.array) -> mx.array:
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        s = self.settings
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        if 0 < s.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, s.top_p)
+        if s.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, s.min_p)
+        if s.top_k > 0:
+            logprobs = apply_top_k(logprobs, s.top_k)
+        return logprobs
+
+
+def sample(probs: mx.array) -> mx.array:
+    """One token per row of a probability matrix (m, V) -> (m,)."""
+    return mx.random.categorical(mx.log(mx.maximum(probs, 0.0)))

@@ -1,0 +1,117 @@
+"""How many tokens to draft next: fixed (`on`) or chosen online (`auto`).
+
+The Polish MLX study ("Speculative decoding on unified memory", 2026) found that with the
+draft costing k passes per cycle, k = 4 was usually slower than plain decoding; its
+break-even acceptance is α_be = r + β·k. Rather than a fixed k, `auto` measures per
+conversation the acceptance α, the draft step time and the verify time for each k, and
+each cycle picks the k with the highest expected tokens per second,
+
+    E[τ] = (1 − α^(k+1)) / (1 − α)  tokens per cycle,   cost(k) = k·t_draft + t_verify(k),
+
+against 1 / t_plain for plain decoding. When no k beats plain decoding it decodes plainly
+and probes a short draft now and then (backing off while probes keep losing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# k above this buys little: acceptance compounds (α^k) while the draft cost grows linearly.
+DEFAULT_MAX_K = 8
+# Recent cycles matter more: acceptance changes with the content (code, prose, lists).
+DECAY = 0.9
+# Drafting must promise this much over plain decoding to be chosen (noise in the timings).
+MIN_GAIN = 1.03
+FIRST_PROBE_AFTER = 8  # plain steps before the first probe when drafting is off
+MAX_PROBE_GAP = 128
+
+
+@dataclass
+class _Ema:
+    value: float | None = None
+
+    def add(self, x: float, decay: float = 0.7) -> None:
+        self.value = x if self.value is None else decay * self.value + (1 - decay) * x
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens one cycle yields (accepted drafts + the target's own) at per-token acceptance α."""
+    if alpha >= 1.0:
+        return k + 1.0
+    return (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+class DraftLengthController:
+    def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K):
+        self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
+        # acceptance as decayed counts, from a mild prior (α = 0.6 over 5 pseudo-tokens)
+        self.accepted, self.rejected = 3.0, 2.0
+        self.t_plain, self.t_draft = _Ema(), _Ema()
+        self.t_verify: dict[int, _Ema] = {}
+        self.tokens_per_draft = _Ema(1.0)  # target tokens per draft token (≠ 1 across tokenizers)
+        self.plain_since_probe = 0
+        self.probe_gap = FIRST_PROBE_AFTER
+        self.drafting = True
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / (self.accepted + self.rejected)
+
+    def choose(self) -> int:
+        if self.mode == "on":
+            return self.fixed_k
+        if self.t_plain.value is None:
+            return 0  # measure a plain step first
+        if self.t_draft.value is None:
+            return 2  # then one short draft to measure its cost
+        best_k, best_speed = 0, 1.0 / self.t_plain.value
+        for k in range(1, self.max_k + 1):
+            speed = self.expected_speed(k)
+            if speed > best_speed * (MIN_GAIN if best_k == 0 else 1.0):
+                best_k, best_speed = k, speed
+        if best_k:
+            self.drafting, self.probe_gap = True, FIRST_PROBE_AFTER
+            return best_k
+        if self.drafting:  # it just stopped paying: start counting towards a probe
+            self.drafting, self.plain_since_probe = False, 0
+        if self.plain_since_probe >= self.probe_gap:
+            self.plain_since_probe = 0
+            self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
+            return 1
+        return 0
+
+    def expected_speed(self, k: int) -> float:
+        """Expected target tokens per second when drafting k tokens per cycle."""
+        m = max(1, round(k * self.tokens_per_draft.value))
+        return expected_tokens(self.alpha, m) / (k * self.t_draft.value + self.verify_time(m))
+
+    def verify_time(self, m: int) -> float:
+        """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated."""
+        if m in self.t_verify and self.t_verify[m].value is not None:
+            return self.t_verify[m].value
+        measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
+        base = self.t_plain.value
+        if not measured:
+            return base * (1 + 0.1 * m)
+        # linear in the positions, through the plain step and the nearest measurement
+        n, t = min(measured, key=lambda item: abs(item[0] - m))
+        slope = max(0.0, (t - base) / n)
+        return base + slope * m
+
+    def observe_plain(self, seconds: float) -> None:
+        self.t_plain.add(seconds)
+        self.plain_since_probe += 1
+
+    def observe_cycle(self, *, drafted: int, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
+        """One cycle: `drafted` draft steps proposed `proposed` target tokens, `accepted` kept."""
+        self.accepted = DECAY * self.accepted + accepted
+        self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        if drafted:
+            self.t_draft.add(draft_s / drafted)
+            self.tokens_per_draft.add(proposed / drafted)
+        if proposed:
+            self.t_verify.setdefault(proposed, _Ema()).add(verify_s)
+
+    def summary(self) -> dict:
+        return {"alpha": round(self.alpha, 3), "t_plain_s": self.t_plain.value, "t_draft_s": self.t_draft.value,
+                "t_verify_s": {m: e.value for m, e in sorted(self.t_verify.items())}}

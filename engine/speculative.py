@@ -1,0 +1,260 @@
+"""Speculative decoding with exact sampling (Leviathan et al. 2023; Chen et al. 2023).
+
+Each cycle a draft proposes tokens (engine/drafting.py), the target scores all of them in
+one forward pass, and an acceptance rule keeps a prefix of them plus one token of the
+target's own, so the output has exactly the target's distribution:
+
+- `rejection` (same tokenizer): accept draft token x with probability min(1, p(x)/q(x));
+  on the first rejection sample from normalize(max(p − q, 0)); when all are accepted take
+  a bonus token from p. Acceptance per token is Σ min(p, q).
+- `match` (cross tokenizer, or by choice): sample the target's own token t ~ p at each
+  position and accept the draft token while it equals t. Exact too, but acceptance is
+  Σ p·q, lower than rejection's (mlx-lm's rule). Translated drafts have no q over the
+  target's vocabulary, so this is the rule that stays exact for them.
+
+p and q come after the same sampling transforms (engine/sampling.py). At temperature 0
+both rules reduce to greedy: the output is token for token the target's greedy output.
+The target's cache is rolled back after each cycle (engine/rewind.py); the number of
+tokens drafted per cycle comes from engine/spec_controller.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import mlx.core as mx
+
+from engine.drafting import DraftUnavailable, Proposal
+from engine.events import EngineWarned
+from engine.rewind import CacheCheckpoint, CannotRewind
+from engine.sampling import TokenDistribution, sample
+from engine.spec_controller import DraftLengthController
+
+log = logging.getLogger(__name__)
+
+ACCEPTANCE_RULES = ("rejection", "match")
+
+
+@dataclass
+class SpecStats:
+    cycles: int = 0  # cycles that verified at least one draft token
+    plain_steps: int = 0
+    drafted: int = 0  # draft model steps
+    draft_tokens: int = 0  # target tokens proposed for verification
+    accepted_tokens: int = 0
+    k_total: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    plain_s: float = 0.0
+    draft_prefill_s: float = 0.0
+    status: str = "off"
+    from_draft: list[bool] = field(default_factory=list)
+
+    def to_metrics(self) -> dict:
+        produced = len(self.from_draft)
+        busy = self.draft_s + self.verify_s + self.plain_s
+        return {
+            "spec_decode": self.status,
+            "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
+            "tokens_per_cycle": (produced / (self.cycles + self.plain_steps)) if produced else 0.0,
+            "mean_k": self.k_total / self.cycles if self.cycles else 0.0,
+            "draft_time_share": self.draft_s / busy if busy else 0.0,
+            "draft_prefill_s": self.draft_prefill_s,
+        }
+
+
+def accept_rejection(p: mx.array, q: mx.array, tokens: list[int]) -> tuple[int, int]:
+    """Rejection sampling. p: (m+1, V) target, q: (m, V) draft. Returns (accepted, next token)."""
+    m = len(tokens)
+    idx = mx.array(tokens)
+    rows = mx.arange(m)
+    p_x, q_x, u = p[rows, idx], q[rows, idx], mx.random.uniform(shape=(m,))
+    mx.eval(p_x, q_x, u)
+    p_x, q_x, u = p_x.tolist(), q_x.tolist(), u.tolist()
+    n = 0
+    # u < p/q without dividing: a q that underflowed to 0 accepts whenever p > 0
+    while n < m and u[n] * q_x[n] < p_x[n]:
+        n += 1
+    if n == m:
+        return n, int(sample(p[m:m + 1]).item())
+    residual = mx.maximum(p[n] - q[n], 0.0)
+    mass = float(residual.sum().item())
+    if mass <= 1e-12:  # p == q at this position (cannot reject then, but guard rounding)
+        return n, int(sample(p[n:n + 1]).item())
+    return n, int(sample((residual / mass)[None]).item())
+
+
+def accept_match(p: mx.array, tokens: list[int], greedy: bool) -> tuple[int, int]:
+    """Sample the target's own token at each position; keep drafts while they agree."""
+    own = (mx.argmax(p, axis=-1) if greedy else sample(p)).tolist()
+    n = 0
+    while n < len(tokens) and own[n] == tokens[n]:
+        n += 1
+    return n, own[n]
+
+
+class SpeculativeDecoder:
+    """Yields (token, from_draft) like mlx-lm's generate_step, and EngineWarned when the
+    draft drops out. When the consumer stops, the target's cache holds every yielded
+    token but the last (the next turn's prompt cache picks up from there)."""
+
+    def __init__(self, model, cache, drafter, controller: DraftLengthController, dist: TokenDistribution,
+                 *, rule: str = "rejection", max_tokens: int):
+        if rule not in ACCEPTANCE_RULES:
+            raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}")
+        if rule == "rejection" and not drafter.same_tokenizer:
+            rule = "match"  # no q over the target's vocabulary: the exact rule across tokenizers
+        self.model, self.cache, self.drafter = model, cache, drafter
+        self.controller, self.dist, self.rule, self.max_tokens = controller, dist, rule, max_tokens
+        self.stats = SpecStats(status=f"{controller.mode} ({rule})")
+        self.consistent = True  # False: the cache could not be brought back; drop it
+        self._draft_ready = False
+        self._draft_failed = False
+        self._warnings: list[EngineWarned] = []
+
+    def steps(self, prompt: list[int]) -> Iterator[object]:
+        sequence = list(prompt)  # the cache holds sequence[:-1]
+        yielded = 0
+        try:
+            CacheCheckpoint.check(self.cache)
+            while len(sequence) - len(prompt) < self.max_tokens:
+                left = self.max_tokens - (len(sequence) - len(prompt))
+                k = 0 if self._draft_failed else min(self.controller.choose(), left - 1)
+                if k > 0 and not self._draft_ready:
+                    warning = self._start_draft(prompt, sequence)
+                    if warning:
+                        yield warning
+                        k = 0
+                new, from_draft = self._cycle(sequence, k) if k > 0 else self._plain(sequence)
+                while self._warnings:
+                    yield self._warnings.pop(0)
+                for token, drafted in zip(new, from_draft):
+                    self.stats.from_draft.append(drafted)
+                    yielded += 1
+                    yield token, drafted
+        except CannotRewind as exc:
+            self.stats.status = f"off: {exc}"
+            yield EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}", "spec_decode")
+            yield from self._plain_rest(sequence, prompt)
+        finally:
+            self._keep_yielded(len(prompt) + yielded - 1, len(sequence) - 1)
+
+    def _plain_rest(self, sequence, prompt) -> Iterator[object]:
+        while len(sequence) - len(prompt) < self.max_tokens:
+            token = self._plain(sequence)[0][0]
+            self.stats.from_draft.append(False)
+            yield token, False
+
+    def _start_draft(self, prompt, sequence) -> EngineWarned | None:
+        started = time.perf_counter()
+        try:
+            self.drafter.start(prompt)
+            for token in sequence[len(prompt):]:
+                self.drafter.observe_plain(token)
+            self._draft_ready = True
+            return None
+        except Exception as exc:
+            return self._drop_draft(exc)
+        finally:
+            self.stats.draft_prefill_s += time.perf_counter() - started
+
+    def _drop_draft(self, exc: Exception) -> EngineWarned:
+        """The draft costs speed, never the answer: decode the rest of the turn plainly."""
+        if isinstance(exc, (DraftUnavailable, CannotRewind)):
+            reason = str(exc)
+        else:
+            log.exception("draft model failed")
+            reason = f"the draft failed: {exc}"
+        self._draft_failed, self._draft_ready = True, False
+        self.drafter.tc.reset()  # it may hold half a proposal
+        self.stats.status = f"off: {reason}"
+        return EngineWarned(f"Speculative decoding is off for this turn: {reason}", "spec_decode")
+
+    def _plain(self, sequence: list[int], *, tell_draft: bool = True) -> tuple[list[int], list[bool]]:
+        started = time.perf_counter()
+        logits = self.model(mx.array(sequence[-1:])[None], cache=self.cache)[0]  # (1, V)
+        token = self._sample_one(logits, sequence)
+        sequence.append(token)
+        elapsed = time.perf_counter() - started
+        self.stats.plain_steps += 1
+        self.stats.plain_s += elapsed
+        self.controller.observe_plain(elapsed)
+        if tell_draft and self._draft_ready:
+            self._to_draft(self.drafter.observe_plain, token)
+        return [token], [False]
+
+    def _to_draft(self, call, *args):
+        try:
+            return call(*args)
+        except Exception as exc:
+            self._warnings.append(self._drop_draft(exc))
+            return None
+
+    def _sample_one(self, logits, sequence) -> int:
+        if self.dist.greedy:
+            return int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1).item())
+        return int(sample(self.dist.probs(logits, sequence, [])).item())
+
+    def _cycle(self, sequence: list[int], k: int) -> tuple[list[int], list[bool]]:
+        started = time.perf_counter()
+        proposal: Proposal | None = self._to_draft(self.drafter.propose, k)
+        if proposal is None:
+            return self._plain(sequence)
+        drafted_at = time.perf_counter()
+        self.stats.draft_s += drafted_at - started
+        candidates = proposal.tokens
+        if not candidates:  # absorbed by context or an immediate EOS: a plain step, no stall
+            self._to_draft(self.drafter.commit, proposal, 0, self._plain(sequence, tell_draft=False)[0][0])
+            return sequence[-1:], [False]
+        feed = sequence[-1:] + candidates
+        checkpoint = CacheCheckpoint(self.cache, len(feed))
+        logits = self.model(mx.array(feed)[None], cache=self.cache)[0]  # (m+1, V)
+        n, token = self._accept(logits, sequence, proposal)
+        checkpoint.rewind(self.model, feed, 1 + n)
+        accepted = candidates[:n] + [token]
+        sequence += accepted
+        self._to_draft(self.drafter.commit, proposal, n, token)
+        verified = time.perf_counter() - drafted_at
+        s = self.stats
+        s.cycles += 1
+        s.drafted += proposal.drafted
+        s.draft_tokens += len(candidates)
+        s.accepted_tokens += n
+        s.k_total += k
+        s.verify_s += verified
+        self.controller.observe_cycle(drafted=proposal.drafted, proposed=len(candidates), accepted=n,
+                                      draft_s=drafted_at - started, verify_s=verified)
+        return accepted, [True] * n + [False]
+
+    def _accept(self, logits, sequence, proposal) -> tuple[int, int]:
+        candidates = proposal.tokens
+        if self.dist.greedy:
+            own = mx.argmax(self.dist.process(logits, sequence, candidates), axis=-1).tolist()
+            n = 0
+            while n < len(candidates) and own[n] == candidates[n]:
+                n += 1
+            return n, own[n]
+        p = self.dist.probs(logits, sequence, candidates)
+        if self.rule == "match":
+            return accept_match(p, candidates, greedy=False)
+        q = proposal.q
+        if q.shape[-1] != p.shape[-1]:  # padded embedding tables differ in width
+            width = p.shape[-1]
+            q = q[:, :width] if q.shape[-1] > width else mx.pad(q, [(0, 0), (0, width - q.shape[-1])])
+        return accept_rejection(p, q, candidates)
+
+    def _keep_yielded(self, keep: int, held: int) -> None:
+        """Trim the target cache to the yielded tokens but the last, when the consumer stopped early."""
+        drop = held - keep
+        if drop <= 0:
+            return
+        if all(layer.is_trimmable() for layer in self.cache):
+            for layer in self.cache:
+                layer.trim(drop)
+        else:
+            self.consistent = False

@@ -1,0 +1,316 @@
+"""Speculative decoding: greedy exactness on every architecture, exact sampling (chi-square),
+cache rollback, cross-tokenizer translation, fallbacks, and the adaptive controller."""
+
+import math
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine import speculative
+from engine.drafting import SameTokenizerDrafter, TranslatingDrafter
+from engine.events import EngineWarned, TokenEmitted, TurnFinished
+from engine.models.loader import load_folder
+from engine.sampling import TokenDistribution
+from engine.session import CancelToken, Session
+from engine.settings import ChatSettings
+from engine.spec_controller import DraftLengthController
+from engine.speculative import SpeculativeDecoder
+from tests.tiny_models import make_tiny_model
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h"]
+PROMPTS = ["Tell me about the quick brown fox and the lazy dog.", "Zażółć gęślą jaźń, w Warszawie? 東京 🙂"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spec")
+    out = {}
+    for arch in ARCHS:
+        out[arch] = load_folder(make_tiny_model(root / arch, arch, seed=1, context_length=2048))
+        out[arch + "-draft"] = load_folder(make_tiny_model(root / f"{arch}-d", arch, seed=2, context_length=2048))
+    # another vocabulary: a cross-tokenizer draft for any target
+    out["cross"] = load_folder(make_tiny_model(root / "cross", "qwen2", seed=3, context_length=2048,
+                                               tokenizer_vocab=300))
+    out["short"] = load_folder(make_tiny_model(root / "short", "llama", seed=2, context_length=40))
+    return out
+
+
+def settings(**kw):
+    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 24, "prefill_step_size": 64, **kw})
+
+
+def chat(session, texts):
+    outs = []
+    for text in texts:
+        events = list(session.send(text))
+        done = [e for e in events if isinstance(e, TurnFinished)]
+        assert done, events
+        outs.append((done[0], events))
+    return outs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("draft_kind", ["self", "other", "cross"])
+def test_greedy_speculative_equals_plain_over_turns(models, arch, draft_kind):
+    target = models[arch]
+    draft = {"self": target, "other": models[arch + "-draft"], "cross": models["cross"]}[draft_kind]
+    plain = chat(Session(target, settings(spec_decode="off")), PROMPTS)
+    spec = chat(Session(target, settings(spec_decode="on", num_draft=3), draft=draft), PROMPTS)
+    for (p, _), (s, events) in zip(plain, spec):
+        assert s.token_ids == p.token_ids
+        assert s.text == p.text
+        m = s.metrics
+        assert m.draft_tokens > 0, m.spec_decode
+        assert m.spec_decode == ("on (match)" if draft_kind == "cross" else "on (rejection)")
+        assert sum(m.from_draft) <= m.accepted_tokens and len(m.from_draft) == len(s.token_ids)
+        assert [e.from_draft for e in events if isinstance(e, TokenEmitted) and e.token_id >= 0] == m.from_draft
+    if draft_kind == "self":  # the target drafting for itself: every token is accepted
+        assert spec[0][0].metrics.acceptance_rate == 1.0
+        assert spec[0][0].metrics.tokens_per_cycle > 3
+
+
+def test_greedy_speculative_with_int4_cache_equals_int4_plain(models):
+    target, draft = models["gemma3_text"], models["gemma3_text-draft"]  # head_dim 32: packable
+    plain = chat(Session(target, settings(spec_decode="off", kv_bits=4)), PROMPTS)
+    spec = chat(Session(target, settings(spec_decode="on", kv_bits=4), draft=target), PROMPTS)
+    other = chat(Session(target, settings(spec_decode="on", kv_bits=4), draft=draft), PROMPTS)
+    assert [s.token_ids for s, _ in spec] == [p.token_ids for p, _ in plain]
+    # rejections with a packed cache: the top-1 may move within int4 rounding, so compare loosely
+    for (p, _), (o, _) in zip(plain, other):
+        agree = sum(a == b for a, b in zip(p.token_ids, o.token_ids)) / max(1, len(p.token_ids))
+        assert agree >= 0.8
+        assert o.metrics.kv_bits == 4
+
+
+def test_cancel_mid_answer_keeps_cache_consistent(models):
+    target = models["qwen2"]
+    cold = chat(Session(target, settings(spec_decode="off", max_tokens=40)), PROMPTS[:1])[0][0]
+    session = Session(target, settings(spec_decode="on", max_tokens=40), draft=target)
+    cancel = CancelToken()
+    for event in session.send(PROMPTS[0], cancel=cancel):
+        if isinstance(event, TokenEmitted) and event.token_id >= 0:
+            cancel.cancel()
+    assert session.messages[-1].finish_reason == "cancelled"
+    events = list(session.regenerate())
+    again = [e for e in events if isinstance(e, TurnFinished)][0]
+    assert again.token_ids == cold.token_ids
+    assert again.metrics.cached_tokens > 0  # the prompt came from the cache the decoder left
+
+
+def test_auto_mode_is_exact_and_reports_its_choices(models):
+    target = models["gemma3_text"]
+    plain = chat(Session(target, settings(spec_decode="off", max_tokens=40)), PROMPTS)
+    auto = chat(Session(target, settings(spec_decode="auto", max_tokens=40), draft=target), PROMPTS)
+    assert [a.token_ids for a, _ in auto] == [p.token_ids for p, _ in plain]
+    assert auto[1][0].metrics.spec_decode == "auto (rejection)"
+
+
+def test_draft_too_short_for_the_conversation_warns_and_decodes_plainly(models):
+    target = models["llama"]
+    long = PROMPTS[0] * 3
+    plain = chat(Session(target, settings(spec_decode="off")), [long])[0][0]
+    done, events = chat(Session(target, settings(spec_decode="on"), draft=models["short"]), [long])[0]
+    warnings = [e for e in events if isinstance(e, EngineWarned)]
+    assert warnings and "draft holds 40 tokens" in warnings[0].message
+    assert done.token_ids == plain.token_ids
+    assert done.metrics.spec_decode.startswith("off: the draft holds 40")
+
+
+def test_draft_failing_mid_turn_costs_speed_not_the_answer(models, monkeypatch):
+    target = models["qwen3"]
+    plain = chat(Session(target, settings(spec_decode="off")), PROMPTS[:1])[0][0]
+    calls = {"n": 0}
+    original = SameTokenizerDrafter.propose
+
+    def flaky(self, k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("draft exploded")
+        return original(self, k)
+
+    monkeypatch.setattr(SameTokenizerDrafter, "propose", flaky)
+    done, events = chat(Session(target, settings(spec_decode="on"), draft=models["qwen3-draft"]), PROMPTS[:1])[0]
+    assert any(isinstance(e, EngineWarned) and "draft exploded" in e.message for e in events)
+    assert done.token_ids == plain.token_ids
+
+
+def test_absorbed_draft_text_takes_a_plain_step(models, monkeypatch):
+    """A draft whose text the context swallows (nothing new to verify) must not stall."""
+    target = models["llama"]
+    plain = chat(Session(target, settings(spec_decode="off")), PROMPTS[:1])[0][0]
+    monkeypatch.setattr("engine.drafting._continuation", lambda *a: "")
+    done, _ = chat(Session(target, settings(spec_decode="on"), draft=models["cross"]), PROMPTS[:1])[0]
+    assert done.token_ids == plain.token_ids
+    assert done.metrics.draft_tokens == 0 and done.metrics.generated_tokens == len(plain.token_ids)
+
+
+# --- exact sampling --------------------------------------------------------------
+
+
+def _critical_chi2(df: int, z: float = 3.09) -> float:
+    """Wilson–Hilferty upper quantile (z = 3.09: significance 0.001)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+def _exact_pairs(target, prompt, dist):
+    """P(first two tokens) under plain sampling, over the pairs with non-zero probability."""
+    cache = make_prompt_cache(target.model)
+    p1 = dist.probs(target.model(mx.array(prompt)[None], cache=cache)[0, -1:], prompt, [])[0].tolist()
+    pairs = {}
+    for t1, a in enumerate(p1):
+        if a > 0:
+            c = make_prompt_cache(target.model)
+            logits = target.model(mx.array(prompt + [t1])[None], cache=c)[0, -1:]
+            for t2, b in enumerate(dist.probs(logits, prompt + [t1], [])[0].tolist()):
+                if b > 0:
+                    pairs[(t1, t2)] = a * b
+    return pairs
+
+
+def _sampled_pairs(target, draft, prompt, dist, rule, n):
+    cache = make_prompt_cache(target.model)
+    target.model(mx.array(prompt[:-1])[None], cache=cache)
+    drafter = SameTokenizerDrafter(draft, dist, None, 64)
+    counts = {}
+    for _ in range(n):
+        decoder = SpeculativeDecoder(target.model, cache, drafter, DraftLengthController("on", 1), dist,
+                                     rule=rule, max_tokens=2)
+        pair = tuple(t for t, _ in decoder.steps(prompt))
+        counts[pair] = counts.get(pair, 0) + 1
+        for layer in cache:  # back to the prompt for the next sample
+            layer.trim(layer.offset - (len(prompt) - 1))
+    return counts
+
+
+def _chi2(counts, exact, n):
+    observed, expected, rest_o, rest_e = [], [], 0, 0.0
+    for pair, prob in exact.items():
+        if prob * n >= 5:
+            observed.append(counts.get(pair, 0))
+            expected.append(prob * n)
+        else:
+            rest_o, rest_e = rest_o + counts.get(pair, 0), rest_e + prob * n
+    rest_o += sum(c for pair, c in counts.items() if pair not in exact)  # impossible pairs count against
+    observed.append(rest_o)
+    expected.append(max(rest_e, 1e-9))
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
+    return stat, len(observed) - 1
+
+
+@pytest.mark.parametrize("rule", ["rejection", "match"])
+def test_sampled_tokens_follow_the_target_distribution(models, rule, monkeypatch):
+    target, draft = models["llama"], models["llama-draft"]
+    dist = TokenDistribution(settings(temperature=1.0, top_k=4))
+    prompt = target.tokenizer.encode(PROMPTS[0])
+    exact = _exact_pairs(target, prompt, dist)
+    n = 1500
+    mx.random.seed(0)
+    stat, df = _chi2(_sampled_pairs(target, draft, prompt, dist, rule, n), exact, n)
+    assert stat < _critical_chi2(df), (stat, df)
+    # the same test catches a wrong rule: accepting every draft token samples from q, not p
+    monkeypatch.setattr(speculative, "accept_rejection", lambda p, q, toks: (len(toks), int(mx.argmax(p[-1]))))
+    monkeypatch.setattr(speculative, "accept_match", lambda p, toks, greedy: (len(toks), int(mx.argmax(p[-1]))))
+    mx.random.seed(0)
+    stat, df = _chi2(_sampled_pairs(target, draft, prompt, dist, rule, n), exact, n)
+    assert stat > _critical_chi2(df)
+
+
+def test_rejection_sampling_accepts_more_than_matching(models):
+    """Σ min(p, q) ≥ Σ p·q: at temperature 0.7 the exact rejection rule keeps more drafts."""
+    target, draft = models["qwen2"], models["qwen2-draft"]
+    rates = {}
+    for rule in ("rejection", "match"):
+        mx.random.seed(1)
+        session = Session(target, settings(temperature=0.7, spec_decode="on", spec_rule=rule, max_tokens=48),
+                          draft=draft)
+        accepted = proposed = 0
+        for text in PROMPTS * 3:
+            m = chat(session, [text])[0][0].metrics
+            accepted, proposed = accepted + m.accepted_tokens, proposed + m.draft_tokens
+        rates[rule] = accepted / proposed
+    assert rates["rejection"] > rates["match"], rates
+
+
+# --- translation across tokenizers ------------------------------------------------
+
+HARD_TEXT = ["Zażółć gęślą jaźń, w Warszawie", "東京は日本の首都です。", "Emoji: 🙂🚀 done",
+             "def main():\n\treturn 42  # tabs\n", "numbers 1234567890", "   leading spaces", "quickbrownfox"]
+
+
+@pytest.mark.parametrize("text", HARD_TEXT)
+def test_translation_round_trips_hard_text_at_every_boundary(models, text):
+    from engine.drafting import _continuation, _continuation_ids
+    from engine.translate import decode_text, encode_with_spans
+
+    target, draft = models["llama"].tokenizer, models["cross"].tokenizer
+    for cut in range(1, len(text)):
+        head, tail = text[:cut], text[cut:]
+        context = encode_with_spans(target, head)[0]
+        ids = _continuation_ids(target, context, tail)
+        assert decode_text(target, context + ids) == text
+        draft_ctx, draft_new = encode_with_spans(draft, head)[0], encode_with_spans(draft, tail)[0]
+        assert _continuation(draft, draft_ctx, draft_new) == tail
+
+
+def test_translating_drafter_keeps_draft_tokens_in_step_with_the_text(models):
+    from engine.translate import decode_text
+
+    target, draft = models["llama"], models["cross"]
+    drafter = TranslatingDrafter(draft, target.tokenizer, TokenDistribution(settings()), None, 64, prefix=3)
+    prompt = target.tokenizer.encode("Hello")
+    drafter.start(prompt)
+    for piece in HARD_TEXT:
+        for token in target.tokenizer.encode(piece):
+            drafter.observe_plain(token)
+        answer = decode_text(target.tokenizer, drafter.target[drafter.answer_from:]).rstrip("\ufffd")
+        assert decode_text(draft.tokenizer, drafter.answer_ids) == answer
+        assert drafter.tc.tokens + drafter.pending == drafter.base + drafter.answer_ids
+
+
+# --- the controller --------------------------------------------------------------
+
+
+def feed(controller, *, plain_s, draft_s, verify_s, alpha, cycles=40):
+    for _ in range(cycles):
+        k = controller.choose()
+        if k == 0:
+            controller.observe_plain(plain_s)
+        else:
+            accepted = min(k, round(alpha * k))
+            controller.observe_cycle(drafted=k, proposed=k, accepted=accepted, draft_s=draft_s * k,
+                                     verify_s=verify_s(k))
+    return controller
+
+
+def test_controller_drafts_when_it_pays_and_stops_when_it_loses():
+    cheap = feed(DraftLengthController("auto", 3), plain_s=0.1, draft_s=0.01, verify_s=lambda k: 0.1 + 0.005 * k,
+                 alpha=0.9)
+    assert cheap.choose() >= 3
+    costly = feed(DraftLengthController("auto", 3), plain_s=0.1, draft_s=0.08, verify_s=lambda k: 0.1 + 0.05 * k,
+                  alpha=0.3)
+    assert costly.choose() == 0
+
+
+def test_controller_probes_again_with_backoff():
+    c = DraftLengthController("auto", 3)
+    picks = []
+    for _ in range(400):
+        k = c.choose()
+        picks.append(k)
+        if k:
+            c.observe_cycle(drafted=k, proposed=k, accepted=0, draft_s=0.08, verify_s=0.2)
+        else:
+            c.observe_plain(0.1)
+    probes = [i for i, k in enumerate(picks) if k]
+    assert len(probes) >= 4
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] > gaps[0]
+
+
+def test_expected_tokens_formula():
+    from engine.spec_controller import expected_tokens
+
+    assert expected_tokens(0.0, 4) == 1
+    assert expected_tokens(1.0, 4) == 5
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
