@@ -12,7 +12,7 @@ from pathlib import Path
 from engine.errors import BriskError
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
                            TurnFinished)
-from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, ChatSettings
+from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, SPEC_MODES, SPEC_RULES, ChatSettings
 
 # glibc returns big freed blocks to the OS and page-faults them back on every prefill
 # chunk; keeping them cut an elementwise op from 138 to 22 ms here (shared/CPU.md).
@@ -35,11 +35,16 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=ChatSettings.kv_bits,
                    help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data")
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=ChatSettings.kv_group_size)
-    p.add_argument("--draft", help="draft model id (SpecPrefill scoring)")
+    p.add_argument("--draft", help="draft model id (SpecPrefill scoring and speculative decoding)")
     p.add_argument("--sparse-prefill", choices=("off", "on", "auto"), default=ChatSettings.sparse_prefill)
     p.add_argument("--keep", type=float, default=ChatSettings.sparse_keep, help="share of 32-token chunks kept (on)")
     p.add_argument("--threshold", type=int, default=ChatSettings.sparse_threshold,
                    help="new-token count from which `auto` sparse prefill acts")
+    p.add_argument("--spec-decode", choices=SPEC_MODES, default=ChatSettings.spec_decode,
+                   help="speculative decoding with --draft: auto picks k per cycle and never drafts at a loss")
+    p.add_argument("--num-draft", type=int, default=ChatSettings.num_draft, help="draft tokens per cycle (on)")
+    p.add_argument("--spec-rule", choices=SPEC_RULES, default=ChatSettings.spec_rule,
+                   help="acceptance: exact rejection sampling, or match the target's own sample (mlx-lm's rule)")
 
 
 def settings_from_args(args) -> ChatSettings:
@@ -49,6 +54,7 @@ def settings_from_args(args) -> ChatSettings:
         seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
         kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, draft=args.draft,
         sparse_prefill=args.sparse_prefill, sparse_keep=args.keep, sparse_threshold=args.threshold,
+        spec_decode=args.spec_decode, num_draft=args.num_draft, spec_rule=args.spec_rule,
     ).validate()
 
 
@@ -113,7 +119,9 @@ def cmd_run(args) -> int:
         print()
         m = finished.metrics
         print(f"[ttft {m.ttft_s:.2f}s · prefill {m.prefill_tps:.1f} tok/s · decode {m.decode_tps:.1f} tok/s"
-              f" · {m.generated_tokens} tokens · {m.finish_reason} · sparse prefill {m.sparse_prefill}]",
+              f" · {m.generated_tokens} tokens · {m.finish_reason} · sparse prefill {m.sparse_prefill}"
+              + (f" · spec {m.spec_decode}: acceptance {m.acceptance_rate:.0%}, {m.tokens_per_cycle:.2f} tokens/pass"
+                 if m.spec_decode != "off" else "") + "]",
               file=sys.stderr)
     return 0
 

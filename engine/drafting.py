@@ -167,6 +167,17 @@ class TranslatingDrafter(_Drafter):
         self.pending = sequence[len(self.tc.tokens):]
 
 
+def cost_ratio(draft, target) -> float:
+    """Expected draft step cost relative to the target's: decoding streams every weight
+    once per step, so the ratio of their bytes (a prior until the draft is measured)."""
+    from mlx.utils import tree_flatten
+
+    def weight_bytes(lm) -> int:
+        return sum(v.nbytes for _, v in tree_flatten(lm.model.parameters()))
+
+    return weight_bytes(draft) / max(1, weight_bytes(target))
+
+
 def _common_prefix(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):

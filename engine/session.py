@@ -29,7 +29,7 @@ from engine.kvcache import check_kv_packable, kv_shape, maybe_quantize_kv_cache
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
 from engine.positions import ShiftedModel, install_position_shift
-from engine.drafting import SameTokenizerDrafter, TranslatingDrafter
+from engine.drafting import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
 from engine.prefill import TokenCache, prefill_chunks
 from engine.prompt import render_prompt
 from engine.sampling import TokenDistribution, make_sampling
@@ -319,7 +319,8 @@ class Session:
                                          settings.prefill_step_size, prefix=settings.translation_prefix)
         key = (settings.spec_decode, settings.num_draft, self.draft.id)
         if self._controller is None or self._controller_key != key:
-            self._controller = DraftLengthController(settings.spec_decode, settings.num_draft)
+            self._controller = DraftLengthController(settings.spec_decode, settings.num_draft,
+                                                     cost_ratio=cost_ratio(self.draft, self.lm))
             self._controller_key = key
         decoder = SpeculativeDecoder(self._model(), self._cache, drafter, self._controller, dist,
                                      rule=settings.spec_rule, max_tokens=max_tokens)

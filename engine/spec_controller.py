@@ -41,9 +41,16 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
+# Acceptance assumed when judging, before any measurement, whether a draft could pay at all.
+OPTIMISTIC_ALPHA = 0.9
+
+
 class DraftLengthController:
-    def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K):
+    def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K, cost_ratio: float | None = None):
+        """`cost_ratio`: the draft step's expected cost relative to the target's (decode
+        streams the weights, so their byte ratio), used until the draft is measured."""
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
+        self.cost_ratio = cost_ratio
         # acceptance as decayed counts, from a mild prior (α = 0.6 over 5 pseudo-tokens)
         self.accepted, self.rejected = 3.0, 2.0
         self.t_plain, self.t_draft = _Ema(), _Ema()
@@ -63,6 +70,8 @@ class DraftLengthController:
         if self.t_plain.value is None:
             return 0  # measure a plain step first
         if self.t_draft.value is None:
+            if not self.could_pay():
+                return 0
             return 2  # then one short draft to measure its cost
         best_k, best_speed = 0, 1.0 / self.t_plain.value
         for k in range(1, self.max_k + 1):
@@ -80,10 +89,29 @@ class DraftLengthController:
             return 1
         return 0
 
-    def expected_speed(self, k: int) -> float:
+    def could_pay(self) -> bool:
+        """Before measuring the draft: would it beat plain decoding even at high acceptance?"""
+        if self.cost_ratio is None:
+            return True
+        t = self.t_plain.value
+        return any(expected_tokens(OPTIMISTIC_ALPHA, k) / (k * self.cost_ratio * t + self.verify_time(k))
+                   > MIN_GAIN / t for k in range(1, self.max_k + 1))
+
+    def plain_run(self) -> int:
+        """How many plain steps to take before asking again (they can then be pipelined)."""
+        if self.mode == "on" or self.t_plain.value is None:
+            return 1
+        if self.t_draft.value is None:
+            return 1 if self.could_pay() else 1 << 30
+        if not self.drafting:
+            return max(1, self.probe_gap - self.plain_since_probe)
+        return 1
+
+    def expected_speed(self, k: int, alpha: float | None = None) -> float:
         """Expected target tokens per second when drafting k tokens per cycle."""
         m = max(1, round(k * self.tokens_per_draft.value))
-        return expected_tokens(self.alpha, m) / (k * self.t_draft.value + self.verify_time(m))
+        a = self.alpha if alpha is None else alpha
+        return expected_tokens(a, m) / (k * self.t_draft.value + self.verify_time(m))
 
     def verify_time(self, m: int) -> float:
         """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated."""
@@ -111,6 +139,13 @@ class DraftLengthController:
             self.tokens_per_draft.add(proposed / drafted)
         if proposed:
             self.t_verify.setdefault(proposed, _Ema()).add(verify_s)
+
+    def note(self) -> str:
+        """Why `auto` drafted nothing, when it decided so without trying."""
+        if self.mode == "auto" and self.t_draft.value is None and self.t_plain.value is not None \
+                and not self.could_pay():
+            return f"drafting cannot pay: a draft step costs ~{self.cost_ratio:.2f}x a target step"
+        return ""
 
     def summary(self) -> dict:
         return {"alpha": round(self.alpha, 3), "t_plain_s": self.t_plain.value, "t_draft_s": self.t_draft.value,

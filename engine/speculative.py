@@ -118,37 +118,40 @@ class SpeculativeDecoder:
         self._warnings: list[EngineWarned] = []
 
     def steps(self, prompt: list[int]) -> Iterator[object]:
-        sequence = list(prompt)  # the cache holds sequence[:-1]
+        sequence = list(prompt)
+        self._held = len(prompt) - 1  # tokens of `sequence` in the target's cache
         yielded = 0
         try:
-            CacheCheckpoint.check(self.cache)
-            while len(sequence) - len(prompt) < self.max_tokens:
-                left = self.max_tokens - (len(sequence) - len(prompt))
+            try:
+                CacheCheckpoint.check(self.cache)
+            except CannotRewind as exc:
+                self._draft_failed = True
+                self.stats.status = f"off: {exc}"
+                yield EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}", "spec_decode")
+            while (left := self.max_tokens - (len(sequence) - len(prompt))) > 0:
                 k = 0 if self._draft_failed else min(self.controller.choose(), left - 1)
                 if k > 0 and not self._draft_ready:
                     warning = self._start_draft(prompt, sequence)
                     if warning:
                         yield warning
                         k = 0
-                new, from_draft = self._cycle(sequence, k) if k > 0 else self._plain(sequence)
-                while self._warnings:
-                    yield self._warnings.pop(0)
-                for token, drafted in zip(new, from_draft):
+                if k > 0:
+                    steps = self._cycle(sequence, k)
+                else:
+                    steps = self._plain_run(sequence, left if self._draft_failed
+                                            else min(self.controller.plain_run(), left))
+                for token, drafted in steps:
+                    while self._warnings:
+                        yield self._warnings.pop(0)
                     self.stats.from_draft.append(drafted)
                     yielded += 1
                     yield token, drafted
-        except CannotRewind as exc:
-            self.stats.status = f"off: {exc}"
-            yield EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}", "spec_decode")
-            yield from self._plain_rest(sequence, prompt)
+                while self._warnings:
+                    yield self._warnings.pop(0)
         finally:
-            self._keep_yielded(len(prompt) + yielded - 1, len(sequence) - 1)
-
-    def _plain_rest(self, sequence, prompt) -> Iterator[object]:
-        while len(sequence) - len(prompt) < self.max_tokens:
-            token = self._plain(sequence)[0][0]
-            self.stats.from_draft.append(False)
-            yield token, False
+            self._keep_yielded(len(prompt) + yielded - 1, self._held)
+            if self.controller.note():
+                self.stats.status += f": {self.controller.note()}"
 
     def _start_draft(self, prompt, sequence) -> EngineWarned | None:
         started = time.perf_counter()
@@ -175,18 +178,47 @@ class SpeculativeDecoder:
         self.stats.status = f"off: {reason}"
         return EngineWarned(f"Speculative decoding is off for this turn: {reason}", "spec_decode")
 
-    def _plain(self, sequence: list[int], *, tell_draft: bool = True) -> tuple[list[int], list[bool]]:
+    def _plain_run(self, sequence: list[int], count: int) -> Iterator[tuple[int, bool]]:
+        """`count` plain target steps. Without logits processors they are pipelined like
+        mlx-lm's generate_step: the next step is queued before this token is read back."""
+        if count == 1 or self.dist.processors:
+            for _ in range(count):
+                yield self._plain(sequence), False
+            return
+        started = time.perf_counter()
+        queued = self._queue_step(mx.array(sequence[-1:]))
+        for i in range(count):
+            current = queued
+            if i + 1 < count:
+                queued = self._queue_step(current)
+            token = int(current.item())
+            now = time.perf_counter()
+            self._after_plain(sequence, token, now - started)
+            started = now
+            yield token, False
+
+    def _queue_step(self, token: mx.array) -> mx.array:
+        logits = self.model(token[None], cache=self.cache)[0]  # (1, V)
+        self._held += 1
+        nxt = mx.argmax(logits, axis=-1) if self.dist.greedy else sample(self.dist.probs(logits, [], []))
+        mx.async_eval(nxt)
+        return nxt
+
+    def _plain(self, sequence: list[int], *, tell_draft: bool = True) -> int:
         started = time.perf_counter()
         logits = self.model(mx.array(sequence[-1:])[None], cache=self.cache)[0]  # (1, V)
+        self._held += 1
         token = self._sample_one(logits, sequence)
+        self._after_plain(sequence, token, time.perf_counter() - started, tell_draft=tell_draft)
+        return token
+
+    def _after_plain(self, sequence, token: int, elapsed: float, *, tell_draft: bool = True) -> None:
         sequence.append(token)
-        elapsed = time.perf_counter() - started
         self.stats.plain_steps += 1
         self.stats.plain_s += elapsed
         self.controller.observe_plain(elapsed)
         if tell_draft and self._draft_ready:
             self._to_draft(self.drafter.observe_plain, token)
-        return [token], [False]
 
     def _to_draft(self, call, *args):
         try:
@@ -200,22 +232,23 @@ class SpeculativeDecoder:
             return int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1).item())
         return int(sample(self.dist.probs(logits, sequence, [])).item())
 
-    def _cycle(self, sequence: list[int], k: int) -> tuple[list[int], list[bool]]:
+    def _cycle(self, sequence: list[int], k: int) -> list[tuple[int, bool]]:
         started = time.perf_counter()
         proposal: Proposal | None = self._to_draft(self.drafter.propose, k)
         if proposal is None:
-            return self._plain(sequence)
+            return [(self._plain(sequence), False)]
         drafted_at = time.perf_counter()
         self.stats.draft_s += drafted_at - started
         candidates = proposal.tokens
         if not candidates:  # absorbed by context or an immediate EOS: a plain step, no stall
-            self._to_draft(self.drafter.commit, proposal, 0, self._plain(sequence, tell_draft=False)[0][0])
-            return sequence[-1:], [False]
+            self._to_draft(self.drafter.commit, proposal, 0, self._plain(sequence, tell_draft=False))
+            return [(sequence[-1], False)]
         feed = sequence[-1:] + candidates
         checkpoint = CacheCheckpoint(self.cache, len(feed))
         logits = self.model(mx.array(feed)[None], cache=self.cache)[0]  # (m+1, V)
         n, token = self._accept(logits, sequence, proposal)
         checkpoint.rewind(self.model, feed, 1 + n)
+        self._held += 1 + n
         accepted = candidates[:n] + [token]
         sequence += accepted
         self._to_draft(self.drafter.commit, proposal, n, token)
@@ -229,7 +262,7 @@ class SpeculativeDecoder:
         s.verify_s += verified
         self.controller.observe_cycle(drafted=proposal.drafted, proposed=len(candidates), accepted=n,
                                       draft_s=drafted_at - started, verify_s=verified)
-        return accepted, [True] * n + [False]
+        return [(t, i < n) for i, t in enumerate(accepted)]
 
     def _accept(self, logits, sequence, proposal) -> tuple[int, int]:
         candidates = proposal.tokens

@@ -7,6 +7,10 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+def _ks(text: str) -> list:
+    return [x.strip() if x.strip() == "auto" else int(x) for x in text.split(",") if x.strip()]
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -63,6 +67,18 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--continuation", type=int, default=256)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _sparse_ppl(a))
+    p = bench.add_parser("specdecode", help="speculative vs plain decoding per content kind: tok/s, acceptance")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--num-draft", type=_ks, default=[1, 2, 3, 4, "auto"], help="e.g. 1,2,3,4,auto")
+    p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])
+    p.add_argument("--rules", type=lambda t: t.split(","), default=["rejection"], help="rejection,match")
+    p.add_argument("--mlx-lm", type=_ints, default=[2, 3], help="k values for mlx-lm's speculative decoding")
+    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--temp", type=float, default=0.0)
+    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _specdecode(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
@@ -111,6 +127,14 @@ def _sparse_ppl(args) -> int:
 
     run_perplexity(args.target, args.draft, args.text_file, args.context, args.keep,
                    continuation=args.continuation, as_json=args.json)
+    return 0
+
+
+def _specdecode(args) -> int:
+    from engine.bench.specdecode import run_specdecode
+
+    run_specdecode(args.target, args.draft, args.num_draft, contents=args.contents, runs=args.runs, gen=args.gen,
+                   temp=args.temp, rules=args.rules, mlx_lm_ks=args.mlx_lm, as_json=args.json)
     return 0
 
 

@@ -22,6 +22,7 @@ def _ttft(target, draft, text: str, *, mode: str, keep: float) -> dict:
     from engine.settings import ChatSettings
 
     settings = ChatSettings(model=target.id, temperature=0.0, max_tokens=1, sparse_prefill=mode, sparse_keep=keep,
+                            spec_decode="off",
                             draft=draft.id if draft else None)
     for event in Session(target, settings, draft=draft).send(text):
         if isinstance(event, TurnFinished):

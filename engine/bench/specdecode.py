@@ -1,0 +1,105 @@
+"""`brisk bench specdecode`: decode tok/s of speculative decoding vs plain decoding.
+
+For each kind of content (structured, code, prose) every variant (plain, fixed k, auto,
+and for a same-tokenizer pair mlx-lm's `speculative_generate_step`) answers the same
+prompt from a cold session, interleaved round by round. Reported: decode tok/s (from the
+first token to the last, so a draft's lazy prefill counts against it), the paired ratio
+to plain decoding, acceptance, tokens per target pass, mean k, and whether the output
+equals plain decoding's (greedy: it must).
+"""
+
+from __future__ import annotations
+
+import time
+
+from engine.bench.common import interleave, median, paired_ratio, print_table
+
+CONTENTS = {
+    "structured": "Write a JSON array with one object per month of the year, each with the fields "
+                  "\"month\", \"number\" and \"days\". Output only the JSON.",
+    "code": "Write a Python class LRUCache with get and put methods, using collections.OrderedDict, "
+            "with a docstring on each method.",
+    "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def _brisk(target, draft, prompt: str, *, mode: str, k: int, rule: str, gen: int, temp: float, seed: int) -> dict:
+    from engine.events import TurnFinished
+    from engine.session import Session
+    from engine.settings import ChatSettings
+
+    settings = ChatSettings(model=target.id, temperature=temp, max_tokens=gen, spec_decode=mode, num_draft=k,
+                            spec_rule=rule, seed=seed)
+    for event in Session(target, settings, draft=draft if mode != "off" else None).send(prompt):
+        if isinstance(event, TurnFinished):
+            m = event.metrics
+            return {"decode_tps": m.decode_tps, "tokens": m.generated_tokens, "acceptance": m.acceptance_rate,
+                    "tokens_per_pass": m.tokens_per_cycle or 1.0, "mean_k": m.mean_k, "ids": event.token_ids,
+                    "draft_share": m.draft_time_share}
+    raise RuntimeError("turn did not finish")
+
+
+def _mlx_lm(target, draft, prompt: str, *, k: int, gen: int) -> dict:
+    """mlx-lm's own speculative decoding (greedy), timed like Brisk's: first token to last."""
+    import mlx.core as mx
+    from mlx_lm.generate import speculative_generate_step
+
+    from engine.prompt import encode_messages
+    from engine.session import Message
+
+    tokens = encode_messages(target, [Message("user", prompt)])
+    eos = set(target.tokenizer.eos_token_ids)
+    ids, accepted, first_at = [], 0, None
+    for token, _, from_draft in speculative_generate_step(mx.array(tokens), target.model, draft.model,
+                                                          num_draft_tokens=k, max_tokens=gen):
+        first_at = first_at or time.perf_counter()
+        if token in eos:
+            break
+        ids.append(token)
+        accepted += bool(from_draft)
+    elapsed = time.perf_counter() - first_at
+    return {"decode_tps": (len(ids) - 1) / elapsed if len(ids) > 1 else 0.0, "tokens": len(ids),
+            "acceptance": float("nan"), "tokens_per_pass": len(ids) / max(1, len(ids) - accepted), "mean_k": k,
+            "ids": ids, "draft_share": float("nan")}
+
+
+def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[str], runs: int, gen: int,
+                   temp: float, rules: list[str], mlx_lm_ks: list[int], as_json: bool) -> dict:
+    from engine.models.loader import load_model
+
+    target, draft = load_model(target_id), load_model(draft_id)
+    same = target.info.tokenizer_fingerprint == draft.info.tokenizer_fingerprint
+    payload = {"target": target_id, "draft": draft_id, "same_tokenizer": same, "temperature": temp,
+               "runs": runs, "gen": gen, "rows": []}
+    _brisk(target, draft, "Hi", mode="on", k=2, rule="rejection", gen=4, temp=temp, seed=0)  # warm-up
+    rows = []
+    for content in contents:
+        prompt = CONTENTS[content]
+        variants = {"plain": lambda: _brisk(target, None, prompt, mode="off", k=3, rule="rejection", gen=gen,
+                                            temp=temp, seed=0)}
+        for rule in rules:
+            for k in ks:
+                name = f"{'auto' if k == 'auto' else f'k={k}'}" + (f" {rule}" if len(rules) > 1 else "")
+                variants[name] = lambda k=k, rule=rule: _brisk(
+                    target, draft, prompt, mode="auto" if k == "auto" else "on", k=3 if k == "auto" else k,
+                    rule=rule, gen=gen, temp=temp, seed=0)
+        if same and temp == 0:
+            for k in mlx_lm_ks:
+                variants[f"mlx-lm k={k}"] = lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen)
+        res = interleave(runs, variants)
+        plain = res["plain"]
+        for name, got in res.items():
+            entry = {"content": content, "variant": name, "decode_tps": median(got, "decode_tps"),
+                     "ratio": paired_ratio(got, plain, "decode_tps"), "tokens": got[0]["tokens"],
+                     "acceptance": median(got, "acceptance"), "tokens_per_pass": median(got, "tokens_per_pass"),
+                     "mean_k": median(got, "mean_k"), "draft_share": median(got, "draft_share"),
+                     "same_output": temp == 0 and all(r["ids"] == plain[0]["ids"] for r in got)}
+            payload["rows"].append(entry)
+            rows.append([content, name, entry["tokens"], entry["decode_tps"], entry["ratio"], entry["acceptance"],
+                         entry["tokens_per_pass"], entry["mean_k"], entry["draft_share"],
+                         entry["same_output"] if temp == 0 else "-"])
+    print_table(f"brisk bench specdecode: target {target_id}, draft {draft_id} "
+                f"({'same' if same else 'cross'} tokenizer), temperature {temp}, medians of {runs}",
+                ["content", "variant", "tokens", "decode tok/s", "vs plain", "acceptance", "tok/pass", "mean k",
+                 "draft share", "= plain"], rows, payload, as_json)
+    return payload
