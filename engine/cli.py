@@ -82,15 +82,9 @@ def load_pair(settings: ChatSettings):
 
 
 def load_for_chat(model_id: str):
-    from engine.models.bundled import BUNDLED, install_bundled
-    from engine.models.loader import load_model
-    from engine.models.store import ModelStore
+    from engine.models.bundled import load_installing_default
 
-    store = ModelStore()
-    if not store.has(model_id) and model_id in BUNDLED and BUNDLED[model_id].default:
-        print(f"First run: installing the embedded default model {model_id}...", file=sys.stderr)
-        install_bundled(model_id, store=store, progress=lambda m: print(f"  {m}", file=sys.stderr))
-    return load_model(model_id, store=store)
+    return load_installing_default(model_id, progress=lambda m: print(f"  {m}", file=sys.stderr))
 
 
 def cmd_run(args) -> int:

@@ -167,6 +167,19 @@ class TranslatingDrafter(_Drafter):
         self.pending = sequence[len(self.tc.tokens):]
 
 
+def draft_compatibility(target, draft) -> tuple[str, str]:
+    """("same tokenizer" | "cross tokenizer" | "incompatible", why) for two catalog entries
+    (anything with id, parameters and tokenizer_fingerprint)."""
+    if draft.id == target.id:
+        return "incompatible", "the draft is the target itself: drafting would only add work"
+    if draft.parameters >= target.parameters:
+        return "incompatible", (f"the draft ({draft.parameters / 1e6:.0f}M parameters) is not smaller than the "
+                                f"target ({target.parameters / 1e6:.0f}M): it could never speed it up")
+    if draft.tokenizer_fingerprint == target.tokenizer_fingerprint:
+        return "same tokenizer", "exact rejection sampling on the draft's own tokens"
+    return "cross tokenizer", "draft text is re-tokenized for the target (acceptance by matching samples)"
+
+
 def cost_ratio(draft, target) -> float:
     """Expected draft step cost relative to the target's: decoding streams every weight
     once per step, so the ratio of their bytes (a prior until the draft is measured)."""

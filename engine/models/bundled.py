@@ -139,3 +139,14 @@ def install_bundled(model_id: str, *, store: ModelStore | None = None,
     if not keep_download:
         shutil.rmtree(store.cache_dir / "bundled", ignore_errors=True)
     return store.get(model_id)
+
+
+def load_installing_default(model_id: str, *, progress: Callable[[str], None] = lambda m: None):
+    """Load `model_id`; the embedded default is installed first if it is not yet (first run)."""
+    from engine.models.loader import load_model
+
+    store = ModelStore()
+    if not store.has(model_id) and model_id in BUNDLED and BUNDLED[model_id].default:
+        progress(f"First run: installing the embedded default model {model_id}...")
+        install_bundled(model_id, store=store, progress=progress)
+    return load_model(model_id, store=store)

@@ -124,3 +124,20 @@ def test_sparse_prefill_with_keep_all_equals_full_prefill(smol):
     cold = Session(smol, greedy(max_tokens=24), messages=sparse_session.messages[:3])
     assert follow.metrics.cached_tokens > 0
     assert follow.token_ids == finished(cold._turn(CancelToken())).token_ids
+
+
+def test_speculative_decoding_equals_plain_on_real_weights(smol, tmp_path):
+    """Same tokenizer (SmolLM2 drafting for itself) and across tokenizers (a tiny draft with
+    another vocabulary): greedy output is the target's, token for token and text for text."""
+    from engine.models.loader import load_folder
+    from tests.tiny_models import make_tiny_model
+
+    prompt = "List three facts about the Moon, one per line."
+    plain = finished(Session(smol, greedy(spec_decode="off")).send(prompt))
+    same = finished(Session(smol, greedy(spec_decode="on", num_draft=4), draft=smol).send(prompt))
+    assert same.token_ids == plain.token_ids
+    assert same.metrics.acceptance_rate > 0.95 and same.metrics.tokens_per_cycle > 3
+    cross_draft = load_folder(make_tiny_model(tmp_path / "cross", "qwen2", seed=3, context_length=4096))
+    cross = finished(Session(smol, greedy(spec_decode="on"), draft=cross_draft).send(prompt))
+    assert cross.text == plain.text and cross.metrics.spec_decode == "on (match)"
+    assert cross.metrics.draft_tokens > 0

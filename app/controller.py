@@ -1,0 +1,267 @@
+"""What the window does: conversations from the store, commands to the engine thread,
+engine events into the widgets and the store.
+
+Answers are written to the store while they stream (at most every SAVE_INTERVAL_S), so
+killing the app mid-answer loses at most that much text and never a committed message.
+"""
+
+from __future__ import annotations
+
+import time
+from PySide6.QtCore import QObject, Signal
+
+from engine.events import (ContextTruncated, EngineErrored, EngineWarned, ModelLoaded, PrefillProgressed,
+                           TokenEmitted, TurnFinished)
+from engine.session import Message
+from engine.settings import ChatSettings
+from engine.worker import (CheckDocument, ConversationEvent, DocumentChecked, EditMessage, LoadModel, Regenerate,
+                           SendMessage)
+
+SAVE_INTERVAL_S = 0.5
+TITLE_CHARS = 48
+
+
+class ChatController(QObject):
+    notice = Signal(str)  # a message for the status bar
+    conversations_changed = Signal()
+    busy_changed = Signal(bool)
+
+    def __init__(self, store, engine, *, chat_view, composer, prefill_bar, settings_panel, dashboard,
+                 default_settings: ChatSettings | None = None, parent=None):
+        super().__init__(parent)
+        self.store, self.engine = store, engine
+        self.chat_view, self.composer, self.prefill_bar = chat_view, composer, prefill_bar
+        self.settings_panel, self.dashboard = settings_panel, dashboard
+        self.default_settings = default_settings or ChatSettings()
+        self.current: int | None = None
+        self.busy = False
+        self._answer: dict | None = None  # the streaming answer: conversation, message id, text, last save
+        self._documents: dict[int, list] = {}  # conversation -> documents checked and waiting to be sent
+        self.search_text = ""
+        engine.event.connect(self.on_event)
+        composer.send_requested.connect(self.send)
+        composer.stop_requested.connect(self.stop)
+        composer.attach_requested.connect(self.attach)
+        chat_view.regenerate_requested.connect(self.regenerate)
+        settings_panel.changed.connect(self.settings_changed)
+
+    # --- conversations -----------------------------------------------------------------
+
+    def conversations(self):
+        return self.store.conversations(self.search_text)
+
+    def new_conversation(self) -> int:
+        settings = self.settings_panel.settings() if self.current else self.default_settings
+        cid = self.store.create_conversation("New chat", settings.to_dict())
+        self.conversations_changed.emit()
+        self.open(cid)
+        return cid
+
+    def open(self, cid: int) -> None:
+        self.current = cid
+        conv = self.store.conversation(cid)
+        self.chat_view.clear()
+        self.dashboard.reset()
+        last_metrics = None
+        for m in self.store.messages(cid):
+            self.chat_view.add_message(m.role, m.content, m.finish_reason)
+            if m.metrics:
+                last_metrics = m.metrics
+        if last_metrics:
+            self.dashboard.show_turn(last_metrics)
+        self.settings_panel.set_settings(ChatSettings.from_dict({**self.default_settings.to_dict(), **conv.settings}))
+        self.composer.clear_attachments()
+        for doc, fit in self._documents.get(cid, []):
+            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
+
+    def rename(self, cid: int, title: str) -> None:
+        self.store.rename(cid, title)
+        self.conversations_changed.emit()
+
+    def delete(self, cid: int) -> None:
+        self.store.delete(cid)
+        if cid == self.current:
+            self.current = None
+            self.chat_view.clear()
+        self.conversations_changed.emit()
+
+    def undelete(self, cid: int) -> None:
+        self.store.undelete(cid)
+        self.conversations_changed.emit()
+
+    def search(self, text: str) -> None:
+        self.search_text = text
+        self.conversations_changed.emit()
+
+    def settings_changed(self, settings: ChatSettings) -> None:
+        if self.current is not None:
+            self.store.save_settings(self.current, settings.to_dict())
+
+    # --- turns ---------------------------------------------------------------------------
+
+    def send(self, text: str) -> None:
+        if self.busy:
+            self.notice.emit("Brisk is still answering: stop it (Esc) or wait")
+            return
+        if self.current is None:
+            self.new_conversation()
+        cid, settings = self.current, self.settings_panel.settings()
+        documents = self._documents.get(cid, [])
+        too_big = [fit for _, fit in documents if not fit.fits]
+        if too_big and settings.context_overflow != "truncate_oldest":
+            self.composer.show_message(too_big[0].reason + ". Remove it, or set context overflow to truncate_oldest.")
+            return
+        content = "\n\n".join([d.as_prompt() for d, _ in documents] + ([text] if text else []))
+        history = self._history(cid)
+        for doc, fit in documents:
+            self.store.add_attachment(cid, doc.name, doc.kind, fit.tokens, doc.text)
+        self._documents.pop(cid, None)
+        self.composer.clear_attachments()
+        self.composer.edit.clear()
+        self.composer.show_message("")
+        if not history:
+            self.store.rename(cid, _title(text or documents[0][0].name))
+        self.store.add_message(cid, "user", content)
+        self.chat_view.add_message("user", content)
+        self._start_answer(cid)
+        self.engine.submit(SendMessage(cid, content, settings, history))
+        self.conversations_changed.emit()
+
+    def regenerate(self) -> None:
+        cid = self.current
+        if cid is None or self.busy:
+            return
+        messages = self.store.messages(cid)
+        last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+        if last_user is None:
+            return
+        self.store.truncate(cid, last_user + 1)
+        self.open(cid)
+        self._start_answer(cid)
+        self.engine.submit(Regenerate(cid, self.settings_panel.settings(), self._history(cid)))
+
+    def edit(self, index: int, text: str) -> None:
+        cid = self.current
+        if cid is None or self.busy:
+            return
+        stored = self.store.messages(cid)
+        if not 0 <= index < len(stored) or stored[index].role != "user":
+            return
+        history = _as_engine_messages(stored[: index + 1])
+        self.store.truncate(cid, index + 1)
+        self.store.replace_content(stored[index].id, text)
+        self.open(cid)
+        self._start_answer(cid)
+        self.engine.submit(EditMessage(cid, len(history) - 1, text, self.settings_panel.settings(), history))
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+    def attach(self, path: str) -> None:
+        if self.current is None:
+            self.new_conversation()
+        self.composer.show_message("Reading the document…")
+        self.engine.submit(CheckDocument(self.current, path, self.settings_panel.settings(), self._history(self.current)))
+
+    def load_model(self, model_id: str) -> None:
+        self.dashboard.set_model_state(f"Loading {model_id}…")
+        self.engine.submit(LoadModel(model_id))
+
+    # --- engine events ---------------------------------------------------------------
+
+    def on_event(self, item) -> None:
+        if isinstance(item, ConversationEvent):
+            self._conversation_event(item.conversation_id, item.event)
+        elif isinstance(item, DocumentChecked):
+            self._document_checked(item)
+        elif isinstance(item, ModelLoaded):
+            self.dashboard.set_model_state(f"{item.model_id} loaded ({item.info.get('architecture', '?')}, "
+                                           f"{item.info.get('context_length', 0):,} tokens of context)")
+        elif isinstance(item, EngineErrored):
+            self.notice.emit(item.message)
+            self.composer.show_message(item.message)
+        elif isinstance(item, EngineWarned):
+            self.notice.emit(item.message)
+
+    def _conversation_event(self, cid: int, event) -> None:
+        visible = cid == self.current
+        answer = self._answer if self._answer and self._answer["cid"] == cid else None
+        if isinstance(event, PrefillProgressed) and visible:
+            self.prefill_bar.progress(event.done, event.total)
+        elif isinstance(event, TokenEmitted):
+            if answer is not None:
+                answer["text"] += event.text
+                self._maybe_save(answer)
+            if visible:
+                self.prefill_bar.finish()
+                self.chat_view.append_to_last(event.text, event.from_draft)
+        elif isinstance(event, TurnFinished):
+            metrics = event.metrics.to_dict()
+            if answer is not None:
+                self.store.finish_answer(answer["id"], event.text, metrics["finish_reason"], metrics)
+                self._end_answer()
+            if visible:
+                self.prefill_bar.finish()
+                self.chat_view.flush()
+                if self.chat_view.messages:
+                    self.chat_view.messages[-1].set_finish(metrics["finish_reason"])
+                self.dashboard.show_turn(metrics)
+        elif isinstance(event, EngineErrored):
+            if answer is not None:
+                self.store.finish_answer(answer["id"], answer["text"], "error", None)
+                self._end_answer()
+            if visible:
+                self.prefill_bar.finish()
+                self.chat_view.flush()
+                if self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
+                    self.chat_view.messages[-1].set_finish("error")
+                self.composer.show_message(event.message)
+            self.notice.emit(event.message)
+        elif isinstance(event, EngineWarned):
+            self.notice.emit(event.message)
+        elif isinstance(event, ContextTruncated):
+            self.notice.emit(f"The {event.dropped_messages} oldest messages no longer fit and were left out")
+
+    def _document_checked(self, item: DocumentChecked) -> None:
+        doc, fit = item.document, item.fit
+        self._documents.setdefault(item.conversation_id, []).append((doc, fit))
+        if item.conversation_id == self.current:
+            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
+            self.composer.show_message("" if fit.fits else fit.reason)
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _start_answer(self, cid: int) -> None:
+        self._answer = {"cid": cid, "id": self.store.begin_answer(cid), "text": "", "saved_at": time.monotonic()}
+        self.chat_view.add_message("assistant")
+        self.prefill_bar.start()
+        self._set_busy(True)
+
+    def _end_answer(self) -> None:
+        self._answer = None
+        self._set_busy(False)
+
+    def _maybe_save(self, answer: dict) -> None:
+        now = time.monotonic()
+        if now - answer["saved_at"] >= SAVE_INTERVAL_S:
+            self.store.update_answer(answer["id"], answer["text"])
+            answer["saved_at"] = now
+
+    def _history(self, cid: int) -> list[Message]:
+        return _as_engine_messages(self.store.messages(cid))
+
+    def _set_busy(self, busy: bool) -> None:
+        """Busy while a turn runs (document checks and model loads do not block sending)."""
+        self.busy = busy
+        self.composer.set_busy(busy)
+        self.busy_changed.emit(busy)
+
+
+def _title(text: str) -> str:
+    line = " ".join(text.split())
+    return line[:TITLE_CHARS] + ("…" if len(line) > TITLE_CHARS else "") or "New chat"
+
+
+def _as_engine_messages(stored) -> list[Message]:
+    """Stored messages as the engine's (empty answers, failed or still starting, left out)."""
+    return [Message(m.role, m.content, m.finish_reason) for m in stored if m.content or m.role == "user"]

@@ -1,0 +1,73 @@
+"""`brisk-app`: the desktop app. Builds the QApplication, the store, the engine thread and
+the main window, and follows the system's light or dark theme."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+
+
+def apply_theme(app) -> None:
+    from PySide6.QtCore import Qt
+
+    dark = app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+    qss = RESOURCES / "styles" / ("dark.qss" if dark else "light.qss")
+    app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
+
+
+def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
+    """The window wired to a real engine thread (tests pass a worker of their own)."""
+    from app.engine_thread import EngineThread
+    from app.store import Store
+    from app.window import MainWindow
+    from engine.models.store import ModelStore
+    from engine.settings import ChatSettings
+    from engine.worker import EngineWorker
+
+    store = Store(store_path)
+    engine = EngineThread(worker or EngineWorker())
+    window = MainWindow(store, engine, models=ModelStore().list() if models is None else models,
+                        default_settings=ChatSettings(model=model_id))
+    engine.event.connect(lambda e: _refresh_models(window, e))
+    window.engine = engine
+    window.controller.load_model(model_id)
+    return window
+
+
+def _refresh_models(window, event) -> None:
+    from engine.events import ModelLoaded
+    from engine.models.store import ModelStore
+
+    if isinstance(event, ModelLoaded):
+        window.settings_panel.set_models(ModelStore().list())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from engine.models.store import brisk_home
+    from engine.settings import DEFAULT_MODEL_ID
+
+    parser = argparse.ArgumentParser(prog="brisk-app", description="Brisk: fast local LLM chat")
+    parser.add_argument("--model", default=DEFAULT_MODEL_ID, help="model for new chats")
+    parser.add_argument("--database", type=Path, help="chat database (default: in Brisk's data folder)")
+    args = parser.parse_args(argv)
+    app = QApplication(sys.argv[:1])
+    app.setApplicationName("Brisk")
+    app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "brisk.svg")))
+    apply_theme(app)
+    app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app))
+    window = build_window(model_id=args.model, store_path=args.database or brisk_home() / "brisk.db")
+    window.show()
+    code = app.exec()
+    window.engine.shutdown()
+    window.store.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The message composer: Enter sends, Shift+Enter breaks the line; documents attach with
+their token count and whether they fit."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout,
+                               QWidget)
+
+DOCUMENT_FILTER = "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json *.toml *.yaml *.yml *.html *.css *.sh);;All files (*)"
+
+
+class PromptEdit(QPlainTextEdit):
+    submitted = Signal()
+    escaped = Signal()
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:
+            self.submitted.emit()
+            return
+        if event.key() == Qt.Key_Escape:  # the text edit keeps Esc from the window's shortcut
+            self.escaped.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class AttachmentChip(QWidget):
+    removed = Signal(object)
+
+    def __init__(self, name: str, tokens: int, fits: bool, reason: str, parent=None):
+        super().__init__(parent)
+        self.name, self.tokens, self.fits = name, tokens, fits
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        note = "fits" if fits else "does not fit"
+        self.label = QLabel(f"📄 {name} · {tokens:,} tokens · {note}")
+        self.label.setObjectName("attachmentOk" if fits else "attachmentTooBig")
+        self.label.setToolTip(reason or f"{name} fits the context at this chat's KV setting")
+        layout.addWidget(self.label)
+        remove = QPushButton("✕")
+        remove.setFixedWidth(28)
+        remove.setToolTip("Remove this attachment")
+        remove.clicked.connect(lambda: self.removed.emit(self))
+        layout.addWidget(remove)
+
+
+class Composer(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+    attach_requested = Signal(str)  # a file path
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        self.chips = QVBoxLayout()
+        layout.addLayout(self.chips)
+        self.message = QLabel("")
+        self.message.setObjectName("composerMessage")
+        self.message.setWordWrap(True)
+        self.message.hide()
+        layout.addWidget(self.message)
+        row = QHBoxLayout()
+        self.edit = PromptEdit()
+        self.edit.setPlaceholderText("Message Brisk (Enter sends, Shift+Enter for a new line)")
+        self.edit.setFixedHeight(84)
+        self.edit.submitted.connect(self._submit)
+        self.edit.escaped.connect(self.stop_requested.emit)
+        row.addWidget(self.edit)
+        buttons = QVBoxLayout()
+        self.attach_button = QPushButton("Attach…")
+        self.attach_button.clicked.connect(self._pick_file)
+        self.send_button = QPushButton("Send")
+        self.send_button.setObjectName("sendButton")
+        self.send_button.clicked.connect(self._submit)
+        self.stop_button = QPushButton("Stop")
+        self.stop_button.clicked.connect(self.stop_requested.emit)
+        self.stop_button.hide()
+        for b in (self.attach_button, self.send_button, self.stop_button):
+            buttons.addWidget(b)
+        row.addLayout(buttons)
+        layout.addLayout(row)
+        self.attachments: list[AttachmentChip] = []
+
+    def set_busy(self, busy: bool) -> None:
+        self.send_button.setVisible(not busy)
+        self.stop_button.setVisible(busy)
+
+    def show_message(self, text: str) -> None:
+        self.message.setText(text)
+        self.message.setVisible(bool(text))
+
+    def add_attachment(self, name: str, tokens: int, fits: bool, reason: str = "") -> AttachmentChip:
+        chip = AttachmentChip(name, tokens, fits, reason)
+        chip.removed.connect(self._remove_chip)
+        self.chips.addWidget(chip)
+        self.attachments.append(chip)
+        return chip
+
+    def clear_attachments(self) -> None:
+        for chip in list(self.attachments):
+            self._remove_chip(chip)
+
+    def _remove_chip(self, chip) -> None:
+        self.attachments.remove(chip)
+        chip.setParent(None)
+        chip.deleteLater()
+
+    def _pick_file(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Attach a document", "", DOCUMENT_FILTER)
+        if path:
+            self.attach_requested.emit(path)
+
+    def _submit(self) -> None:
+        text = self.edit.toPlainText().strip()
+        if not text and not self.attachments:
+            return
+        self.send_requested.emit(text)

@@ -1,0 +1,126 @@
+"""Live numbers of the current chat: TTFT (and what the prompt cache and sparse prefill
+saved), prefill/decode speed over turns, acceptance, KV memory, process memory, model state."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+
+from app.widgets.gauges import LineChart, RingGauge
+
+RECENT_TURNS = 5
+
+
+class Dashboard(QWidget):
+    def __init__(self, parent=None, *, memory_probe=None, poll_ms: int = 1000):
+        super().__init__(parent)
+        self.setObjectName("dashboard")
+        layout = QVBoxLayout(self)
+        ttft_box = QGroupBox("Time to first token")
+        box = QVBoxLayout(ttft_box)
+        self.ttft = QLabel("–")
+        self.ttft.setObjectName("ttftValue")
+        self.saved = QLabel("")
+        self.saved.setWordWrap(True)
+        self.recent = QLabel("")
+        for w in (self.ttft, self.saved, self.recent):
+            box.addWidget(w)
+        layout.addWidget(ttft_box)
+        speed_box = QGroupBox("Speed over turns (tok/s)")
+        QVBoxLayout(speed_box).addWidget(chart := LineChart(["prefill", "decode"]))
+        self.chart = chart
+        layout.addWidget(speed_box)
+        gauges = QGridLayout()
+        self.acceptance = RingGauge("draft accepted")
+        self.kv = RingGauge("KV cache")
+        gauges.addWidget(self.acceptance, 0, 0)
+        gauges.addWidget(self.kv, 0, 1)
+        layout.addLayout(gauges)
+        self.spec_note = QLabel("")
+        self.spec_note.setWordWrap(True)
+        self.kv_note = QLabel("")
+        self.memory = QLabel("")
+        self.model_state = QLabel("No model loaded")
+        self.model_state.setObjectName("modelState")
+        for w in (self.spec_note, self.kv_note, self.memory, self.model_state):
+            layout.addWidget(w)
+        layout.addStretch()
+        self._ttfts: list[float] = []
+        self._kv_capacity = 0
+        self._memory_probe = memory_probe or process_memory_bytes
+        self._timer = QTimer(self, interval=poll_ms)
+        self._timer.timeout.connect(self.refresh_memory)
+        self._timer.start()
+        self.refresh_memory()
+
+    def reset(self) -> None:
+        self._ttfts = []
+        self.chart.series = {n: [] for n in self.chart.names}
+        self.chart.update()
+        for w in (self.saved, self.recent, self.spec_note, self.kv_note):
+            w.setText("")
+        self.ttft.setText("–")
+        self.acceptance.set_value(0, "–")
+        self.kv.set_value(0, "–")
+
+    def set_kv_capacity(self, capacity_bytes: int) -> None:
+        self._kv_capacity = capacity_bytes
+
+    def set_model_state(self, text: str) -> None:
+        self.model_state.setText(text)
+
+    def show_turn(self, m: dict) -> None:
+        """A finished turn's metrics (TurnMetrics.to_dict())."""
+        self._ttfts = (self._ttfts + [m.get("ttft_s", 0.0)])[-RECENT_TURNS:]
+        self.ttft.setText(f"{m.get('ttft_s', 0.0):.2f} s")
+        self.recent.setText("Recent: " + " · ".join(f"{t:.2f} s" for t in self._ttfts))
+        rate = m.get("prefill_tps") or 0.0
+        notes = []
+        if m.get("cached_tokens"):
+            notes.append(f"prompt cache reused {m['cached_tokens']:,} tokens"
+                         + (f" (~{m['cached_tokens'] / rate:.1f} s saved)" if rate else ""))
+        if str(m.get("sparse_prefill", "")).startswith("used"):
+            skipped = m.get("prompt_tokens", 0) - m.get("cached_tokens", 0) - m.get("kept_tokens", 0)
+            notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")
+        self.saved.setText("; ".join(notes))
+        self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
+        if m.get("draft_tokens"):
+            share = m.get("acceptance_rate", 0.0)
+            self.acceptance.set_value(share, f"{share:.0%}")
+            self.spec_note.setText(f"Speculative: {m.get('tokens_per_cycle', 0):.2f} tokens per target pass, "
+                                   f"mean k {m.get('mean_k', 0):.1f}")
+        else:
+            self.acceptance.set_value(0, "–")
+            self.spec_note.setText(f"Speculative decoding: {m.get('spec_decode', 'off')}")
+        used = m.get("kv_bytes", 0)
+        capacity = max(self._kv_capacity, used)
+        self.kv.set_value(used / capacity if capacity else 0.0, _size(used))
+        self.kv_note.setText(f"KV cache {_size(used)} at {m.get('kv_bits', 16)} bits"
+                             + (f" of {_size(capacity)} that fits" if capacity else ""))
+
+    def refresh_memory(self) -> None:
+        used = self._memory_probe()
+        self.memory.setText(f"Process memory: {_size(used)}" if used else "")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def process_memory_bytes() -> int:
+    """Resident memory of this process (Linux /proc; elsewhere the peak from getrusage)."""
+    try:
+        with open("/proc/self/statm") as fh:
+            import os
+
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024

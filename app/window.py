@@ -1,0 +1,167 @@
+"""The main window: composes the panels and binds menus and shortcuts to the controller."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from PySide6.QtCore import Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QInputDialog, QMainWindow, QMessageBox, QPushButton,
+                               QSplitter, QTabWidget, QVBoxLayout, QWidget)
+
+from app.controller import ChatController
+from app.store import StoreError, export_markdown
+from app.widgets.chat_view import ChatView
+from app.widgets.composer import Composer
+from app.widgets.dashboard import Dashboard
+from app.widgets.prefill_bar import PrefillBar
+from app.widgets.settings_panel import SettingsPanel
+from app.widgets.sidebar import Sidebar
+
+UNDO_MS = 8000
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, store, engine, *, models: list, default_settings=None, memory_probe=None):
+        super().__init__()
+        self.setWindowTitle("Brisk")
+        self.resize(1280, 800)
+        self.sidebar = Sidebar()
+        self.chat_view = ChatView()
+        self.prefill_bar = PrefillBar()
+        self.composer = Composer()
+        self.settings_panel = SettingsPanel()
+        self.settings_panel.set_models(models)
+        self.dashboard = Dashboard(memory_probe=memory_probe)
+        self.tint = QCheckBox("Tint tokens from the draft model")
+        self.tint.toggled.connect(self.chat_view.set_tint_draft)
+
+        center = QWidget()
+        column = QVBoxLayout(center)
+        column.addWidget(self.chat_view, 1)
+        column.addWidget(self.prefill_bar)
+        column.addWidget(self.composer)
+        column.addWidget(self.tint)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(self.dashboard, "Dashboard")
+        self.tabs.addTab(self.settings_panel, "Chat settings")
+        splitter = QSplitter(Qt.Horizontal)
+        for widget, stretch in ((self.sidebar, 0), (center, 1), (self.tabs, 0)):
+            splitter.addWidget(widget)
+            splitter.setStretchFactor(splitter.count() - 1, stretch)
+        splitter.setSizes([240, 700, 340])
+        self.setCentralWidget(splitter)
+
+        self.controller = ChatController(store, engine, chat_view=self.chat_view, composer=self.composer,
+                                         prefill_bar=self.prefill_bar, settings_panel=self.settings_panel,
+                                         dashboard=self.dashboard, default_settings=default_settings, parent=self)
+        self.store = store
+        c = self.controller
+        c.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
+        c.conversations_changed.connect(self.refresh_sidebar)
+        self.sidebar.selected.connect(c.open)
+        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.rename_requested.connect(c.rename)
+        self.sidebar.delete_requested.connect(self.delete_with_undo)
+        self.sidebar.search_changed.connect(c.search)
+        self.chat_view.edit_requested.connect(self.edit_message)
+        self.undo_button = QPushButton("Undo")
+        self.undo_button.hide()
+        self.statusBar().addPermanentWidget(self.undo_button)
+        self._build_menus()
+        self.refresh_sidebar()
+        if store.recovery_note:
+            self.recovery_box = QMessageBox(QMessageBox.Warning, "Chat database", store.recovery_note, parent=self)
+            QTimer.singleShot(0, self.recovery_box.open)  # window-modal, never blocks the event loop
+            self.statusBar().showMessage(store.recovery_note)
+        convs = store.conversations()
+        c.open(convs[0].id) if convs else c.new_conversation()
+        self.refresh_sidebar()
+
+    def _build_menus(self) -> None:
+        c = self.controller
+        chat = self.menuBar().addMenu("&Chat")
+        for text, keys, slot in (("New chat", QKeySequence.New, c.new_conversation),
+                                 ("Stop answer", QKeySequence("Esc"), c.stop),
+                                 ("Regenerate", QKeySequence("Ctrl+R"), c.regenerate),
+                                 ("Search chats", QKeySequence.Find, self.focus_search),
+                                 ("Chat settings", QKeySequence("Ctrl+,"), self.show_settings),
+                                 ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus),
+                                 ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
+                                 ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
+                                 ("Import JSON…", QKeySequence("Ctrl+I"), self.import_json)):
+            action = QAction(text, self)
+            action.setShortcut(keys)
+            action.triggered.connect(slot)
+            chat.addAction(action)
+            self.addAction(action)
+
+    def refresh_sidebar(self) -> None:
+        self.sidebar.set_conversations(self.controller.conversations(), self.controller.current)
+
+    def focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def show_settings(self) -> None:
+        self.tabs.setCurrentWidget(self.settings_panel)
+
+    def delete_with_undo(self, cid: int) -> None:
+        title = self.store.conversation(cid).title
+        self.controller.delete(cid)
+        self.statusBar().showMessage(f"Deleted “{title}”", UNDO_MS)
+        self._undo_cid = cid
+        if not getattr(self, "_undo_wired", False):
+            self.undo_button.clicked.connect(lambda: self._undo_delete(self._undo_cid))
+            self._undo_wired = True
+        self.undo_button.show()
+        QTimer.singleShot(UNDO_MS, self.undo_button.hide)
+
+    def _undo_delete(self, cid: int) -> None:
+        self.controller.undelete(cid)
+        self.controller.open(cid)
+        self.refresh_sidebar()
+        self.undo_button.hide()
+        self.statusBar().showMessage("Restored", 3000)
+
+    def edit_message(self, index: int) -> None:
+        current = self.chat_view.messages[index].text
+        text, ok = QInputDialog.getMultiLineText(self, "Edit message", "Your message:", current)
+        if ok and text.strip():
+            self.controller.edit(index, text.strip())
+
+    def export(self, kind: str, path: str | None = None) -> None:
+        cid = self.controller.current
+        if cid is None:
+            return
+        if path is None:
+            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat.{kind}",
+                                                  "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
+        if not path:
+            return
+        data = export_markdown(self.store, cid) if kind == "md" else json.dumps(
+            self.store.export_json(cid), indent=2, ensure_ascii=False)
+        Path(path).write_text(data, encoding="utf-8")
+        self.statusBar().showMessage(f"Exported to {path}", 5000)
+
+    def import_json(self, path: str | None = None) -> None:
+        if path is None:
+            path, _ = QFileDialog.getOpenFileName(self, "Import chat", "", "JSON (*.json)")
+        if not path:
+            return
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            cid = self.store.import_json(data)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, StoreError) as exc:
+            self.statusBar().showMessage(f"Cannot import {Path(path).name}: {exc}", 10000)
+            return
+        self.controller.open(cid)
+        self.refresh_sidebar()
+
+    def closeEvent(self, event) -> None:
+        try:
+            self.store.purge_deleted()  # what was deleted can no longer be undone
+        except Exception:  # noqa: BLE001  closing must never fail
+            pass
+        super().closeEvent(event)

@@ -1,0 +1,121 @@
+"""Documents attached to a chat: read them as text, count their tokens, check they fit.
+
+Plain text, Markdown and source code are read as UTF-8; PDFs through `pypdf`. Every way a
+file can be unusable (missing, empty, binary, not UTF-8, malformed or encrypted PDF, too
+large) is a DocumentError whose message says what is wrong with that file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import BriskError
+
+# Beyond this a file is not a document a local model can read in one context anyway, and
+# reading it would only cost memory: refuse with the size.
+MAX_DOCUMENT_BYTES = 64 * 2**20
+CODE_SUFFIXES = {".py", ".js", ".ts", ".tsx", ".jsx", ".c", ".h", ".cpp", ".hpp", ".cc", ".rs", ".go", ".java",
+                 ".kt", ".swift", ".rb", ".php", ".cs", ".sh", ".sql", ".toml", ".yaml", ".yml", ".json", ".html",
+                 ".css", ".scss", ".lua", ".r", ".m", ".mm", ".zig", ".ini", ".cfg"}
+
+
+class DocumentError(BriskError):
+    kind = "document"
+
+
+@dataclass(frozen=True)
+class Document:
+    name: str
+    kind: str  # text | markdown | code | pdf
+    text: str
+    size_bytes: int
+
+    def as_prompt(self) -> str:
+        """How the document enters the conversation: named and fenced, so the model sees
+        where it starts and ends."""
+        fence = "```" if "```" not in self.text else "~~~~"
+        return f"[Attached document: {self.name}]\n{fence}\n{self.text}\n{fence}"
+
+
+def read_document(path) -> Document:
+    file = Path(path)
+    if not file.is_file():
+        raise DocumentError(f"{file.name}: no such file")
+    size = file.stat().st_size
+    if size == 0:
+        raise DocumentError(f"{file.name} is empty")
+    if size > MAX_DOCUMENT_BYTES:
+        raise DocumentError(f"{file.name} is {size / 2**20:.0f} MiB; documents up to "
+                            f"{MAX_DOCUMENT_BYTES // 2**20} MiB can be attached")
+    data = file.read_bytes()
+    suffix = file.suffix.lower()
+    if suffix == ".pdf" or data[:5] == b"%PDF-":
+        return Document(file.name, "pdf", _pdf_text(file.name, data), size)
+    if b"\x00" in data[:8192]:
+        raise DocumentError(f"{file.name} is a binary file, not text (attach text, Markdown, code or PDF)")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DocumentError(f"{file.name} is not UTF-8 text (undecodable byte at offset {exc.start})") from exc
+    if not text.strip():
+        raise DocumentError(f"{file.name} holds only whitespace")
+    kind = "markdown" if suffix in (".md", ".markdown") else "code" if suffix in CODE_SUFFIXES else "text"
+    return Document(file.name, kind, text, size)
+
+
+def _pdf_text(name: str, data: bytes) -> str:
+    import io
+
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise DocumentError(f"{name} is an encrypted PDF; remove the password and attach it again")
+        pages = [page.extract_text() or "" for page in reader.pages]
+    except DocumentError:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as exc:
+        raise DocumentError(f"{name} is not a readable PDF ({exc})") from exc
+    text = "\n\n".join(p.strip() for p in pages if p.strip())
+    if not text:
+        raise DocumentError(f"{name} has no extractable text (a scanned PDF needs OCR first)")
+    return text
+
+
+@dataclass(frozen=True)
+class Fit:
+    tokens: int  # the document's own tokens
+    conversation_tokens: int  # the conversation with the document in it
+    context_length: int
+    kv_bytes: int  # KV cache the conversation would need at the chat's KV setting
+    kv_bytes_available: int
+    fits: bool
+    reason: str = ""
+
+
+def check_fit(lm, messages, document: Document, settings, *, memory_available: int) -> Fit:
+    """Would the conversation with `document` as the next user message fit the model's
+    context and the memory beside the weights, at the chat's KV precision?"""
+    from engine.kvcache import kv_bytes_per_token, kv_shape
+    from engine.prompt import encode_messages
+    from engine.session import Message
+
+    doc_tokens = len(lm.tokenizer.encode(document.text))
+    total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
+    shape = kv_shape(lm.config)
+    layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
+    per_token = kv_bytes_per_token(layers, shape["kv_heads"], shape["head_dim"], bits=settings.kv_bits,
+                                   group_size=settings.kv_group_size, itemsize=4) if shape else 0
+    need = per_token * total
+    if total > lm.context_length:
+        reason = (f"{document.name} is {doc_tokens:,} tokens; with the conversation that is {total:,}, "
+                  f"but {lm.id} holds {lm.context_length:,}")
+    elif need > memory_available:
+        reason = (f"{document.name} needs {need / 2**30:.1f} GiB of KV cache at {settings.kv_bits} bits; "
+                  f"{memory_available / 2**30:.1f} GiB is free beside the weights (try 4-bit KV)")
+    else:
+        reason = ""
+    return Fit(doc_tokens, total, lm.context_length, need, memory_available, not reason, reason)

@@ -1,0 +1,170 @@
+"""The engine behind the app: commands in, typed events out, one conversation at a time.
+
+`EngineWorker.handle(command, cancel)` yields events; the app runs it on its single engine
+thread (app/engine_thread.py) and the tests drive it directly. It owns the loaded models
+(a few, least recently used dropped) and one `Session` per open conversation, so a chat's
+prompt cache survives while the user switches between chats. Every failure is an event.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from engine.errors import BriskError
+from engine.events import EngineErrored, ModelLoaded
+from engine.session import CancelToken, Message, Session
+from engine.settings import ChatSettings
+
+log = logging.getLogger(__name__)
+
+# Target plus draft for the current chat, and one more for switching back and forth.
+MAX_MODELS = 3
+MAX_SESSIONS = 4  # prompt caches kept for recently used chats
+
+
+@dataclass(frozen=True)
+class LoadModel:
+    model_id: str
+
+
+@dataclass(frozen=True)
+class SendMessage:
+    conversation_id: int
+    text: str
+    settings: ChatSettings
+    history: list = field(default_factory=list)  # Messages before this one
+
+
+@dataclass(frozen=True)
+class Regenerate:
+    conversation_id: int
+    settings: ChatSettings
+    history: list  # ending with the user message to answer again
+
+
+@dataclass(frozen=True)
+class EditMessage:
+    conversation_id: int
+    index: int
+    text: str
+    settings: ChatSettings
+    history: list
+
+
+@dataclass(frozen=True)
+class CheckDocument:
+    conversation_id: int
+    path: str
+    settings: ChatSettings
+    history: list
+
+
+@dataclass(frozen=True)
+class ConversationEvent:
+    """An engine event of one conversation."""
+
+    conversation_id: int
+    event: object
+
+
+@dataclass(frozen=True)
+class DocumentChecked:
+    conversation_id: int
+    document: object  # engine.documents.Document
+    fit: object  # engine.documents.Fit
+
+
+class EngineWorker:
+    def __init__(self, load: Callable[[str], object] | None = None, *, memory_available: Callable[[], int] | None = None):
+        from engine.models.bundled import load_installing_default
+
+        self._load = load or (lambda model_id: load_installing_default(model_id, progress=log.info))
+        self._models: OrderedDict[str, object] = OrderedDict()
+        self._sessions: OrderedDict[int, Session] = OrderedDict()
+        self._memory_available = memory_available or _memory_available
+
+    def handle(self, command, cancel: CancelToken) -> Iterator[object]:
+        cid = getattr(command, "conversation_id", None)
+        try:
+            yield from self._dispatch(command, cancel)
+        except BriskError as exc:
+            yield _scoped(cid, EngineErrored(str(exc), exc.kind))
+        except Exception as exc:  # the engine thread must outlive any bug
+            log.exception("engine command failed")
+            yield _scoped(cid, EngineErrored(f"Engine failure: {exc}", "internal", traceback.format_exc()))
+
+    def _dispatch(self, command, cancel) -> Iterator[object]:
+        if isinstance(command, LoadModel):
+            lm = self.model(command.model_id)
+            yield ModelLoaded(lm.id, {"architecture": lm.info.architecture, "context_length": lm.context_length,
+                                      "dtype": lm.compute_dtype})
+        elif isinstance(command, SendMessage):
+            session = self._session(command.conversation_id, command.settings, command.history)
+            yield from self._scoped_events(command.conversation_id, session.send(command.text, cancel=cancel))
+        elif isinstance(command, Regenerate):
+            session = self._session(command.conversation_id, command.settings, command.history)
+            yield from self._scoped_events(command.conversation_id, session.regenerate(cancel=cancel))
+        elif isinstance(command, EditMessage):
+            session = self._session(command.conversation_id, command.settings, command.history)
+            yield from self._scoped_events(command.conversation_id,
+                                           session.edit(command.index, command.text, cancel=cancel))
+        elif isinstance(command, CheckDocument):
+            yield self._check_document(command)
+        else:
+            raise BriskError(f"Unknown engine command {type(command).__name__}")
+
+    def model(self, model_id: str):
+        if model_id in self._models:
+            self._models.move_to_end(model_id)
+            return self._models[model_id]
+        lm = self._load(model_id)
+        self._models[model_id] = lm
+        while len(self._models) > MAX_MODELS:
+            dropped, _ = self._models.popitem(last=False)
+            self._sessions = OrderedDict((c, s) for c, s in self._sessions.items()
+                                         if dropped not in (s.lm.id, getattr(s.draft, "id", None)))
+        return lm
+
+    def _session(self, cid: int, settings: ChatSettings, history: list[Message]) -> Session:
+        """The conversation's session, reused (with its prompt cache) while model and draft
+        are unchanged; its messages always follow the store's history."""
+        settings = settings.validate()
+        session = self._sessions.get(cid)
+        if session is None or session.lm.id != settings.model or getattr(session.draft, "id", None) != settings.draft:
+            lm = self.model(settings.model)
+            draft = self.model(settings.draft) if settings.draft else None
+            session = Session(lm, settings, list(history), draft=draft)
+        session.settings = settings
+        session.messages = list(history)
+        self._sessions[cid] = session
+        self._sessions.move_to_end(cid)
+        while len(self._sessions) > MAX_SESSIONS:
+            self._sessions.popitem(last=False)
+        return session
+
+    def _check_document(self, command: CheckDocument) -> DocumentChecked:
+        from engine.documents import check_fit, read_document
+
+        document = read_document(command.path)
+        lm = self.model(command.settings.model)
+        fit = check_fit(lm, command.history, document, command.settings, memory_available=self._memory_available())
+        return DocumentChecked(command.conversation_id, document, fit)
+
+    @staticmethod
+    def _scoped_events(cid: int, events) -> Iterator[ConversationEvent]:
+        for event in events:
+            yield ConversationEvent(cid, event)
+
+
+def _scoped(cid, event):
+    return event if cid is None else ConversationEvent(cid, event)
+
+
+def _memory_available() -> int:
+    from engine.info import _meminfo
+
+    return _meminfo()["MemAvailable"]

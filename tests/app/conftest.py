@@ -1,0 +1,84 @@
+"""GUI tests run offscreen with a fake engine that replays scripted events."""
+
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+import pytest  # noqa: E402
+
+pytest.importorskip("PySide6", reason="the GUI tests need PySide6 (pip install -e '.[gui,test]')")
+
+from PySide6.QtCore import QObject, Signal  # noqa: E402
+
+from dataclasses import dataclass  # noqa: E402
+
+
+class FakeEngine(QObject):
+    """Records commands; a test plays events through `play` as the engine thread would."""
+
+    event = Signal(object)
+    busy_changed = Signal(bool)
+
+    def __init__(self):
+        super().__init__()
+        self.commands = []
+        self.stopped = 0
+
+    def submit(self, command):
+        self.commands.append(command)
+
+    def stop(self):
+        self.stopped += 1
+
+    def shutdown(self, timeout=0):
+        pass
+
+    def play(self, *events):
+        for e in events:
+            self.event.emit(e)
+
+
+@dataclass
+class Entry:
+    """The catalog fields the settings panel reads."""
+
+    id: str
+    parameters: int
+    tokenizer_fingerprint: str
+
+
+MODELS = [Entry("big", 1_500_000_000, "qwen"), Entry("small", 500_000_000, "qwen"), Entry("tiny", 135_000_000, "smol")]
+
+
+@pytest.fixture
+def engine():
+    return FakeEngine()
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "brisk.db"
+
+
+@pytest.fixture
+def make_window(qtbot, engine, db_path):
+    from app.store import Store
+    from app.window import MainWindow
+    from engine.settings import ChatSettings
+
+    made = []
+
+    def make(path=None):
+        store = Store(path or db_path)
+        window = MainWindow(store, engine, models=MODELS, default_settings=ChatSettings(model="big"),
+                            memory_probe=lambda: 123 * 2**20)
+        qtbot.addWidget(window)
+        window.show()
+        window.activateWindow()
+        qtbot.waitExposed(window)
+        made.append(window)
+        return window
+
+    yield make
+    for w in made:
+        w.store.close()

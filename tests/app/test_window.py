@@ -1,0 +1,210 @@
+"""The window with a fake engine: each action updates its widget and the store."""
+
+import json
+
+from PySide6.QtCore import Qt
+
+from engine.documents import Document, Fit
+from engine.events import EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.metrics import TurnMetrics
+from engine.worker import CheckDocument, ConversationEvent, DocumentChecked, EditMessage, Regenerate, SendMessage
+
+
+def metrics(**kw):
+    base = dict(ttft_s=1.25, prompt_tokens=900, cached_tokens=400, prefilled_tokens=100, prefill_tps=80.0,
+                generated_tokens=3, decode_tps=12.5, kv_bytes=3 * 2**20, kv_bits=4, finish_reason="stop",
+                sparse_prefill="used: kept 100 of 500 new tokens", kept_tokens=100, scoring_s=0.4,
+                spec_decode="auto (rejection)", acceptance_rate=0.75, draft_tokens=4, accepted_tokens=3,
+                tokens_per_cycle=2.5, mean_k=2.0)
+    return TurnMetrics(**{**base, **kw})
+
+
+def send(qtbot, window, text="Hello there"):
+    window.composer.edit.setPlainText(text)
+    qtbot.keyClick(window.composer.edit, Qt.Key_Return)
+    return window.controller.engine.commands[-1]
+
+
+def answer(engine, cid, pieces, m=None):
+    events = [ConversationEvent(cid, TokenEmitted(p, i, from_draft=i % 2 == 1)) for i, p in enumerate(pieces)]
+    events.append(ConversationEvent(cid, TurnFinished("".join(pieces), list(range(len(pieces))), m or metrics())))
+    engine.play(*events)
+
+
+def test_send_updates_chat_view_and_store(qtbot, make_window, engine):
+    w = make_window()
+    command = send(qtbot, w, "What is **Brisk**?")
+    assert isinstance(command, SendMessage) and command.text == "What is **Brisk**?" and command.history == []
+    assert [m.role for m in w.chat_view.messages] == ["user", "assistant"]
+    answer(engine, command.conversation_id, ["Brisk ", "is ", "fast."])
+    assert w.chat_view.messages[-1].text == "Brisk is fast."
+    stored = w.store.messages(command.conversation_id)
+    assert [(m.role, m.content) for m in stored] == [("user", "What is **Brisk**?"), ("assistant", "Brisk is fast.")]
+    assert stored[-1].finish_reason == "stop" and stored[-1].metrics["ttft_s"] == 1.25
+    assert w.sidebar.titles()[0] == "What is **Brisk**?"  # the first message names the chat
+
+
+def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, make_window, engine):
+    w = make_window()
+    w.composer.edit.setPlainText("first")
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return, Qt.ShiftModifier)
+    assert not engine.commands and "\n" in w.composer.edit.toPlainText()
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    assert isinstance(engine.commands[-1], SendMessage)
+
+
+def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
+    w = make_window()
+    command = send(qtbot, w)
+    answer(engine, command.conversation_id, ["ok"])
+    d = w.dashboard
+    assert d.ttft.text() == "1.25 s"
+    assert "prompt cache reused 400 tokens" in d.saved.text() and "sparse prefill skipped 400 tokens" in d.saved.text()
+    assert d.chart.series == {"prefill": [80.0], "decode": [12.5]}
+    assert d.acceptance.text == "75%" and "2.50 tokens per target pass" in d.spec_note.text()
+    assert "3.0 MiB at 4 bits" in d.kv_note.text()
+    assert d.memory.text() == "Process memory: 123.0 MiB"
+
+
+def test_prefill_progress_updates_prefill_bar(qtbot, make_window, engine):
+    w = make_window()
+    cid = send(qtbot, w).conversation_id
+    engine.play(ConversationEvent(cid, PrefillProgressed(0, 4000)), ConversationEvent(cid, PrefillProgressed(1000, 4000)))
+    assert w.prefill_bar.isVisibleTo(w) and w.prefill_bar.value() == 250
+    assert "25% of 4,000 tokens" in w.prefill_bar.format() and "left" in w.prefill_bar.format()
+    engine.play(ConversationEvent(cid, TokenEmitted("Hi", 1)))
+    assert not w.prefill_bar.isVisibleTo(w)
+
+
+def test_draft_toggle_updates_chat_view_tint(qtbot, make_window, engine):
+    w = make_window()
+    answer(engine, send(qtbot, w).conversation_id, ["plain ", "drafted"])
+    w.tint.setChecked(True)
+    assert "background-color" in w.chat_view.messages[-1].body.toHtml()
+    w.tint.setChecked(False)
+    assert "background-color: rgba" not in w.chat_view.messages[-1].body.toHtml()
+
+
+def test_stop_and_escape_update_engine(qtbot, make_window, engine):
+    w = make_window()
+    send(qtbot, w)
+    assert w.composer.stop_button.isVisibleTo(w) and not w.composer.send_button.isVisibleTo(w)
+    qtbot.mouseClick(w.composer.stop_button, Qt.LeftButton)
+    qtbot.keyClick(w.composer.edit, Qt.Key_Escape)
+    assert engine.stopped == 2
+    answer(engine, w.controller.current, ["stopped"], metrics(finish_reason="cancelled"))
+    assert w.composer.send_button.isVisibleTo(w) and w.chat_view.messages[-1].status.text() == "stopped"
+
+
+def test_settings_change_persists_across_restart(qtbot, make_window, engine, db_path):
+    w = make_window()
+    cid = w.controller.current
+    panel = w.settings_panel
+    panel.spec.setCurrentText("on")
+    panel.kv_bits.setCurrentText("4")
+    panel.draft.setCurrentText("small")
+    again = make_window(db_path)
+    again.controller.open(cid)
+    s = again.settings_panel.settings()
+    assert (s.spec_decode, s.kv_bits, s.draft) == ("on", 4, "small")
+    assert again.settings_panel.spec.currentText() == "on"
+
+
+def test_draft_choice_updates_settings_badge(qtbot, make_window):
+    panel = make_window().settings_panel
+    panel.draft.setCurrentText("small")
+    assert panel.badge.text().startswith("same tokenizer")
+    panel.draft.setCurrentText("tiny")
+    assert panel.badge.text().startswith("cross tokenizer")
+    panel.model.setCurrentText("tiny")
+    panel.draft.setCurrentText("big")
+    assert panel.badge.text().startswith("incompatible")
+
+
+def test_search_updates_sidebar(qtbot, make_window, engine):
+    w = make_window()
+    answer(engine, send(qtbot, w, "about rivers").conversation_id, ["The Vistula flows north."])
+    w.controller.new_conversation()
+    answer(engine, send(qtbot, w, "about mountains").conversation_id, ["Rysy is high."])
+    assert w.sidebar.titles() == ["about mountains", "about rivers"]  # newest first
+    w.sidebar.search.setText("vistula")
+    assert w.sidebar.titles() == ["about rivers"]
+
+
+def test_delete_then_undo_updates_sidebar(qtbot, make_window, engine):
+    w = make_window()
+    cid = send(qtbot, w, "keep me").conversation_id
+    w.delete_with_undo(cid)
+    assert "keep me" not in w.sidebar.titles()
+    qtbot.mouseClick(w.undo_button, Qt.LeftButton)
+    assert "keep me" in w.sidebar.titles()
+
+
+def test_error_updates_message_status_and_keeps_partial(qtbot, make_window, engine):
+    w = make_window()
+    cid = send(qtbot, w).conversation_id
+    engine.play(ConversationEvent(cid, TokenEmitted("Half an ans", 1)),
+                ConversationEvent(cid, EngineErrored("Generation failed: boom", "internal")))
+    assert w.chat_view.messages[-1].status.text() == "failed"
+    assert "boom" in w.composer.message.text()
+    stored = w.store.messages(cid)[-1]
+    assert (stored.content, stored.finish_reason) == ("Half an ans", "error")
+
+
+def test_regenerate_and_edit_update_engine_commands(qtbot, make_window, engine):
+    w = make_window()
+    cid = send(qtbot, w, "first question").conversation_id
+    answer(engine, cid, ["answer one"])
+    w.controller.regenerate()
+    command = engine.commands[-1]
+    assert isinstance(command, Regenerate) and [m.content for m in command.history] == ["first question"]
+    answer(engine, cid, ["answer two"])
+    w.controller.edit(0, "better question")
+    command = engine.commands[-1]
+    assert isinstance(command, EditMessage) and command.index == 0 and command.text == "better question"
+    assert [m.content for m in w.store.messages(cid)] == ["better question", ""]
+
+
+def test_attach_updates_composer_and_refuses_what_does_not_fit(qtbot, make_window, engine, tmp_path):
+    w = make_window()
+    cid = w.controller.current
+    w.controller.attach(str(tmp_path / "report.txt"))
+    assert isinstance(engine.commands[-1], CheckDocument)
+    doc = Document("report.txt", "text", "word " * 10, 50)
+    reason = "report.txt is 90,000 tokens; with the conversation that is 90,020, but big holds 8,192"
+    engine.play(DocumentChecked(cid, doc, Fit(90_000, 90_020, 8192, 0, 0, False, reason)))
+    assert "does not fit" in w.composer.attachments[0].label.text()
+    assert w.composer.message.text() == reason
+    n = len(engine.commands)
+    send(qtbot, w, "summarize it")
+    assert len(engine.commands) == n and "90,020" in w.composer.message.text()
+    w.composer.clear_attachments()
+    w.controller._documents.clear()
+    engine.play(DocumentChecked(cid, doc, Fit(11, 30, 8192, 0, 0, True)))
+    assert "11 tokens · fits" in w.composer.attachments[0].label.text()
+    command = send(qtbot, w, "summarize it")
+    assert command.text.startswith("[Attached document: report.txt]") and command.text.endswith("summarize it")
+    assert w.store.attachments(cid)[0]["tokens"] == 11
+
+
+def test_bad_file_error_updates_composer_message(qtbot, make_window, engine):
+    w = make_window()
+    cid = w.controller.current
+    engine.play(ConversationEvent(cid, EngineErrored("photo.png is a binary file, not text", "document")))
+    assert w.composer.message.text() == "photo.png is a binary file, not text"
+
+
+def test_export_and_import_json_updates_sidebar(qtbot, make_window, engine, tmp_path):
+    w = make_window()
+    cid = send(qtbot, w, "export me").conversation_id
+    answer(engine, cid, ["fine"])
+    path = tmp_path / "chat.json"
+    w.export("json", str(path))
+    w.export("md", str(tmp_path / "chat.md"))
+    assert "## Assistant\n\nfine" in (tmp_path / "chat.md").read_text()
+    w.import_json(str(path))
+    assert w.sidebar.titles().count("export me") == 2
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"format": "other"}))
+    w.import_json(str(bad))
+    assert "not a Brisk chat export" in w.statusBar().currentMessage()

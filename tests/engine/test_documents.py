@@ -1,0 +1,74 @@
+"""Attachments: every unusable file gets its own clear message; fit checks give numbers."""
+
+import pytest
+
+from engine.documents import MAX_DOCUMENT_BYTES, DocumentError, check_fit, read_document
+from engine.settings import ChatSettings
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("empty.txt", b"", "is empty"),
+    ("blank.md", b"  \n\t\n", "only whitespace"),
+    ("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "binary file"),
+    ("latin1.txt", "Zażółć".encode("latin-1", "replace") + b"\xff\xfe", "not UTF-8"),
+    ("broken.pdf", b"%PDF-1.7\nthis is not really a pdf", "not a readable PDF"),
+])
+def test_bad_files_get_clear_messages(tmp_path, name, data, message):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(DocumentError, match=message):
+        read_document(path)
+
+
+def test_missing_and_huge_files(tmp_path):
+    with pytest.raises(DocumentError, match="no such file"):
+        read_document(tmp_path / "nope.txt")
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as fh:
+        fh.truncate(MAX_DOCUMENT_BYTES + 1)
+    with pytest.raises(DocumentError, match="MiB"):
+        read_document(big)
+
+
+def test_text_markdown_code_and_bom(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\nZażółć 東京 🙂", encoding="utf-8")
+    (tmp_path / "b.py").write_bytes("\ufeffdef f():\n\treturn 1\n".encode("utf-8"))
+    md, code = read_document(tmp_path / "a.md"), read_document(tmp_path / "b.py")
+    assert (md.kind, md.text) == ("markdown", "# Title\nZażółć 東京 🙂")
+    assert (code.kind, code.text) == ("code", "def f():\n\treturn 1\n")
+    assert code.as_prompt().startswith("[Attached document: b.py]\n```")
+
+
+def test_pdf_text_is_extracted(tmp_path):
+    pypdf = pytest.importorskip("pypdf", reason="PDF attachments need pypdf")
+    from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
+
+    writer = pypdf.PdfWriter()
+    page = writer.add_blank_page(200, 200)
+    font = DictionaryObject({NameObject("/Type"): NameObject("/Font"), NameObject("/Subtype"): NameObject("/Type1"),
+                             NameObject("/BaseFont"): NameObject("/Helvetica")})
+    page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): DictionaryObject(
+        {NameObject("/F1"): writer._add_object(font)})})
+    stream = DecodedStreamObject()
+    stream.set_data(b"BT /F1 12 Tf 20 100 Td (Water budget report) Tj ET")
+    page[NameObject("/Contents")] = writer._add_object(stream)
+    path = tmp_path / "r.pdf"
+    with open(path, "wb") as fh:
+        writer.write(fh)
+    doc = read_document(path)
+    assert doc.kind == "pdf" and "Water budget report" in doc.text
+
+
+def test_fit_reports_tokens_context_and_memory(tiny_llama, tmp_path):
+    (tmp_path / "d.txt").write_text("The quick brown fox. " * 40)
+    doc = read_document(tmp_path / "d.txt")
+    settings = ChatSettings(model="tiny-llama")
+    ok = check_fit(tiny_llama, [], doc, settings, memory_available=2**30)
+    assert ok.fits and ok.tokens > 100 and ok.conversation_tokens > ok.tokens
+    assert ok.kv_bytes > 0
+    tight = check_fit(tiny_llama, [], doc, settings, memory_available=ok.kv_bytes - 1)
+    assert not tight.fits and "GiB of KV cache" in tight.reason
+    long = tmp_path / "long.txt"
+    long.write_text("The quick brown fox. " * 4000)
+    over = check_fit(tiny_llama, [], read_document(long), settings, memory_available=2**40)
+    assert not over.fits and f"holds {tiny_llama.context_length:,}" in over.reason

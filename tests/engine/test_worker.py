@@ -1,0 +1,69 @@
+"""The engine worker the app's engine thread runs: commands in, scoped events out."""
+
+from engine.errors import ModelNotFound
+from engine.events import EngineErrored, ModelLoaded, TokenEmitted, TurnFinished
+from engine.session import CancelToken, Message
+from engine.settings import ChatSettings
+from engine.worker import (CheckDocument, ConversationEvent, DocumentChecked, EngineWorker, LoadModel, Regenerate,
+                           SendMessage)
+
+
+def worker_for(lm):
+    def load(model_id):
+        if model_id != lm.id:
+            raise ModelNotFound(f"Model {model_id} is not installed")
+        return lm
+    return EngineWorker(load, memory_available=lambda: 2**30)
+
+
+def settings(**kw):
+    return ChatSettings(**{"model": "tiny-llama", "temperature": 0.0, "max_tokens": 8, **kw})
+
+
+def run(worker, command, cancel=None):
+    return list(worker.handle(command, cancel or CancelToken()))
+
+
+def test_send_yields_scoped_events_and_reuses_the_prompt_cache(tiny_llama):
+    worker = worker_for(tiny_llama)
+    first = run(worker, SendMessage(7, "Hello", settings()))
+    assert all(isinstance(e, ConversationEvent) and e.conversation_id == 7 for e in first)
+    done = [e.event for e in first if isinstance(e.event, TurnFinished)][0]
+    history = [Message("user", "Hello"), Message("assistant", done.text)]
+    second = run(worker, SendMessage(7, "And then?", settings(), history))
+    metrics = [e.event for e in second if isinstance(e.event, TurnFinished)][0].metrics
+    assert metrics.cached_tokens > 0  # the session and its cache were kept for chat 7
+
+
+def test_regenerate_answers_the_same_greedily(tiny_llama):
+    worker = worker_for(tiny_llama)
+    first = [e.event for e in run(worker, SendMessage(1, "Hi", settings())) if isinstance(e.event, TurnFinished)][0]
+    again = run(worker, Regenerate(1, settings(), [Message("user", "Hi")]))
+    assert [e.event for e in again if isinstance(e.event, TurnFinished)][0].token_ids == first.token_ids
+
+
+def test_unknown_model_and_bad_document_become_error_events(tiny_llama, tmp_path):
+    worker = worker_for(tiny_llama)
+    (event,) = run(worker, SendMessage(3, "Hi", settings(model="missing")))
+    assert isinstance(event.event, EngineErrored) and "missing" in event.event.message
+    (event,) = run(worker, CheckDocument(3, str(tmp_path / "none.txt"), settings(), []))
+    assert isinstance(event.event, EngineErrored) and event.event.kind == "document"
+    (loaded,) = run(worker, LoadModel("tiny-llama"))
+    assert isinstance(loaded, ModelLoaded) and loaded.info["context_length"] == tiny_llama.context_length
+
+
+def test_check_document_reports_its_fit(tiny_llama, tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("Meeting notes: the budget grew. " * 10)
+    (event,) = run(worker_for(tiny_llama), CheckDocument(5, str(path), settings(), []))
+    assert isinstance(event, DocumentChecked) and event.fit.fits and event.document.name == "notes.txt"
+
+
+def test_cancel_stops_the_turn_and_keeps_the_partial_answer(tiny_llama):
+    worker, cancel = worker_for(tiny_llama), CancelToken()
+    events = []
+    for e in worker.handle(SendMessage(2, "Hello", settings(max_tokens=50)), cancel):
+        events.append(e.event)
+        if isinstance(e.event, TokenEmitted):
+            cancel.cancel()
+    assert events[-1].metrics.finish_reason == "cancelled"
