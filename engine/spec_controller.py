@@ -24,6 +24,7 @@ DECAY = 0.9
 MIN_GAIN = 1.03
 FIRST_PROBE_AFTER = 8  # plain steps before the first probe when drafting is off
 MAX_PROBE_GAP = 128
+PROBE_KS = (1, 3, 2, 4)
 
 
 @dataclass
@@ -59,6 +60,7 @@ class DraftLengthController:
         self.plain_since_probe = 0
         self.probe_gap = FIRST_PROBE_AFTER
         self.drafting = True
+        self.probes = 0
 
     @property
     def alpha(self) -> float:
@@ -72,7 +74,7 @@ class DraftLengthController:
         if self.t_draft.value is None:
             if not self.could_pay():
                 return 0
-            return 2  # then one short draft to measure its cost
+            return self.fixed_k  # then one draft cycle to measure its cost
         best_k, best_speed = 0, 1.0 / self.t_plain.value
         for k in range(1, self.max_k + 1):
             speed = self.expected_speed(k)
@@ -86,14 +88,17 @@ class DraftLengthController:
         if self.plain_since_probe >= self.probe_gap:
             self.plain_since_probe = 0
             self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
-            return 1
+            # probes take turns over short lengths: verify cost is not linear in the
+            # positions on every CPU (e.g. 3 rows slower than 4 with MKL here)
+            self.probes += 1
+            return PROBE_KS[self.probes % len(PROBE_KS)]
         return 0
 
     def could_pay(self) -> bool:
         """Before measuring the draft: would it beat plain decoding even at high acceptance?"""
         if self.cost_ratio is None:
             return True
-        t = self.t_plain.value
+        t = self.t_plain.value or 1.0  # the answer only depends on ratios
         return any(expected_tokens(OPTIMISTIC_ALPHA, k) / (k * self.cost_ratio * t + self.verify_time(k))
                    > MIN_GAIN / t for k in range(1, self.max_k + 1))
 
@@ -117,14 +122,13 @@ class DraftLengthController:
         """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated."""
         if m in self.t_verify and self.t_verify[m].value is not None:
             return self.t_verify[m].value
-        measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
-        base = self.t_plain.value
+        base = self.t_plain.value or 1.0
+        measured = [(n, e.value) for n, e in self.t_verify.items() if e.value is not None]
         if not measured:
             return base * (1 + 0.1 * m)
-        # linear in the positions, through the plain step and the nearest measurement
-        n, t = min(measured, key=lambda item: abs(item[0] - m))
-        slope = max(0.0, (t - base) / n)
-        return base + slope * m
+        # least-squares slope through the plain step (m = 0) and every measurement
+        slope = sum(n * (t - base) for n, t in measured) / sum(n * n for n, _ in measured)
+        return base + max(0.0, slope) * m
 
     def observe_plain(self, seconds: float) -> None:
         self.t_plain.add(seconds)

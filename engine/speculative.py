@@ -128,6 +128,12 @@ class SpeculativeDecoder:
                 self._draft_failed = True
                 self.stats.status = f"off: {exc}"
                 yield EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}", "spec_decode")
+            # The draft reads the prompt before the first token (like the target's prefill,
+            # it counts in TTFT), unless `auto` already knows this draft cannot pay.
+            if not self._draft_failed and (self.controller.mode == "on" or self.controller.could_pay()):
+                warning = self._start_draft(prompt, sequence)
+                if warning:
+                    yield warning
             while (left := self.max_tokens - (len(sequence) - len(prompt))) > 0:
                 k = 0 if self._draft_failed else min(self.controller.choose(), left - 1)
                 if k > 0 and not self._draft_ready:
