@@ -90,12 +90,32 @@ class MainWindow(QMainWindow):
                                  ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus),
                                  ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
                                  ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
-                                 ("Import JSON…", QKeySequence("Ctrl+I"), self.import_json)):
+                                 ("Import JSON…", QKeySequence("Ctrl+I"), self.import_json),
+                                 ("Models…", QKeySequence("Ctrl+M"), self.show_models)):
             action = QAction(text, self)
             action.setShortcut(keys)
             action.triggered.connect(slot)
             chat.addAction(action)
             self.addAction(action)
+
+    def show_models(self):
+        from app.widgets.model_manager import ModelManager
+        from engine.models.bundled import BUNDLED
+        from engine.models.store import ModelStore
+
+        if getattr(self, "model_manager", None) is None:
+            self.model_manager = ModelManager(self.controller.engine, lambda: ModelStore().list(), sorted(BUNDLED), self)
+            self.controller.engine.event.connect(self._models_changed)
+        self.model_manager.refresh()
+        self.model_manager.show()
+        return self.model_manager
+
+    def _models_changed(self, event) -> None:
+        from engine.model_commands import ModelsChanged
+        from engine.models.store import ModelStore
+
+        if isinstance(event, ModelsChanged):
+            self.settings_panel.set_models(ModelStore().list())
 
     def refresh_sidebar(self) -> None:
         self.sidebar.set_conversations(self.controller.conversations(), self.controller.current)

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 from engine.errors import BriskError
 from engine.events import EngineErrored, ModelLoaded
+from engine.model_commands import MODEL_COMMANDS, RemoveModel, run_model_command
 from engine.session import CancelToken, Message, Session
 from engine.settings import ChatSettings
 
@@ -114,6 +115,11 @@ class EngineWorker:
                                            session.edit(command.index, command.text, cancel=cancel))
         elif isinstance(command, CheckDocument):
             yield self._check_document(command)
+        elif isinstance(command, MODEL_COMMANDS):
+            if isinstance(command, RemoveModel):  # a loaded model's files are about to go
+                self._models.pop(command.model_id, None)
+                self._sessions.clear()
+            yield from run_model_command(command, cancel)
         else:
             raise BriskError(f"Unknown engine command {type(command).__name__}")
 

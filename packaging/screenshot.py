@@ -1,0 +1,80 @@
+"""Screenshots of the real app on a demo conversation: a document loaded, sparse prefill on,
+a draft model set. Runs offscreen (or under Xvfb when DISPLAY is set) and writes PNGs.
+
+    python packaging/screenshot.py --target qwen2.5-coder-0.5b-instruct --draft smollm2-135m-instruct --out docs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+DOCUMENT = ("Quarterly water report.\n\n" + (
+    "The northern districts used 12% more water than last year, mostly for irrigation. "
+    "The southern reservoirs stayed full after a wet spring. Engineers proposed replacing "
+    "the oldest pipes on Harbour Street, where leaks cost an estimated 40,000 litres a day. "
+    "The council will vote on the pipe budget on 14 March. ") * 12)
+QUESTION = "When will the council vote on the pipe budget, and why are new pipes needed?"
+
+
+def wait(app, predicate, timeout_s: float) -> None:
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise TimeoutError("the demo did not finish in time")
+        app.processEvents()
+        time.sleep(0.02)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--draft", default="smollm2-135m-instruct")
+    parser.add_argument("--out", type=Path, default=Path("resources/screenshots"))
+    args = parser.parse_args()
+    if not os.environ.get("DISPLAY"):
+        os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    from PySide6.QtWidgets import QApplication
+
+    from app.main import apply_theme, build_window
+
+    app = QApplication(sys.argv[:1])
+    apply_theme(app)
+    workdir = Path(tempfile.mkdtemp(prefix="brisk-shot-"))
+    window = build_window(model_id=args.target, store_path=workdir / "demo.db")
+    window.resize(1400, 860)
+    window.show()
+    wait(app, lambda: "loaded" in window.dashboard.model_state.text(), 600)
+    panel = window.settings_panel
+    panel.set_settings(replace(panel.settings(), model=args.target, draft=args.draft, sparse_prefill="on",
+                               sparse_keep=0.3, spec_decode="auto", temperature=0.0, max_tokens=64))
+    panel._emit()
+    doc = workdir / "water-report.txt"
+    doc.write_text(DOCUMENT, encoding="utf-8")
+    window.controller.attach(str(doc))
+    wait(app, lambda: window.composer.attachments, 300)
+    window.composer.edit.setPlainText(QUESTION)
+    window.composer._submit()
+    wait(app, lambda: not window.controller.busy, 900)
+    window.tint.setChecked(True)
+    app.processEvents()
+    args.out.mkdir(parents=True, exist_ok=True)
+    window.grab().save(str(args.out / "brisk-chat.png"))
+    window.show_settings()
+    app.processEvents()
+    window.grab().save(str(args.out / "brisk-settings.png"))
+    window.engine.shutdown()
+    print(f"wrote {args.out / 'brisk-chat.png'} and {args.out / 'brisk-settings.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
