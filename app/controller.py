@@ -195,6 +195,9 @@ class ChatController(QObject):
             if visible:
                 self.prefill_bar.finish()
                 self.chat_view.append_to_last(event.text, event.from_draft)
+                if answer is not None and not answer.get("first_at"):
+                    answer["first_at"] = time.monotonic()  # live TTFT; the exact one comes with the metrics
+                    self.dashboard.ttft.setText(f"{answer['first_at'] - answer['started']:.2f} s")
         elif isinstance(event, TurnFinished):
             metrics = event.metrics.to_dict()
             if answer is not None:
@@ -232,7 +235,9 @@ class ChatController(QObject):
     # --- helpers ----------------------------------------------------------------------
 
     def _start_answer(self, cid: int) -> None:
-        self._answer = {"cid": cid, "id": self.store.begin_answer(cid), "text": "", "saved_at": time.monotonic()}
+        now = time.monotonic()
+        self._answer = {"cid": cid, "id": self.store.begin_answer(cid), "text": "", "saved_at": now, "started": now}
+        self.dashboard.ttft.setText("waiting for the first token…")
         self.chat_view.add_message("assistant")
         self.prefill_bar.start()
         self._set_busy(True)

@@ -7,6 +7,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout,
                                QWidget)
 
+from app.icons import icon
+
 DOCUMENT_FILTER = "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json *.toml *.yaml *.yml *.html *.css *.sh);;All files (*)"
 
 
@@ -76,7 +78,8 @@ class Composer(QWidget):
         self.stop_button = QPushButton("Stop")
         self.stop_button.clicked.connect(self.stop_requested.emit)
         self.stop_button.hide()
-        for b in (self.attach_button, self.send_button, self.stop_button):
+        for b, name in ((self.attach_button, "attach"), (self.send_button, "send"), (self.stop_button, "stop")):
+            b.setIcon(icon(name))
             buttons.addWidget(b)
         row.addLayout(buttons)
         layout.addLayout(row)

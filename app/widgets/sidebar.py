@@ -6,6 +6,8 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QHBoxLayout, QInputDialog, QLineEdit, QListWidget, QListWidgetItem, QMenu,
                                QPushButton, QVBoxLayout, QWidget)
 
+from app.icons import icon
+
 
 class Sidebar(QWidget):
     selected = Signal(int)
@@ -26,6 +28,7 @@ class Sidebar(QWidget):
         top.addWidget(self.search)
         self.new_button = QPushButton("New")
         self.new_button.setToolTip("New chat (Ctrl+N)")
+        self.new_button.setIcon(icon("new"))
         self.new_button.clicked.connect(self.new_requested.emit)
         top.addWidget(self.new_button)
         layout.addLayout(top)
