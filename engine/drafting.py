@@ -70,6 +70,16 @@ class _Drafter:
         self.pending = []
         return drafted, rows
 
+    def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
+        """The target kept `accepted` proposed tokens, then chose `token`."""
+        self.target += proposal.tokens[:accepted] + [token]
+        self._follow()
+
+    def observe_plain(self, token: int) -> None:
+        """The target decoded `token` without drafting."""
+        self.target.append(token)
+        self._follow()
+
     def _rewind_to(self, keep: int) -> None:
         """Leave the first `keep` tokens of self.tc.tokens in the cache."""
         from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
@@ -92,27 +102,19 @@ class SameTokenizerDrafter(_Drafter):
 
     def start(self, prompt: list[int]) -> None:
         self._sync(prompt)
-        self.sequence = list(prompt)
+        self.target = list(prompt)  # the target's tokens so far (also the draft's, same vocabulary)
 
     def propose(self, k: int) -> Proposal:
         if self.tc.cache is None:  # reset by a rewind it could not do in place
-            self._sync(self.sequence)
-        tokens, rows = self._draft(k, self.sequence, set(self.draft.tokenizer.eos_token_ids))
+            self._sync(self.target)
+        tokens, rows = self._draft(k, self.target, set(self.draft.tokenizer.eos_token_ids))
         return Proposal(tokens, mx.concatenate(rows, axis=0), len(tokens))
-
-    def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
-        self.sequence += proposal.tokens[:accepted] + [token]
-        self._follow()
-
-    def observe_plain(self, token: int) -> None:
-        self.sequence.append(token)
-        self._follow()
 
     def _follow(self) -> None:
         """Keep the cache on the longest prefix of the sequence it holds; the rest is pending."""
-        common = _common_prefix(self.tc.tokens, self.sequence[:-1])
+        common = _common_prefix(self.tc.tokens, self.target[:-1])
         self._rewind_to(common)
-        self.pending = self.sequence[len(self.tc.tokens):]
+        self.pending = self.target[len(self.tc.tokens):]
 
 
 class TranslatingDrafter(_Drafter):
@@ -140,14 +142,6 @@ class TranslatingDrafter(_Drafter):
         text = _continuation(self.draft.tokenizer, sequence[-self.prefix:], clean)
         tokens = _continuation_ids(self.target_tokenizer, self.target[-self.prefix:], text)[:k]
         return Proposal(tokens, None, len(drafted))
-
-    def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
-        self.target += proposal.tokens[:accepted] + [token]
-        self._follow()
-
-    def observe_plain(self, token: int) -> None:
-        self.target.append(token)
-        self._follow()
 
     def _follow(self) -> None:
         """Re-tokenize the answer's tail into draft tokens (the last `prefix` draft tokens
