@@ -100,6 +100,10 @@ class _Drafter:
 class SameTokenizerDrafter(_Drafter):
     same_tokenizer = True
 
+    def catch_up(self, prompt: list[int]) -> int:
+        """Prompt tokens the draft has not read yet (its cache is reused across turns)."""
+        return len(prompt) - _common_prefix(self.tc.tokens, prompt)
+
     def start(self, prompt: list[int]) -> None:
         self._sync(prompt)
         self.target = list(prompt)  # the target's tokens so far (also the draft's, same vocabulary)
@@ -123,6 +127,10 @@ class TranslatingDrafter(_Drafter):
     def __init__(self, draft, target_tokenizer, dist, cache=None, step=512, *, prefix=DEFAULT_TRANSLATION_PREFIX):
         super().__init__(draft, dist, cache, step)
         self.target_tokenizer, self.prefix = target_tokenizer, max(1, prefix)
+
+    def catch_up(self, prompt: list[int]) -> int:
+        base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
+        return len(base) - _common_prefix(self.tc.tokens, base)
 
     def start(self, prompt: list[int]) -> None:
         self.target = list(prompt)  # the target's tokens so far

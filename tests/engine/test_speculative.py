@@ -321,3 +321,13 @@ def test_auto_does_not_draft_when_the_draft_costs_as_much_as_the_target(models):
     done = chat(Session(target, settings(spec_decode="auto", max_tokens=30), draft=target), PROMPTS[:1])[0][0]
     assert done.metrics.draft_tokens == 0 and done.metrics.draft_prefill_s == 0
     assert "drafting cannot pay" in done.metrics.spec_decode
+
+
+def test_auto_skips_a_draft_that_would_read_a_long_prompt_for_a_short_answer(models):
+    target, draft = models["llama"], models["llama-draft"]
+    session = Session(target, settings(spec_decode="auto", max_tokens=2), draft=draft)
+    controller = DraftLengthController("auto", 3, cost_ratio=0.1)  # a cheap draft: it could pay
+    session._controller, session._controller_key = controller, ("auto", 3, draft.id)
+    done = chat(session, [PROMPTS[0] * 4])[0][0]
+    assert done.metrics.spec_decode.startswith("off: the draft would first read")
+    assert done.metrics.draft_prefill_s == 0 and session._draft_cache.tokens == []
