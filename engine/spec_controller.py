@@ -22,9 +22,9 @@ DEFAULT_MAX_K = 8
 DECAY = 0.9
 # Drafting must promise this much over plain decoding to be chosen (noise in the timings).
 MIN_GAIN = 1.03
+PLAIN_SAMPLES_FIRST = 3  # plain steps timed before the first draft
 FIRST_PROBE_AFTER = 8  # plain steps before the first probe when drafting is off
 MAX_PROBE_GAP = 128
-PROBE_KS = (1, 3, 2, 4)
 
 
 @dataclass
@@ -60,7 +60,7 @@ class DraftLengthController:
         self.plain_since_probe = 0
         self.probe_gap = FIRST_PROBE_AFTER
         self.drafting = True
-        self.probes = 0
+        self.plain_samples = 0
 
     @property
     def alpha(self) -> float:
@@ -69,12 +69,12 @@ class DraftLengthController:
     def choose(self) -> int:
         if self.mode == "on":
             return self.fixed_k
-        if self.t_plain.value is None:
-            return 0  # measure a plain step first
+        if self.plain_samples < PLAIN_SAMPLES_FIRST:
+            return 0  # measure plain steps first (the very first one runs cold)
         if self.t_draft.value is None:
             if not self.could_pay():
                 return 0
-            return self.fixed_k  # then one draft cycle to measure its cost
+            return 1  # then the cheapest draft cycle, to measure its cost
         best_k, best_speed = 0, 1.0 / self.t_plain.value
         for k in range(1, self.max_k + 1):
             speed = self.expected_speed(k)
@@ -88,10 +88,7 @@ class DraftLengthController:
         if self.plain_since_probe >= self.probe_gap:
             self.plain_since_probe = 0
             self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
-            # probes take turns over short lengths: verify cost is not linear in the
-            # positions on every CPU (e.g. 3 rows slower than 4 with MKL here)
-            self.probes += 1
-            return PROBE_KS[self.probes % len(PROBE_KS)]
+            return 1  # the cheapest probe; longer drafts follow if its numbers say so
         return 0
 
     def could_pay(self) -> bool:
@@ -104,8 +101,10 @@ class DraftLengthController:
 
     def plain_run(self) -> int:
         """How many plain steps to take before asking again (they can then be pipelined)."""
-        if self.mode == "on" or self.t_plain.value is None:
+        if self.mode == "on":
             return 1
+        if self.plain_samples < PLAIN_SAMPLES_FIRST:
+            return PLAIN_SAMPLES_FIRST - self.plain_samples
         if self.t_draft.value is None:
             return 1 if self.could_pay() else 1 << 30
         if not self.drafting:
@@ -131,6 +130,7 @@ class DraftLengthController:
         return base + max(0.0, slope) * m
 
     def observe_plain(self, seconds: float) -> None:
+        self.plain_samples += 1
         self.t_plain.add(seconds)
         self.plain_since_probe += 1
 
