@@ -79,6 +79,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _specdecode(a))
+    p = bench.add_parser("spec-acceptance", help="expected acceptance of rejection sampling vs matching, same positions")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])
+    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--temp", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _spec_acceptance(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--json", action="store_true")
@@ -135,6 +144,14 @@ def _specdecode(args) -> int:
 
     run_specdecode(args.target, args.draft, args.num_draft, contents=args.contents, runs=args.runs, gen=args.gen,
                    temp=args.temp, rules=args.rules, mlx_lm_ks=args.mlx_lm, as_json=args.json)
+    return 0
+
+
+def _spec_acceptance(args) -> int:
+    from engine.bench.specdecode import run_acceptance
+
+    run_acceptance(args.target, args.draft, contents=args.contents, gen=args.gen, temp=args.temp, seed=args.seed,
+                   as_json=args.json)
     return 0
 
 

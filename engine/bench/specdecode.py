@@ -103,3 +103,50 @@ def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[st
                 ["content", "variant", "tokens", "decode tok/s", "vs plain", "acceptance", "tok/pass", "mean k",
                  "draft share", "= plain"], rows, payload, as_json)
     return payload
+
+
+def run_acceptance(target_id: str, draft_id: str, *, contents: list[str], gen: int, temp: float, seed: int,
+                   as_json: bool) -> dict:
+    """Expected per-token acceptance of both exact rules on the same positions: the target
+    samples a continuation; at each position Σ min(p, q) (rejection sampling) and Σ p·q
+    (matching the target's own sample, mlx-lm's rule) are computed from the two
+    distributions under the same sampling settings. No sampling noise between the rules."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from engine.models.loader import load_model
+    from engine.prompt import encode_messages
+    from engine.sampling import TokenDistribution, sample
+    from engine.session import Message
+    from engine.settings import ChatSettings
+
+    target, draft = load_model(target_id), load_model(draft_id)
+    if target.info.tokenizer_fingerprint != draft.info.tokenizer_fingerprint:
+        raise SystemExit("spec-acceptance compares rules over one vocabulary: use a same-tokenizer pair")
+    dist = TokenDistribution(ChatSettings(model=target_id, temperature=temp))
+    payload = {"target": target_id, "draft": draft_id, "temperature": temp, "gen": gen, "rows": []}
+    rows = []
+    mx.random.seed(seed)
+    for content in contents:
+        tokens = encode_messages(target, [Message("user", CONTENTS[content])])
+        t_cache, d_cache = make_prompt_cache(target.model), make_prompt_cache(draft.model)
+        feed, rejection, match = tokens, [], []
+        for _ in range(gen):
+            p = dist.probs(target.model(mx.array(feed)[None], cache=t_cache)[0, -1:], tokens, [])
+            q = dist.probs(draft.model(mx.array(feed)[None], cache=d_cache)[0, -1:], tokens, [])
+            width = min(p.shape[-1], q.shape[-1])
+            p_, q_ = p[:, :width], q[:, :width]
+            rejection.append(float(mx.minimum(p_, q_).sum().item()))
+            match.append(float((p_ * q_).sum().item()))
+            token = int(sample(p).item())
+            if token in target.tokenizer.eos_token_ids:
+                break
+            tokens, feed = tokens + [token], [token]
+        entry = {"content": content, "positions": len(rejection), "rejection": sum(rejection) / len(rejection),
+                 "match": sum(match) / len(match)}
+        payload["rows"].append(entry)
+        rows.append([content, entry["positions"], entry["rejection"], entry["match"],
+                     entry["rejection"] / max(entry["match"], 1e-9)])
+    print_table(f"brisk bench spec-acceptance: {target_id} <- {draft_id}, temperature {temp}",
+                ["content", "positions", "Σmin(p,q) rejection", "Σp·q match", "ratio"], rows, payload, as_json)
+    return payload
