@@ -9,7 +9,8 @@ each cycle picks the k with the highest expected tokens per second,
     E[τ] = (1 − α^(k+1)) / (1 − α)  tokens per cycle,   cost(k) = k·t_draft + t_verify(k),
 
 against 1 / t_plain for plain decoding. When no k beats plain decoding it decodes plainly
-and probes a short draft now and then (backing off while probes keep losing).
+and probes a short draft now and then (backing off while probes keep losing, lengthening
+them while they are fully accepted).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ DEFAULT_MAX_K = 8
 DECAY = 0.9
 # Drafting must promise this much over plain decoding to be chosen (noise in the timings).
 MIN_GAIN = 1.03
+# Decode streams the weights once whatever the number of positions: each extra position
+# is assumed to add this share of a plain step until measured.
+EXTRA_POSITION_COST = 0.05
 PLAIN_SAMPLES_FIRST = 3  # plain steps timed before the first draft
 FIRST_PROBE_AFTER = 8  # plain steps before the first probe when drafting is off
 MAX_PROBE_GAP = 128
@@ -61,6 +65,7 @@ class DraftLengthController:
         self.probe_gap = FIRST_PROBE_AFTER
         self.drafting = True
         self.plain_samples = 0
+        self.probing, self.probe_k = False, 1
 
     @property
     def alpha(self) -> float:
@@ -74,7 +79,8 @@ class DraftLengthController:
         if self.t_draft.value is None:
             if not self.could_pay():
                 return 0
-            return 1  # then the cheapest draft cycle, to measure its cost
+            self.probing = True
+            return self.probe_k  # then the cheapest draft cycle, to measure its cost
         best_k, best_speed = 0, 1.0 / self.t_plain.value
         for k in range(1, self.max_k + 1):
             speed = self.expected_speed(k)
@@ -87,8 +93,8 @@ class DraftLengthController:
             self.drafting, self.plain_since_probe = False, 0
         if self.plain_since_probe >= self.probe_gap:
             self.plain_since_probe = 0
-            self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
-            return 1  # the cheapest probe; longer drafts follow if its numbers say so
+            self.probing = True
+            return self.probe_k
         return 0
 
     def could_pay(self) -> bool:
@@ -118,16 +124,24 @@ class DraftLengthController:
         return expected_tokens(a, m) / (k * self.t_draft.value + self.verify_time(m))
 
     def verify_time(self, m: int) -> float:
-        """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated."""
+        """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated.
+
+        A verify pass costs a fixed part (streaming the weights once, syncing, sampling)
+        plus a little per position, so a line is fitted through the measured lengths only,
+        not through the plain step."""
         if m in self.t_verify and self.t_verify[m].value is not None:
             return self.t_verify[m].value
         base = self.t_plain.value or 1.0
-        measured = [(n, e.value) for n, e in self.t_verify.items() if e.value is not None]
+        measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
         if not measured:
-            return base * (1 + 0.1 * m)
-        # least-squares slope through the plain step (m = 0) and every measurement
-        slope = sum(n * (t - base) for n, t in measured) / sum(n * n for n, _ in measured)
-        return base + max(0.0, slope) * m
+            return base * (1 + EXTRA_POSITION_COST * m)
+        if len(measured) == 1:
+            n, t = measured[0]
+            return max(base, t + EXTRA_POSITION_COST * base * (m - n))
+        mean_n = sum(n for n, _ in measured) / len(measured)
+        mean_t = sum(t for _, t in measured) / len(measured)
+        slope = sum((n - mean_n) * (t - mean_t) for n, t in measured) / sum((n - mean_n) ** 2 for n, _ in measured)
+        return max(base, mean_t + max(0.0, slope) * (m - mean_n))
 
     def observe_plain(self, seconds: float) -> None:
         self.plain_samples += 1
@@ -138,6 +152,17 @@ class DraftLengthController:
         """One cycle: `drafted` draft steps proposed `proposed` target tokens, `accepted` kept."""
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        if self.probing:
+            # Probes start at one token (cheapest). One that keeps everything doubles the
+            # next probe's length and comes again soon: a run of accepted drafts measures
+            # high acceptance and long-draft verify cost much faster than single tokens do.
+            self.probing = False
+            if proposed and accepted == proposed:
+                self.probe_k = min(2 * self.probe_k, self.max_k)
+                self.probe_gap = FIRST_PROBE_AFTER
+            else:
+                self.probe_k = 1
+                self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
         if drafted:
             self.t_draft.add(draft_s / drafted)
             self.tokens_per_draft.add(proposed / drafted)

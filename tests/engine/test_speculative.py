@@ -331,3 +331,20 @@ def test_auto_skips_a_draft_that_would_read_a_long_prompt_for_a_short_answer(mod
     done = chat(session, [PROMPTS[0] * 4])[0][0]
     assert done.metrics.spec_decode.startswith("off: the draft would first read")
     assert done.metrics.draft_prefill_s == 0 and session._draft_cache.tokens == []
+
+
+def test_controller_fits_verify_time_through_measured_lengths():
+    c = DraftLengthController("auto", 3)
+    for _ in range(3):
+        c.observe_plain(0.3)
+    c.observe_cycle(drafted=1, proposed=1, accepted=1, draft_s=0.2, verify_s=0.45)
+    assert c.verify_time(4) == pytest.approx(0.45 + 3 * 0.05 * 0.3)  # one length: a small per-position cost
+    c.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.6, verify_s=0.55)
+    assert c.verify_time(2) == pytest.approx(0.5)  # two lengths: the line through them
+
+
+def test_fully_accepted_probes_lengthen_until_long_drafts_pay():
+    """Draft at 2/3 of a target step, verify 1.5x: one token never pays, four always-accepted do."""
+    c = feed(DraftLengthController("auto", 3), plain_s=0.3, draft_s=0.2, verify_s=lambda k: 0.45 + 0.01 * k,
+             alpha=1.0, cycles=120)
+    assert c.choose() >= 4
