@@ -23,7 +23,8 @@ UNDO_MS = 8000
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, store, engine, *, models: list, default_settings=None, memory_probe=None):
+    def __init__(self, store, engine, *, models: list, default_settings=None, memory_probe=None,
+                 free_memory_probe=None):
         super().__init__()
         self.setWindowTitle("Brisk")
         self.resize(1280, 800)
@@ -33,7 +34,7 @@ class MainWindow(QMainWindow):
         self.composer = Composer()
         self.settings_panel = SettingsPanel()
         self.settings_panel.set_models(models)
-        self.dashboard = Dashboard(memory_probe=memory_probe)
+        self.dashboard = Dashboard(memory_probe=memory_probe, free_memory_probe=free_memory_probe)
         self.tint = QCheckBox("Tint tokens from the draft model")
         self.tint.toggled.connect(self.chat_view.set_tint_draft)
 

@@ -20,6 +20,11 @@ def _meminfo() -> dict[str, int]:
         return {"MemTotal": total, "MemAvailable": total}
 
 
+def memory_available() -> int:
+    """Bytes the OS could give this process now (MemAvailable on Linux)."""
+    return _meminfo()["MemAvailable"]
+
+
 def quick_sgemm_gflops(n: int = 512, repeats: int = 3) -> float:
     """A ~10 ms probe that tells reference BLAS (~4 GFLOP/s) from an optimized one (>50)."""
     import mlx.core as mx

@@ -171,6 +171,6 @@ def _scoped(cid, event):
 
 
 def _memory_available() -> int:
-    from engine.info import _meminfo
+    from engine.info import memory_available
 
-    return _meminfo()["MemAvailable"]
+    return memory_available()

@@ -12,7 +12,7 @@ RECENT_TURNS = 5
 
 
 class Dashboard(QWidget):
-    def __init__(self, parent=None, *, memory_probe=None, poll_ms: int = 1000):
+    def __init__(self, parent=None, *, memory_probe=None, free_memory_probe=None, poll_ms: int = 1000):
         super().__init__(parent)
         self.setObjectName("dashboard")
         layout = QVBoxLayout(self)
@@ -46,8 +46,8 @@ class Dashboard(QWidget):
             layout.addWidget(w)
         layout.addStretch()
         self._ttfts: list[float] = []
-        self._kv_capacity = 0
         self._memory_probe = memory_probe or process_memory_bytes
+        self._free_memory_probe = free_memory_probe or _free_memory
         self._timer = QTimer(self, interval=poll_ms)
         self._timer.timeout.connect(self.refresh_memory)
         self._timer.start()
@@ -62,9 +62,6 @@ class Dashboard(QWidget):
         self.ttft.setText("–")
         self.acceptance.set_value(0, "–")
         self.kv.set_value(0, "–")
-
-    def set_kv_capacity(self, capacity_bytes: int) -> None:
-        self._kv_capacity = capacity_bytes
 
     def set_model_state(self, text: str) -> None:
         self.model_state.setText(text)
@@ -93,7 +90,8 @@ class Dashboard(QWidget):
             self.acceptance.set_value(0, "–")
             self.spec_note.setText(f"Speculative decoding: {m.get('spec_decode', 'off')}")
         used = m.get("kv_bytes", 0)
-        capacity = max(self._kv_capacity, used)
+        # what fits: this cache plus the memory still free beside the weights
+        capacity = used + self._free_memory_probe()
         self.kv.set_value(used / capacity if capacity else 0.0, _size(used))
         self.kv_note.setText(f"KV cache {_size(used)} at {m.get('kv_bits', 16)} bits"
                              + (f" of {_size(capacity)} that fits" if capacity else ""))
@@ -109,6 +107,12 @@ def _size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def _free_memory() -> int:
+    from engine.info import memory_available
+
+    return memory_available()
 
 
 def process_memory_bytes() -> int:

@@ -62,7 +62,7 @@ def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
     assert "prompt cache reused 400 tokens" in d.saved.text() and "sparse prefill skipped 400 tokens" in d.saved.text()
     assert d.chart.series == {"prefill": [80.0], "decode": [12.5]}
     assert d.acceptance.text == "75%" and "2.50 tokens per target pass" in d.spec_note.text()
-    assert "3.0 MiB at 4 bits" in d.kv_note.text()
+    assert "3.0 MiB at 4 bits of 12.0 MiB that fits" in d.kv_note.text() and d.kv.value == 0.25
     assert d.memory.text() == "Process memory: 123.0 MiB"
 
 
