@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPlainTextEdit, QSlider, QSpinBox,
-                               QWidget)
+                               QVBoxLayout, QWidget)
 
 from engine.drafting import draft_compatibility
 from engine.settings import ChatSettings
@@ -23,7 +23,10 @@ class SettingsPanel(QWidget):
         self._settings = ChatSettings()
         self._entries: dict[str, object] = {}
         self._loading = False
-        form = QFormLayout(self)
+        outer = QVBoxLayout(self)
+        form = QFormLayout()
+        outer.addLayout(form)
+        outer.addStretch()  # spare height below the form, not between its rows
         self.model = QComboBox()
         self.draft = QComboBox()
         self.badge = QLabel("")
