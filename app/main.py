@@ -45,6 +45,17 @@ def _refresh_models(window, event) -> None:
         window.settings_panel.set_models(ModelStore().list())
 
 
+def _quit_when_loaded(app, window) -> None:
+    from engine.events import EngineErrored, ModelLoaded
+
+    def done(event):
+        if isinstance(event, (ModelLoaded, EngineErrored)):
+            if isinstance(event, EngineErrored):
+                window.dashboard.set_model_state(f"failed: {event.message}")
+            app.quit()
+    window.engine.event.connect(done)
+
+
 def main(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
@@ -55,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brisk-app", description="Brisk: fast local LLM chat")
     parser.add_argument("--model", default=DEFAULT_MODEL_ID, help="model for new chats")
     parser.add_argument("--database", type=Path, help="chat database (default: in Brisk's data folder)")
+    parser.add_argument("--check", action="store_true",
+                        help="open the window, load the model (installing the default on first run), report, quit")
     args = parser.parse_args(argv)
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Brisk")
@@ -63,7 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app))
     window = build_window(model_id=args.model, store_path=args.database or brisk_home() / "brisk.db")
     window.show()
+    if args.check:
+        _quit_when_loaded(app, window)
     code = app.exec()
+    if args.check:
+        print(window.dashboard.model_state.text())
+        code = 0 if "loaded" in window.dashboard.model_state.text() else 1
     window.engine.shutdown()
     window.store.close()
     return code

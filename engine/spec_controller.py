@@ -27,8 +27,9 @@ MIN_GAIN = 1.03
 # is assumed to add this share of a plain step until measured.
 EXTRA_POSITION_COST = 0.05
 PLAIN_SAMPLES_FIRST = 3  # plain steps timed before the first draft
-FIRST_PROBE_AFTER = 8  # plain steps before the first probe when drafting is off
-MAX_PROBE_GAP = 128
+FIRST_PROBE_AFTER = 16  # plain steps before the first probe when drafting is off
+MAX_PROBE_GAP = 256
+PROBE_BACKOFF = 4  # a losing probe waits this many times longer for the next
 
 
 @dataclass
@@ -162,7 +163,7 @@ class DraftLengthController:
                 self.probe_gap = FIRST_PROBE_AFTER
             else:
                 self.probe_k = 1
-                self.probe_gap = min(2 * self.probe_gap, MAX_PROBE_GAP)
+                self.probe_gap = min(PROBE_BACKOFF * self.probe_gap, MAX_PROBE_GAP)
         if drafted:
             self.t_draft.add(draft_s / drafted)
             self.tokens_per_draft.add(proposed / drafted)
