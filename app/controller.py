@@ -149,7 +149,7 @@ class ChatController(QObject):
             return
         history = _as_engine_messages(stored[: index + 1])
         self.store.truncate(cid, index + 1)
-        self.store.replace_content(stored[index].id, text)
+        self.store.set_content(stored[index].id, text)
         self.open(cid)
         self._start_answer(cid)
         self.engine.submit(EditMessage(cid, len(history) - 1, text, self.settings_panel.settings(), history))
@@ -249,7 +249,7 @@ class ChatController(QObject):
     def _maybe_save(self, answer: dict) -> None:
         now = time.monotonic()
         if now - answer["saved_at"] >= SAVE_INTERVAL_S:
-            self.store.update_answer(answer["id"], answer["text"])
+            self.store.set_content(answer["id"], answer["text"])
             answer["saved_at"] = now
 
     def _history(self, cid: int) -> list[Message]:

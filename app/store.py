@@ -5,7 +5,7 @@ WAL journal, a schema version with forward migrations, and a rule: a database we
 read (corrupt, or written by a newer Brisk) is never overwritten. It is copied aside, the
 user is told where, and the app starts with a fresh one.
 
-Answers are saved while they stream (`begin_answer` / `update_answer` / `finish_answer`);
+Answers are saved while they stream (`begin_answer` / `set_content` / `finish_answer`);
 an answer still marked streaming when the store opens was cut off by a crash or kill: it
 is kept, marked `interrupted`.
 """
@@ -197,7 +197,8 @@ class Store:
     def begin_answer(self, conversation_id: int) -> int:
         return self.add_message(conversation_id, "assistant", "", streaming=True)
 
-    def update_answer(self, message_id: int, content: str) -> None:
+    def set_content(self, message_id: int, content: str) -> None:
+        """A message's text: a streaming answer so far, or an edited question."""
         self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     def finish_answer(self, message_id: int, content: str, finish_reason: str, metrics: dict | None) -> None:
@@ -207,9 +208,6 @@ class Store:
     def truncate(self, conversation_id: int, keep: int) -> None:
         """Keep the first `keep` messages (edit and regenerate drop what follows)."""
         self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
-
-    def replace_content(self, message_id: int, content: str) -> None:
-        self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     # --- attachments -----------------------------------------------------------------
 

@@ -118,11 +118,10 @@ class DraftLengthController:
             return max(1, self.probe_gap - self.plain_since_probe)
         return 1
 
-    def expected_speed(self, k: int, alpha: float | None = None) -> float:
+    def expected_speed(self, k: int) -> float:
         """Expected target tokens per second when drafting k tokens per cycle."""
         m = max(1, round(k * self.tokens_per_draft.value))
-        a = self.alpha if alpha is None else alpha
-        return expected_tokens(a, m) / (k * self.t_draft.value + self.verify_time(m))
+        return expected_tokens(self.alpha, m) / (k * self.t_draft.value + self.verify_time(m))
 
     def verify_time(self, m: int) -> float:
         """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated.
@@ -176,7 +175,3 @@ class DraftLengthController:
                 and not self.could_pay():
             return f"drafting cannot pay: a draft step costs ~{self.cost_ratio:.2f}x a target step"
         return ""
-
-    def summary(self) -> dict:
-        return {"alpha": round(self.alpha, 3), "t_plain_s": self.t_plain.value, "t_draft_s": self.t_draft.value,
-                "t_verify_s": {m: e.value for m, e in sorted(self.t_verify.items())}}

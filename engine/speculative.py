@@ -46,7 +46,6 @@ AUTO_MAX_CATCH_UP = 8
 class SpecStats:
     cycles: int = 0  # cycles that verified at least one draft token
     plain_steps: int = 0
-    drafted: int = 0  # draft model steps
     draft_tokens: int = 0  # target tokens proposed for verification
     accepted_tokens: int = 0
     k_total: int = 0
@@ -278,7 +277,6 @@ class SpeculativeDecoder:
         verified = time.perf_counter() - drafted_at
         s = self.stats
         s.cycles += 1
-        s.drafted += proposal.drafted
         s.draft_tokens += len(candidates)
         s.accepted_tokens += n
         s.k_total += k

@@ -54,7 +54,7 @@ def test_killed_mid_answer_keeps_the_streamed_text(tmp_path):
         s.add_message(cid, "assistant", "an earlier, finished answer", finish_reason="stop")
         s.add_message(cid, "user", "another")
         mid = s.begin_answer(cid)
-        s.update_answer(mid, "Once upon a time")
+        s.set_content(mid, "Once upon a time")
         os.kill(os.getpid(), signal.SIGKILL)
     """)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True)
