@@ -58,6 +58,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--keep", type=float, default=0.2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _needle(a))
+    p = bench.add_parser("counting", help="list and count entries spread over a log: full vs fixed keep vs auto")
+    p.add_argument("--target", required=True)
+    p.add_argument("--draft", required=True)
+    p.add_argument("--entries", type=int, default=120)
+    p.add_argument("--green", type=int, default=12)
+    p.add_argument("--seeds", type=_ints, default=[1, 2, 3])
+    p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _counting(a))
     p = bench.add_parser("sparse-ppl", help="continuation perplexity after sparse vs full prefill of a text")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
@@ -128,6 +137,13 @@ def _needle(args) -> int:
     from engine.bench.specprefill import run_needle
 
     run_needle(args.target, args.draft, args.tokens, args.depths, args.keep, as_json=args.json)
+    return 0
+
+
+def _counting(args) -> int:
+    from engine.bench.counting import run_counting
+
+    run_counting(args.target, args.draft, args.entries, args.green, args.seeds, args.keep, as_json=args.json)
     return 0
 
 

@@ -1,5 +1,6 @@
 """SpecPrefill: exactness, original positions, selection rules, fallback, multi-turn."""
 
+import re
 import sys
 
 import mlx.core as mx
@@ -229,3 +230,17 @@ def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
         assert scorer.cache.tokens == tokens
     else:
         assert arch == "nemotron_h" and scorer.cache.tokens == []
+
+
+def test_counting_document_spreads_green_entries_and_scores_lists_and_counts():
+    from engine.bench.counting import counting_document, score_answer
+
+    text, greens = counting_document(120, 12, seed=7)
+    assert len(greens) == 12 and len(set(greens)) == 12
+    assert [g // 10 for g in [x - 1 for x in greens]] == list(range(12))  # one per stretch of 10 entries
+    assert sorted(int(n) for n in re.findall(r"Entry (\d+): a green", text)) == greens
+    assert text.count("\nEntry ") == 120
+    perfect = score_answer(", ".join(map(str, greens)) + f". There are {len(greens)}.", greens)
+    assert perfect == {"recall": 1.0, "precision": 1.0, "count_right": True}
+    half = score_answer(", ".join(map(str, greens[:6] + [greens[0] + 1])) + ". That makes 7.", greens)
+    assert half["recall"] == 0.5 and half["precision"] == 6 / 7 and not half["count_right"]
