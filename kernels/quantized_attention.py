@@ -14,8 +14,10 @@ dequantizes inside the dot products, so no full-precision copy of K or V is made
   fused matmul is the wrong tool on the CPU (810 ms vs 82 ms at 1536 rows x 4096 keys):
   dequantizing costs ~2 ns per element, so this layer's K/V are dequantized transiently
   and attended with MLX's SDPA, as Open-TQ-Metal does for multi-token prefill.
-- `quantized_attention`: the dispatcher. There is no Metal/CUDA kernel here yet: every
-  backend takes the portable paths, which our tests run.
+- `quantized_attention`: the dispatcher. On the CPU, decode-like steps go to the native
+  kernel (kernels/native_attention.py, built on first use) when it can be had; otherwise,
+  and on every GPU backend (no Metal/CUDA kernel here yet), the portable MLX paths above,
+  which our tests run.
 
 Shapes: queries (B, Hq, L, D); packed keys/values are mx.quantize outputs of
 (B, Hkv, S, D) tensors. Masks follow mlx-lm: None, "causal" (queries are the last L of
@@ -26,6 +28,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from kernels.native_attention import NativeUnsupported, quantized_attention_native
+from kernels.native_attention import available as native_available
+
 # Above this many score elements (B·Hq·L·S) the split path bounds memory.
 DEFAULT_MAX_SCORE_ELEMENTS = 1 << 22
 # Keys per block in the split path: large enough to amortize per-block dispatch.
@@ -33,6 +38,9 @@ DEFAULT_KEY_BLOCK = 4096
 # Query rows per KV head up to which the fused quantized matmul beats dequantize + BLAS
 # on the CPU (measured crossover between 3 and 6 rows at 4096 keys).
 FUSED_MAX_ROWS = 4
+# Query rows per KV head up to which the native CPU kernel takes the step (decode and
+# speculative verify); it reads each packed row once for all of them.
+NATIVE_MAX_ROWS = 16
 
 Packed = tuple  # (packed uint32, scales, biases)
 
@@ -145,12 +153,17 @@ def quantized_attention_dequantized(queries, q_keys: Packed, q_values: Packed, *
 def quantized_attention(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
                         group_size: int = 32, bits: int = 4,
                         max_score_elements: int = DEFAULT_MAX_SCORE_ELEMENTS,
-                        fused_max_rows: int = FUSED_MAX_ROWS) -> mx.array:
-    """Pick the path: fused for decode-like steps (one pass while the scores are small,
-    split keys beyond), dequantize + SDPA for many query rows."""
+                        fused_max_rows: int = FUSED_MAX_ROWS, native: bool = True) -> mx.array:
+    """Pick the path: the native kernel for decode-like steps on the CPU; else fused (one
+    pass while the scores are small, split keys beyond); dequantize + SDPA for many rows."""
     b, hq, length, _ = queries.shape
     n_kv, k_len = q_keys[0].shape[1], q_keys[0].shape[2]
     kwargs = dict(scale=scale, mask=mask, group_size=group_size, bits=bits)
+    if native and (hq // n_kv) * length <= NATIVE_MAX_ROWS and mx.default_device() == mx.cpu and native_available():
+        try:
+            return quantized_attention_native(queries, q_keys, q_values, **kwargs)
+        except NativeUnsupported:
+            pass  # a mask array or an unusual shape: the portable paths below
     if (hq // n_kv) * length > fused_max_rows:
         return quantized_attention_dequantized(queries, q_keys, q_values, **kwargs)
     if b * hq * length * k_len <= max_score_elements:

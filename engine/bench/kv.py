@@ -2,8 +2,9 @@
 
 Per context length, with the model's attention shapes:
 - one decode step of attention (one layer): dequantize-then-attend, mlx-lm's
-  `quantized_scaled_dot_product_attention`, Brisk's packed kernel, and fp32 SDPA on the
-  unquantized cache for scale;
+  `quantized_scaled_dot_product_attention`, Brisk's dispatcher (the native CPU kernel
+  when it could be built), Brisk's portable MLX path, and fp32 SDPA on the unquantized
+  cache for scale;
 - end-to-end decode tok/s of the real model with an unquantized and an int4 cache of that
   length (filled with random K/V: decode cost does not depend on the values);
 - KV bytes of both caches, measured and by formula;
@@ -50,6 +51,7 @@ def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, ru
         # mlx-lm scales its queries argument in place: hand it a copy
         "mlx_lm_quantized": lambda: _timed(lambda: MLX_LM_QUANTIZED_SDPA(q * 1, qk, qv, scale, None, **q_args)),
         "brisk_packed": lambda: _timed(lambda: quantized_attention(q, qk, qv, scale=scale, **q_args)),
+        "brisk_portable": lambda: _timed(lambda: quantized_attention(q, qk, qv, scale=scale, native=False, **q_args)),
         "fp32_unquantized": lambda: _timed(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)),
     }
     for fn in variants.values():
@@ -113,12 +115,16 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
     from engine.models.loader import load_model
     from engine.kvcache import check_kv_packable, kv_shape
 
+    from kernels import native
+
     lm = load_model(model_id)
     check_kv_packable(lm.config, group_size)
     shape = kv_shape(lm.config)
     n_q = (lm.config.get("text_config") or lm.config)["num_attention_heads"]
     payload = {"model": model_id, "group_size": group_size, "runs": runs, "decode_steps": steps,
-               "attention_scale": shape["head_dim"] ** -0.5, "contexts": []}
+               "attention_scale": shape["head_dim"] ** -0.5,
+               "brisk_path": "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})",
+               "contexts": []}
     rows = []
     for context in contexts:
         attn = attention_step_times(n_q, shape["kv_heads"], shape["head_dim"], context, runs=runs,
@@ -139,15 +145,16 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
         del caches
         mx.clear_cache()
         rows.append([context, attn["dequant_then_attend"] * 1e3, attn["mlx_lm_quantized"] * 1e3,
-                     attn["brisk_packed"] * 1e3, attn["fp32_unquantized"] * 1e3, entry["brisk_vs_mlx_lm"],
+                     attn["brisk_packed"] * 1e3, attn["brisk_portable"] * 1e3, attn["fp32_unquantized"] * 1e3,
+                     entry["brisk_vs_mlx_lm"],
                      entry["brisk_vs_dequant"], entry["decode_tps_16"], entry["decode_tps_4"],
                      entry["kv_bytes_16"] / 2**20, entry["kv_bytes_4"] / 2**20, entry["kv_ratio_4_vs_16"]])
     if prefill_tokens:
         payload["prefill_peak"] = {bits: prefill_peak_memory(lm, prefill_tokens, bits, group_size) for bits in (16, 4)}
     print_table(
         f"brisk bench kv: {model_id}, int4 group {group_size}, medians of {runs} interleaved rounds "
-        f"(attention ms per layer per decode step)",
-        ["context", "deq+attn ms", "mlx-lm q ms", "brisk ms", "fp32 ms", "vs mlx-lm", "vs deq",
+        f"(attention ms per layer per decode step); brisk path: {payload['brisk_path']}",
+        ["context", "deq+attn ms", "mlx-lm q ms", "brisk ms", "portable ms", "fp32 ms", "vs mlx-lm", "vs deq",
          "tok/s kv16", "tok/s kv4", "KV16 MiB", "KV4 MiB", "4/16"], rows, payload, as_json)
     if not as_json and prefill_tokens:
         for bits, p in payload["prefill_peak"].items():

@@ -1,21 +1,32 @@
 """Every path of kernels/quantized_attention.py against the dequantize-then-attend reference."""
 
+import shutil
+
 import mlx.core as mx
 import pytest
 
+from kernels import native
+from kernels.native_attention import NativeUnsupported, quantized_attention_native
 from kernels.quantized_attention import (quantized_attention, quantized_attention_dequantized,
                                          quantized_attention_reference, quantized_attention_single,
                                          quantized_attention_split)
+
+HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
+needs_native = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel")
 
 PATHS = {
     "single": quantized_attention_single,
     "split": lambda *a, **k: quantized_attention_split(*a, block=37, **k),  # odd block: ragged last block
     "dequantized": quantized_attention_dequantized,
+    "native": quantized_attention_native,
     "dispatch": quantized_attention,
-    "dispatch_fused_only": lambda *a, **k: quantized_attention(*a, fused_max_rows=10**9, **k),
+    "dispatch_portable": lambda *a, **k: quantized_attention(*a, native=False, **k),
+    "dispatch_fused_only": lambda *a, **k: quantized_attention(*a, fused_max_rows=10**9, native=False, **k),
     "dispatch_small_budget": lambda *a, **k: quantized_attention(*a, max_score_elements=64,
-                                                                 fused_max_rows=10**9, **k),
+                                                                 fused_max_rows=10**9, native=False, **k),
 }
+
+PATH_PARAMS = [pytest.param(name, marks=needs_native) if name == "native" else name for name in PATHS]
 
 
 def make(b, hq, hkv, q_len, k_len, d, group_size, bits, seed=0):
@@ -27,7 +38,7 @@ def make(b, hq, hkv, q_len, k_len, d, group_size, bits, seed=0):
     return q, pack(k), pack(v)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (9, 3), (8, 2)])
 @pytest.mark.parametrize("group_size,bits", [(32, 4), (64, 4), (32, 8)])
@@ -40,16 +51,20 @@ def test_decode_step_matches_reference(path, d, hq, hkv, group_size, bits):
     assert mx.allclose(got, ref, atol=1e-4, rtol=1e-4).item()
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 @pytest.mark.parametrize("q_len,k_len", [(1, 1), (5, 5), (7, 133), (64, 200)])
 def test_causal_multi_query_matches_reference(path, q_len, k_len):
     q, qk, qv = make(2, 6, 2, q_len, k_len, 64, 32, 4, seed=q_len)
     kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
     ref = quantized_attention_reference(q, qk, qv, **kw)
+    if path == "native" and 3 * q_len > 64:  # more query rows per KV head than the kernel holds
+        with pytest.raises(NativeUnsupported):
+            PATHS[path](q, qk, qv, **kw)
+        return
     assert mx.allclose(PATHS[path](q, qk, qv, **kw), ref, atol=1e-4, rtol=1e-4).item()
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_array_masks_match_reference(path):
     q, qk, qv = make(1, 4, 2, 3, 90, 64, 32, 4, seed=7)
     window = mx.arange(90)[None] > mx.arange(87, 90)[:, None] - 16  # sliding window of 16, (L, S)
@@ -59,6 +74,10 @@ def test_array_masks_match_reference(path):
     for mask in (bool_mask, per_head):
         kw = dict(scale=0.125, mask=mask, group_size=32, bits=4)
         ref = quantized_attention_reference(q, qk, qv, **kw)
+        if path == "native":  # mask arrays are the dispatcher's portable paths' job
+            with pytest.raises(NativeUnsupported):
+                PATHS[path](q, qk, qv, **kw)
+            continue
         assert mx.allclose(PATHS[path](q, qk, qv, **kw), ref, atol=1e-4, rtol=1e-4).item()
 
 
@@ -72,7 +91,7 @@ def test_reference_is_close_to_full_precision_attention():
     assert mx.abs(ref - exact).max().item() < 5e-2 and mx.abs(ref - exact).mean().item() < 5e-3
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", PATH_PARAMS)
 def test_float16_scales_are_used_at_full_precision(path):
     """The KV cache stores scales/biases in float16; results must equal the reference on them."""
     q, qk, qv = make(1, 6, 2, 9, 120, 64, 32, 4, seed=11)
@@ -88,3 +107,69 @@ def test_inputs_are_not_modified():
     before = mx.array(q)
     quantized_attention(q, qk, qv, scale=0.125)
     assert mx.array_equal(q, before).item()  # mlx-lm's version scales queries in place
+
+
+@needs_native
+@pytest.mark.parametrize("bits", [4, 8])
+def test_native_reads_sliced_cache_views_in_place(bits):
+    """The cache hands attention views of a longer, preallocated buffer (strided), at
+    batch 2 and one KV head: strides of size-1 axes must not matter."""
+    q, qk, qv = make(2, 5, 1, 2, 700, 128, 64, bits, seed=3)
+    view = lambda p: tuple(x[:, :, :517, :] for x in p)  # noqa: E731
+    kw = dict(scale=128 ** -0.5, mask="causal", group_size=64, bits=bits)
+    ref = quantized_attention_reference(q, view(qk), view(qv), **kw)
+    assert mx.allclose(quantized_attention_native(q, view(qk), view(qv), **kw), ref, atol=1e-4, rtol=1e-4).item()
+
+
+@needs_native
+def test_native_splits_long_contexts_across_threads_and_merges(monkeypatch):
+    """Long contexts are cut into key blocks per thread; the log-sum-exp merge must give
+    the reference, whatever the thread count (1, 2, 7)."""
+    q, qk, qv = make(1, 8, 2, 3, 5000, 64, 32, 4, seed=5)
+    kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
+    ref = quantized_attention_reference(q, qk, qv, **kw)
+    for threads in ("1", "2", "7"):
+        monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+        assert mx.allclose(quantized_attention_native(q, qk, qv, **kw), ref, atol=1e-4, rtol=1e-4).item()
+
+
+@needs_native
+def test_dispatcher_sends_decode_steps_to_the_native_kernel_on_the_cpu(monkeypatch):
+    import kernels.quantized_attention as qa
+
+    calls = []
+    monkeypatch.setattr(qa, "quantized_attention_native", lambda *a, **k: calls.append(a[0].shape) or
+                        quantized_attention_native(*a, **k))
+    q, qk, qv = make(1, 6, 2, 1, 100, 64, 32, 4)
+    qa.quantized_attention(q, qk, qv, scale=0.125)
+    assert calls == [(1, 6, 1, 64)]
+    big_q, bk, bv = make(1, 6, 2, 64, 100, 64, 32, 4)  # a prefill chunk: dequantize + SDPA
+    qa.quantized_attention(big_q, bk, bv, scale=0.125, mask="causal")
+    assert len(calls) == 1
+
+
+def test_without_the_native_kernel_the_dispatcher_falls_back(monkeypatch, tmp_path):
+    """A failed build (here: a compiler that does not exist) disables the native path
+    with a reason, and attention still equals the reference."""
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path / "cache"))
+    assert native.load() is None and "no-such-compiler" in native.unavailable_reason()
+    q, qk, qv = make(1, 6, 2, 1, 100, 64, 32, 4)
+    ref = quantized_attention_reference(q, qk, qv, scale=0.125)
+    assert mx.allclose(quantized_attention(q, qk, qv, scale=0.125), ref, atol=1e-4, rtol=1e-4).item()
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("BRISK_NATIVE_KERNELS", "0")
+    assert native.load() is None and "BRISK_NATIVE_KERNELS" in native.unavailable_reason()
+
+
+@needs_native
+def test_native_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path))
+    assert native.load() is not None, native.unavailable_reason()
+    built = list(tmp_path.iterdir())
+    assert len(built) == 1 and built[0].suffix in (".so", ".dylib")
+    stamp = built[0].stat().st_mtime_ns
+    monkeypatch.setattr(native, "_state", {})
+    assert native.load() is not None and built[0].stat().st_mtime_ns == stamp

@@ -1,0 +1,252 @@
+// Decode attention straight from a packed (int4/int8, affine, grouped) KV cache, on the CPU.
+//
+// MLX's CPU quantized_matmul and dequantize kernels are scalar, so on the CPU backend the
+// packed cache was slower to attend than the fp32 cache it replaces. This kernel reads each
+// packed K/V row once for all query rows sharing its KV head (GQA and multi-token verify
+// rows folded together), dequantizes it in registers, and keeps an online softmax (running
+// max and sum). Keys are split into blocks across threads; the partial results are merged
+// with the log-sum-exp rule. It is built on first use by kernels/native.py and called
+// through ctypes with raw pointers and element strides, so it needs no MLX headers.
+//
+// Dequantization is w = scale * q + bias per group, as mx.quantize packs it: a uint32 holds
+// 32/bits values, lowest bits first.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int kMaxDim = 256;
+constexpr int kMaxRows = 64;
+constexpr int kTile = 32;  // keys scored before their values are accumulated
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      exp = 113;
+      while (!(man & 0x400)) { man <<= 1; --exp; }
+      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+struct Packed {
+  const uint32_t* data;
+  const void* scales;
+  const void* biases;
+  const int64_t* data_strides;   // batch, head, position (elements); the last axis is contiguous
+  const int64_t* scale_strides;  // shared by scales and biases
+  const int64_t* bias_strides;
+};
+
+struct Problem {
+  const float* q;
+  int B, Hq, Hkv, L, S, D, group, bits, causal, half;
+  float scale;
+  Packed k, v;
+};
+
+struct Partial {  // one block of keys for one (batch, KV head): per row max, sum, weighted values
+  std::vector<float> max, sum, acc;
+};
+
+template <int BITS>
+inline void unpack_row(const uint32_t* words, int D, float* out) {
+  constexpr int per = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  for (int w = 0; w < D / per; ++w) {
+    uint32_t word = words[w];
+    for (int n = 0; n < per; ++n) out[w * per + n] = float((word >> (BITS * n)) & mask);
+  }
+}
+
+inline void load_affine(const Packed& p, int64_t b, int64_t h, int64_t j, int groups, bool half, float* s,
+                        float* z) {
+  const int64_t so = b * p.scale_strides[0] + h * p.scale_strides[1] + j * p.scale_strides[2];
+  const int64_t bo = b * p.bias_strides[0] + h * p.bias_strides[1] + j * p.bias_strides[2];
+  if (half) {
+    auto sp = static_cast<const uint16_t*>(p.scales) + so;
+    auto bp = static_cast<const uint16_t*>(p.biases) + bo;
+    for (int g = 0; g < groups; ++g) { s[g] = half_to_float(sp[g]); z[g] = half_to_float(bp[g]); }
+  } else {
+    auto sp = static_cast<const float*>(p.scales) + so;
+    auto bp = static_cast<const float*>(p.biases) + bo;
+    for (int g = 0; g < groups; ++g) { s[g] = sp[g]; z[g] = bp[g]; }
+  }
+}
+
+template <int BITS>
+void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out) {
+  const int rep = pr.Hq / pr.Hkv, rows = rep * pr.L, D = pr.D, G = pr.group, groups = D / G;
+  const bool half = pr.half != 0;
+  // Query rows of this KV head, pre-scaled, with their per-group sums (for the bias term).
+  float qs[kMaxRows][kMaxDim], qsum[kMaxRows][kMaxDim / 32], limit[kMaxRows];
+  for (int r = 0; r < rows; ++r) {
+    const int qh = h * rep + r / pr.L, l = r % pr.L;
+    const float* src = pr.q + ((int64_t(b) * pr.Hq + qh) * pr.L + l) * D;
+    for (int i = 0; i < D; ++i) qs[r][i] = src[i] * pr.scale;
+    for (int g = 0; g < groups; ++g) {
+      float acc = 0.f;
+      for (int i = 0; i < G; ++i) acc += qs[r][g * G + i];
+      qsum[r][g] = acc;
+    }
+    limit[r] = float(pr.causal ? pr.S - pr.L + l + 1 : pr.S);  // keys at or past this are masked
+  }
+  out.max.assign(rows, kNegInf);
+  out.sum.assign(rows, 0.f);
+  out.acc.assign(size_t(rows) * D, 0.f);
+
+  float row[kMaxDim], s[kMaxDim / 32], z[kMaxDim / 32], scores[kMaxRows][kTile];
+  for (int t0 = k0; t0 < k1; t0 += kTile) {
+    const int t1 = std::min(t0 + kTile, k1);
+    for (int j = t0; j < t1; ++j) {  // scores: q . (s * q_int + z) = s * (q . q_int) + z * sum(q)
+      unpack_row<BITS>(pr.k.data + b * pr.k.data_strides[0] + h * pr.k.data_strides[1] + j * pr.k.data_strides[2],
+                       D, row);
+      load_affine(pr.k, b, h, j, groups, half, s, z);
+      for (int r = 0; r < rows; ++r) {
+        float score = 0.f;
+        for (int g = 0; g < groups; ++g) {
+          float dot = 0.f;
+          for (int i = 0; i < G; ++i) dot += qs[r][g * G + i] * row[g * G + i];
+          score += s[g] * dot + z[g] * qsum[r][g];
+        }
+        scores[r][j - t0] = float(j) < limit[r] ? score : kNegInf;
+      }
+    }
+    for (int r = 0; r < rows; ++r) {  // online softmax: fold this tile into the running max and sum
+      float tile_max = kNegInf;
+      for (int j = 0; j < t1 - t0; ++j) tile_max = std::max(tile_max, scores[r][j]);
+      if (tile_max == kNegInf) {  // every key of the tile is masked for this row
+        std::fill(scores[r], scores[r] + (t1 - t0), 0.f);
+        continue;
+      }
+      const float new_max = std::max(out.max[r], tile_max);
+      const float correction = std::exp(out.max[r] - new_max);
+      if (correction != 1.f) {
+        out.sum[r] *= correction;
+        for (int i = 0; i < D; ++i) out.acc[size_t(r) * D + i] *= correction;
+      }
+      float total = 0.f;
+      for (int j = 0; j < t1 - t0; ++j) total += (scores[r][j] = std::exp(scores[r][j] - new_max));
+      out.sum[r] += total;
+      out.max[r] = new_max;
+    }
+    for (int j = t0; j < t1; ++j) {  // values: acc += p * (s * v_int + z)
+      unpack_row<BITS>(pr.v.data + b * pr.v.data_strides[0] + h * pr.v.data_strides[1] + j * pr.v.data_strides[2],
+                       D, row);
+      load_affine(pr.v, b, h, j, groups, half, s, z);
+      for (int r = 0; r < rows; ++r) {
+        const float p = scores[r][j - t0];
+        if (p == 0.f) continue;
+        float* acc = out.acc.data() + size_t(r) * D;
+        for (int g = 0; g < groups; ++g) {
+          const float a = p * s[g], c = p * z[g];
+          for (int i = 0; i < G; ++i) acc[g * G + i] += a * row[g * G + i] + c;
+        }
+      }
+    }
+  }
+}
+
+template <int BITS>
+void run(const Problem& pr, float* out, int threads) {
+  const int rows = (pr.Hq / pr.Hkv) * pr.L, D = pr.D;
+  // Enough blocks per head to keep every thread busy, but none shorter than 256 keys.
+  const int heads = pr.B * pr.Hkv;
+  int splits = std::max(1, (2 * threads + heads - 1) / heads);
+  splits = std::min(splits, std::max(1, pr.S / 256));
+  const int block = (pr.S + splits - 1) / splits;
+  std::vector<Partial> partials(size_t(heads) * splits);
+  std::atomic<int> next{0};
+  auto worker = [&]() {
+    for (int u = next++; u < int(partials.size()); u = next++) {
+      const int head = u / splits, part = u % splits;
+      const int k0 = part * block, k1 = std::min(pr.S, k0 + block);
+      if (k0 < k1) attend_block<BITS>(pr, head / pr.Hkv, head % pr.Hkv, k0, k1, partials[u]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::min<int>(threads, int(partials.size())); ++t) pool.emplace_back(worker);
+  worker();
+  for (auto& t : pool) t.join();
+
+  const int rep = pr.Hq / pr.Hkv;
+  for (int head = 0; head < heads; ++head) {  // merge the blocks: log-sum-exp rule
+    const int b = head / pr.Hkv, h = head % pr.Hkv;
+    for (int r = 0; r < rows; ++r) {
+      float m = kNegInf;
+      for (int part = 0; part < splits; ++part) {
+        const Partial& p = partials[size_t(head) * splits + part];
+        if (!p.max.empty()) m = std::max(m, p.max[r]);
+      }
+      const int qh = h * rep + r / pr.L, l = r % pr.L;
+      float* dst = out + ((int64_t(b) * pr.Hq + qh) * pr.L + l) * D;
+      std::fill(dst, dst + D, 0.f);
+      float total = 0.f;
+      for (int part = 0; part < splits; ++part) {
+        const Partial& p = partials[size_t(head) * splits + part];
+        if (p.max.empty() || p.max[r] == kNegInf) continue;
+        const float w = std::exp(p.max[r] - m);
+        total += w * p.sum[r];
+        for (int i = 0; i < D; ++i) dst[i] += w * p.acc[size_t(r) * D + i];
+      }
+      const float inv = total > 0.f ? 1.f / total : 0.f;  // a fully masked row gives zeros
+      for (int i = 0; i < D; ++i) dst[i] *= inv;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0 on success, or a positive code for an unsupported shape (the caller falls back):
+// 1 bits, 2 group size, 3 head dim, 4 too many rows per KV head, 5 heads not divisible.
+int brisk_packed_attention(const float* q, float* out, int B, int Hq, int Hkv, int L, int S, int D, int group,
+                           int bits, int causal, int half, float scale, int threads,
+                           const uint32_t* k_data, const void* k_scales, const void* k_biases,
+                           const int64_t* k_data_strides, const int64_t* k_scale_strides,
+                           const int64_t* k_bias_strides, const uint32_t* v_data, const void* v_scales,
+                           const void* v_biases, const int64_t* v_data_strides, const int64_t* v_scale_strides,
+                           const int64_t* v_bias_strides) {
+  if (bits != 4 && bits != 8) return 1;
+  if (group != 32 && group != 64) return 2;
+  if (D > kMaxDim || D % group != 0) return 3;
+  if (Hkv <= 0 || Hq % Hkv != 0) return 5;
+  if ((Hq / Hkv) * L > kMaxRows) return 4;
+  Problem pr{q, B, Hq, Hkv, L, S, D, group, bits, causal, half, scale,
+             {k_data, k_scales, k_biases, k_data_strides, k_scale_strides, k_bias_strides},
+             {v_data, v_scales, v_biases, v_data_strides, v_scale_strides, v_bias_strides}};
+  threads = std::max(1, threads);
+  if (bits == 4) run<4>(pr, out, threads);
+  else run<8>(pr, out, threads);
+  return 0;
+}
+
+int brisk_packed_attention_version() { return 1; }
+}
