@@ -1,4 +1,4 @@
-"""Build and load the native CPU kernels in kernels/native/ on first use.
+"""Build and load the native CPU kernels in kernels/csrc/ on first use.
 
 The shared library is compiled once per source, compiler flags and Python version into
 Brisk's cache folder (`BRISK_KERNEL_CACHE` overrides it) with the system C++ compiler
@@ -21,7 +21,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("native") / "packed_attention.cpp"
+SOURCE = Path(__file__).with_name("csrc") / "packed_attention.cpp"
 VERSION = 1  # must match brisk_packed_attention_version()
 
 _lock = threading.Lock()

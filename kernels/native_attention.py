@@ -1,7 +1,7 @@
 """The CPU fast path: decode attention on the packed KV cache by the native kernel.
 
 `quantized_attention_native` has the signature of the MLX paths in quantized_attention.py.
-It evaluates its inputs, hands the native kernel (kernels/native/packed_attention.cpp)
+It evaluates its inputs, hands the native kernel (kernels/csrc/packed_attention.cpp)
 their buffers and element strides without copying (a cache's sliced views included), and
 wraps the result as an MLX array. It takes no mask or mlx-lm's "causal" (the queries are
 the last L of the S positions); anything else raises NativeUnsupported, and so does a
