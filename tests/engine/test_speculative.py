@@ -348,3 +348,49 @@ def test_fully_accepted_probes_lengthen_until_long_drafts_pay():
     c = feed(DraftLengthController("auto", 3), plain_s=0.3, draft_s=0.2, verify_s=lambda k: 0.45 + 0.01 * k,
              alpha=1.0, cycles=120)
     assert c.choose() >= 4
+
+
+def test_scout_scores_the_draft_on_the_targets_plain_tokens(models):
+    """A target drafting for itself would have proposed every token it decoded (greedy);
+    another draft fewer. Scouting leaves the draft caught up but for the last token."""
+    target, other = models["llama"], models["llama-draft"]
+    prompt = target.tokenizer.encode(PROMPTS[0])
+    cache, answer = make_prompt_cache(target.model), []
+    logits = target.model(mx.array(prompt)[None], cache=cache)
+    for _ in range(12):  # the target's own greedy continuation
+        answer.append(int(mx.argmax(logits[0, -1]).item()))
+        logits = target.model(mx.array(answer[-1:])[None], cache=cache)
+    for draft, expect_all in ((target, True), (other, False)):
+        drafter = SameTokenizerDrafter(draft, TokenDistribution(settings()), None, 64)
+        drafter.start(prompt)
+        for token in answer:
+            drafter.observe_plain(token)
+        hits, positions = drafter.scout()
+        assert positions == len(answer)
+        assert (hits == positions) if expect_all else (hits < positions)
+        assert drafter.tc.tokens == prompt + answer[:-1] and drafter.pending == answer[-1:]
+        assert drafter.scout() == (0.0, 0)  # nothing new to read
+
+
+def test_a_scout_that_finds_low_acceptance_skips_the_probe():
+    """Draft and verify costs known from an earlier conversation: a scout measuring low
+    acceptance backs off without a probe; one measuring high acceptance drafts."""
+    pair = ("target", "draft")
+    first = feed(DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair), plain_s=0.3, draft_s=0.1,
+                 verify_s=lambda k: 0.45 + 0.01 * k, alpha=1.0, cycles=120)
+    assert first.choose() > 0  # it drafted, measuring the costs
+    for rate, drafts in ((0.2, False), (1.0, True)):
+        c = DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair)
+        assert c.cost_ratio == pytest.approx(0.1 / 0.3)  # measured, not the weight-bytes guess
+        picks = []
+        for _ in range(12):
+            if c.scout_due():
+                c.observe_scout(rate * 8, 8)
+            k = c.choose()
+            picks.append(k)
+            if k:
+                break
+            c.observe_plain(0.3)
+        assert any(picks) == drafts
+        if not drafts:
+            assert c.probe_gap > 8 and not c.scout_due()  # backed off: the next scout comes later
