@@ -40,6 +40,12 @@ def quick_sgemm_gflops(n: int = 512, repeats: int = 3) -> float:
     return 2 * n**3 / best / 1e9
 
 
+def _packed_attention_path() -> str:
+    from kernels import native
+
+    return "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})"
+
+
 def engine_info() -> dict:
     import mlx.core as mx
 
@@ -58,6 +64,7 @@ def engine_info() -> dict:
         "blas_note": state.note,
         "sgemm_gflops": round(quick_sgemm_gflops(), 1),
         "compute_dtype": compute_dtype_name(),
+        "packed_kv_attention": _packed_attention_path(),
         "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
         "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",
         "brisk_home": str(brisk_home()),
