@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("csrc") / "packed_attention.cpp"
-VERSION = 1  # must match brisk_packed_attention_version()
+VERSION = 2  # must match brisk_packed_attention_version()
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -26,7 +26,6 @@
 
 namespace {
 
-constexpr int kMaxDim = 256;
 constexpr int kMaxRows = 64;
 constexpr int kTile = 32;  // keys scored before their values are accumulated
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -75,13 +74,36 @@ struct Partial {  // one block of keys for one (batch, KV head): per row max, su
   std::vector<float> max, sum, acc;
 };
 
-template <int BITS>
-inline void unpack_row(const uint32_t* words, int D, float* out) {
-  constexpr int per = 32 / BITS;
+// exp(x) for x <= 0 as 2^(x·log2 e): a degree-6 polynomial for 2^f on [-0.5, 0.5] (within
+// ~1 ulp) and the exponent put in by hand, so loops over it vectorize. Inputs below -87
+// (masked keys) give ~1e-38 instead of 0, which the softmax sum cannot notice.
+inline float exp_nonpositive(float x) {
+  const float y = std::max(x, -87.f) * 1.44269504f;
+  const float n = std::floor(y + 0.5f), f = y - n;
+  float p = 1.5403530e-4f;
+  p = p * f + 1.3333558e-3f;
+  p = p * f + 9.6181291e-3f;
+  p = p * f + 5.5504109e-2f;
+  p = p * f + 2.4022651e-1f;
+  p = p * f + 6.9314718e-1f;
+  p = p * f + 1.f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// One packed row (D values) to floats: w = scale * q + bias per group of G.
+template <int BITS, int D, int G>
+inline void dequantize_row(const uint32_t* words, const float* s, const float* z, float* out) {
+  constexpr int per = 32 / BITS, words_per_group = G / per;
   constexpr uint32_t mask = (1u << BITS) - 1;
-  for (int w = 0; w < D / per; ++w) {
-    uint32_t word = words[w];
-    for (int n = 0; n < per; ++n) out[w * per + n] = float((word >> (BITS * n)) & mask);
+  for (int g = 0; g < D / G; ++g) {
+    for (int w = 0; w < words_per_group; ++w) {
+      const uint32_t word = words[g * words_per_group + w];
+      for (int n = 0; n < per; ++n)
+        out[g * G + w * per + n] = float((word >> (BITS * n)) & mask) * s[g] + z[g];
+    }
   }
 }
 
@@ -100,81 +122,94 @@ inline void load_affine(const Packed& p, int64_t b, int64_t h, int64_t j, int gr
   }
 }
 
-template <int BITS>
+template <int BITS, int D, int G>
+inline void load_row(const Packed& p, int b, int h, int j, bool half, float* out) {
+  float s[D / G], z[D / G];
+  load_affine(p, b, h, j, D / G, half, s, z);
+  dequantize_row<BITS, D, G>(p.data + b * p.data_strides[0] + h * p.data_strides[1] + j * p.data_strides[2], s, z,
+                             out);
+}
+
+template <int BITS, int D, int G>
 void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out) {
-  const int rep = pr.Hq / pr.Hkv, rows = rep * pr.L, D = pr.D, G = pr.group, groups = D / G;
+  const int rep = pr.Hq / pr.Hkv, rows = rep * pr.L;
   const bool half = pr.half != 0;
-  // Query rows of this KV head, pre-scaled, with their per-group sums (for the bias term).
-  float qs[kMaxRows][kMaxDim], qsum[kMaxRows][kMaxDim / 32], limit[kMaxRows];
+  alignas(64) float qs[kMaxRows][D];  // this KV head's query rows, pre-scaled
+  int limit[kMaxRows];                // keys at or past this are masked for the row
   for (int r = 0; r < rows; ++r) {
     const int qh = h * rep + r / pr.L, l = r % pr.L;
     const float* src = pr.q + ((int64_t(b) * pr.Hq + qh) * pr.L + l) * D;
     for (int i = 0; i < D; ++i) qs[r][i] = src[i] * pr.scale;
-    for (int g = 0; g < groups; ++g) {
-      float acc = 0.f;
-      for (int i = 0; i < G; ++i) acc += qs[r][g * G + i];
-      qsum[r][g] = acc;
-    }
-    limit[r] = float(pr.causal ? pr.S - pr.L + l + 1 : pr.S);  // keys at or past this are masked
+    limit[r] = pr.causal ? pr.S - pr.L + l + 1 : pr.S;
   }
   out.max.assign(rows, kNegInf);
   out.sum.assign(rows, 0.f);
   out.acc.assign(size_t(rows) * D, 0.f);
 
-  float row[kMaxDim], s[kMaxDim / 32], z[kMaxDim / 32], scores[kMaxRows][kTile];
+  alignas(64) float row[D];
+  alignas(64) float scores[kMaxRows][kTile];
   for (int t0 = k0; t0 < k1; t0 += kTile) {
-    const int t1 = std::min(t0 + kTile, k1);
-    for (int j = t0; j < t1; ++j) {  // scores: q . (s * q_int + z) = s * (q . q_int) + z * sum(q)
-      unpack_row<BITS>(pr.k.data + b * pr.k.data_strides[0] + h * pr.k.data_strides[1] + j * pr.k.data_strides[2],
-                       D, row);
-      load_affine(pr.k, b, h, j, groups, half, s, z);
+    const int n = std::min(kTile, k1 - t0);
+    for (int j = 0; j < n; ++j) {  // scores of the tile's keys, every row
+      load_row<BITS, D, G>(pr.k, b, h, t0 + j, half, row);
       for (int r = 0; r < rows; ++r) {
-        float score = 0.f;
-        for (int g = 0; g < groups; ++g) {
-          float dot = 0.f;
-          for (int i = 0; i < G; ++i) dot += qs[r][g * G + i] * row[g * G + i];
-          score += s[g] * dot + z[g] * qsum[r][g];
-        }
-        scores[r][j - t0] = float(j) < limit[r] ? score : kNegInf;
+        float dot = 0.f;
+        for (int i = 0; i < D; ++i) dot += qs[r][i] * row[i];
+        scores[r][j] = t0 + j < limit[r] ? dot : kNegInf;
       }
     }
-    for (int r = 0; r < rows; ++r) {  // online softmax: fold this tile into the running max and sum
+    for (int r = 0; r < rows; ++r) {  // online softmax: fold the tile into the running max and sum
       float tile_max = kNegInf;
-      for (int j = 0; j < t1 - t0; ++j) tile_max = std::max(tile_max, scores[r][j]);
+      for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, scores[r][j]);
       if (tile_max == kNegInf) {  // every key of the tile is masked for this row
-        std::fill(scores[r], scores[r] + (t1 - t0), 0.f);
+        std::fill(scores[r], scores[r] + n, 0.f);
         continue;
       }
       const float new_max = std::max(out.max[r], tile_max);
-      const float correction = std::exp(out.max[r] - new_max);
+      const float correction = exp_nonpositive(out.max[r] - new_max);
       if (correction != 1.f) {
         out.sum[r] *= correction;
-        for (int i = 0; i < D; ++i) out.acc[size_t(r) * D + i] *= correction;
+        float* acc = out.acc.data() + size_t(r) * D;
+        for (int i = 0; i < D; ++i) acc[i] *= correction;
       }
       float total = 0.f;
-      for (int j = 0; j < t1 - t0; ++j) total += (scores[r][j] = std::exp(scores[r][j] - new_max));
+      for (int j = 0; j < n; ++j) total += (scores[r][j] = exp_nonpositive(scores[r][j] - new_max));
       out.sum[r] += total;
       out.max[r] = new_max;
     }
-    for (int j = t0; j < t1; ++j) {  // values: acc += p * (s * v_int + z)
-      unpack_row<BITS>(pr.v.data + b * pr.v.data_strides[0] + h * pr.v.data_strides[1] + j * pr.v.data_strides[2],
-                       D, row);
-      load_affine(pr.v, b, h, j, groups, half, s, z);
+    for (int j = 0; j < n; ++j) {  // values: acc += p * v
+      load_row<BITS, D, G>(pr.v, b, h, t0 + j, half, row);
       for (int r = 0; r < rows; ++r) {
-        const float p = scores[r][j - t0];
-        if (p == 0.f) continue;
+        const float p = scores[r][j];
         float* acc = out.acc.data() + size_t(r) * D;
-        for (int g = 0; g < groups; ++g) {
-          const float a = p * s[g], c = p * z[g];
-          for (int i = 0; i < G; ++i) acc[g * G + i] += a * row[g * G + i] + c;
-        }
+        for (int i = 0; i < D; ++i) acc[i] += p * row[i];
       }
     }
   }
 }
 
+using BlockFn = void (*)(const Problem&, int, int, int, int, Partial&);
+
 template <int BITS>
-void run(const Problem& pr, float* out, int threads) {
+BlockFn pick_for_bits(int D, int G) {
+  if (G == 32) {
+    switch (D) {
+      case 64: return attend_block<BITS, 64, 32>;
+      case 96: return attend_block<BITS, 96, 32>;
+      case 128: return attend_block<BITS, 128, 32>;
+      case 256: return attend_block<BITS, 256, 32>;
+    }
+  } else if (G == 64) {
+    switch (D) {
+      case 64: return attend_block<BITS, 64, 64>;
+      case 128: return attend_block<BITS, 128, 64>;
+      case 256: return attend_block<BITS, 256, 64>;
+    }
+  }
+  return nullptr;
+}
+
+void run(const Problem& pr, BlockFn attend, float* out, int threads) {
   const int rows = (pr.Hq / pr.Hkv) * pr.L, D = pr.D;
   // Enough blocks per head to keep every thread busy, but none shorter than 256 keys.
   const int heads = pr.B * pr.Hkv;
@@ -187,7 +222,7 @@ void run(const Problem& pr, float* out, int threads) {
     for (int u = next++; u < int(partials.size()); u = next++) {
       const int head = u / splits, part = u % splits;
       const int k0 = part * block, k1 = std::min(pr.S, k0 + block);
-      if (k0 < k1) attend_block<BITS>(pr, head / pr.Hkv, head % pr.Hkv, k0, k1, partials[u]);
+      if (k0 < k1) attend(pr, head / pr.Hkv, head % pr.Hkv, k0, k1, partials[u]);
     }
   };
   std::vector<std::thread> pool;
@@ -236,17 +271,16 @@ int brisk_packed_attention(const float* q, float* out, int B, int Hq, int Hkv, i
                            const int64_t* v_bias_strides) {
   if (bits != 4 && bits != 8) return 1;
   if (group != 32 && group != 64) return 2;
-  if (D > kMaxDim || D % group != 0) return 3;
+  const BlockFn attend = bits == 4 ? pick_for_bits<4>(D, group) : pick_for_bits<8>(D, group);
+  if (attend == nullptr) return 3;  // head dims 64, 96 (group 32), 128, 256
   if (Hkv <= 0 || Hq % Hkv != 0) return 5;
   if ((Hq / Hkv) * L > kMaxRows) return 4;
   Problem pr{q, B, Hq, Hkv, L, S, D, group, bits, causal, half, scale,
              {k_data, k_scales, k_biases, k_data_strides, k_scale_strides, k_bias_strides},
              {v_data, v_scales, v_biases, v_data_strides, v_scale_strides, v_bias_strides}};
-  threads = std::max(1, threads);
-  if (bits == 4) run<4>(pr, out, threads);
-  else run<8>(pr, out, threads);
+  run(pr, attend, out, std::max(1, threads));
   return 0;
 }
 
-int brisk_packed_attention_version() { return 1; }
+int brisk_packed_attention_version() { return 2; }
 }
