@@ -40,11 +40,11 @@ def _cpu_flags() -> list[str]:
     return [f"-m{f}" for f in ("avx2", "fma", "f16c") if f in have]
 
 
-def compile_command(cxx: str, output: Path) -> list[str]:
+def compile_command(cxx: str, output: Path, *extra: str) -> list[str]:
     # Associative math lets the compiler vectorize the dot-product sums; infinities stay
     # (they mark masked keys), so no -ffast-math.
     return [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fassociative-math",
-            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), str(SOURCE), "-o", str(output)]
+            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), *extra, str(SOURCE), "-o", str(output)]
 
 
 def cache_dir() -> Path:
@@ -75,9 +75,13 @@ def _build() -> ctypes.CDLL:
             if done.returncode != 0:
                 raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-2000:]}")
             os.replace(staged, target)  # atomic: a concurrent build never sees half a file
-    lib = ctypes.CDLL(str(target))
+    return open_library(target)
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(path))
     if lib.brisk_packed_attention_version() != VERSION:
-        raise RuntimeError(f"{target} is not version {VERSION}")
+        raise RuntimeError(f"{path} is not version {VERSION}")
     _declare(lib)
     return lib
 

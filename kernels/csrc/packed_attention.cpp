@@ -20,7 +20,9 @@
 #include <thread>
 #include <vector>
 
-#if defined(__F16C__)
+// BRISK_PORTABLE_HALF forces the plain conversion (what CPUs without F16C run; tested).
+#if defined(__F16C__) && !defined(BRISK_PORTABLE_HALF)
+#define BRISK_F16C 1
 #include <immintrin.h>
 #endif
 
@@ -31,7 +33,7 @@ constexpr int kTile = 32;  // keys scored before their values are accumulated
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
+#if defined(BRISK_F16C)
   return _cvtsh_ss(h);
 #else
   uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
@@ -59,7 +61,7 @@ struct Packed {
   const void* scales;
   const void* biases;
   const int64_t* data_strides;   // batch, head, position (elements); the last axis is contiguous
-  const int64_t* scale_strides;  // shared by scales and biases
+  const int64_t* scale_strides;
   const int64_t* bias_strides;
 };
 

@@ -173,3 +173,25 @@ def test_native_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path):
     stamp = built[0].stat().st_mtime_ns
     monkeypatch.setattr(native, "_state", {})
     assert native.load() is not None and built[0].stat().st_mtime_ns == stamp
+
+
+@needs_native
+def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, tmp_path):
+    """CPUs without F16C (and arm64 builds) take the kernel's plain float16 conversion:
+    build that variant and check it on scales with subnormal and negative values."""
+    import subprocess
+
+    cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    lib_path = tmp_path / "portable_half.so"
+    subprocess.run(native.compile_command(cxx, lib_path, "-DBRISK_PORTABLE_HALF"), check=True)
+    monkeypatch.setattr(native, "_state", {"lib": native.open_library(lib_path), "reason": None})
+    q, qk, qv = make(1, 6, 2, 2, 300, 64, 32, 4, seed=9)
+    tiny = lambda p: (p[0], (p[1] * 1e-5).astype(mx.float16), p[2].astype(mx.float16))  # noqa: E731
+    subnormal = tiny(qk)
+    magnitude = mx.abs(subnormal[1])
+    assert ((magnitude > 0) & (magnitude < 6.1e-5)).any().item()  # below float16's smallest normal
+    for keys in (subnormal, (qk[0], qk[1].astype(mx.float16), qk[2].astype(mx.float16))):
+        values = (qv[0], qv[1].astype(mx.float16), qv[2].astype(mx.float16))
+        kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
+        ref = quantized_attention_reference(q, keys, values, **kw)
+        assert mx.allclose(quantized_attention_native(q, keys, values, **kw), ref, atol=1e-4, rtol=1e-4).item()
