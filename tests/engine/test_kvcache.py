@@ -4,12 +4,12 @@ models, prompt-cache trimming, start offset, sliding-window layers."""
 import mlx.core as mx
 import pytest
 from mlx_lm.models import base as mlx_lm_base
-from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from engine.events import EngineErrored, TurnFinished
 from engine.kvcache import MLX_LM_QUANTIZED_SDPA, PackedKVCache, maybe_quantize_kv_cache
 from engine.models.loader import load_folder
-from engine.session import CancelToken, Session
+from engine.session import Session
 from engine.settings import ChatSettings
 from tests.tiny_models import make_tiny_model
 
