@@ -28,6 +28,17 @@
 
 namespace {
 
+// Eight floats / uint32s as GCC/Clang vector extensions: explicit SIMD that compiles to AVX
+// on x86 and to NEON pairs on arm64, without per-ISA intrinsics.
+typedef float v8f __attribute__((vector_size(32), aligned(32)));
+typedef uint32_t v8u __attribute__((vector_size(32), aligned(32)));
+
+inline float hsum(v8f v) {
+  float total = 0.f;
+  for (int i = 0; i < 8; ++i) total += v[i];
+  return total;
+}
+
 constexpr int kMaxRows = 64;
 constexpr int kTile = 32;  // keys scored before their values are accumulated
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -95,17 +106,24 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-// One packed row (D values) to floats: w = scale * q + bias per group of G.
+// One packed row (D values) to floats, eight at a time: w = scale * q + bias per group of G.
 template <int BITS, int D, int G>
-inline void dequantize_row(const uint32_t* words, const float* s, const float* z, float* out) {
-  constexpr int per = 32 / BITS, words_per_group = G / per;
-  constexpr uint32_t mask = (1u << BITS) - 1;
-  for (int g = 0; g < D / G; ++g) {
-    for (int w = 0; w < words_per_group; ++w) {
-      const uint32_t word = words[g * words_per_group + w];
-      for (int n = 0; n < per; ++n)
-        out[g * G + w * per + n] = float((word >> (BITS * n)) & mask) * s[g] + z[g];
+inline void dequantize_row(const uint32_t* words, const float* s, const float* z, v8f* out) {
+  constexpr int per = 32 / BITS;  // values per uint32
+  constexpr int words_per_vec = 8 / per;  // 1 at 4 bits, 2 at 8 bits
+  const v8u shifts = BITS == 4 ? v8u{0, 4, 8, 12, 16, 20, 24, 28} : v8u{0, 8, 16, 24, 0, 8, 16, 24};
+  const v8u mask = v8u{} + ((1u << BITS) - 1);
+  for (int c = 0; c < D / 8; ++c) {
+    const int g = c * 8 / G;
+    v8u word;
+    if (words_per_vec == 1) {
+      word = v8u{} + words[c];
+    } else {
+      const uint32_t a = words[2 * c], b = words[2 * c + 1];
+      word = v8u{a, a, a, a, b, b, b, b};
     }
+    const v8f values = __builtin_convertvector((word >> shifts) & mask, v8f);
+    out[c] = values * s[g] + z[g];
   }
 }
 
@@ -125,7 +143,7 @@ inline void load_affine(const Packed& p, int64_t b, int64_t h, int64_t j, int gr
 }
 
 template <int BITS, int D, int G>
-inline void load_row(const Packed& p, int b, int h, int j, bool half, float* out) {
+inline void load_row(const Packed& p, int b, int h, int j, bool half, v8f* out) {
   float s[D / G], z[D / G];
   load_affine(p, b, h, j, D / G, half, s, z);
   dequantize_row<BITS, D, G>(p.data + b * p.data_strides[0] + h * p.data_strides[1] + j * p.data_strides[2], s, z,
@@ -134,30 +152,34 @@ inline void load_row(const Packed& p, int b, int h, int j, bool half, float* out
 
 template <int BITS, int D, int G>
 void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out) {
+  constexpr int C = D / 8;  // vectors per row
+  constexpr int kRegisterBlock = C % 8 == 0 ? 8 : 4;  // vectors of a row's sums held in registers
   const int rep = pr.Hq / pr.Hkv, rows = rep * pr.L;
   const bool half = pr.half != 0;
-  alignas(64) float qs[kMaxRows][D];  // this KV head's query rows, pre-scaled
-  int limit[kMaxRows];                // keys at or past this are masked for the row
+  v8f qs[kMaxRows][C];  // this KV head's query rows, pre-scaled
+  int limit[kMaxRows];  // keys at or past this are masked for the row
   for (int r = 0; r < rows; ++r) {
     const int qh = h * rep + r / pr.L, l = r % pr.L;
     const float* src = pr.q + ((int64_t(b) * pr.Hq + qh) * pr.L + l) * D;
-    for (int i = 0; i < D; ++i) qs[r][i] = src[i] * pr.scale;
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < 8; ++i) qs[r][c][i] = src[c * 8 + i] * pr.scale;
     limit[r] = pr.causal ? pr.S - pr.L + l + 1 : pr.S;
   }
   out.max.assign(rows, kNegInf);
   out.sum.assign(rows, 0.f);
   out.acc.assign(size_t(rows) * D, 0.f);
 
-  alignas(64) float row[D];
-  alignas(64) float scores[kMaxRows][kTile];
+  // A tile of keys is dequantized once into L1, then read by every row.
+  v8f tile[kTile][C];
+  alignas(32) float scores[kMaxRows][kTile];
   for (int t0 = k0; t0 < k1; t0 += kTile) {
     const int n = std::min(kTile, k1 - t0);
-    for (int j = 0; j < n; ++j) {  // scores of the tile's keys, every row
-      load_row<BITS, D, G>(pr.k, b, h, t0 + j, half, row);
-      for (int r = 0; r < rows; ++r) {
-        float dot = 0.f;
-        for (int i = 0; i < D; ++i) dot += qs[r][i] * row[i];
-        scores[r][j] = t0 + j < limit[r] ? dot : kNegInf;
+    for (int j = 0; j < n; ++j) load_row<BITS, D, G>(pr.k, b, h, t0 + j, half, tile[j]);
+    for (int r = 0; r < rows; ++r) {
+      for (int j = 0; j < n; ++j) {
+        v8f even = qs[r][0] * tile[j][0], odd = v8f{};  // two chains: FMA latency
+        for (int c = 1; c < C; ++c) (c & 1 ? odd : even) += qs[r][c] * tile[j][c];
+        scores[r][j] = t0 + j < limit[r] ? hsum(even + odd) : kNegInf;
       }
     }
     for (int r = 0; r < rows; ++r) {  // online softmax: fold the tile into the running max and sum
@@ -179,12 +201,20 @@ void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out)
       out.sum[r] += total;
       out.max[r] = new_max;
     }
-    for (int j = 0; j < n; ++j) {  // values: acc += p * v
-      load_row<BITS, D, G>(pr.v, b, h, t0 + j, half, row);
-      for (int r = 0; r < rows; ++r) {
-        const float p = scores[r][j];
-        float* acc = out.acc.data() + size_t(r) * D;
-        for (int i = 0; i < D; ++i) acc[i] += p * row[i];
+    for (int j = 0; j < n; ++j) load_row<BITS, D, G>(pr.v, b, h, t0 + j, half, tile[j]);
+    for (int r = 0; r < rows; ++r) {  // values: acc += p * v, a block of the row's sums in registers
+      float* saved = out.acc.data() + size_t(r) * D;  // not 32-byte aligned: memcpy in and out
+      for (int c0 = 0; c0 < C; c0 += kRegisterBlock) {
+        v8f acc[kRegisterBlock];
+#pragma GCC unroll 8
+        for (int c = 0; c < kRegisterBlock; ++c) std::memcpy(&acc[c], saved + (c0 + c) * 8, sizeof(v8f));
+        for (int j = 0; j < n; ++j) {
+          const float p = scores[r][j];
+#pragma GCC unroll 8
+          for (int c = 0; c < kRegisterBlock; ++c) acc[c] += p * tile[j][c0 + c];
+        }
+#pragma GCC unroll 8
+        for (int c = 0; c < kRegisterBlock; ++c) std::memcpy(saved + (c0 + c) * 8, &acc[c], sizeof(v8f));
       }
     }
   }
