@@ -138,9 +138,10 @@ class DraftLengthController:
 
     def observe_scout(self, hits: float, positions: int) -> None:
         """The draft would have proposed `hits` of the last `positions` target tokens."""
-        if positions:
-            self.accepted = DECAY * self.accepted + hits
-            self.rejected = DECAY * self.rejected + (positions - hits)
+        if positions:  # as many observations as positions: older evidence decays per token
+            fade = DECAY ** positions
+            self.accepted = fade * self.accepted + hits
+            self.rejected = fade * self.rejected + (positions - hits)
             self.scouted = True
 
     def _scout_says_it_pays(self) -> bool:
