@@ -195,3 +195,12 @@ def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, t
         kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
         ref = quantized_attention_reference(q, keys, values, **kw)
         assert mx.allclose(quantized_attention_native(q, keys, values, **kw), ref, atol=1e-4, rtol=1e-4).item()
+
+
+@needs_native
+def test_native_head_dim_96_holds_row_sums_in_blocks_of_four():
+    """96 = 12 vectors of 8: the kernel keeps a row's value sums in registers four at a time."""
+    q, qk, qv = make(1, 8, 2, 2, 333, 96, 32, 4, seed=4)
+    kw = dict(scale=96 ** -0.5, mask="causal", group_size=32, bits=4)
+    ref = quantized_attention_reference(q, qk, qv, **kw)
+    assert mx.allclose(quantized_attention_native(q, qk, qv, **kw), ref, atol=1e-4, rtol=1e-4).item()
