@@ -59,9 +59,9 @@ def expected_tokens(alpha: float, k: int) -> float:
 OPTIMISTIC_ALPHA = 1.0
 
 
-# Step costs of each (target, draft) pair measured on this machine, relative to the target's
-# plain step: they belong to the machine and the models, not to one conversation's text,
-# so a new conversation starts from them instead of from the weight-bytes guess.
+# Draft step and verify times of each (target, draft) pair measured on this machine: they
+# belong to the machine and the models, not to one conversation's text, so a new
+# conversation starts from them instead of from the weight-bytes guess.
 _PAIR_COSTS: dict[tuple, dict] = {}
 
 
@@ -77,9 +77,8 @@ class DraftLengthController:
         `pair`: (target id, draft id), to start from costs measured in earlier conversations."""
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
         self.pair = pair
-        known = _PAIR_COSTS.get(pair, {}) if pair else {}
-        self.cost_ratio = known.get("draft", cost_ratio)
-        self.verify_ratios: dict[int, float] = dict(known.get("verify", {}))  # m -> verify / plain step
+        self.cost_ratio = cost_ratio
+        self.known = _PAIR_COSTS.setdefault(pair, {"draft_s": None, "verify_s": {}}) if pair else None
         # acceptance as decayed counts, from a mild prior (α = 0.6 over 5 pseudo-tokens)
         self.accepted, self.rejected = 3.0, 2.0
         self.t_plain, self.t_draft = _Ema(), _Ema()
@@ -146,10 +145,11 @@ class DraftLengthController:
 
     def _scout_says_it_pays(self) -> bool:
         """With the scouted α, does some k beat plain decoding (draft cost from the prior)?"""
-        if self.cost_ratio is None:
+        ratio = self.draft_ratio()
+        if ratio is None:
             return True
         t = self.t_plain.value
-        return any(expected_tokens(self.alpha, k) / (k * self.cost_ratio * t + self.verify_time(k)) > MIN_GAIN / t
+        return any(expected_tokens(self.alpha, k) / (k * ratio * t + self.verify_time(k)) > MIN_GAIN / t
                    for k in range(1, self.max_k + 1))
 
     def _back_off(self) -> int:
@@ -159,10 +159,11 @@ class DraftLengthController:
 
     def could_pay(self) -> bool:
         """Before measuring the draft: would it beat plain decoding even at high acceptance?"""
-        if self.cost_ratio is None:
+        ratio = self.draft_ratio()
+        if ratio is None:
             return True
         t = self.t_plain.value or 1.0  # the answer only depends on ratios
-        return any(expected_tokens(OPTIMISTIC_ALPHA, k) / (k * self.cost_ratio * t + self.verify_time(k))
+        return any(expected_tokens(OPTIMISTIC_ALPHA, k) / (k * ratio * t + self.verify_time(k))
                    > MIN_GAIN / t for k in range(1, self.max_k + 1))
 
     def plain_run(self) -> int:
@@ -194,8 +195,8 @@ class DraftLengthController:
             return self.t_verify[m].value
         base = self.t_plain.value or 1.0
         measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
-        if not measured:  # nothing this conversation: what earlier ones measured, in plain steps
-            measured = sorted((n, r * base) for n, r in self.verify_ratios.items())
+        if not measured and self.known:  # nothing this conversation: what earlier ones measured
+            measured = sorted(self.known["verify_s"].items())
         if not measured:
             return base * (1 + EXTRA_POSITION_COST * m)
         if len(measured) == 1:
@@ -236,17 +237,25 @@ class DraftLengthController:
         self._remember_costs()
 
     def _remember_costs(self) -> None:
-        plain = self.t_plain.value
-        if not self.pair or not plain:
+        if self.known is None:
             return
-        known = _PAIR_COSTS.setdefault(self.pair, {"verify": {}})
         if self.t_draft.value is not None:
-            known["draft"] = self.t_draft.value / plain
-        known["verify"].update({m: e.value / plain for m, e in self.t_verify.items() if e.value is not None})
+            self.known["draft_s"] = self.t_draft.value
+        self.known["verify_s"].update({m: e.value for m, e in self.t_verify.items() if e.value is not None})
+
+    def draft_ratio(self) -> float | None:
+        """The draft step's cost in target steps: measured in this conversation, else in an
+        earlier one with this pair, else the weight-bytes guess."""
+        plain = self.t_plain.value
+        if plain and self.t_draft.value is not None:
+            return self.t_draft.value / plain
+        if plain and self.known and self.known["draft_s"] is not None:
+            return self.known["draft_s"] / plain
+        return self.cost_ratio
 
     def note(self) -> str:
         """Why `auto` drafted nothing, when it decided so without trying."""
         if self.mode == "auto" and self.t_draft.value is None and self.t_plain.value is not None \
                 and not self.could_pay():
-            return f"drafting cannot pay: a draft step costs ~{self.cost_ratio:.2f}x a target step"
+            return f"drafting cannot pay: a draft step costs ~{self.draft_ratio():.2f}x a target step"
         return ""

@@ -381,7 +381,9 @@ def test_a_scout_that_finds_low_acceptance_skips_the_probe():
     assert first.choose() > 0  # it drafted, measuring the costs
     for rate, drafts in ((0.2, False), (1.0, True)):
         c = DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair)
-        assert c.cost_ratio == pytest.approx(0.1 / 0.3)  # measured, not the weight-bytes guess
+        for _ in range(3):
+            c.observe_plain(0.3)
+        assert c.draft_ratio() == pytest.approx(0.1 / 0.3)  # measured earlier, not the weight-bytes guess
         picks = []
         for _ in range(12):
             if c.scout_due():
