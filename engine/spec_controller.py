@@ -76,7 +76,6 @@ class DraftLengthController:
         streams the weights, so their byte ratio), used until the draft is measured.
         `pair`: (target id, draft id), to start from costs measured in earlier conversations."""
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
-        self.pair = pair
         self.cost_ratio = cost_ratio
         self.known = _PAIR_COSTS.setdefault(pair, {"draft_s": None, "verify_s": {}}) if pair else None
         # acceptance as decayed counts, from a mild prior (α = 0.6 over 5 pseudo-tokens)

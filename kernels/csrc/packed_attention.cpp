@@ -78,7 +78,7 @@ struct Packed {
 
 struct Problem {
   const float* q;
-  int B, Hq, Hkv, L, S, D, group, bits, causal, half;
+  int B, Hq, Hkv, L, S, D, causal, half;  // head dim, group and bits are template parameters
   float scale;
   Packed k, v;
 };
@@ -307,7 +307,7 @@ int brisk_packed_attention(const float* q, float* out, int B, int Hq, int Hkv, i
   if (attend == nullptr) return 3;  // head dims 64, 96 (group 32), 128, 256
   if (Hkv <= 0 || Hq % Hkv != 0) return 5;
   if ((Hq / Hkv) * L > kMaxRows) return 4;
-  Problem pr{q, B, Hq, Hkv, L, S, D, group, bits, causal, half, scale,
+  Problem pr{q, B, Hq, Hkv, L, S, D, causal, half, scale,
              {k_data, k_scales, k_biases, k_data_strides, k_scale_strides, k_bias_strides},
              {v_data, v_scales, v_biases, v_data_strides, v_scale_strides, v_bias_strides}};
   run(pr, attend, out, std::max(1, threads));
