@@ -14,6 +14,10 @@ class TurnMetrics:
     prefill_tps: float = 0.0
     generated_tokens: int = 0
     decode_tps: float = 0.0
+    # From the prompt read (all but its last token) to the last answer token: every answer
+    # token's cost, the first one's included (a draft cycle yields its first token with the
+    # rest, so first-to-last token rates flatter speculative decoding).
+    generation_s: float = 0.0
     kv_bytes: int = 0  # measured from the cache arrays, for the tokens they hold
     kv_bytes_formula: int = 0  # 2·layers·kv_heads·head_dim·tokens·bytes, the cross-check
     kv_bytes_allocated: int = 0  # what the buffers reserve (mlx-lm grows them in 256-token steps)

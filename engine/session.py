@@ -192,6 +192,7 @@ class Session:
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
         yield from self._prefill(tokens, cached, settings, metrics, cancel, pack)
+        prompt_read_at = time.perf_counter()
 
         if settings.seed is not None:
             mx.random.seed(settings.seed)
@@ -232,7 +233,7 @@ class Session:
                 metrics.from_draft = decoder.stats.from_draft[:len(answer.token_ids)]
             tail = text.flush()
             answer.content += tail
-            self._finish_metrics(metrics, start, first_at, len(answer.token_ids))
+            self._finish_metrics(metrics, start, first_at, len(answer.token_ids), prompt_read_at)
         if tail:
             yield TokenEmitted(tail, -1)
 
@@ -360,9 +361,11 @@ class Session:
         self._cache, self._cache_tokens, self._cache_mode = None, [], None
         self._shift = self._dense_from = 0
 
-    def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int) -> None:
+    def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int,
+                        prompt_read_at: float) -> None:
         end = time.perf_counter()
         metrics.total_s = end - start
+        metrics.generation_s = end - prompt_read_at
         metrics.generated_tokens = n
         if first_at is not None:
             metrics.prefill_tps = metrics.prefilled_tokens / max(metrics.ttft_s, 1e-9)

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 DEFAULT_MAX_K = 8
 # Recent cycles matter more: acceptance changes with the content (code, prose, lists).
 DECAY = 0.9
+OUTLIER_CLIP = 1.5
 # Drafting must promise this much over plain decoding to be chosen (noise in the timings).
 MIN_GAIN = 1.03
 # Decode streams the weights once whatever the number of positions: each extra position
@@ -45,6 +46,12 @@ class _Ema:
 
     def add(self, x: float, decay: float = 0.7) -> None:
         self.value = x if self.value is None else decay * self.value + (1 - decay) * x
+
+
+def _clip(seconds: float, expected: float | None) -> float:
+    """A timing far above what was expected (a page fault, another process) counts as
+    OUTLIER_CLIP times it: one outlier must not switch drafting off."""
+    return seconds if expected is None else min(seconds, OUTLIER_CLIP * expected)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -78,8 +85,9 @@ class DraftLengthController:
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
         self.cost_ratio = cost_ratio
         self.known = _PAIR_COSTS.setdefault(pair, {"draft_s": None, "verify_s": {}}) if pair else None
-        # acceptance as decayed counts, from a mild prior (α = 0.6 over 5 pseudo-tokens)
-        self.accepted, self.rejected = 3.0, 2.0
+        # acceptance as decayed counts, from a uniform prior (Laplace: one of each), so that
+        # a scout that saw every token proposed can say so (8 of 8 reads as α ≈ 0.95)
+        self.accepted, self.rejected = 1.0, 1.0
         self.t_plain, self.t_draft = _Ema(), _Ema()
         self.t_verify: dict[int, _Ema] = {}
         self.tokens_per_draft = _Ema(1.0)  # target tokens per draft token (≠ 1 across tokenizers)
@@ -88,6 +96,10 @@ class DraftLengthController:
         self.drafting = True
         self.plain_samples = 0
         self.probing, self.probe_k = False, 1
+        # Slow start: a cycle may draft at most 2n + 1 tokens after one that kept n. Acceptance
+        # is bursty (a boilerplate opening, then free prose): after a rejection a long draft
+        # would mostly be thrown away before α, a slow average, has caught up.
+        self.k_cap = self.max_k
         self.scouted = False  # a scout has measured α since the last probe decision
 
     @property
@@ -107,7 +119,7 @@ class DraftLengthController:
             self.probing = True
             return self.probe_k  # then the cheapest draft cycle, to measure its cost
         best_k, best_speed = 0, 1.0 / self.t_plain.value
-        for k in range(1, self.max_k + 1):
+        for k in range(1, self.k_cap + 1):
             speed = self.expected_speed(k)
             if speed > best_speed * (MIN_GAIN if best_k == 0 else 1.0):
                 best_k, best_speed = k, speed
@@ -206,16 +218,20 @@ class DraftLengthController:
         slope = sum((n - mean_n) * (t - mean_t) for n, t in measured) / sum((n - mean_n) ** 2 for n, _ in measured)
         return max(base, mean_t + max(0.0, slope) * (m - mean_n))
 
-    def observe_plain(self, seconds: float) -> None:
+    def observe_plain(self, seconds: float, count: int = 1) -> None:
+        """`count` plain steps that took `seconds` each (a pipelined run reports its mean:
+        its single intervals alternate between two steps' and almost none)."""
         self.scouted = False  # a scout informs the decision right after it only
-        self.plain_samples += 1
-        self.t_plain.add(seconds)
-        self.plain_since_probe += 1
+        self.plain_samples += count
+        for _ in range(count):
+            self.t_plain.add(seconds)
+        self.plain_since_probe += count
 
     def observe_cycle(self, *, drafted: int, proposed: int, accepted: int, draft_s: float, verify_s: float) -> None:
         """One cycle: `drafted` draft steps proposed `proposed` target tokens, `accepted` kept."""
         self.accepted = DECAY * self.accepted + accepted
         self.rejected = DECAY * self.rejected + (1 if accepted < proposed else 0)
+        self.k_cap = min(2 * accepted + 1, self.max_k)
         self.scouted = False
         if self.probing:
             # Probes start at one token (cheapest). One that keeps everything doubles the
@@ -229,10 +245,10 @@ class DraftLengthController:
                 self.probe_k = 1
                 self.probe_gap = min(PROBE_BACKOFF * self.probe_gap, MAX_PROBE_GAP)
         if drafted:
-            self.t_draft.add(draft_s / drafted)
+            self.t_draft.add(_clip(draft_s / drafted, self.t_draft.value))
             self.tokens_per_draft.add(proposed / drafted)
         if proposed:
-            self.t_verify.setdefault(proposed, _Ema()).add(verify_s)
+            self.t_verify.setdefault(proposed, _Ema()).add(_clip(verify_s, self.verify_time(proposed)))
         self._remember_costs()
 
     def _remember_costs(self) -> None:

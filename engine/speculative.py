@@ -220,7 +220,7 @@ class SpeculativeDecoder:
             for _ in range(count):
                 yield self._plain(sequence), False
             return
-        started = time.perf_counter()
+        run_started = started = time.perf_counter()
         queued = self._queue_step(mx.array(sequence[-1:]))
         for i in range(count):
             current = queued
@@ -228,9 +228,12 @@ class SpeculativeDecoder:
                 queued = self._queue_step(current)
             token = int(current.item())
             now = time.perf_counter()
-            self._after_plain(sequence, token, now - started)
+            self._after_plain(sequence, token, now - started, timed=False)
             started = now
             yield token, False
+        # Reading a token back may wait for the step queued after it too, so single
+        # intervals alternate between ~2 steps and ~0: the controller gets the run's mean.
+        self.controller.observe_plain((started - run_started) / count, count)
 
     def _queue_step(self, token: mx.array) -> mx.array:
         logits = self.model(token[None], cache=self.cache)[0]  # (1, V)
@@ -247,11 +250,13 @@ class SpeculativeDecoder:
         self._after_plain(sequence, token, time.perf_counter() - started, tell_draft=tell_draft)
         return token
 
-    def _after_plain(self, sequence, token: int, elapsed: float, *, tell_draft: bool = True) -> None:
+    def _after_plain(self, sequence, token: int, elapsed: float, *, tell_draft: bool = True,
+                     timed: bool = True) -> None:
         sequence.append(token)
         self.stats.plain_steps += 1
         self.stats.plain_s += elapsed
-        self.controller.observe_plain(elapsed)
+        if timed:
+            self.controller.observe_plain(elapsed)
         if tell_draft and self._draft_ready:
             self._to_draft(self.drafter.observe_plain, token)
 

@@ -158,6 +158,10 @@ def test_kv_bytes_measured_equals_the_formula(tiny_llama):
     assert m.kv_bytes == m.kv_bytes_formula == 2 * 2 * 2 * 16 * session.cached_tokens * 4
     assert m.kv_bytes_allocated >= m.kv_bytes
     assert m.peak_memory_bytes > 0 and m.ttft_s > 0
+    # generation runs from the prompt read to the last token: it holds the first-to-last
+    # token span and the first token's own step, and sits inside the turn
+    assert m.generated_tokens > 1
+    assert (m.generated_tokens - 1) / m.decode_tps < m.generation_s < m.total_s
 
 
 def test_invalid_settings_are_refused():

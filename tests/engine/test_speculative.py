@@ -341,6 +341,21 @@ def test_controller_fits_verify_time_through_measured_lengths():
     assert c.verify_time(4) == pytest.approx(0.45 + 3 * 0.05 * 0.3)  # one length: a small per-position cost
     c.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.6, verify_s=0.55)
     assert c.verify_time(2) == pytest.approx(0.5)  # two lengths: the line through them
+    c.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=6.0, verify_s=5.5)  # a stall: 10x both
+    assert c.verify_time(3) == pytest.approx(0.7 * 0.55 + 0.3 * 1.5 * 0.55)  # counted as 1.5x expected
+    assert c.t_draft.value < 0.3
+
+
+def test_after_a_rejection_the_next_draft_is_at_most_twice_as_long():
+    """Slow start: α, a slow average, still says 0.9 when the text turns free; the next
+    cycle drafts at most 2n + 1 after one that kept n."""
+    c = feed(DraftLengthController("auto", 3), plain_s=0.3, draft_s=0.02, verify_s=lambda k: 0.3 + 0.01 * k,
+             alpha=1.0, cycles=60)
+    assert c.choose() == 8
+    c.observe_cycle(drafted=8, proposed=8, accepted=1, draft_s=0.16, verify_s=0.38)
+    assert c.alpha > 0.8 and c.choose() == 3
+    c.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.06, verify_s=0.33)
+    assert c.choose() == 7
 
 
 def test_fully_accepted_probes_lengthen_until_long_drafts_pay():
@@ -396,3 +411,26 @@ def test_a_scout_that_finds_low_acceptance_skips_the_probe():
         assert any(picks) == drafts
         if not drafts:
             assert c.probe_gap > 8 and not c.scout_due()  # backed off: the next scout comes later
+
+
+def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):
+    """A pipelined run's single intervals alternate (a read may wait for the next queued
+    step too), so the controller gets each run's mean: the same total time, one value."""
+    seen, steps = [], []
+    observe, after = DraftLengthController.observe_plain, SpeculativeDecoder._after_plain
+
+    def observe_spy(self, seconds, count=1):
+        seen.append((seconds, count))
+        observe(self, seconds, count)
+
+    def after_spy(self, sequence, token, elapsed, **kw):
+        steps.append(elapsed)
+        after(self, sequence, token, elapsed, **kw)
+
+    monkeypatch.setattr(DraftLengthController, "observe_plain", observe_spy)
+    monkeypatch.setattr(SpeculativeDecoder, "_after_plain", after_spy)
+    session = Session(models["llama"], settings(spec_decode="auto", max_tokens=30), draft=models["llama-draft"])
+    chat(session, PROMPTS[:1])
+    assert any(count > 1 for _, count in seen)  # runs were pipelined, each reported once
+    assert sum(count for _, count in seen) == len(steps)
+    assert sum(s * count for s, count in seen) == pytest.approx(sum(steps), rel=1e-6)
