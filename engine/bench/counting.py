@@ -1,11 +1,13 @@
 """`brisk bench counting`: an exhaustive task, where every part of the document matters.
 
-A shipping log in which a few entries, spread evenly, are green; the model must list
-every green entry and say how many there are. A fixed keep can only show the target
-the green entries inside its kept chunks. `auto` finds the importance spread over many
-chunks and keeps more of them, or prefills fully and says so. The score is the recall
-of the green entry numbers and whether the stated count is right, for full prefill,
-fixed keep and auto, on the same documents.
+A shipping log in which a few items, one in each equal stretch of it, are green and went
+to cities no other item went to; the model must name every city that received a green
+item and say how many there are. (Asking for entry numbers instead defeated the 1.5B
+target even with full prefill: it listed runs of consecutive numbers.) A fixed keep can
+only show the target the green lines inside its kept chunks. `auto` finds the importance
+spread over many chunks and keeps more of them, or prefills fully and says so. The score
+is the recall and precision of the named cities and whether the stated count is right,
+for full prefill, fixed keep and auto, on the same documents.
 """
 
 from __future__ import annotations
@@ -14,33 +16,43 @@ import random
 import re
 
 from engine.bench.common import print_table
+from engine.errors import InvalidSettings
 
 COLOURS = ("red", "blue", "yellow", "white", "black", "grey", "brown", "orange")
 OBJECTS = ("box", "crate", "bag", "barrel", "parcel", "case", "drum", "sack")
 CITIES = ("Oslo", "Lyon", "Porto", "Turin", "Ghent", "Basel", "Cork", "Graz", "Split", "Bergen", "Malmo", "Leeds")
-ASK = ("\n\nWhich entries in the log above mention a green item? List all their entry numbers, separated by "
-       "commas, then say how many there are.")
+# only green items go here, so the answer is a set of names, each named once in the log
+GREEN_CITIES = ("Tallinn", "Krakow", "Seville", "Dublin", "Munich", "Vienna", "Prague", "Zagreb", "Riga", "Nantes",
+                "Bruges", "Verona")
+ASK = ("\n\nWhich cities received a green item? List every one of them, separated by commas, then say how many "
+       "there are.")
 
 
-def counting_document(entries: int, green: int, seed: int) -> tuple[str, list[int]]:
-    """A log of `entries` lines with `green` green items, one in each equal stretch of it."""
+def counting_document(entries: int, green: int, seed: int) -> tuple[str, list[str]]:
+    """A log of `entries` lines with `green` green items, one in each equal stretch of it;
+    returns the text and the green items' cities in log order."""
+    if not 0 < green <= min(entries, len(GREEN_CITIES)):
+        raise InvalidSettings(f"--green must be between 1 and {min(entries, len(GREEN_CITIES))}")
     rng = random.Random(seed)
     stretch = entries / green
-    greens = sorted(int(i * stretch + rng.random() * stretch) + 1 for i in range(green))
+    slots = [int(i * stretch + rng.random() * stretch) + 1 for i in range(green)]
+    cities = rng.sample(GREEN_CITIES, green)
     lines = []
     for n in range(1, entries + 1):
-        colour = "green" if n in greens else rng.choice(COLOURS)
-        lines.append(f"Entry {n}: a {colour} {rng.choice(OBJECTS)} was shipped to {rng.choice(CITIES)}.")
-    return "Shipping log\n" + "\n".join(lines) + ASK, greens
+        if n in slots:
+            lines.append(f"A green {rng.choice(OBJECTS)} was shipped to {cities[slots.index(n)]}.")
+        else:
+            lines.append(f"A {rng.choice(COLOURS)} {rng.choice(OBJECTS)} was shipped to {rng.choice(CITIES)}.")
+    return "Shipping log\n" + "\n".join(lines) + ASK, cities
 
 
-def score_answer(answer: str, greens: list[int]) -> dict:
-    """Recall and precision of the listed entry numbers; the count is the last number."""
-    numbers = [int(x) for x in re.findall(r"\d+", answer)]
-    listed = set(numbers[:-1]) if len(numbers) > 1 else set(numbers)
-    hits = len(listed & set(greens))
-    return {"recall": hits / len(greens), "precision": hits / len(listed) if listed else 0.0,
-            "count_right": bool(numbers) and numbers[-1] == len(greens)}
+def score_answer(answer: str, cities: list[str]) -> dict:
+    """Recall and precision of the named cities; the count is the last number."""
+    named = {c for c in CITIES + GREEN_CITIES if re.search(rf"\b{c}\b", answer)}
+    hits = len(named & set(cities))
+    numbers = re.findall(r"\d+", answer)
+    return {"recall": hits / len(cities), "precision": hits / len(named) if named else 0.0,
+            "count_right": bool(numbers) and int(numbers[-1]) == len(cities)}
 
 
 def run_counting(target_id: str, draft_id: str, entries: int, green: int, seeds: list[int], keep: float, *,
@@ -55,7 +67,7 @@ def run_counting(target_id: str, draft_id: str, entries: int, green: int, seeds:
     payload = {"target": target_id, "draft": draft_id, "entries": entries, "green": green, "keep": keep, "rows": []}
     rows = []
     for seed in seeds:
-        text, greens = counting_document(entries, green, seed)
+        text, cities = counting_document(entries, green, seed)
         for name, (mode, k) in modes.items():
             settings = ChatSettings(model=target_id, temperature=0.0, max_tokens=8 * green + 32, sparse_prefill=mode,
                                     sparse_keep=k, sparse_threshold=0, spec_decode="off", draft=draft_id)
@@ -64,7 +76,7 @@ def run_counting(target_id: str, draft_id: str, entries: int, green: int, seeds:
                     m = event.metrics
                     entry = {"seed": seed, "mode": name, "prompt_tokens": m.prompt_tokens, "kept": m.kept_tokens,
                              "sparse_prefill": m.sparse_prefill, "ttft_s": m.ttft_s, "answer": event.text.strip(),
-                             **score_answer(event.text, greens)}
+                             **score_answer(event.text, cities)}
                     payload["rows"].append(entry)
                     rows.append([seed, name, m.prompt_tokens, m.kept_tokens or m.prompt_tokens, entry["recall"],
                                  entry["precision"], entry["count_right"], m.ttft_s, m.sparse_prefill[:40]])

@@ -232,15 +232,21 @@ def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
         assert arch == "nemotron_h" and scorer.cache.tokens == []
 
 
-def test_counting_document_spreads_green_entries_and_scores_lists_and_counts():
-    from engine.bench.counting import counting_document, score_answer
+def test_counting_document_spreads_green_items_and_scores_cities_and_counts():
+    from engine.bench.counting import GREEN_CITIES, counting_document, score_answer
+    from engine.errors import InvalidSettings
 
-    text, greens = counting_document(120, 12, seed=7)
-    assert len(greens) == 12 and len(set(greens)) == 12
-    assert [g // 10 for g in [x - 1 for x in greens]] == list(range(12))  # one per stretch of 10 entries
-    assert sorted(int(n) for n in re.findall(r"Entry (\d+): a green", text)) == greens
-    assert text.count("\nEntry ") == 120
-    perfect = score_answer(", ".join(map(str, greens)) + f". There are {len(greens)}.", greens)
+    text, cities = counting_document(120, 12, seed=7)
+    lines = text.split("\n")[1:121]
+    green_rows = [i for i, line in enumerate(lines) if " green " in line]
+    assert [row // 10 for row in green_rows] == list(range(12))  # one per stretch of 10 entries
+    assert [lines[i].split(" to ")[1].rstrip(".") for i in green_rows] == cities
+    assert sorted(cities) == sorted(GREEN_CITIES)  # each named once, nowhere else
+    assert all(text.count(c) == 1 for c in cities)
+    perfect = score_answer(", ".join(cities) + f". There are {len(cities)} of them.", cities)
     assert perfect == {"recall": 1.0, "precision": 1.0, "count_right": True}
-    half = score_answer(", ".join(map(str, greens[:6] + [greens[0] + 1])) + ". That makes 7.", greens)
+    half = score_answer(", ".join(cities[:6]) + ", Oslo. That makes 7.", cities)
     assert half["recall"] == 0.5 and half["precision"] == 6 / 7 and not half["count_right"]
+    assert score_answer("none", cities) == {"recall": 0.0, "precision": 0.0, "count_right": False}
+    with pytest.raises(InvalidSettings, match="--green"):
+        counting_document(40, 13, seed=1)
