@@ -37,6 +37,7 @@ from engine.settings import ChatSettings
 from engine.spec_controller import DraftLengthController
 from engine.speculative import SpeculativeDecoder
 from engine.specprefill import CHUNK, DraftScorer, SparsePrefillDeclined, select_chunks, sparse_prefill
+from kernels.skinny_matmul import verify_path
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,7 @@ class Session:
         if self._controller is None or self._controller_key != key:
             self._controller = DraftLengthController(settings.spec_decode, settings.num_draft,
                                                      cost_ratio=cost_ratio(self.draft, self.lm),
-                                                     pair=(self.lm.id, self.draft.id))
+                                                     pair=(self.lm.id, self.draft.id, verify_path()))
             self._controller_key = key
         decoder = SpeculativeDecoder(self._model(), self._cache, drafter, self._controller, dist,
                                      rule=settings.spec_rule, max_tokens=max_tokens)

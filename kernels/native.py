@@ -1,6 +1,6 @@
 """Build and load the native CPU kernels in kernels/csrc/ on first use.
 
-The shared library is compiled once per source, compiler flags and Python version into
+Every source there goes into one shared library, compiled once per sources, compiler flags and Python version into
 Brisk's cache folder (`BRISK_KERNEL_CACHE` overrides it) with the system C++ compiler
 (`CXX`, else `c++`), and loaded through ctypes: no MLX headers, nanobind or build step at
 install time. When no compiler is found or the build fails, `load()` returns None and
@@ -21,8 +21,12 @@ import tempfile
 import threading
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("csrc") / "packed_attention.cpp"
-VERSION = 2  # must match brisk_packed_attention_version()
+CSRC = Path(__file__).with_name("csrc")
+# Each source's version function and the version this Python side speaks.
+SOURCES = {
+    CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 2),
+    CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
+}
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -44,7 +48,7 @@ def compile_command(cxx: str, output: Path, *extra: str) -> list[str]:
     # Associative math lets the compiler vectorize the dot-product sums; infinities stay
     # (they mark masked keys), so no -ffast-math.
     return [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fassociative-math",
-            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), *extra, str(SOURCE), "-o", str(output)]
+            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), *extra, *map(str, SOURCES), "-o", str(output)]
 
 
 def cache_dir() -> Path:
@@ -56,10 +60,10 @@ def cache_dir() -> Path:
 
 
 def library_path(cxx: str) -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes())
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
     key.update(" ".join(compile_command(cxx, Path("out"))).encode())
     key.update(f"{sys.implementation.cache_tag}-{platform.machine()}".encode())
-    return cache_dir() / f"packed_attention-{key.hexdigest()[:16]}{'.dylib' if sys.platform == 'darwin' else '.so'}"
+    return cache_dir() / f"brisk_kernels-{key.hexdigest()[:16]}{'.dylib' if sys.platform == 'darwin' else '.so'}"
 
 
 def _build() -> ctypes.CDLL:
@@ -73,15 +77,16 @@ def _build() -> ctypes.CDLL:
             staged = Path(tmp) / target.name
             done = subprocess.run(compile_command(cxx, staged), capture_output=True, text=True)
             if done.returncode != 0:
-                raise RuntimeError(f"compiling {SOURCE.name} failed: {done.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"compiling the kernels in {CSRC} failed: {done.stderr.strip()[-2000:]}")
             os.replace(staged, target)  # atomic: a concurrent build never sees half a file
     return open_library(target)
 
 
 def open_library(path: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(path))
-    if lib.brisk_packed_attention_version() != VERSION:
-        raise RuntimeError(f"{path} is not version {VERSION}")
+    for name, version in SOURCES.values():
+        if getattr(lib, name)() != version:
+            raise RuntimeError(f"{path}: {name}() is not {version}")
     _declare(lib)
     return lib
 
@@ -90,6 +95,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
     lib.brisk_packed_attention.restype = ctypes.c_int
     lib.brisk_packed_attention.argtypes = [p, p] + [i] * 10 + [f, i] + [p] * 12
+    lib.brisk_skinny_matmul.restype = ctypes.c_int
+    lib.brisk_skinny_matmul.argtypes = [p] * 4 + [i] * 4
 
 
 def load() -> ctypes.CDLL | None:

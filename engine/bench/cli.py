@@ -83,11 +83,20 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])
     p.add_argument("--rules", type=lambda t: t.split(","), default=["rejection"], help="rejection,match")
     p.add_argument("--mlx-lm", type=_ints, default=[2, 3], help="k values for mlx-lm's speculative decoding")
+    p.add_argument("--blas-verify", type=_ks, default=[], help="k values (or auto) also run with the few-row "
+                   "native matmul off, e.g. 4,auto")
     p.add_argument("--gen", type=int, default=64)
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--runs", type=int, default=2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _specdecode(a))
+    p = bench.add_parser("verify", help="a verify pass of R rows, in plain steps: native few-row matmul vs BLAS")
+    p.add_argument("--model", required=True)
+    p.add_argument("--rows", type=_ints, default=[2, 3, 5, 9])
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _verify(a))
     p = bench.add_parser("spec-acceptance", help="expected acceptance of rejection sampling vs matching, same positions")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
@@ -159,7 +168,15 @@ def _specdecode(args) -> int:
     from engine.bench.specdecode import run_specdecode
 
     run_specdecode(args.target, args.draft, args.num_draft, contents=args.contents, runs=args.runs, gen=args.gen,
-                   temp=args.temp, rules=args.rules, mlx_lm_ks=args.mlx_lm, as_json=args.json)
+                   temp=args.temp, rules=args.rules, mlx_lm_ks=args.mlx_lm, as_json=args.json,
+                   blas_ks=args.blas_verify)
+    return 0
+
+
+def _verify(args) -> int:
+    from engine.bench.verify import run_verify
+
+    run_verify(args.model, args.rows, context=args.context, runs=args.runs, as_json=args.json)
     return 0
 
 

@@ -7,7 +7,8 @@ tokens over the time from the prompt read to the last token, less the draft's ow
 prefill (a TTFT cost, reported by the specprefill and overhead benches). First-to-last
 token rates would flatter drafting: a cycle yields its first token together with the
 rest. Then the paired ratio to plain decoding, acceptance, tokens per target pass, mean k,
-and whether the output equals plain decoding's (greedy: it must).
+and whether the output equals plain decoding's (greedy: it must). Variants marked "blas
+verify" run with the few-row native matmul off (kernels/skinny_matmul.py): its A/B.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import time
 
 from engine.bench.common import interleave, median, paired_ratio, print_table
+from kernels.skinny_matmul import blas_only
 
 CONTENTS = {
     "structured": "Write a JSON array with one object per month of the year, each with the fields "
@@ -73,8 +75,16 @@ def _mlx_lm(target, draft, prompt: str, *, k: int, gen: int) -> dict:
             "ids": ids, "draft_share": float("nan")}
 
 
+def _with_blas_verify(run):
+    def variant():
+        with blas_only():
+            return run()
+    return variant
+
+
 def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[str], runs: int, gen: int,
-                   temp: float, rules: list[str], mlx_lm_ks: list[int], as_json: bool) -> dict:
+                   temp: float, rules: list[str], mlx_lm_ks: list[int], as_json: bool,
+                   blas_ks: list = ()) -> dict:
     from engine.models.loader import load_model
 
     target, draft = load_model(target_id), load_model(draft_id)
@@ -93,9 +103,14 @@ def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[st
                 variants[name] = lambda k=k, rule=rule: _brisk(
                     target, draft, prompt, mode="auto" if k == "auto" else "on", k=3 if k == "auto" else k,
                     rule=rule, gen=gen, temp=temp, seed=0)
+        for k in blas_ks:
+            variants[f"{'auto' if k == 'auto' else f'k={k}'} blas verify"] = _with_blas_verify(
+                lambda k=k: _brisk(target, draft, prompt, mode="auto" if k == "auto" else "on",
+                                   k=3 if k == "auto" else k, rule=rules[0], gen=gen, temp=temp, seed=0))
         if same and temp == 0:
             for k in mlx_lm_ks:
-                variants[f"mlx-lm k={k}"] = lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen)
+                # Stock mlx-lm verifies through BLAS: so does this baseline.
+                variants[f"mlx-lm k={k}"] = _with_blas_verify(lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen))
         res = interleave(runs, variants)
         plain = res["plain"]
         for name, got in res.items():

@@ -43,6 +43,8 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     import mlx.core as mx
     from mlx_lm.utils import load
 
+    from kernels.skinny_matmul import use_skinny_matmul
+
     path = Path(path)
     info = inspect_folder(path)  # names the problem before mlx-lm can fail obscurely
     config = read_config(path)
@@ -54,6 +56,8 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     if dtype == "float32":
         model.set_dtype(mx.float32)  # leaves quantized (integer) weights as they are
         mx.eval(model.parameters())
+        swapped = use_skinny_matmul(model)  # speculative verify: few-row products, native kernel
+        log.debug("%s: %d layers take few-row products to the native kernel", path.name, swapped)
     if not tokenizer.eos_token_ids:
         log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)
     return LoadedModel(model_id or path.name, path, model, tokenizer, config, info, dtype)

@@ -1,0 +1,136 @@
+"""Few-row float32 matmuls (speculative verify) by the native CPU kernel.
+
+On the CPU a verify pass sends k+1 token rows through every weight matrix, and MKL's
+sgemm for 2-16 rows runs at a fraction of its one-row speed: verifying 5 tokens of
+Qwen2.5-1.5B cost about 3 plain decode steps, so drafting barely paid.
+kernels/csrc/skinny_matmul.cpp reads each weight row once for all the rows.
+
+`use_skinny_matmul(model)` swaps a loaded model's float `nn.Linear` layers (and a tied
+embedding's `as_linear`, the output head) for subclasses that send 2-16 row float32
+products on the CPU to the kernel and everything else (one-row decode, where MKL is as
+fast; prefill chunks; GPU; other dtypes) to MLX as before. The kernel call is eager: it
+evaluates its input, which costs little next to a weight matrix streamed from memory.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+from mlx.utils import tree_map_with_path
+
+from kernels import native
+from kernels.native_attention import NativeUnsupported, threads
+
+MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
+
+_switch = {"on": True}
+
+
+@contextmanager
+def blas_only():
+    """Swapped layers use MLX's BLAS path inside this block (the benchmark's A/B)."""
+    before, _switch["on"] = _switch["on"], False
+    try:
+        yield
+    finally:
+        _switch["on"] = before
+
+
+def verify_path() -> str:
+    """Which path few-row float32 products take now: "native" or "blas"."""
+    return "native" if _switch["on"] and native.load() is not None else "blas"
+
+
+def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x @ weight.T (+ bias) for float32 x (..., K) with 1-16 rows and weight (N, K)."""
+    lib = native.load()
+    if lib is None:
+        raise NativeUnsupported(native.unavailable_reason())
+    if x.dtype != mx.float32 or weight.dtype != mx.float32 or (bias is not None and bias.dtype != mx.float32):
+        raise NativeUnsupported("the skinny matmul takes float32 only")
+    *lead, k = x.shape
+    n = weight.shape[0]
+    rows = _rows(x)
+    if weight.ndim != 2 or weight.shape[1] != k or not 1 <= rows <= MAX_ROWS:
+        raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
+    mx.eval(x, weight, *([] if bias is None else [bias]))
+    xs = np.ascontiguousarray(np.asarray(x).reshape(rows, k))
+    w = np.asarray(weight)
+    if not w.flags.c_contiguous:
+        raise NativeUnsupported("a strided weight")  # copying it would cost more than BLAS
+    b = None if bias is None else np.ascontiguousarray(np.asarray(bias))
+    out = np.empty((rows, n), np.float32)
+    code = lib.brisk_skinny_matmul(xs.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data,
+                                   out.ctypes.data, rows, k, n, threads())
+    if code:
+        raise NativeUnsupported(f"the skinny matmul declined (code {code})")
+    return mx.array(out).reshape(*lead, n)
+
+
+def _rows(x: mx.array) -> int:
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    return rows
+
+
+def _worth_it(x: mx.array, weight: mx.array) -> bool:
+    return (_switch["on"] and MIN_ROWS <= _rows(x) <= MAX_ROWS and x.dtype == mx.float32 and weight.dtype == mx.float32
+            and mx.default_device() == mx.cpu)
+
+
+class SkinnyLinear(nn.Linear):
+    """nn.Linear whose few-row float32 products on the CPU run in the native kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if _worth_it(x, self["weight"]):
+            try:
+                return skinny_matmul_native(x, self["weight"], self.get("bias"))
+            except NativeUnsupported:
+                pass
+        return super().__call__(x)
+
+
+class SkinnyEmbedding(nn.Embedding):
+    """nn.Embedding whose `as_linear` (a tied output head) takes the same route."""
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if _worth_it(x, self.weight):
+            try:
+                return skinny_matmul_native(x, self.weight)
+            except NativeUnsupported:
+                pass
+        return super().as_linear(x)
+
+
+def _swap(module: nn.Module, cls: type) -> nn.Module:
+    # A module of the subclass holding the same arrays and state (no copy of the weights).
+    fresh = cls.__new__(cls)
+    fresh.__dict__.update(module.__dict__)
+    dict.update(fresh, module)
+    return fresh
+
+
+def use_skinny_matmul(model: nn.Module) -> int:
+    """Route the model's few-row float products to the native kernel; returns layers swapped.
+
+    Does nothing (returns 0) when the kernel cannot be had. Quantized layers are left alone:
+    they are not nn.Linear.
+    """
+    if native.load() is None:
+        return 0
+    swapped = 0
+
+    def swap(_path, module):
+        nonlocal swapped
+        for base, cls in ((nn.Linear, SkinnyLinear), (nn.Embedding, SkinnyEmbedding)):
+            if type(module) is base:
+                swapped += 1
+                return _swap(module, cls)
+        return module
+
+    model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
+    return swapped

@@ -1,0 +1,140 @@
+"""The few-row native matmul (speculative verify) against MLX's own matmul."""
+
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from kernels import native, skinny_matmul
+from kernels.native_attention import NativeUnsupported
+from kernels.skinny_matmul import (SkinnyEmbedding, SkinnyLinear, blas_only, skinny_matmul_native,
+                                   use_skinny_matmul, verify_path)
+
+HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
+needs_native = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel")
+
+
+@needs_native
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 8, 13, 16])
+@pytest.mark.parametrize("k,n", [(64, 96), (37, 11), (200, 129)])  # K not a multiple of 8, N odd
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_native_matmul_equals_mlx(rows, k, n, with_bias):
+    mx.random.seed(rows * 1000 + k + n)
+    x, w = mx.random.normal((rows, k)), mx.random.normal((n, k))
+    bias = mx.random.normal((n,)) if with_bias else None
+    want = x @ w.T + (bias if with_bias else 0)
+    got = skinny_matmul_native(x, w, bias)
+    assert got.shape == (rows, n) and got.dtype == mx.float32
+    assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
+
+
+@needs_native
+@pytest.mark.parametrize("threads", ["1", "2", "7"])
+def test_native_matmul_splits_columns_across_threads(monkeypatch, threads):
+    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    x, w = mx.random.normal((1, 5, 256)), mx.random.normal((1000, 256))  # batch and position axes kept
+    got = skinny_matmul_native(x, w)
+    assert got.shape == (1, 5, 1000)
+    assert mx.allclose(got, x @ w.T, atol=1e-4, rtol=1e-4).item()
+
+
+@needs_native
+def test_native_matmul_refuses_what_it_does_not_take():
+    w = mx.random.normal((8, 16))
+    with pytest.raises(NativeUnsupported, match="float32"):
+        skinny_matmul_native(mx.ones((2, 16), mx.bfloat16), w)
+    with pytest.raises(NativeUnsupported, match="shapes"):
+        skinny_matmul_native(mx.ones((17, 16)), w)
+    with pytest.raises(NativeUnsupported, match="strided"):
+        skinny_matmul_native(mx.ones((2, 8)), w.T)
+
+
+def _tiny_net(tied: bool = True):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(50, 32)
+            self.proj = nn.Linear(32, 64, bias=True)
+            self.down = nn.Linear(64, 32, bias=False)
+            self.head = None if tied else nn.Linear(32, 50)
+
+        def __call__(self, ids):
+            h = self.down(nn.silu(self.proj(self.embed(ids))))
+            return self.embed.as_linear(h) if self.head is None else self.head(h)
+
+    net = Net()
+    mx.eval(net.parameters())
+    return net
+
+
+@needs_native
+def test_swapped_layers_route_few_rows_to_the_kernel_and_keep_the_function(monkeypatch):
+    net = _tiny_net()
+    ids = mx.array([[1, 2, 3, 4, 5]])
+    want_many, want_one = net(ids), net(ids[:, :1])
+    weight = net.proj.weight
+    assert use_skinny_matmul(net) == 3
+    assert type(net.proj) is SkinnyLinear and type(net.embed) is SkinnyEmbedding
+    assert net.proj.weight is weight  # the same arrays, not a copy
+    calls = []
+    monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
+                        lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
+    assert mx.allclose(net(ids), want_many, atol=1e-5).item()
+    assert calls == [(1, 5, 32), (1, 5, 64), (1, 5, 32)]  # proj, down, tied head
+    assert mx.allclose(net(ids[:, :1]), want_one, atol=1e-5).item()
+    assert len(calls) == 3  # one row stays with BLAS
+    with blas_only():
+        assert verify_path() == "blas"
+        net(ids)
+    assert len(calls) == 3 and verify_path() == "native"
+
+
+@needs_native
+def test_quantized_and_half_precision_layers_stay_with_mlx(monkeypatch):
+    net = _tiny_net(tied=False)
+    nn.quantize(net, group_size=32, bits=4, class_predicate=lambda p, m: p == "down")
+    assert use_skinny_matmul(net) == 3  # embed, proj, head; not the quantized down projection
+    assert type(net.down) is nn.QuantizedLinear
+    calls = []
+    monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
+                        lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
+    net.set_dtype(mx.bfloat16)
+    out = net(mx.array([[1, 2, 3]]))
+    assert calls == [] and out.dtype == mx.bfloat16
+
+
+def test_without_the_native_library_nothing_is_swapped(monkeypatch):
+    monkeypatch.setattr(native, "_state", {"lib": None, "reason": "turned off for the test"})
+    net = _tiny_net()
+    assert use_skinny_matmul(net) == 0 and type(net.proj) is nn.Linear
+    assert verify_path() == "blas"
+
+
+@needs_native
+@pytest.mark.parametrize("arch", ["qwen2", "gemma3_text", "gpt_oss"])
+def test_loaded_models_verify_through_the_kernel_with_the_same_logits(tmp_path, arch, monkeypatch):
+    """The loader swaps the layers; a 5-token step after a cached prefix (what a verify pass is)
+    goes to the kernel and gives MLX's logits."""
+    from engine.models.loader import load_folder
+    from tests.tiny_models import make_tiny_model
+
+    lm = load_folder(make_tiny_model(tmp_path / arch, arch), model_id=arch)
+    assert any(isinstance(m, SkinnyLinear) for m in lm.model.modules())
+    ids = (mx.arange(25)[None] * 7 + 3) % 300
+
+    def logits():
+        cache = make_prompt_cache(lm.model)
+        lm.model(ids[:, :20], cache=cache)  # 20 rows: a prefill chunk, BLAS's
+        return lm.model(ids[:, 20:], cache=cache)
+
+    calls = []
+    monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
+                        lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
+    with blas_only():
+        want = logits()
+    assert calls == []
+    got = logits()
+    assert calls and all(shape[-2] == 5 for shape in calls)
+    assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
