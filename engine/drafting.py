@@ -53,8 +53,11 @@ class _Drafter:
             pass
         self.pending = sequence[-1:]
 
-    def _draft(self, k: int, history: list[int], eos: set[int]) -> tuple[list[int], list[mx.array]]:
-        """Feed the pending tokens, then sample up to k draft tokens (stopping after EOS)."""
+    def _draft(self, k: int, history: list[int], eos: set[int],
+               stop_below: float = 0.0) -> tuple[list[int], list[mx.array]]:
+        """Feed the pending tokens, then sample up to k draft tokens, stopping after EOS or
+        after a token the draft gave less than `stop_below` probability: where the draft
+        is unsure the target usually disagrees, and every token drafted past it is wasted."""
         self._mark = (CacheCheckpoint(self.tc.cache, len(self.pending) + k), len(self.tc.tokens))
         feed, drafted, rows = list(self.pending), [], []
         for i in range(k):
@@ -65,6 +68,9 @@ class _Drafter:
             drafted.append(token)
             rows.append(probs)
             if token in eos:
+                break
+            if stop_below and i + 1 < k and self.dist.confidence(logits, probs, history + drafted[:-1],
+                                                                 token) < stop_below:
                 break
             feed = [token]
         self.pending = []
@@ -128,10 +134,10 @@ class SameTokenizerDrafter(_Drafter):
         self._sync(prompt)
         self.target = list(prompt)  # the target's tokens so far (also the draft's, same vocabulary)
 
-    def propose(self, k: int) -> Proposal:
+    def propose(self, k: int, stop_below: float = 0.0) -> Proposal:
         if self.tc.cache is None:  # reset by a rewind it could not do in place
             self._sync(self.target)
-        tokens, rows = self._draft(k, self.target, set(self.draft.tokenizer.eos_token_ids))
+        tokens, rows = self._draft(k, self.target, set(self.draft.tokenizer.eos_token_ids), stop_below)
         return Proposal(tokens, mx.concatenate(rows, axis=0), len(tokens))
 
     def _follow(self) -> None:
@@ -160,11 +166,11 @@ class TranslatingDrafter(_Drafter):
         self.answer_spans: list[tuple[int, int]] = []  # their character spans in that text
         self._sync(self.base)
 
-    def propose(self, k: int) -> Proposal:
+    def propose(self, k: int, stop_below: float = 0.0) -> Proposal:
         if self.tc.cache is None:
             self._sync(self.base + self.answer_ids)
         sequence = self.base + self.answer_ids
-        drafted, _ = self._draft(k, sequence, set(self.draft.tokenizer.eos_token_ids))
+        drafted, _ = self._draft(k, sequence, set(self.draft.tokenizer.eos_token_ids), stop_below)
         eos = set(self.draft.tokenizer.eos_token_ids)
         clean = drafted[:next((i for i, t in enumerate(drafted) if t in eos), len(drafted))]
         text = _continuation(self.draft.tokenizer, sequence[-self.prefix:], clean)

@@ -62,6 +62,13 @@ class TokenDistribution:
             return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
         return mx.softmax(self._filtered(logits) / self.settings.temperature, axis=-1, precise=True)
 
+    def confidence(self, logits: mx.array, probs: mx.array, history: list[int], token: int) -> float:
+        """The probability the model gives its own pick `token` from one row: its sampling
+        probability, or when greedy the softmax of the processed logits (one-hot says nothing)."""
+        if not self.greedy:
+            return float(probs[0, token].item())
+        return float(mx.softmax(self.process(logits, history, [])[0], precise=True)[token].item())
+
     def _filtered(self, logits: mx.array) -> mx.array:
         from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 

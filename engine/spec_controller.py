@@ -17,6 +17,10 @@ one pass (it must read them before drafting anyway) and reports how often it wou
 proposed them. That measures α on many tokens without a target pass, so a probe that
 could only lose (prose, most code on a CPU where a verify costs 1.4 plain steps) is
 skipped, and only the draft's catch-up is spent on it.
+
+Within a cycle the draft stops early after a token it gave less than CONFIDENCE_STOP
+probability, so a burst of acceptance (a story's stock opening) that lifted α does not
+buy a long draft into free text.
 """
 
 from __future__ import annotations
@@ -33,6 +37,10 @@ MIN_GAIN = 1.03
 # Decode streams the weights once whatever the number of positions: each extra position
 # is assumed to add this share of a plain step until measured.
 EXTRA_POSITION_COST = 0.05
+# `auto` drafts stop after a token the draft gives less than this probability (Hugging
+# Face's assistant_confidence_threshold default): a long draft into free text otherwise
+# costs several plain steps for one token.
+CONFIDENCE_STOP = 0.4
 PLAIN_SAMPLES_FIRST = 3  # plain steps timed before the first draft
 FIRST_PROBE_AFTER = 16  # plain steps before the first probe when drafting is off
 FIRST_SCOUT_AFTER = 8  # plain tokens the draft scores before its first cycle of a turn
@@ -135,6 +143,10 @@ class DraftLengthController:
             self.probing = True
             return self.probe_k
         return 0
+
+    def stop_below(self) -> float:
+        """Draft confidence below which a cycle's drafting stops early (`on` drafts its k)."""
+        return CONFIDENCE_STOP if self.mode == "auto" else 0.0
 
     def scout_due(self) -> bool:
         """Should the draft score the target's recent tokens now (a probe is due)?"""

@@ -274,7 +274,7 @@ class SpeculativeDecoder:
 
     def _cycle(self, sequence: list[int], k: int) -> list[tuple[int, bool]]:
         started = time.perf_counter()
-        proposal: Proposal | None = self._to_draft(self.drafter.propose, k)
+        proposal: Proposal | None = self._to_draft(self.drafter.propose, k, self.controller.stop_below())
         if proposal is None:
             return [(self._plain(sequence), False)]
         drafted_at = time.perf_counter()

@@ -123,11 +123,11 @@ def test_draft_failing_mid_turn_costs_speed_not_the_answer(models, monkeypatch):
     calls = {"n": 0}
     original = SameTokenizerDrafter.propose
 
-    def flaky(self, k):
+    def flaky(self, k, stop_below=0.0):
         calls["n"] += 1
         if calls["n"] == 2:
             raise RuntimeError("draft exploded")
-        return original(self, k)
+        return original(self, k, stop_below)
 
     monkeypatch.setattr(SameTokenizerDrafter, "propose", flaky)
     done, events = chat(Session(target, settings(spec_decode="on"), draft=models["qwen3-draft"]), PROMPTS[:1])[0]
@@ -434,3 +434,33 @@ def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):
     assert any(count > 1 for _, count in seen)  # runs were pipelined, each reported once
     assert sum(count for _, count in seen) == len(steps)
     assert sum(s * count for s, count in seen) == pytest.approx(sum(steps), rel=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_drafting_stops_after_a_token_the_draft_is_unsure_of(models, monkeypatch, temperature):
+    """`auto` drafts stop at the first token the draft gave less than the threshold (its
+    softmax when greedy: the one-hot distribution says nothing); `on` drafts all k."""
+    target, draft = models["llama"], models["llama-draft"]
+    prompt = target.tokenizer.encode(PROMPTS[0])
+    seen = []
+    original = TokenDistribution.confidence
+    monkeypatch.setattr(TokenDistribution, "confidence",
+                        lambda self, *a: seen.append(original(self, *a)) or seen[-1])
+
+    def propose(stop_below):
+        mx.random.seed(5)
+        drafter = SameTokenizerDrafter(draft, TokenDistribution(settings(temperature=temperature)), None, 64)
+        drafter.start(prompt)
+        return drafter.propose(6, stop_below)
+
+    full = propose(0.0)
+    assert full.drafted == 6 and seen == []  # no threshold: nothing computed
+    assert propose(1e-12).tokens == full.tokens
+    confidences = list(seen)
+    assert len(confidences) == 5 and all(0 < c < 1 for c in confidences)
+    assert propose(1.01).drafted == 1
+    threshold = sorted(confidences)[2] + 1e-9
+    stop = next(i for i, c in enumerate(confidences) if c < threshold)
+    cut = propose(threshold)
+    assert cut.drafted == stop + 1 and cut.tokens == full.tokens[:stop + 1]
+    assert DraftLengthController("auto", 3).stop_below() > 0 and DraftLengthController("on", 3).stop_below() == 0
