@@ -33,6 +33,16 @@ def interleave(runs: int, variants: dict[str, Callable[[], dict]]) -> dict[str, 
     return results
 
 
+def with_blas_verify(run: Callable[[], dict]) -> Callable[[], dict]:
+    """The variant `run` with the few-row native matmul off: its A/B partner."""
+    from kernels.skinny_matmul import blas_only
+
+    def variant() -> dict:
+        with blas_only():
+            return run()
+    return variant
+
+
 def median(rows: list[dict], key: str) -> float:
     return statistics.median(row[key] for row in rows)
 

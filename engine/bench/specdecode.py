@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import time
 
-from engine.bench.common import interleave, median, paired_ratio, print_table
-from kernels.skinny_matmul import blas_only
+from engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
 
 CONTENTS = {
     "structured": "Write a JSON array with one object per month of the year, each with the fields "
@@ -75,13 +74,6 @@ def _mlx_lm(target, draft, prompt: str, *, k: int, gen: int) -> dict:
             "ids": ids, "draft_share": float("nan")}
 
 
-def _with_blas_verify(run):
-    def variant():
-        with blas_only():
-            return run()
-    return variant
-
-
 def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[str], runs: int, gen: int,
                    temp: float, rules: list[str], mlx_lm_ks: list[int], as_json: bool,
                    blas_ks: list = ()) -> dict:
@@ -104,13 +96,13 @@ def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[st
                     target, draft, prompt, mode="auto" if k == "auto" else "on", k=3 if k == "auto" else k,
                     rule=rule, gen=gen, temp=temp, seed=0)
         for k in blas_ks:
-            variants[f"{'auto' if k == 'auto' else f'k={k}'} blas verify"] = _with_blas_verify(
+            variants[f"{'auto' if k == 'auto' else f'k={k}'} blas verify"] = with_blas_verify(
                 lambda k=k: _brisk(target, draft, prompt, mode="auto" if k == "auto" else "on",
                                    k=3 if k == "auto" else k, rule=rules[0], gen=gen, temp=temp, seed=0))
         if same and temp == 0:
             for k in mlx_lm_ks:
                 # Stock mlx-lm verifies through BLAS: so does this baseline.
-                variants[f"mlx-lm k={k}"] = _with_blas_verify(lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen))
+                variants[f"mlx-lm k={k}"] = with_blas_verify(lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen))
         res = interleave(runs, variants)
         plain = res["plain"]
         for name, got in res.items():

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import time
 
-from engine.bench.common import interleave, median, paired_ratio, print_table
-from kernels.skinny_matmul import blas_only
+from engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
 
 
 def _step(model, cache, rows: int, base: int) -> dict:
@@ -25,13 +24,6 @@ def _step(model, cache, rows: int, base: int) -> dict:
     for layer in cache:
         layer.trim(rows)  # the cache is back at the prompt for the next variant
     return {"ms": seconds * 1e3}
-
-
-def _blas(run):
-    def variant():
-        with blas_only():
-            return run()
-    return variant
 
 
 def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, as_json: bool) -> dict:
@@ -50,7 +42,7 @@ def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, 
     variants = {"1 row": lambda: _step(lm.model, cache, 1, 0)}
     for rows in rows_list:
         variants[f"{rows} native"] = lambda rows=rows: _step(lm.model, cache, rows, rows)
-        variants[f"{rows} blas"] = _blas(lambda rows=rows: _step(lm.model, cache, rows, rows))
+        variants[f"{rows} blas"] = with_blas_verify(lambda rows=rows: _step(lm.model, cache, rows, rows))
     for run in variants.values():
         run()  # warm-up: first calls build the kernel and fault the weights in
     res = interleave(runs, variants)

@@ -115,3 +115,22 @@ def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
     out = brisk(cli_home, "models", "import-gguf", str(notes), "--id", "bad")
     assert out.returncode == 1 and "not a GGUF file" in out.stderr
     assert "bad" not in brisk(cli_home, "models", "list").stdout
+
+
+def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
+    """The benchmarks behind the speculative numbers run end to end: the verify pass with and
+    without the native matmul, and every specdecode variant (native and BLAS verify, mlx-lm)
+    giving the plain greedy output."""
+    out = brisk(cli_home, "bench", "verify", "--model", "tiny", "--rows", "2,5", "--context", "40", "--runs", "1",
+                "--json")
+    assert out.returncode == 0, out.stderr
+    verify = json.loads(out.stdout)
+    assert [r["rows"] for r in verify["rows"]] == [2, 5]
+    assert all(r["native_ms"] > 0 and r["blas_ms"] > 0 and r["one_row_ms"] > 0 for r in verify["rows"])
+    out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--draft", "tiny", "--num-draft", "2,auto",
+                "--blas-verify", "2", "--mlx-lm", "2", "--contents", "code", "--gen", "8", "--runs", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert [r["variant"] for r in rows] == ["plain", "k=2", "auto", "k=2 blas verify", "mlx-lm k=2"]
+    assert all(r["same_output"] for r in rows)
+    assert rows[1]["acceptance"] == 1.0  # a model drafting for itself is always right
