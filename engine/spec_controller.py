@@ -12,7 +12,8 @@ against 1 / t_plain for plain decoding. When no k beats plain decoding it decode
 and probes a short draft now and then (backing off while probes keep losing, lengthening
 them while they are fully accepted).
 
-Before each probe the decoder scouts: the draft reads the target's recent plain tokens in
+Before each probe the decoder scouts (same-tokenizer drafts only: a translating draft's
+scout overstated acceptance): the draft reads the target's recent plain tokens in
 one pass (it must read them before drafting anyway) and reports how often it would have
 proposed them. That measures α on many tokens without a target pass, so a probe that
 could only lose (prose, most code on a CPU where a verify costs 1.4 plain steps) is

@@ -464,3 +464,22 @@ def test_drafting_stops_after_a_token_the_draft_is_unsure_of(models, monkeypatch
     cut = propose(threshold)
     assert cut.drafted == stop + 1 and cut.tokens == full.tokens[:stop + 1]
     assert DraftLengthController("auto", 3).stop_below() > 0 and DraftLengthController("on", 3).stop_below() == 0
+
+
+def test_only_a_same_tokenizer_draft_scouts(models):
+    """A translating draft's scout overstated acceptance (hits in its own tokens, not target
+    tokens that survive re-tokenization): `auto` measures it with real cycles instead."""
+    target = models["llama"]
+    prompt = target.tokenizer.encode(PROMPTS[0])
+    dist = TokenDistribution(settings())
+    scouted = {}
+    for name, drafter in (("same", SameTokenizerDrafter(target, dist, None, 64)),
+                          ("cross", TranslatingDrafter(models["cross"], target.tokenizer, dist, None, 64))):
+        cache = make_prompt_cache(target.model)
+        target.model(mx.array(prompt[:-1])[None], cache=cache)
+        controller = DraftLengthController("auto", 3, cost_ratio=0.01)
+        decoder = SpeculativeDecoder(target.model, cache, drafter, controller, dist, rule="match", max_tokens=40)
+        list(decoder.steps(prompt))
+        scouted[name] = decoder.stats.scouted
+        assert decoder.stats.cycles > 0  # both drafted
+    assert scouted["same"] > 0 and scouted["cross"] == 0
