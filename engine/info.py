@@ -40,7 +40,7 @@ def quick_sgemm_gflops(n: int = 512, repeats: int = 3) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def _packed_attention_path() -> str:  # the native library holds both CPU kernels
+def _native_kernel_path() -> str:  # one library holds both CPU kernels
     from kernels import native
 
     return "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})"
@@ -64,8 +64,8 @@ def engine_info() -> dict:
         "blas_note": state.note,
         "sgemm_gflops": round(quick_sgemm_gflops(), 1),
         "compute_dtype": compute_dtype_name(),
-        "packed_kv_attention": _packed_attention_path(),
-        "few_row_matmul": (_packed_attention_path() if compute_dtype_name() == "float32"
+        "packed_kv_attention": _native_kernel_path(),
+        "few_row_matmul": (_native_kernel_path() if compute_dtype_name() == "float32"
                            else "MLX (the native kernel takes float32 on the CPU)"),
         "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
         "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",

@@ -1,9 +1,9 @@
 """Build and load the native CPU kernels in kernels/csrc/ on first use.
 
-Every source there goes into one shared library, compiled once per sources, compiler flags and Python version into
-Brisk's cache folder (`BRISK_KERNEL_CACHE` overrides it) with the system C++ compiler
-(`CXX`, else `c++`), and loaded through ctypes: no MLX headers, nanobind or build step at
-install time. When no compiler is found or the build fails, `load()` returns None and
+All sources there go into one shared library, compiled once per set of sources, compiler
+flags and Python version into Brisk's cache folder (`BRISK_KERNEL_CACHE` overrides it)
+with the system C++ compiler (`CXX`, else `c++`), and loaded through ctypes: no MLX
+headers, nanobind or build step at install time. When no compiler is found or the build fails, `load()` returns None and
 `unavailable_reason()` says why; callers keep MLX's portable paths. `BRISK_NATIVE_KERNELS=0`
 turns the native path off.
 """
