@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.chat_template import TemplateError, max_template_chars, render_guarded
 from engine.errors import ContextOverflow
 
 # With no chat template (base models), turns are joined as plain paragraphs.
@@ -16,24 +17,36 @@ class RenderedPrompt:
     dropped_messages: int  # oldest turns left out under the truncate_oldest policy
 
 
-def encode_messages(lm, messages) -> list[int]:
-    """Prompt tokens for `messages`: the chat template, or plain paragraphs for base models."""
+def encode_messages(lm, messages, *, cancelled=lambda: False) -> list[int]:
+    """Prompt tokens for `messages`: the chat template (rendered under limits, see
+    engine/chat_template.py), or plain paragraphs for base models."""
     tokenizer = lm.tokenizer
     dicts = [{"role": m.role, "content": m.content} for m in messages]
     if tokenizer.chat_template:
-        return list(tokenizer.apply_chat_template(dicts, add_generation_prompt=True))
+        text = render_guarded(lambda: _render(lm, dicts), model_id=lm.id, max_chars=max_template_chars(dicts),
+                              cancelled=cancelled)
+        return list(tokenizer.encode(text, add_special_tokens=False))
     text = PLAIN_SEPARATOR.join(m["content"] for m in dicts)
     return list(tokenizer.encode(text))
 
 
-def render_prompt(lm, messages, settings) -> RenderedPrompt:
+def _render(lm, dicts) -> str:
+    from jinja2 import TemplateError as JinjaError
+
+    try:
+        return lm.tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False)
+    except JinjaError as exc:  # the template's own raise_exception(), or a syntax error
+        raise TemplateError(f"The chat template of {lm.id} failed: {exc}") from exc
+
+
+def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> RenderedPrompt:
     """Tokens for the next answer. Never drops anything silently: either every message
     is in, or the caller hears how many of the oldest were dropped (or gets ContextOverflow)."""
     from engine.session import Message
 
     system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
     history = list(messages)
-    tokens = encode_messages(lm, system + history)
+    tokens = encode_messages(lm, system + history, cancelled=cancelled)
     limit = lm.context_length - 1  # room for at least one answer token
     if len(tokens) <= limit:
         return RenderedPrompt(tokens, 0)
@@ -47,7 +60,7 @@ def render_prompt(lm, messages, settings) -> RenderedPrompt:
         while len(history) > 1 and history[0].role != "user":
             history.pop(0)
             dropped += 1
-        tokens = encode_messages(lm, system + history)
+        tokens = encode_messages(lm, system + history, cancelled=cancelled)
         if len(tokens) <= limit:
             return RenderedPrompt(tokens, dropped)
     raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)

@@ -171,7 +171,7 @@ class Session:
         settings = self.settings.validate()
         start = time.perf_counter()
         mx.reset_peak_memory()
-        rendered = render_prompt(self.lm, self.messages, settings)
+        rendered = render_prompt(self.lm, self.messages, settings, cancelled=lambda: cancel.cancelled)
         if rendered.dropped_messages:
             yield ContextTruncated(rendered.dropped_messages, len(rendered.tokens))
         tokens = rendered.tokens

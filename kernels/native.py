@@ -6,13 +6,20 @@ with the system C++ compiler (`CXX`, else `c++`), and loaded through ctypes: no 
 headers, nanobind or build step at install time. When no compiler is found or the build fails, `load()` returns None and
 `unavailable_reason()` says why; callers keep MLX's portable paths. `BRISK_NATIVE_KERNELS=0`
 turns the native path off.
+
+Loading a shared library runs its constructors, so the cache is guarded: the folder is
+created private (0700), a folder or file others can write is refused, and the sha256 of
+each library Brisk builds is recorded beside it and checked before every load. A file
+that does not match (replaced, truncated, garbage) is rebuilt, and the log says so once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
+import stat
 import platform
 import shutil
 import subprocess
@@ -28,6 +35,7 @@ SOURCES = {
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
 }
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _state: dict = {}
 
@@ -54,9 +62,52 @@ def compile_command(cxx: str, output: Path, *extra: str) -> list[str]:
 def cache_dir() -> Path:
     if os.environ.get("BRISK_KERNEL_CACHE"):
         return Path(os.environ["BRISK_KERNEL_CACHE"])
+    if os.environ.get("BRISK_HOME"):
+        return Path(os.environ["BRISK_HOME"]).expanduser() / "cache" / "kernels"
     from platformdirs import user_cache_dir
 
     return Path(user_cache_dir("brisk")) / "kernels"
+
+
+class UnsafeCache(RuntimeError):
+    """The cache folder or library could be written by someone else: never load from it."""
+
+
+def check_private(path: Path) -> None:
+    """UnsafeCache unless `path` is owned by this user and writable by nobody else."""
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise UnsafeCache(f"{path} is a symbolic link; the kernel cache must be a real folder and files")
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise UnsafeCache(f"{path} belongs to another user; Brisk loads kernels only from its own files")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeCache(f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}); "
+                          "Brisk will not load kernels from it. Run `chmod go-w` on it or remove it.")
+
+
+def private_cache_dir() -> Path:
+    folder = cache_dir()
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    check_private(folder)
+    return folder
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def digest_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def verified(library: Path) -> bool:
+    """True when `library` is the very file Brisk built (its recorded sha256 matches)."""
+    record = digest_path(library)
+    if not (library.exists() and record.exists()):
+        return False
+    check_private(library)
+    check_private(record)
+    return record.read_text().strip() == file_sha256(library)
 
 
 def library_path(cxx: str) -> Path:
@@ -70,15 +121,25 @@ def _build() -> ctypes.CDLL:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found (set CXX or install one)")
+    private_cache_dir()
     target = library_path(cxx)
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
+    if not verified(target):
+        if target.exists() or digest_path(target).exists():
+            log.warning("native kernel library %s does not match the one Brisk built; rebuilding it", target)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
             staged = Path(tmp) / target.name
             done = subprocess.run(compile_command(cxx, staged), capture_output=True, text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"compiling the kernels in {CSRC} failed: {done.stderr.strip()[-2000:]}")
-            os.replace(staged, target)  # atomic: a concurrent build never sees half a file
+            os.chmod(staged, 0o700)
+            record = Path(tmp) / digest_path(target).name
+            record.write_text(file_sha256(staged))
+            os.chmod(record, 0o600)
+            # atomic: a concurrent build never sees half a file; the record goes last
+            os.replace(staged, target)
+            os.replace(record, digest_path(target))
+        if not verified(target):
+            raise RuntimeError(f"{target} changed while it was being installed; not loading it")
     return open_library(target)
 
 
@@ -109,7 +170,7 @@ def load() -> ctypes.CDLL | None:
             else:
                 try:
                     _state["lib"] = _build()
-                except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+                except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
                     _state["reason"] = str(error)
         return _state["lib"]
 

@@ -19,6 +19,12 @@ from engine.errors import BrokenModelFolder, UnsupportedModel
 
 # Keys under which configs state their context window, most specific first.
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx", "context_length")
+# Keys that make transformers or mlx-lm import and run Python shipped with the model
+# (`auto_map` classes, mlx-lm's `model_file`): Brisk never runs code from a model folder.
+REMOTE_CODE_KEYS = {"config.json": ("auto_map", "model_file"), "tokenizer_config.json": ("auto_map",),
+                    "processor_config.json": ("auto_map",), "preprocessor_config.json": ("auto_map",)}
+# No released model has a longer context than this; larger values are typos or hostile.
+MAX_CONTEXT_LENGTH = 1 << 24
 SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
                      "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -44,9 +50,45 @@ def read_config(folder: Path) -> dict:
         config = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BrokenModelFolder(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(config, dict) or "model_type" not in config:
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise BrokenModelFolder(f"{path} has no 'model_type': cannot tell the architecture")
+    if "text_config" in config and not isinstance(config["text_config"], dict):
+        raise BrokenModelFolder(f"{path}: 'text_config' must be an object, not {type(config['text_config']).__name__}")
     return config
+
+
+# Sizes a config states, with the largest value any real model uses rounded far up: a
+# zero divides by zero deep in mlx-lm, a huge one allocates the machine away.
+SIZE_LIMITS = {"num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 10, "num_key_value_heads": 1 << 10,
+               "hidden_size": 1 << 17, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "head_dim": 1 << 12}
+
+
+def check_config_values(config: dict) -> None:
+    """BrokenModelFolder naming the first size that is not a sane whole number."""
+    for source in (config, config.get("text_config") or {}):
+        for key, limit in SIZE_LIMITS.items():
+            value = source.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit):
+                raise BrokenModelFolder(f"config.json: '{key}' is {value!r}; it must be a whole number from 1 to "
+                                        f"{limit:,}")
+    context_length(config)
+
+
+def refuse_remote_code(folder: Path) -> None:
+    """BrokenModelFolder naming the key when a folder asks to run its own Python code."""
+    for name, keys in REMOTE_CODE_KEYS.items():
+        path = Path(folder) / name
+        if not path.is_file():
+            continue
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BrokenModelFolder(f"{path} is not valid JSON: {exc}") from exc
+        found = [key for key in keys if isinstance(data, dict) and key in data]
+        if found:
+            raise BrokenModelFolder(
+                f"{path.name} in {Path(folder).name} sets '{found[0]}': the model wants to run Python code shipped "
+                "with it, which Brisk never does. Use a model that mlx-lm supports natively.")
 
 
 def mlx_architecture(config: dict) -> str:
@@ -54,8 +96,10 @@ def mlx_architecture(config: dict) -> str:
     from mlx_lm.utils import _get_classes  # mlx-lm's own lookup, remappings included
 
     try:
-        model_class, _ = _get_classes(config)
-    except ValueError as exc:
+        model_class, args_class = _get_classes(config)
+        if not (isinstance(model_class, type) and isinstance(args_class, type)):
+            raise ValueError("not a model module")
+    except (ValueError, ImportError, AttributeError, TypeError) as exc:  # e.g. model_type "base" or "cache"
         raise UnsupportedModel(
             f"Architecture '{config['model_type']}' is not one mlx-lm {_mlx_lm_version()} can run"
         ) from exc
@@ -81,7 +125,13 @@ def read_safetensors_header(path: Path) -> dict:
             header = json.loads(fh.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: a {type(header).__name__}, not an object")
     header.pop("__metadata__", None)
+    for name, tensor in header.items():
+        if not _valid_tensor_entry(tensor):
+            raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: tensor '{name}' lacks a valid "
+                                    "dtype, integer shape or data_offsets")
     data_end = max((t["data_offsets"][1] for t in header.values()), default=0)
     available = size - 8 - header_len
     if data_end > available:
@@ -89,6 +139,15 @@ def read_safetensors_header(path: Path) -> dict:
             f"{path.name} is truncated: its header promises {data_end} bytes of tensors, the file holds {available}"
         )
     return header
+
+
+def _valid_tensor_entry(tensor) -> bool:
+    def ints(value, n=None):
+        return (isinstance(value, list) and (n is None or len(value) == n)
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+
+    return (isinstance(tensor, dict) and tensor.get("dtype") in SAFETENSORS_BYTES and ints(tensor.get("shape"))
+            and ints(tensor.get("data_offsets"), 2) and tensor["data_offsets"][0] <= tensor["data_offsets"][1])
 
 
 def tokenizer_fingerprint(folder: Path) -> str:
@@ -128,8 +187,13 @@ def context_length(config: dict) -> int:
     text = config.get("text_config") or {}
     for key in CONTEXT_KEYS:
         for source in (config, text):
-            if isinstance(source.get(key), int) and source[key] > 0:
-                return source[key]
+            value = source.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT_LENGTH:
+                raise BrokenModelFolder(f"config.json: '{key}' is {value!r}; a context length is a whole number "
+                                        f"of tokens from 1 to {MAX_CONTEXT_LENGTH:,}")
+            return value
     return 4096  # mlx-lm's models assume nothing; this is a conservative guess, stated in `models list`
 
 
@@ -137,6 +201,8 @@ def inspect_folder(folder: Path) -> FolderInfo:
     """Verify a model folder and describe it. Raises BrokenModelFolder/UnsupportedModel."""
     folder = Path(folder)
     config = read_config(folder)
+    refuse_remote_code(folder)
+    check_config_values(config)
     architecture = mlx_architecture(config)
     fingerprint = tokenizer_fingerprint(folder)
     shards = sorted(folder.glob("*.safetensors"))
@@ -149,12 +215,20 @@ def inspect_folder(folder: Path) -> FolderInfo:
             params += count
             dtypes[tensor["dtype"]] += count
         size += shard.stat().st_size
-    if (folder / "model.safetensors.index.json").is_file():
-        index = json.loads((folder / "model.safetensors.index.json").read_text())
-        missing = sorted(set(index.get("weight_map", {}).values()) - {s.name for s in shards})
+    index_file = folder / "model.safetensors.index.json"
+    if index_file.is_file():
+        try:
+            weight_map = json.loads(index_file.read_text()).get("weight_map", {})
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ValueError("'weight_map' must map tensor names to file names")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, ValueError) as exc:
+            raise BrokenModelFolder(f"{index_file.name} is corrupt: {exc}") from exc
+        missing = sorted(set(weight_map.values()) - {s.name for s in shards})
         if missing:
             raise BrokenModelFolder(f"{folder} is missing weight shards: {', '.join(missing)}")
     quant = config.get("quantization") or {}
+    if not isinstance(quant, dict) or quant.get("bits") not in (None, 2, 3, 4, 5, 6, 8):
+        raise BrokenModelFolder(f"{folder.name}/config.json: 'quantization' must give bits of 2-8, not {quant!r}")
     if quant.get("bits"):
         # Packed uint32 words hold 32/bits weights each.
         params = sum(

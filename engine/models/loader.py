@@ -49,8 +49,9 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     info = inspect_folder(path)  # names the problem before mlx-lm can fail obscurely
     config = read_config(path)
     try:
-        model, tokenizer = load(str(path))
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
+        # Never run code from the folder, whatever transformers' default becomes.
+        model, tokenizer = load(str(path), tokenizer_config={"trust_remote_code": False}, trust_remote_code=False)
+    except Exception as exc:  # anything mlx-lm or transformers raise here is about this folder
         raise BrokenModelFolder(f"{path.name} cannot be loaded by mlx-lm: {exc}") from exc
     dtype = compute_dtype_name()
     if dtype == "float32":

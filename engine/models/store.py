@@ -22,7 +22,7 @@ from engine.errors import BriskError, BrokenModelFolder, ModelNotFound
 from engine.models.folder import FolderInfo, inspect_folder
 
 CATALOG_FILE = "brisk.json"
-MODEL_ID_PATTERN = re.compile(r"^[a-z0-9][a-z0-9._-]{0,79}$")
+MODEL_ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")
 
 
 def brisk_home() -> Path:
@@ -47,8 +47,35 @@ class CatalogEntry(FolderInfo):
         return asdict(self)
 
 
+def lock_file(handle) -> None:
+    """An exclusive, non-blocking lock on an open file (BlockingIOError when held elsewhere)."""
+    if os.name == "nt":
+        import msvcrt
+
+        try:
+            msvcrt.locking(handle.fileno(), msvcrt.LK_NBLCK, 1)
+        except OSError as exc:
+            raise BlockingIOError(str(exc)) from exc
+    else:
+        import fcntl
+
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def unlock_file(handle) -> None:
+    if os.name == "nt":
+        import msvcrt
+
+        msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def validate_model_id(model_id: str) -> str:
-    if not MODEL_ID_PATTERN.match(model_id or ""):
+    # fullmatch: `$` would accept an id ending in a newline
+    if not isinstance(model_id, str) or not MODEL_ID_PATTERN.fullmatch(model_id) or ".." in model_id:
         raise BriskError(
             f"Invalid model id '{model_id}': use lowercase letters, digits, '.', '_' or '-' (max 80)"
         )
@@ -100,6 +127,9 @@ class ModelStore:
 
     def remove(self, model_id: str) -> None:
         folder = self.path(model_id)
+        if folder.is_symlink():  # a link the user made: remove the link, never what it points to
+            folder.unlink()
+            return
         if not folder.is_dir():
             raise ModelNotFound(f"Model '{model_id}' is not installed")
         shutil.rmtree(folder)
@@ -108,19 +138,37 @@ class ModelStore:
     def staging(self, model_id: str, *, replace: bool = False) -> Iterator[Path]:
         """A scratch folder that becomes models/<id> only if the block succeeds."""
         final = self.path(model_id)
-        if final.exists() and not replace:
-            raise BriskError(f"Model '{model_id}' is already installed; remove it first or choose another --id")
-        stage = self.models_dir / f".staging-{model_id}"
-        shutil.rmtree(stage, ignore_errors=True)
-        stage.mkdir(parents=True)
-        try:
-            yield stage
-        except BaseException:
+        with self._install_lock(model_id):
+            if final.exists() and not replace:
+                raise BriskError(f"Model '{model_id}' is already installed; remove it first or choose another --id")
+            stage = self.models_dir / f".staging-{model_id}"
             shutil.rmtree(stage, ignore_errors=True)
-            raise
-        if final.exists():
-            shutil.rmtree(final)
-        stage.rename(final)
+            stage.mkdir(parents=True)
+            try:
+                yield stage
+            except BaseException:
+                shutil.rmtree(stage, ignore_errors=True)
+                raise
+            if final.is_symlink():
+                final.unlink()
+            elif final.exists():
+                shutil.rmtree(final)
+            stage.rename(final)
+
+    @contextmanager
+    def _install_lock(self, model_id: str) -> Iterator[None]:
+        """One install of an id at a time, across processes: the loser is told, not corrupted."""
+        self.models_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.models_dir / f".lock-{model_id}", "a+") as handle:
+            try:
+                lock_file(handle)
+            except BlockingIOError:
+                raise BriskError(f"Model '{model_id}' is already being installed by another Brisk; "
+                                 "wait for it to finish") from None
+            try:
+                yield
+            finally:
+                unlock_file(handle)
 
     def register(self, folder: Path, *, model_id: str, source: str) -> CatalogEntry:
         """Verify `folder` and write its catalog entry."""

@@ -1,0 +1,186 @@
+"""Hostile and broken model folders (issue 14): no code from a folder ever runs, chat
+templates are rendered under limits, and every malformed file is named, never a traceback."""
+
+import json
+import shutil
+import struct
+import threading
+import time
+
+import pytest
+
+from engine.chat_template import TemplateError
+from engine.errors import BriskError, BrokenModelFolder, TurnCancelled, UnsupportedModel
+from engine.models.folder import inspect_folder
+from engine.models.loader import load_folder
+from engine.models.store import ModelStore, validate_model_id
+from engine.prompt import encode_messages
+from engine.session import CancelToken, Message, Session
+from engine.settings import ChatSettings
+
+
+@pytest.fixture
+def folder(tmp_path, tiny_llama_dir):
+    copy = tmp_path / "m"
+    shutil.copytree(tiny_llama_dir, copy)
+    return copy
+
+
+def edit_json(path, **changes):
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+
+
+# --- 1. remote code ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("file,key", [("tokenizer_config.json", "auto_map"), ("config.json", "auto_map"),
+                                      ("config.json", "model_file")])
+def test_a_folder_asking_to_run_its_own_code_is_refused_naming_the_key(folder, tmp_path, file, key):
+    marker = tmp_path / "ran"
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    edit_json(folder / file, **{key: {"AutoTokenizer": ["evil.Tok", None]} if key == "auto_map" else "evil.py"})
+    with pytest.raises(BrokenModelFolder, match=f"sets '{key}'"):
+        load_folder(folder)
+    assert not marker.exists()
+
+
+def test_the_loader_passes_trust_remote_code_false(monkeypatch, folder):
+    import mlx_lm.utils
+
+    seen = {}
+    real = mlx_lm.utils.load
+
+    def spy(path, **kwargs):
+        seen.update(kwargs)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(mlx_lm.utils, "load", spy)
+    load_folder(folder)
+    assert seen["trust_remote_code"] is False and seen["tokenizer_config"]["trust_remote_code"] is False
+
+
+# --- 3. chat templates --------------------------------------------------------------------
+
+def with_template(folder, template):
+    edit_json(folder / "tokenizer_config.json", chat_template=template)
+    return load_folder(folder, model_id="hostile")
+
+
+NESTED_LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
+FLOOD = "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}"
+
+
+def test_a_template_that_loops_for_ever_is_stopped_within_its_budget(folder):
+    lm = with_template(folder, NESTED_LOOPS)
+    start = time.monotonic()
+    with pytest.raises(TemplateError, match="ran longer than"):
+        encode_messages(lm, [Message("user", "hi")])
+    assert time.monotonic() - start < 10
+
+
+def test_a_template_that_floods_output_is_stopped_by_the_size_cap(folder):
+    lm = with_template(folder, FLOOD)
+    with pytest.raises(TemplateError, match="more than"):
+        encode_messages(lm, [Message("user", "hi")])
+
+
+def test_stop_interrupts_a_slow_template(folder):
+    lm = with_template(folder, NESTED_LOOPS)
+    cancel = CancelToken()
+    threading.Timer(0.2, cancel.cancel).start()
+    start = time.monotonic()
+    with pytest.raises(TurnCancelled):
+        encode_messages(lm, [Message("user", "hi")], cancelled=lambda: cancel.cancelled)
+    assert time.monotonic() - start < 1.5
+
+
+def test_a_hostile_template_ends_the_turn_with_a_clear_error(folder):
+    session = Session(with_template(folder, FLOOD), ChatSettings(model="tiny", temperature=0, max_tokens=4))
+    events = list(session.send("hi"))
+    errors = [e for e in events if type(e).__name__ == "EngineErrored"]
+    assert errors and "chat template" in errors[0].message and errors[0].kind == "chat_template"
+
+
+def test_a_template_raising_its_own_error_is_reported(folder):
+    lm = with_template(folder, "{{ raise_exception('roles must alternate') }}")
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        encode_messages(lm, [Message("user", "hi")])
+
+
+# --- 13. malformed safetensors headers and configs -----------------------------------------
+
+def write_header(path, header):
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 64)
+
+
+@pytest.mark.parametrize("header", [
+    [1, 2, 3],
+    {"w": {"dtype": "F32", "shape": [4, 4]}},
+    {"w": {"dtype": "F32", "shape": ["4", "4"], "data_offsets": [0, 64]}},
+    {"w": {"dtype": "F32", "shape": [4], "data_offsets": [16]}},
+])
+def test_malformed_safetensors_headers_are_named(folder, header):
+    write_header(folder / "model.safetensors", header)
+    with pytest.raises(BrokenModelFolder, match="corrupt safetensors header"):
+        inspect_folder(folder)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    ({"model_type": "base"}, UnsupportedModel, "'base'"),
+    ({"model_type": "cache"}, UnsupportedModel, "'cache'"),
+    ({"text_config": [1, 2]}, BrokenModelFolder, "text_config"),
+    ({"max_position_embeddings": True}, BrokenModelFolder, "max_position_embeddings"),
+    ({"max_position_embeddings": 1 << 40}, BrokenModelFolder, "max_position_embeddings"),
+    ({"num_attention_heads": 0}, BrokenModelFolder, "num_attention_heads"),
+    ({"quantization": {"bits": "four"}}, BrokenModelFolder, "quantization"),
+])
+def test_hostile_config_values_are_named(folder, change, error, match):
+    edit_json(folder / "config.json", **change)
+    with pytest.raises(error, match=match):
+        load_folder(folder)
+
+
+def test_a_broken_safetensors_index_is_named(folder):
+    (folder / "model.safetensors.index.json").write_text('{"weight_map": [')
+    with pytest.raises(BrokenModelFolder, match="index.json is corrupt"):
+        inspect_folder(folder)
+
+
+def test_a_config_that_breaks_inside_mlx_lm_is_a_broken_folder_not_a_traceback(folder):
+    edit_json(folder / "config.json", hidden_size=60)  # not divisible into the weights' shapes
+    with pytest.raises(BrokenModelFolder, match="cannot be loaded"):
+        load_folder(folder)
+
+
+# --- 13. the store: symlinked models, concurrent installs; 16. ids -------------------------
+
+def test_removing_a_symlinked_model_removes_the_link_not_the_target(tmp_path, tiny_llama_dir):
+    store = ModelStore(tmp_path / "home")
+    store.install_folder(tiny_llama_dir, model_id="real", source="test")
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(store.path("real"), elsewhere)
+    store.path("linked").symlink_to(elsewhere, target_is_directory=True)
+    store.remove("linked")
+    assert not store.path("linked").exists() and (elsewhere / "config.json").is_file()
+
+
+def test_a_second_install_of_the_same_id_is_told_it_is_already_being_installed(tmp_path, tiny_llama_dir):
+    store = ModelStore(tmp_path / "home")
+    with pytest.raises(KeyboardInterrupt):  # the first install is interrupted after the second was refused
+        with store.staging("dup"):
+            with pytest.raises(BriskError, match="already being installed"):
+                with store.staging("dup"):
+                    pass
+            raise KeyboardInterrupt
+    with store.staging("dup") as stage:  # the lock is released afterwards
+        shutil.copytree(tiny_llama_dir, stage, dirs_exist_ok=True)
+        store.register(stage, model_id="dup", source="test")
+    assert store.has("dup")
+
+
+@pytest.mark.parametrize("bad", ["smollm\n", "a\nb", "", "UPPER", "../x", "a" * 81])
+def test_model_ids_must_match_in_full(bad):
+    with pytest.raises(BriskError, match="Invalid model id"):
+        validate_model_id(bad)

@@ -1,0 +1,95 @@
+"""The native kernel library is loaded only when it is the very file Brisk built, from a
+folder nobody else can write: loading a shared library runs its constructors."""
+
+import os
+import shutil
+import stat
+import subprocess
+
+import pytest
+
+from kernels import native
+
+CXX = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+needs_compiler = pytest.mark.skipif(CXX is None, reason="no C++ compiler on this machine to build the library")
+
+# A library whose constructor leaves a mark: what an attacker would drop in the cache.
+HOSTILE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void mark(void) {
+    FILE *f = fopen(getenv("BRISK_TEST_MARK"), "w"); if (f) { fputs("ran", f); fclose(f); }
+}
+"""
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    monkeypatch.setattr(native, "_state", {})
+    cache = tmp_path / "kernels"
+    monkeypatch.setenv("BRISK_KERNEL_CACHE", str(cache))
+    monkeypatch.setenv("BRISK_TEST_MARK", str(tmp_path / "mark"))
+    return cache
+
+
+def build_hostile(tmp_path, target):
+    source = tmp_path / "hostile.c"
+    source.write_text(HOSTILE)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    subprocess.run([CXX, "-x", "c", "-shared", "-fPIC", str(source), "-o", str(target)], check=True)
+
+
+@needs_compiler
+def test_cache_folder_is_created_private_and_the_library_hash_is_recorded(fresh):
+    assert native.load() is not None, native.unavailable_reason()
+    assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
+    library = native.library_path(CXX)
+    assert native.digest_path(library).read_text() == native.file_sha256(library)
+
+
+@needs_compiler
+def test_a_planted_library_at_the_cache_path_never_runs_and_is_rebuilt(fresh, tmp_path, caplog):
+    library = native.library_path(CXX)
+    build_hostile(tmp_path, library)
+    with caplog.at_level("WARNING", logger="kernels.native"):
+        lib = native.load()
+    assert not (tmp_path / "mark").exists(), "the planted library's constructor ran"
+    assert lib is not None, native.unavailable_reason()
+    assert native.verified(library)
+    assert "does not match" in caplog.text
+
+
+@needs_compiler
+def test_a_garbage_library_is_rebuilt_instead_of_leaving_the_slow_path(fresh):
+    library = native.library_path(CXX)
+    library.parent.mkdir(mode=0o700, parents=True)
+    library.write_bytes(b"\x7fELF garbage")
+    assert native.load() is not None, native.unavailable_reason()
+    assert native.verified(library)
+
+
+@needs_compiler
+def test_a_forged_hash_record_does_not_make_a_planted_library_load(fresh, tmp_path):
+    library = native.library_path(CXX)
+    build_hostile(tmp_path, library)
+    native.digest_path(library).write_text("0" * 64)
+    assert native.load() is not None
+    assert not (tmp_path / "mark").exists()
+
+
+@needs_compiler
+def test_a_cache_folder_writable_by_others_is_refused(fresh, tmp_path):
+    fresh.mkdir(parents=True)
+    os.chmod(fresh, 0o777)
+    library = native.library_path(CXX)
+    build_hostile(tmp_path, library)
+    native.digest_path(library).write_text(native.file_sha256(library))  # even with a matching record
+    assert native.load() is None
+    assert "writable by others" in native.unavailable_reason()
+    assert not (tmp_path / "mark").exists()
+
+
+def test_kernels_live_under_brisk_home_when_it_is_set(monkeypatch, tmp_path):
+    monkeypatch.delenv("BRISK_KERNEL_CACHE", raising=False)
+    monkeypatch.setenv("BRISK_HOME", str(tmp_path))
+    assert native.cache_dir() == tmp_path / "cache" / "kernels"
