@@ -8,8 +8,12 @@ killing the app mid-answer loses at most that much text and never a committed me
 from __future__ import annotations
 
 import time
-from PySide6.QtCore import QObject, Signal
 
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from app.store import StoreError
+
+from engine.errors import InvalidSettings
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, ModelLoaded, PrefillProgressed,
                            TokenEmitted, TurnFinished)
 from engine.session import Message
@@ -18,6 +22,8 @@ from engine.worker import (CheckDocument, ConversationEvent, DocumentChecked, Ed
                            SendMessage)
 
 SAVE_INTERVAL_S = 0.5
+# An answer the store refused (disk full, read-only) is kept in memory and retried this often.
+RETRY_SAVE_MS = 5000
 TITLE_CHARS = 48
 
 
@@ -38,6 +44,11 @@ class ChatController(QObject):
         self._answer: dict | None = None  # the streaming answer: conversation, message id, text, last save
         self._documents: dict[int, list] = {}  # conversation -> documents checked and waiting to be sent
         self.search_text = ""
+        # answers the store could not take yet: message id -> (text, finish reason, metrics)
+        self.unsaved: dict[int, tuple] = {}
+        self._retry = QTimer(self)
+        self._retry.setInterval(RETRY_SAVE_MS)
+        self._retry.timeout.connect(self.retry_unsaved)
         engine.event.connect(self.on_event)
         composer.send_requested.connect(self.send)
         composer.stop_requested.connect(self.stop)
@@ -50,9 +61,13 @@ class ChatController(QObject):
     def conversations(self):
         return self.store.conversations(self.search_text)
 
-    def new_conversation(self) -> int:
+    def new_conversation(self) -> int | None:
         settings = self.settings_panel.settings() if self.current else self.default_settings
-        cid = self.store.create_conversation("New chat", settings.to_dict())
+        try:
+            cid = self.store.create_conversation("New chat", settings.to_dict())
+        except StoreError as exc:
+            self.notice.emit(f"Cannot start a new chat: {exc}")
+            return None
         self.conversations_changed.emit()
         self.open(cid)
         return cid
@@ -69,24 +84,30 @@ class ChatController(QObject):
                 last_metrics = m.metrics
         if last_metrics:
             self.dashboard.show_turn(last_metrics)
-        self.settings_panel.set_settings(ChatSettings.from_dict({**self.default_settings.to_dict(), **conv.settings}))
+        try:
+            settings = ChatSettings.from_dict({**self.default_settings.to_dict(), **conv.settings})
+        except InvalidSettings as exc:  # a damaged row must not keep the chat from opening
+            settings = self.default_settings
+            self.notice.emit(f"This chat's saved settings were unusable and defaults are shown ({exc})")
+        self.settings_panel.set_settings(settings)
         self.composer.clear_attachments()
         for doc, fit in self._documents.get(cid, []):
             self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
 
     def rename(self, cid: int, title: str) -> None:
-        self.store.rename(cid, title)
-        self.conversations_changed.emit()
+        if self._saved("Cannot rename", self.store.rename, cid, title):
+            self.conversations_changed.emit()
 
     def delete(self, cid: int) -> None:
-        self.store.delete(cid)
+        if not self._saved("Cannot delete", self.store.delete, cid):
+            return
         if cid == self.current:
             self.current = None
             self.chat_view.clear()
         self.conversations_changed.emit()
 
     def undelete(self, cid: int) -> None:
-        self.store.undelete(cid)
+        self._saved("Cannot restore", self.store.undelete, cid)
         self.conversations_changed.emit()
 
     def search(self, text: str) -> None:
@@ -95,7 +116,7 @@ class ChatController(QObject):
 
     def settings_changed(self, settings: ChatSettings) -> None:
         if self.current is not None:
-            self.store.save_settings(self.current, settings.to_dict())
+            self._saved("Settings not saved", self.store.save_settings, self.current, settings.to_dict())
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -103,8 +124,8 @@ class ChatController(QObject):
         if self.busy:
             self.notice.emit("Brisk is still answering: stop it (Esc) or wait")
             return
-        if self.current is None:
-            self.new_conversation()
+        if self.current is None and self.new_conversation() is None:
+            return
         cid, settings = self.current, self.settings_panel.settings()
         documents = self._documents.get(cid, [])
         too_big = [fit for _, fit in documents if not fit.fits]
@@ -113,17 +134,24 @@ class ChatController(QObject):
             return
         content = "\n\n".join([d.as_prompt() for d, _ in documents] + ([text] if text else []))
         history = self._history(cid)
-        for doc, fit in documents:
-            self.store.add_attachment(cid, doc.name, doc.kind, fit.tokens, doc.text)
+        try:  # one transaction: a refused write leaves the message in the box and nothing half-saved
+            with self.store._transaction():
+                for doc, fit in documents:
+                    self.store.add_attachment(cid, doc.name, doc.kind, fit.tokens, doc.text)
+                if not history:
+                    self.store.rename(cid, _title(text or documents[0][0].name))
+                self.store.add_message(cid, "user", content)
+                answer_id = self.store.begin_answer(cid)
+        except StoreError as exc:
+            self.composer.show_message(f"{exc}. Your message is still here: send it again once that is fixed.")
+            self.notice.emit(str(exc))
+            return
         self._documents.pop(cid, None)
         self.composer.clear_attachments()
         self.composer.edit.clear()
         self.composer.show_message("")
-        if not history:
-            self.store.rename(cid, _title(text or documents[0][0].name))
-        self.store.add_message(cid, "user", content)
         self.chat_view.add_message("user", content)
-        self._start_answer(cid)
+        self._start_answer(cid, answer_id)
         self.engine.submit(SendMessage(cid, content, settings, history))
         self.conversations_changed.emit()
 
@@ -135,9 +163,14 @@ class ChatController(QObject):
         last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
         if last_user is None:
             return
-        self.store.truncate(cid, last_user + 1)
+        try:
+            self.store.truncate(cid, last_user + 1)
+            answer_id = self.store.begin_answer(cid)
+        except StoreError as exc:
+            self.notice.emit(f"Cannot regenerate: {exc}")
+            return
         self.open(cid)
-        self._start_answer(cid)
+        self._start_answer(cid, answer_id, shown=True)
         self.engine.submit(Regenerate(cid, self.settings_panel.settings(), self._history(cid)))
 
     def edit(self, index: int, text: str) -> None:
@@ -148,10 +181,16 @@ class ChatController(QObject):
         if not 0 <= index < len(stored) or stored[index].role != "user":
             return
         history = _as_engine_messages(stored[: index + 1])
-        self.store.truncate(cid, index + 1)
-        self.store.set_content(stored[index].id, text)
+        try:
+            with self.store._transaction():
+                self.store.truncate(cid, index + 1)
+                self.store.set_content(stored[index].id, text)
+                answer_id = self.store.begin_answer(cid)
+        except StoreError as exc:
+            self.notice.emit(f"Cannot edit: {exc}")
+            return
         self.open(cid)
-        self._start_answer(cid)
+        self._start_answer(cid, answer_id, shown=True)
         self.engine.submit(EditMessage(cid, len(history) - 1, text, self.settings_panel.settings(), history))
 
     def stop(self) -> None:
@@ -201,7 +240,7 @@ class ChatController(QObject):
         elif isinstance(event, TurnFinished):
             metrics = event.metrics.to_dict()
             if answer is not None:
-                self.store.finish_answer(answer["id"], event.text, metrics["finish_reason"], metrics)
+                self._finish_saved(answer["id"], event.text, metrics["finish_reason"], metrics)
                 self._end_answer()
             if visible:
                 self.prefill_bar.finish()
@@ -211,7 +250,7 @@ class ChatController(QObject):
                 self.dashboard.show_turn(metrics)
         elif isinstance(event, EngineErrored):
             if answer is not None:
-                self.store.finish_answer(answer["id"], answer["text"], "error", None)
+                self._finish_saved(answer["id"], answer["text"], "error", None)
                 self._end_answer()
             if visible:
                 self.prefill_bar.finish()
@@ -234,11 +273,12 @@ class ChatController(QObject):
 
     # --- helpers ----------------------------------------------------------------------
 
-    def _start_answer(self, cid: int) -> None:
+    def _start_answer(self, cid: int, answer_id: int, *, shown: bool = False) -> None:
         now = time.monotonic()
-        self._answer = {"cid": cid, "id": self.store.begin_answer(cid), "text": "", "saved_at": now, "started": now}
+        self._answer = {"cid": cid, "id": answer_id, "text": "", "saved_at": now, "started": now}
         self.dashboard.ttft.setText("waiting for the first token…")
-        self.chat_view.add_message("assistant")
+        if not (shown and self.chat_view.messages and self.chat_view.messages[-1].role == "assistant"):
+            self.chat_view.add_message("assistant")
         self.prefill_bar.start()
         self._set_busy(True)
 
@@ -249,8 +289,40 @@ class ChatController(QObject):
     def _maybe_save(self, answer: dict) -> None:
         now = time.monotonic()
         if now - answer["saved_at"] >= SAVE_INTERVAL_S:
-            self.store.set_content(answer["id"], answer["text"])
             answer["saved_at"] = now
+            try:
+                self.store.set_content(answer["id"], answer["text"])
+            except StoreError as exc:  # the answer goes on in memory; the final save retries
+                if not answer.get("save_failed"):
+                    answer["save_failed"] = True
+                    self.notice.emit(f"{exc}: the answer is kept in memory and saved when possible")
+
+    def _finish_saved(self, message_id: int, text: str, finish_reason: str, metrics) -> None:
+        """Save a finished answer, or keep it in memory and retry (disk full, read-only)."""
+        try:
+            self.store.finish_answer(message_id, text, finish_reason, metrics)
+        except StoreError as exc:
+            self.unsaved[message_id] = (text, finish_reason, metrics)
+            self.notice.emit(f"{exc}: the answer is shown and kept in memory; Brisk retries saving it")
+            self._retry.start()
+
+    def retry_unsaved(self) -> None:
+        for message_id, (text, finish_reason, metrics) in list(self.unsaved.items()):
+            try:
+                self.store.finish_answer(message_id, text, finish_reason, metrics)
+            except StoreError:
+                return  # still failing: try again at the next tick
+            del self.unsaved[message_id]
+            self.notice.emit("An answer that could not be saved earlier is now saved")
+        self._retry.stop()
+
+    def _saved(self, what: str, write, *args) -> bool:
+        try:
+            write(*args)
+        except StoreError as exc:
+            self.notice.emit(f"{what}: {exc}")
+            return False
+        return True
 
     def _history(self, cid: int) -> list[Message]:
         return _as_engine_messages(self.store.messages(cid))

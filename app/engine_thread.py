@@ -2,8 +2,10 @@
 
 Commands go in on a queue; the engine thread runs them through an `EngineWorker` (or
 anything with its `handle(command, cancel)`) and every event comes back through one Qt
-signal, which Qt delivers on the GUI thread. Stop is not queued: it sets the running
-command's cancel flag, which the engine checks between prefill chunks and tokens.
+signal, which Qt delivers on the GUI thread. Each submitted command is a `Job` with its
+own cancel flag, made when it is submitted: Stop is not queued, it sets the flags of the
+running job and of the jobs still waiting, so a job stopped before the engine reaches it
+never starts (the worker answers it at once as cancelled).
 """
 
 from __future__ import annotations
@@ -21,6 +23,21 @@ log = logging.getLogger(__name__)
 _SHUTDOWN = object()
 
 
+class Job:
+    """One submitted command and its cancel flag."""
+
+    def __init__(self, command):
+        self.command = command
+        self.cancel_token = CancelToken()
+
+    def cancel(self) -> None:
+        self.cancel_token.cancel()
+
+    @property
+    def cancelled(self) -> bool:
+        return self.cancel_token.cancelled
+
+
 class EngineThread(QObject):
     event = Signal(object)
     busy_changed = Signal(bool)
@@ -29,34 +46,44 @@ class EngineThread(QObject):
         super().__init__(parent)
         self._worker = worker
         self._queue: queue.Queue = queue.Queue()
-        self._cancel = CancelToken()
+        self._lock = threading.Lock()
+        self._jobs: list[Job] = []  # submitted and not finished, the running one first
         self._thread = threading.Thread(target=self._run, name="brisk-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, command) -> None:
-        self._queue.put(command)
+    def submit(self, command) -> Job:
+        job = Job(command)
+        with self._lock:
+            self._jobs.append(job)
+        self._queue.put(job)
+        return job
 
     def stop(self) -> None:
-        """Cancel the command now running (its partial answer is kept)."""
-        self._cancel.cancel()
+        """Cancel the running job and every job still waiting (partial answers are kept)."""
+        with self._lock:
+            for job in self._jobs:
+                job.cancel()
 
     def shutdown(self, timeout: float = 5.0) -> None:
-        self._cancel.cancel()
+        self.stop()
         self._queue.put(_SHUTDOWN)
         self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:
-            command = self._queue.get()
-            if command is _SHUTDOWN:
+            job = self._queue.get()
+            if job is _SHUTDOWN:
                 return
-            self._cancel = CancelToken()
             self.busy_changed.emit(True)
             try:
-                for event in self._worker.handle(command, self._cancel):
+                for event in self._worker.handle(job.command, job.cancel_token):
                     self.event.emit(event)
             except Exception as exc:  # a worker that breaks its promise still must not kill the thread
+                from engine.crash_log import user_message
+
                 log.exception("engine worker raised")
-                self.event.emit(EngineErrored(f"Engine failure: {exc}", "internal"))
+                self.event.emit(EngineErrored(user_message(exc, context="The engine"), "internal"))
             finally:
+                with self._lock:
+                    self._jobs.remove(job)
                 self.busy_changed.emit(False)

@@ -18,6 +18,12 @@ def apply_theme(app) -> None:
     app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
 
 
+def default_database() -> Path:
+    from engine.models.store import brisk_home
+
+    return brisk_home() / "brisk.db"
+
+
 def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     """The window wired to a real engine thread (tests pass a worker of their own)."""
     from app.engine_thread import EngineThread
@@ -27,7 +33,7 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     from engine.settings import ChatSettings
     from engine.worker import EngineWorker
 
-    store = Store(store_path)
+    store = Store(store_path, default_location=store_path == default_database())
     engine = EngineThread(worker or EngineWorker())
     window = MainWindow(store, engine, models=ModelStore().list() if models is None else models,
                         default_settings=ChatSettings(model=model_id))
@@ -60,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from engine.models.store import brisk_home
+    from app.store import StoreUnavailable
     from engine.settings import DEFAULT_MODEL_ID
 
     parser = argparse.ArgumentParser(prog="brisk-app", description="Brisk: fast local LLM chat")
@@ -74,7 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "brisk.svg")))
     apply_theme(app)
     app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app))
-    window = build_window(model_id=args.model, store_path=args.database or brisk_home() / "brisk.db")
+    try:
+        window = build_window(model_id=args.model, store_path=args.database or default_database())
+    except StoreUnavailable as exc:  # a folder, locked, or a newer schema: nothing was touched
+        return _refuse(app, str(exc), args.check)
+    except Exception as exc:  # a bug: a sentence and the log's path, never a traceback
+        from engine.crash_log import user_message
+
+        return _refuse(app, user_message(exc, context="Starting Brisk"), args.check)
     window.show()
     if args.check:
         _quit_when_loaded(app, window)
@@ -85,6 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     window.engine.shutdown()
     window.store.close()
     return code
+
+
+def _refuse(app, message: str, quiet: bool) -> int:
+    from PySide6.QtWidgets import QMessageBox
+
+    print(f"brisk-app: error: {message}", file=sys.stderr)
+    if not quiet:
+        QMessageBox.critical(None, "Brisk cannot start", message)
+    return 1
 
 
 if __name__ == "__main__":

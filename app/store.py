@@ -13,12 +13,17 @@ is kept, marked `interrupted`.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
+import stat
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
+
+from engine.models.store import lock_file
 
 SCHEMA_VERSION = 1
 MIGRATIONS = {
@@ -42,7 +47,28 @@ MIGRATIONS = {
 
 
 class StoreError(Exception):
-    pass
+    """A store operation failed; the message says what and what was kept."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be used at all (a folder, locked, from a newer Brisk); nothing was moved."""
+
+
+# Marks databases Brisk created (PRAGMA application_id, "BRSK"): only those are ever moved aside.
+APPLICATION_ID = 0x4252534B
+SQLITE_HEADER = b"SQLite format 3\x00"
+# How long to wait for another program's lock before saying the database is in use.
+LOCK_TIMEOUT_S = 5.0
+FINISH_REASONS = ("stop", "length", "context", "cancelled", "error", "interrupted")
+TABLES = ("conversations", "messages", "attachments")
+
+
+class _Corrupt(Exception):
+    """The file is not a usable SQLite database (bad header, failed integrity check)."""
+
+
+class _ReadOnly(Exception):
+    """The file or its folder cannot be written: open it read-only."""
 
 
 @dataclass
@@ -63,30 +89,116 @@ class StoredMessage:
 
 
 class Store:
-    def __init__(self, path):
+    def __init__(self, path, *, default_location: bool = False):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.recovery_note = ""  # set when a bad database was moved aside
+        self.recovery_note = ""  # set when a bad database was moved aside, or opened read-only
+        self.problems: list[str] = []  # rows that could not be read, reported once each
+        self.read_only = False
+        self._default_location = default_location
+        self._check_path()
+        self._instance_lock = self._take_instance_lock()
         try:
-            self.db = self._open()
-        except (sqlite3.DatabaseError, StoreError) as exc:
-            backup = self._move_aside()
-            self.recovery_note = (f"The chat database could not be opened ({exc}). It was kept as {backup.name} "
-                                  "and Brisk started with an empty one.")
-            self.db = self._open()
-        self._recover_streaming()
+            self.db = self._open_or_recover()
+        except BaseException:
+            self._release_instance_lock()
+            raise
+        if not self.read_only:
+            self._recover_streaming()
 
     # --- opening, migrations, recovery ------------------------------------------------
 
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+    def _check_path(self) -> None:
+        if self.path.is_dir():
+            raise StoreUnavailable(f"{self.path} is a folder, not a chat database; choose a file for --database")
+        if self.path.exists() and not self.path.is_file():
+            raise StoreUnavailable(f"{self.path} is not a regular file; choose a file for --database")
+        if not self.path.parent.exists():
+            try:
+                self.path.parent.mkdir(mode=0o700, parents=True)
+            except OSError as exc:
+                raise StoreUnavailable(f"Cannot create the data folder {self.path.parent}: {exc.strerror}") from exc
+        if not self.path.exists():
+            try:  # created private before SQLite opens it; SQLite gives -wal/-shm the same mode
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            except OSError:
+                pass  # a read-only folder: opened read-only below, or reported
+        elif _owned_regular_file(self.path):
+            try:
+                os.chmod(self.path, 0o600)  # databases from older Brisk versions were 0644
+            except OSError:
+                pass
+
+    def _take_instance_lock(self):
+        """One writing Brisk per database: a second one opens it read-only and never marks the
+        first one's live answer `interrupted`."""
+        try:
+            handle = open(Path(str(self.path) + ".lock"), "a+")
+        except OSError:
+            return None  # read-only folder: the database opens read-only anyway
+        try:
+            lock_file(handle)
+        except OSError:
+            handle.close()
+            self.read_only = True
+            self.recovery_note = ("Another Brisk window has this chat database open, so this one shows it "
+                                  "read-only: close the other one to chat here.")
+            return None
+        return handle
+
+    def _release_instance_lock(self) -> None:
+        if self._instance_lock is not None:
+            self._instance_lock.close()
+            self._instance_lock = None
+
+    def _open_or_recover(self) -> sqlite3.Connection:
+        try:
+            return self._open(read_only=self.read_only)
+        except _Corrupt as exc:
+            if self.read_only or not self._may_move_aside():
+                raise StoreUnavailable(f"{self.path} cannot be used as a chat database ({exc}); Brisk leaves it "
+                                       "as it is. Choose another --database.") from exc
+            backup = self._move_aside()
+            self.recovery_note = (f"The chat database could not be opened ({exc}). It was kept as {backup.name} "
+                                  "and Brisk started with an empty one.")
+            return self._open(read_only=False)
+        except _ReadOnly as exc:
+            self.read_only = True
+            self.recovery_note = f"The chat database is read-only ({exc}): you can read your chats, but nothing new is saved."
+            return self._open(read_only=True)
+
+    def _open(self, *, read_only: bool) -> sqlite3.Connection:
+        header = _read_header(self.path)
+        if header and not header.startswith(SQLITE_HEADER[:len(header)]) or 0 < len(header) < len(SQLITE_HEADER):
+            raise _Corrupt("it is not an SQLite database")
+        uri = f"file:{quote(str(self.path.resolve()))}?mode={'ro' if read_only else 'rw'}"
+        if read_only and not os.access(self.path.parent, os.W_OK):
+            uri += "&immutable=1"  # nobody can write beside it: SQLite need not create its -shm file
+        try:
+            db = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=LOCK_TIMEOUT_S)
+        except sqlite3.OperationalError as exc:
+            if read_only:
+                raise StoreUnavailable(f"Cannot open the chat database {self.path}: {exc}") from exc
+            raise _ReadOnly(str(exc)) from exc
+        try:
+            self._prepare(db, read_only=read_only)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _prepare(self, db: sqlite3.Connection, *, read_only: bool) -> None:
         try:
             db.execute("PRAGMA foreign_keys = ON")
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
-                raise StoreError("the integrity check failed")
+                raise _Corrupt("the integrity check failed")
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:  # checked before anything writes to the file
-                raise StoreError(f"it was written by a newer Brisk (schema {version}, this one reads {SCHEMA_VERSION})")
+            if not 0 <= version <= SCHEMA_VERSION:  # checked before anything writes to the file
+                newer = "a newer Brisk" if version > SCHEMA_VERSION else "something other than Brisk"
+                raise StoreUnavailable(f"{self.path} was written by {newer} (schema {version}; this Brisk reads "
+                                       f"{SCHEMA_VERSION}). It was left untouched: open it with that Brisk, or "
+                                       "start this one with --database OTHER_FILE.")
+            if read_only:
+                return
             db.execute("PRAGMA journal_mode = WAL")
             db.execute("PRAGMA synchronous = NORMAL")
             for v in range(version + 1, SCHEMA_VERSION + 1):
@@ -94,45 +206,111 @@ class Store:
                 for statement in _statements(MIGRATIONS[v]):
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {v}")
+                db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 db.execute("COMMIT")
-        except BaseException:
-            db.close()
-            raise
-        return db
+            self._repair_tables(db)
+        except sqlite3.OperationalError as exc:
+            if _locked(exc):
+                raise StoreUnavailable(f"The chat database {self.path} is in use by another program (still locked "
+                                       f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again.") from exc
+            if any(word in str(exc) for word in ("readonly", "read-only", "unable to open")):
+                raise _ReadOnly(str(exc)) from exc
+            raise _Corrupt(str(exc)) from exc
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "malformed"
+            raise _Corrupt(str(exc)) from exc
+
+    def _repair_tables(self, db: sqlite3.Connection) -> None:
+        """Recreate a table that went missing (e.g. dropped by hand), empty, and say so."""
+        present = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        missing = [t for t in TABLES if t not in present]
+        if not missing:
+            return
+        for statement in _statements(MIGRATIONS[1]):
+            db.execute(statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
+                       .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS "))
+        self.problems.append(f"The chat database lacked its {', '.join(missing)} table(s); they were recreated "
+                             "empty and the rest of your chats are kept.")
+
+    def _may_move_aside(self) -> bool:
+        """Only a regular file Brisk could have made: at its default place, named *.db, or marked as ours."""
+        if not _owned_regular_file(self.path) or self.path.is_symlink():
+            return False
+        return self._default_location or self.path.suffix == ".db" or _application_id(self.path) == APPLICATION_ID
 
     def _move_aside(self) -> Path:
         backup = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
         shutil.move(self.path, backup)
         for suffix in ("-wal", "-shm"):
             side = Path(str(self.path) + suffix)
-            if side.exists():
+            if side.is_file() and not side.is_symlink():
                 shutil.move(side, Path(str(backup) + suffix))
+        os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         return backup
 
     def _recover_streaming(self) -> None:
-        self.db.execute("UPDATE messages SET streaming = 0, finish_reason = 'interrupted' WHERE streaming = 1")
+        try:
+            self.db.execute("UPDATE messages SET streaming = 0, finish_reason = 'interrupted' WHERE streaming = 1")
+        except sqlite3.OperationalError as exc:
+            self.close()
+            if _locked(exc):
+                raise StoreUnavailable(f"The chat database {self.path} is in use by another program (still locked "
+                                       f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again.") from exc
+            raise StoreUnavailable(f"The chat database {self.path} cannot be written: {exc}") from exc
 
     def close(self) -> None:
         self.db.close()
+        self._release_instance_lock()
 
     @contextmanager
     def _transaction(self):
         if self.db.in_transaction:  # nested: the outer one commits
             yield
             return
-        self.db.execute("BEGIN")
+        self._write("BEGIN")
         try:
             yield
-            self.db.execute("COMMIT")
+            self._write("COMMIT")
         except BaseException:
-            self.db.execute("ROLLBACK")
+            if self.db.in_transaction:  # SQLite already rolled back after some errors (disk full)
+                self.db.execute("ROLLBACK")
             raise
+
+    def _write(self, sql: str, args: tuple = ()) -> sqlite3.Cursor:
+        """Every write: SQLite's failures become a StoreError that says what happened."""
+        if self.read_only:
+            raise StoreError("The chat database is open read-only: not saved")
+        try:
+            return self.db.execute(sql, args)
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            if "full" in text:
+                raise StoreError("The disk is full: not saved") from exc
+            if _locked(exc):
+                raise StoreError("The chat database is busy (locked by another program): not saved") from exc
+            raise StoreError(f"Saving failed: {text}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"Saving failed: {exc}") from exc
+
+    def _json(self, text, what: str) -> dict | None:
+        """A stored JSON object, or None (reported once) when the row holds something else."""
+        if not text:
+            return None
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError):
+            value = None
+        if isinstance(value, dict):
+            return value
+        note = f"Unreadable {what} were skipped (the rest of the chat is kept)."
+        if note not in self.problems:
+            self.problems.append(note)
+        return None
 
     # --- conversations ----------------------------------------------------------------
 
     def create_conversation(self, title: str, settings: dict) -> int:
         now = time.time()
-        cur = self.db.execute("INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
+        cur = self._write("INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
                               (title, now, now, json.dumps(settings)))
         return cur.lastrowid
 
@@ -146,47 +324,47 @@ class Store:
                     " m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\'))")
             args = (pattern, pattern)
         rows = self.db.execute(sql + " ORDER BY updated DESC, id DESC", args).fetchall()
-        return [Conversation(i, t, u, json.loads(s)) for i, t, u, s in rows]
+        return [Conversation(i, t, u, self._json(s, "chat settings") or {}) for i, t, u, s in rows]
 
     def conversation(self, conversation_id: int) -> Conversation:
         row = self.db.execute("SELECT id, title, updated, settings FROM conversations WHERE id = ?",
                               (conversation_id,)).fetchone()
         if row is None:
             raise StoreError(f"conversation {conversation_id} does not exist")
-        return Conversation(row[0], row[1], row[2], json.loads(row[3]))
+        return Conversation(row[0], row[1], row[2], self._json(row[3], "chat settings") or {})
 
     def rename(self, conversation_id: int, title: str) -> None:
-        self.db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or "Untitled", conversation_id))
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or "Untitled", conversation_id))
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
-        self.db.execute("UPDATE conversations SET settings = ? WHERE id = ?", (json.dumps(settings), conversation_id))
+        self._write("UPDATE conversations SET settings = ? WHERE id = ?", (json.dumps(settings), conversation_id))
 
     def delete(self, conversation_id: int) -> None:
         """Hidden at once, removed for good by `purge_deleted` (so it can be undone)."""
-        self.db.execute("UPDATE conversations SET deleted = 1 WHERE id = ?", (conversation_id,))
+        self._write("UPDATE conversations SET deleted = 1 WHERE id = ?", (conversation_id,))
 
     def undelete(self, conversation_id: int) -> None:
-        self.db.execute("UPDATE conversations SET deleted = 0 WHERE id = ?", (conversation_id,))
+        self._write("UPDATE conversations SET deleted = 0 WHERE id = ?", (conversation_id,))
 
     def purge_deleted(self) -> None:
-        self.db.execute("DELETE FROM conversations WHERE deleted = 1")
+        self._write("DELETE FROM conversations WHERE deleted = 1")
 
     def _touch(self, conversation_id: int) -> None:
-        self.db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
+        self._write("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
 
     # --- messages ----------------------------------------------------------------------
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute("SELECT id, role, content, finish_reason, metrics FROM messages"
                                " WHERE conversation_id = ? ORDER BY position", (conversation_id,)).fetchall()
-        return [StoredMessage(i, r, c, f, json.loads(m) if m else None) for i, r, c, f, m in rows]
+        return [StoredMessage(i, r, c, f, self._json(m, "turn metrics")) for i, r, c, f, m in rows]
 
     def add_message(self, conversation_id: int, role: str, content: str, *, finish_reason: str | None = None,
                     metrics: dict | None = None, streaming: bool = False) -> int:
         with self._transaction():
             position = self.db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?",
                                        (conversation_id,)).fetchone()[0]
-            cur = self.db.execute(
+            cur = self._write(
                 "INSERT INTO messages (conversation_id, position, role, content, finish_reason, metrics, streaming,"
                 " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, position, role, content, finish_reason, json.dumps(metrics) if metrics else None,
@@ -199,27 +377,32 @@ class Store:
 
     def set_content(self, message_id: int, content: str) -> None:
         """A message's text: a streaming answer so far, or an edited question."""
-        self.db.execute("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
+        self._write("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     def finish_answer(self, message_id: int, content: str, finish_reason: str, metrics: dict | None) -> None:
-        self.db.execute("UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, streaming = 0 WHERE id = ?",
+        self._write("UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, streaming = 0 WHERE id = ?",
                         (content, finish_reason, json.dumps(metrics) if metrics else None, message_id))
 
     def truncate(self, conversation_id: int, keep: int) -> None:
         """Keep the first `keep` messages (edit and regenerate drop what follows)."""
-        self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
+        self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
 
     # --- attachments -----------------------------------------------------------------
 
     def add_attachment(self, conversation_id: int, name: str, kind: str, tokens: int, text: str) -> int:
-        cur = self.db.execute("INSERT INTO attachments (conversation_id, name, kind, tokens, text, created)"
+        cur = self._write("INSERT INTO attachments (conversation_id, name, kind, tokens, text, created)"
                               " VALUES (?, ?, ?, ?, ?, ?)", (conversation_id, name, kind, tokens, text, time.time()))
         return cur.lastrowid
 
     def attachments(self, conversation_id: int) -> list[dict]:
+        if "attachments" not in self._tables():
+            return []
         rows = self.db.execute("SELECT id, name, kind, tokens FROM attachments WHERE conversation_id = ? ORDER BY id",
                                (conversation_id,)).fetchall()
         return [{"id": i, "name": n, "kind": k, "tokens": t} for i, n, k, t in rows]
+
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
     # --- export / import ---------------------------------------------------------------
 
@@ -230,18 +413,36 @@ class Store:
                               "metrics": m.metrics} for m in self.messages(conversation_id)]}
 
     def import_json(self, data: dict) -> int:
+        """A chat exported by `export_json`: checked whole first, then written in one
+        transaction, so a bad file adds nothing."""
+        from engine.errors import InvalidSettings
+        from engine.settings import ChatSettings
+
         if not isinstance(data, dict) or data.get("format") != "brisk-chat":
             raise StoreError("not a Brisk chat export (no \"format\": \"brisk-chat\")")
-        messages = data.get("messages")
+        messages, title, settings = data.get("messages"), data.get("title"), data.get("settings")
         if not isinstance(messages, list) or not all(
                 isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
                 and isinstance(m.get("content"), str) for m in messages):
             raise StoreError("the export's messages are malformed (each needs a role and text content)")
+        for i, m in enumerate(messages):
+            if m.get("finish_reason") not in (None, *FINISH_REASONS):
+                raise StoreError(f"message {i + 1} has an invalid finish_reason {m.get('finish_reason')!r}")
+            if m.get("metrics") is not None and not isinstance(m["metrics"], dict):
+                raise StoreError(f"message {i + 1} has metrics that are not an object")
+        if title is not None and not isinstance(title, str):
+            raise StoreError(f"the export's title must be text, not {type(title).__name__}")
+        if settings is not None and not isinstance(settings, dict):
+            raise StoreError(f"the export's settings must be an object, not {type(settings).__name__}")
+        try:
+            settings = ChatSettings.from_dict(settings or {}).to_dict() if settings else {}
+        except (InvalidSettings, TypeError, ValueError) as exc:
+            raise StoreError(f"the export's settings are invalid: {exc}") from exc
         with self._transaction():
-            cid = self.create_conversation(str(data.get("title") or "Imported chat"), dict(data.get("settings") or {}))
+            cid = self.create_conversation(title or "Imported chat", settings)
             for m in messages:
                 self.add_message(cid, m["role"], m["content"], finish_reason=m.get("finish_reason"),
-                                 metrics=m.get("metrics") if isinstance(m.get("metrics"), dict) else None)
+                                 metrics=m.get("metrics"))
         return cid
 
 
@@ -251,6 +452,32 @@ def export_markdown(store: Store, conversation_id: int) -> str:
     for m in store.messages(conversation_id):
         parts.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
     return "\n".join(parts)
+
+
+def _read_header(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(len(SQLITE_HEADER))
+    except OSError:
+        return b""
+
+
+def _owned_regular_file(path: Path) -> bool:
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and (not hasattr(os, "getuid") or info.st_uid == os.getuid())
+
+
+def _application_id(path: Path) -> int | None:
+    with open(path, "rb") as fh:
+        header = fh.read(100)
+    return int.from_bytes(header[68:72], "big") if len(header) == 100 else None
+
+
+def _locked(exc: Exception) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
 
 
 def _statements(script: str) -> list[str]:

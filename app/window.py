@@ -72,12 +72,16 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.undo_button)
         self._build_menus()
         self.refresh_sidebar()
-        if store.recovery_note:
-            self.recovery_box = QMessageBox(QMessageBox.Warning, "Chat database", store.recovery_note, parent=self)
-            QTimer.singleShot(0, self.recovery_box.open)  # window-modal, never blocks the event loop
-            self.statusBar().showMessage(store.recovery_note)
         convs = store.conversations()
-        c.open(convs[0].id) if convs else c.new_conversation()
+        if convs:
+            c.open(convs[0].id)
+        elif not store.read_only:
+            c.new_conversation()
+        note = " ".join(filter(None, [store.recovery_note, *store.problems]))
+        if note:
+            self.recovery_box = QMessageBox(QMessageBox.Warning, "Chat database", note, parent=self)
+            QTimer.singleShot(0, self.recovery_box.open)  # window-modal, never blocks the event loop
+            self.statusBar().showMessage(note)
         self.refresh_sidebar()
 
     def _build_menus(self) -> None:
@@ -95,7 +99,7 @@ class MainWindow(QMainWindow):
                                  ("Models…", QKeySequence("Ctrl+M"), self.show_models)):
             action = QAction(text, self)
             action.setShortcut(keys)
-            action.triggered.connect(slot)
+            action.triggered.connect(lambda _checked=False, slot=slot: slot())  # not triggered(bool) as an argument
             chat.addAction(action)
             self.addAction(action)
 

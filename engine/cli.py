@@ -217,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nbrisk: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug: a sentence and the log's path, never a traceback
+        from engine.crash_log import user_message
+
+        print(f"brisk: error: {user_message(exc, context=f'brisk {args.command}')}", file=sys.stderr)
+        return 1
 
 
 def console_main() -> None:

@@ -21,6 +21,7 @@ from typing import Iterator
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
+from engine.crash_log import user_message
 from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
@@ -159,7 +160,7 @@ class Session:
             log.exception("turn failed")
             self._reset_cache()  # the cache may hold a half-applied step
             metrics.finish_reason = "error"
-            yield EngineErrored(f"Generation failed: {exc}", "internal", traceback.format_exc())
+            yield EngineErrored(user_message(exc, context="Generation"), "internal", traceback.format_exc())
         answer.finish_reason = metrics.finish_reason
         answer.metrics = metrics.to_dict()
         if answer.content or answer.finish_reason in ("stop", "length", "context", "cancelled"):

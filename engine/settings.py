@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -18,6 +19,9 @@ OVERFLOW_POLICIES = ("refuse", "truncate_oldest")
 SPARSE_MODES = ("off", "on", "auto")
 SPEC_MODES = ("off", "on", "auto")
 SPEC_RULES = ("rejection", "match")
+# Beyond this a prefill chunk's attention scores alone reach gigabytes (and MKL has
+# crashed on 28K-token chunks); longer prompts are prefilled in several chunks anyway.
+MAX_PREFILL_STEP = 8192
 # k = 3 is where fixed-k drafting usually peaked in the MLX studies; `auto` picks its own.
 DEFAULT_NUM_DRAFT = 3
 
@@ -53,7 +57,9 @@ class ChatSettings:
     translation_prefix: int = 4  # cross tokenizer: tokens of context re-encoded with a draft
 
     def validate(self) -> "ChatSettings":
-        problems = []
+        problems = self._type_problems()
+        if problems:  # comparing a string or NaN below would raise or pass silently
+            raise InvalidSettings("Invalid chat settings: " + "; ".join(problems))
         if self.temperature < 0:
             problems.append(f"temperature must be >= 0 (got {self.temperature})")
         if not 0 < self.top_p <= 1:
@@ -90,9 +96,27 @@ class ChatSettings:
             problems.append(f"spec_rule must be one of {SPEC_RULES}")
         if not 1 <= self.translation_prefix <= 64:
             problems.append(f"translation_prefix must be in [1, 64] (got {self.translation_prefix})")
+        if self.seed is not None and not 0 <= self.seed < 2**63:
+            problems.append(f"seed must be in [0, 2**63) (got {self.seed})")
+        if self.prefill_step_size > MAX_PREFILL_STEP:
+            problems.append(f"prefill_step_size must be at most {MAX_PREFILL_STEP} (got {self.prefill_step_size})")
         if problems:
             raise InvalidSettings("Invalid chat settings: " + "; ".join(problems))
         return self
+
+    def _type_problems(self) -> list[str]:
+        problems = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = FIELD_TYPES[f.name]
+            if value is None and f.name in OPTIONAL_FIELDS:
+                continue
+            if isinstance(value, bool) or not isinstance(value, kind):
+                problems.append(f"{f.name} must be {kind.__name__ if isinstance(kind, type) else 'a number'}, "
+                                f"not {value!r}")
+            elif isinstance(value, float) and not math.isfinite(value):
+                problems.append(f"{f.name} must be a finite number (got {value})")
+        return problems
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,3 +126,15 @@ class ChatSettings:
         """Build from saved data, ignoring keys written by newer versions."""
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known}).validate()
+
+
+_NUMBER = (int, float)
+# What each setting holds (saved settings and JSON imports are untrusted input).
+FIELD_TYPES = {
+    "model": str, "system_prompt": str, "temperature": _NUMBER, "top_p": _NUMBER, "top_k": int, "min_p": _NUMBER,
+    "repetition_penalty": _NUMBER, "max_tokens": int, "seed": int, "context_overflow": str,
+    "prefill_step_size": int, "kv_bits": int, "kv_group_size": int, "kv_quant_start": int, "draft": str,
+    "sparse_prefill": str, "sparse_keep": _NUMBER, "sparse_threshold": int, "spec_decode": str, "num_draft": int,
+    "spec_rule": str, "translation_prefix": int,
+}
+OPTIONAL_FIELDS = {"system_prompt", "seed", "draft"}

@@ -14,8 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from engine.crash_log import user_message
 from engine.errors import BriskError
-from engine.events import EngineErrored, ModelLoaded
+from engine.events import EngineErrored, ModelLoaded, TurnFinished
+from engine.metrics import TurnMetrics
 from engine.model_commands import MODEL_COMMANDS, RemoveModel, run_model_command
 from engine.session import CancelToken, Message, Session
 from engine.settings import ChatSettings
@@ -79,6 +81,9 @@ class DocumentChecked:
     fit: object  # engine.documents.Fit
 
 
+TURN_COMMANDS = (SendMessage, Regenerate, EditMessage)
+
+
 class EngineWorker:
     def __init__(self, load: Callable[[str], object] | None = None, *, memory_available: Callable[[], int] | None = None):
         from engine.models.bundled import load_installing_default
@@ -96,9 +101,15 @@ class EngineWorker:
             yield _scoped(cid, EngineErrored(str(exc), exc.kind))
         except Exception as exc:  # the engine thread must outlive any bug
             log.exception("engine command failed")
-            yield _scoped(cid, EngineErrored(f"Engine failure: {exc}", "internal", traceback.format_exc()))
+            yield _scoped(cid, EngineErrored(user_message(exc, context="The engine"), "internal",
+                                             traceback.format_exc()))
 
     def _dispatch(self, command, cancel) -> Iterator[object]:
+        if cancel.cancelled:  # stopped before it started: it never starts
+            if isinstance(command, TURN_COMMANDS):
+                yield ConversationEvent(command.conversation_id,
+                                        TurnFinished("", [], TurnMetrics(finish_reason="cancelled")))
+            return
         if isinstance(command, LoadModel):
             lm = self.model(command.model_id)
             yield ModelLoaded(lm.id, {"architecture": lm.info.architecture, "context_length": lm.context_length,

@@ -35,9 +35,9 @@ class ModelManager(QDialog):
         layout.addLayout(row)
         buttons = QHBoxLayout()
         self.bundled_button = QPushButton("Install bundled…")
-        self.bundled_button.clicked.connect(self.install_bundled)
+        self.bundled_button.clicked.connect(lambda: self.install_bundled())  # not clicked(bool) as the id
         self.import_button = QPushButton("Import GGUF…")
-        self.import_button.clicked.connect(self.import_gguf)
+        self.import_button.clicked.connect(lambda: self.import_gguf())
         self.remove_button = QPushButton("Remove")
         self.remove_button.clicked.connect(self.remove_selected)
         for b in (self.bundled_button, self.import_button, self.remove_button):

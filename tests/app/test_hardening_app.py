@@ -1,0 +1,105 @@
+"""The app under hostile conditions (issue 14): a save that fails mid-answer loses nothing
+and leaves the window usable; Stop before the engine picks a turn up means it never runs."""
+
+import threading
+import time
+
+from engine.events import TokenEmitted, TurnFinished
+from engine.metrics import TurnMetrics
+from engine.session import CancelToken
+from engine.worker import ConversationEvent, SendMessage
+
+
+def fill_disk(store):
+    pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+    store.db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def send(window, text):
+    window.composer.edit.setPlainText(text)
+    window.composer.send_button.click()
+
+
+def test_disk_full_while_streaming_keeps_the_answer_and_the_window_usable(qtbot, make_window, engine, monkeypatch):
+    monkeypatch.setattr("app.controller.SAVE_INTERVAL_S", 0.0)
+    w = make_window()
+    send(w, "hi")
+    cid = w.controller.current
+    answer_id = w.store.messages(cid)[-1].id
+    fill_disk(w.store)
+    big = "word " * 40_000  # more than the full database can take
+    engine.play(ConversationEvent(cid, TokenEmitted(big, 1)),
+                ConversationEvent(cid, TurnFinished(big, [1], TurnMetrics(finish_reason="stop"))))
+    assert "disk is full" in w.statusBar().currentMessage()
+    assert not w.controller.busy  # Send works again
+    assert w.controller.unsaved[answer_id][0] == big  # kept in memory
+    assert w.chat_view.messages[-1].text.startswith("word word")
+    w.store.db.execute("PRAGMA max_page_count = 1073741823")  # space freed
+    w.controller.retry_unsaved()
+    assert w.controller.unsaved == {} and w.store.messages(cid)[-1].content == big
+    send(w, "and another")
+    assert isinstance(engine.commands[-1], SendMessage) and engine.commands[-1].text == "and another"
+
+
+def test_a_refused_user_message_stays_in_the_box(qtbot, make_window, engine):
+    w = make_window()
+    fill_disk(w.store)
+    send(w, "x" * 300_000)
+    assert w.composer.edit.toPlainText() == "x" * 300_000
+    assert "disk is full" in w.composer.message.text()
+    assert not [c for c in engine.commands if isinstance(c, SendMessage)]
+    assert not w.controller.busy
+
+
+class SlowWorker:
+    """Blocks on its first command so a second one waits in the queue."""
+
+    def __init__(self):
+        self.release = threading.Event()
+        self.started = []
+
+    def handle(self, command, cancel: CancelToken):
+        self.started.append((command, cancel.cancelled))
+        if len(self.started) == 1:
+            self.release.wait(5)
+        if cancel.cancelled:
+            yield ("cancelled", command)
+            return
+        yield ("ran", command)
+
+
+def test_stop_before_the_engine_picks_a_job_up_means_it_never_runs(qtbot):
+    from app.engine_thread import EngineThread
+
+    worker = SlowWorker()
+    thread = EngineThread(worker)
+    events = []
+    thread.event.connect(events.append)
+    thread.submit("first")
+    second = thread.submit("second")
+    qtbot.waitUntil(lambda: len(worker.started) == 1)
+    thread.stop()  # the user presses Stop while the second job still waits
+    assert second.cancelled
+    worker.release.set()
+    qtbot.waitUntil(lambda: len(events) == 2, timeout=5000)
+    assert events == [("cancelled", "first"), ("cancelled", "second")]
+    assert worker.started[1] == ("second", True)
+    third = thread.submit("third")  # a later job has its own, unset flag
+    qtbot.waitUntil(lambda: len(events) == 3, timeout=5000)
+    assert events[-1] == ("ran", "third") and not third.cancelled
+    thread.shutdown()
+
+
+def test_a_worker_never_starts_a_turn_cancelled_before_it(tiny_llama):
+    from engine.settings import ChatSettings
+    from engine.worker import EngineWorker
+
+    loads = []
+    worker = EngineWorker(lambda model_id: loads.append(model_id) or tiny_llama)
+    cancel = CancelToken()
+    cancel.cancel()
+    start = time.perf_counter()
+    out = list(worker.handle(SendMessage(3, "hi", ChatSettings(model="tiny-llama", max_tokens=64)), cancel))
+    assert loads == [] and time.perf_counter() - start < 1
+    (event,) = out
+    assert event.conversation_id == 3 and event.event.metrics.finish_reason == "cancelled"
