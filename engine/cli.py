@@ -59,26 +59,25 @@ def settings_from_args(args) -> ChatSettings:
 
 
 def read_prompt_file(path: str) -> str:
-    file = Path(path)
-    if not file.is_file():
-        raise BriskError(f"Prompt file not found: {path}")
-    data = file.read_bytes()
-    if not data.strip():
+    from engine.text_input import read_text_file
+
+    text = read_text_file(path, what="Prompt file")
+    if not text.strip():
         raise BriskError(f"Prompt file {path} is empty")
-    if b"\x00" in data[:8192]:
-        raise BriskError(f"{path} looks like a binary file (it contains NUL bytes), not text")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BriskError(f"{path} is not valid UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+    return text
 
 
 def load_pair(settings: ChatSettings):
     """The target and, when set, the draft model."""
     from engine.models.loader import load_model
 
+    from engine.drafting import check_draft_pair
+
     target = load_for_chat(settings.model)
-    return target, (load_model(settings.draft) if settings.draft else None)
+    draft = load_model(settings.draft) if settings.draft else None
+    if draft is not None:
+        check_draft_pair(target, draft)
+    return target, draft
 
 
 def load_for_chat(model_id: str):
@@ -91,6 +90,8 @@ def cmd_run(args) -> int:
     from engine.session import Session
 
     prompt = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
+    if not prompt.strip():
+        raise BriskError("The prompt is empty: give some text with --prompt or --prompt-file")
     settings = settings_from_args(args)
     lm, draft = load_pair(settings)
     session = Session(lm, settings, draft=draft)

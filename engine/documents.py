@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import BriskError
+from engine.text_input import count_tokens_bounded, decode_text, max_chars_for
 
 # Beyond this a file is not a document a local model can read in one context anyway, and
 # reading it would only cost memory: refuse with the size.
 MAX_DOCUMENT_BYTES = 64 * 2**20
+# Extracted text beyond this fits no local context (128K tokens is ~0.5 M characters).
+MAX_DOCUMENT_CHARS = 8_000_000
 CODE_SUFFIXES = {".py", ".js", ".ts", ".tsx", ".jsx", ".c", ".h", ".cpp", ".hpp", ".cc", ".rs", ".go", ".java",
                  ".kt", ".swift", ".rb", ".php", ".cs", ".sh", ".sql", ".toml", ".yaml", ".yml", ".json", ".html",
                  ".css", ".scss", ".lua", ".r", ".m", ".mm", ".zig", ".ini", ".cfg"}
@@ -40,6 +43,8 @@ class Document:
 
 def read_document(path) -> Document:
     file = Path(path)
+    if file.is_dir():
+        raise DocumentError(f"{file.name} is a folder; attach a file")
     if not file.is_file():
         raise DocumentError(f"{file.name}: no such file")
     size = file.stat().st_size
@@ -52,12 +57,7 @@ def read_document(path) -> Document:
     suffix = file.suffix.lower()
     if suffix == ".pdf" or data[:5] == b"%PDF-":
         return Document(file.name, "pdf", _pdf_text(file.name, data), size)
-    if b"\x00" in data[:8192]:
-        raise DocumentError(f"{file.name} is a binary file, not text (attach text, Markdown, code or PDF)")
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DocumentError(f"{file.name} is not UTF-8 text (undecodable byte at offset {exc.start})") from exc
+    text = decode_text(file.name, data, error=DocumentError)
     if not text.strip():
         raise DocumentError(f"{file.name} holds only whitespace")
     kind = "markdown" if suffix in (".md", ".markdown") else "code" if suffix in CODE_SUFFIXES else "text"
@@ -68,21 +68,33 @@ def _pdf_text(name: str, data: bytes) -> str:
     import io
 
     from pypdf import PdfReader
-    from pypdf.errors import PdfReadError
+    from pypdf.errors import LimitReachedError, PdfReadError
 
+    pages, chars = [], 0
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted:
             raise DocumentError(f"{name} is an encrypted PDF; remove the password and attach it again")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        for page in reader.pages:  # page by page, so an expanding PDF stops at the cap
+            pages.append(page.extract_text() or "")
+            chars += len(pages[-1])
+            if chars > MAX_DOCUMENT_CHARS:
+                raise DocumentError(f"{name} holds more than {MAX_DOCUMENT_CHARS:,} characters of text, more than "
+                                    "any local model's context; attach the part you need")
     except DocumentError:
         raise
-    except (PdfReadError, ValueError, KeyError, TypeError, OSError) as exc:
+    except LimitReachedError as exc:  # pypdf's own guard against decompression bombs
+        raise DocumentError(f"{name} expands beyond pypdf's safety limits (a compression bomb?): {exc}") from exc
+    except (PdfReadError, ValueError, KeyError, TypeError, OSError, RecursionError) as exc:
         raise DocumentError(f"{name} is not a readable PDF ({exc})") from exc
     text = "\n\n".join(p.strip() for p in pages if p.strip())
     if not text:
         raise DocumentError(f"{name} has no extractable text (a scanned PDF needs OCR first)")
     return text
+
+
+# For the message only: a rough tokens-per-character figure for text never tokenized.
+MAX_CHARS_FOR_ESTIMATE = 4
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,12 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     from engine.prompt import encode_messages
     from engine.session import Message
 
-    doc_tokens = len(lm.tokenizer.encode(document.text))
+    limit = lm.context_length
+    if len(document.text) > max_chars_for(limit):
+        return _too_long(document, lm, len(document.text) // MAX_CHARS_FOR_ESTIMATE, exact=False)
+    doc_tokens, complete = count_tokens_bounded(lm.tokenizer, document.text, limit)
+    if not complete:
+        return _too_long(document, lm, doc_tokens, exact=False)
     total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
     shape = kv_shape(lm.config)
     layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
@@ -119,3 +136,10 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     else:
         reason = ""
     return Fit(doc_tokens, total, lm.context_length, need, memory_available, not reason, reason)
+
+
+def _too_long(document: Document, lm, tokens: int, *, exact: bool) -> Fit:
+    """A document past the context, found without tokenizing all of it."""
+    reason = (f"{document.name} is {'' if exact else 'more than '}{tokens:,} tokens "
+              f"({len(document.text):,} characters), but {lm.id} holds {lm.context_length:,}")
+    return Fit(tokens, tokens, lm.context_length, 0, 0, False, reason)

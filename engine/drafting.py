@@ -208,6 +208,22 @@ def draft_compatibility(target, draft) -> tuple[str, str]:
     return "cross tokenizer", "draft text is re-tokenized for the target (acceptance by matching samples)"
 
 
+def check_draft_pair(target, draft) -> None:
+    """InvalidSettings when a loaded draft cannot help this target (the rule the app's
+    settings panel applies, enforced where every front end passes: the engine)."""
+    from types import SimpleNamespace
+
+    from engine.errors import InvalidSettings
+
+    def entry(lm):
+        return SimpleNamespace(id=lm.id, parameters=lm.info.parameters,
+                               tokenizer_fingerprint=lm.info.tokenizer_fingerprint)
+
+    verdict, why = draft_compatibility(entry(target), entry(draft))
+    if verdict == "incompatible":
+        raise InvalidSettings(f"Draft {draft.id} cannot be used with {target.id}: {why}")
+
+
 def cost_ratio(draft, target) -> float:
     """Expected draft step cost relative to the target's: decoding streams every weight
     once per step, so the ratio of their bytes (a prior until the draft is measured)."""

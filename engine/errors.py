@@ -40,6 +40,22 @@ class ContextOverflow(BriskError):
         )
 
 
+class ConversationTooLong(ContextOverflow):
+    """Found by counting characters, before the tokenizer spends memory on the text."""
+
+    def __init__(self, chars: int, context_length: int, model_id: str, max_chars: int):
+        self.prompt_tokens = None
+        self.context_length = context_length
+        BriskError.__init__(
+            self,
+            f"The conversation is {chars:,} characters; {model_id} holds {context_length:,} tokens, which is at "
+            f"most about {max_chars:,} characters. Shorten it, attach less, or start a new chat.")
+
+
+class PrefillMemoryError(BriskError):
+    kind = "out_of_memory"
+
+
 class InvalidSettings(BriskError):
     kind = "invalid_settings"
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.chat_template import TemplateError, max_template_chars, render_guarded
-from engine.errors import ContextOverflow
+from engine.errors import ContextOverflow, ConversationTooLong
+from engine.text_input import max_chars_for
 
 # With no chat template (base models), turns are joined as plain paragraphs.
 PLAIN_SEPARATOR = "\n\n"
@@ -46,13 +47,13 @@ def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> Rendere
 
     system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
     history = list(messages)
+    history, dropped = _fit_characters(lm, system, history, settings)
     tokens = encode_messages(lm, system + history, cancelled=cancelled)
     limit = lm.context_length - 1  # room for at least one answer token
     if len(tokens) <= limit:
-        return RenderedPrompt(tokens, 0)
+        return RenderedPrompt(tokens, dropped)
     if settings.context_overflow != "truncate_oldest":
         raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)
-    dropped = 0
     # Drop whole turns from the front, keeping the newest user message at least.
     while len(history) > 1:
         history.pop(0)
@@ -64,3 +65,21 @@ def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> Rendere
         if len(tokens) <= limit:
             return RenderedPrompt(tokens, dropped)
     raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)
+
+
+def _fit_characters(lm, system, history, settings):
+    """Refuse (or, under truncate_oldest, drop the oldest turns of) a conversation whose
+    characters alone cannot fit the context: the tokenizer never sees text that large."""
+    cap = max_chars_for(lm.context_length)
+    chars = lambda: sum(len(m.content) for m in system + history)  # noqa: E731
+    if chars() <= cap:
+        return history, 0
+    if settings.context_overflow != "truncate_oldest":
+        raise ConversationTooLong(chars(), lm.context_length, lm.id, cap)
+    dropped = 0
+    while len(history) > 1 and chars() > cap:
+        history.pop(0)
+        dropped += 1
+    if chars() > cap:
+        raise ConversationTooLong(chars(), lm.context_length, lm.id, cap)
+    return history, dropped

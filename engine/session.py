@@ -10,6 +10,7 @@ out as `EngineErrored` events, degradations as `EngineWarned`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -31,7 +32,7 @@ from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv
 from engine.models.loader import LoadedModel
 from engine.positions import ShiftedModel, install_position_shift
 from engine.drafting import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
-from engine.prefill import TokenCache, prefill_chunks
+from engine.prefill import TokenCache, check_prefill_memory, prefill_chunks
 from engine.prompt import render_prompt
 from engine.sampling import TokenDistribution, make_sampling
 from engine.settings import ChatSettings
@@ -126,7 +127,9 @@ class Session:
             raise BriskError("Nothing to save: this conversation has no prompt cache yet")
         meta = {"brisk": json.dumps({"model": self.lm.id, "tokenizer": self.lm.info.tokenizer_fingerprint,
                                      "tokens": self._cache_tokens, "shift": self._shift,
-                                     "dense_from": self._dense_from, "mode": self._cache_mode})}
+                                     "dense_from": self._dense_from, "mode": self._cache_mode,
+                                     "tokens_sha256": _tokens_digest(self._cache_tokens),
+                                     "kv_sha256": _kv_digest(self._cache)})}
         save_prompt_cache(str(path), self._cache, meta)
 
     def load_cache(self, path) -> None:
@@ -140,6 +143,12 @@ class Session:
             raise BriskError(f"Cannot read saved cache {path}: {exc}") from exc
         if (state["model"], state["tokenizer"]) != (self.lm.id, self.lm.info.tokenizer_fingerprint):
             raise BriskError(f"Saved cache {path} belongs to model {state['model']}, not {self.lm.id}")
+        # The KV must be the one computed for these tokens: a file spliced from two chats
+        # (KV of one, tokens of another) answered about the wrong document.
+        if (state.get("tokens_sha256") != _tokens_digest(state["tokens"])
+                or state.get("kv_sha256") != _kv_digest(cache)):
+            raise BriskError(f"Saved cache {path} does not match its own tokens and KV (damaged or spliced "
+                             "from another chat); it was not used")
         self._cache, self._cache_tokens = cache, list(state["tokens"])
         self._shift, self._dense_from = state["shift"], state["dense_from"]
         self._cache_mode = tuple(state["mode"]) if state["mode"] else None
@@ -243,6 +252,10 @@ class Session:
         """All prompt tokens but the last into the cache (generate_step runs the last one):
         dense chunks, or SpecPrefill's kept runs when it applies."""
         suffix = tokens[cached:]
+        import engine.info
+
+        step = min(settings.prefill_step_size, max(len(suffix) - 1, 1))
+        check_prefill_memory(self.lm, step, len(tokens), engine.info.memory_available())
         selection = yield from self._plan_sparse(tokens, cached, settings, metrics)
         if selection is None:
             for done in prefill_chunks(self._model(), self._cache, suffix[:-1], settings.prefill_step_size):
@@ -371,7 +384,11 @@ class Session:
         metrics.generated_tokens = n
         if first_at is not None:
             metrics.prefill_tps = metrics.prefilled_tokens / max(metrics.ttft_s, 1e-9)
-            if n > 1:
+            if metrics.draft_tokens:
+                # A draft cycle yields its tokens together: first-to-last intervals can be ~0
+                # (8,685 tok/s was reported), so drafting turns divide by the whole generation.
+                metrics.decode_tps = n / max(metrics.generation_s, 1e-9)
+            elif n > 1:
                 metrics.decode_tps = (n - 1) / max(end - first_at, 1e-9)
         if self._cache is not None:
             metrics.kv_bytes = kv_bytes_measured(self._cache)
@@ -380,6 +397,26 @@ class Session:
             if shape:
                 metrics.kv_bytes_formula = kv_bytes_formula(self._cache, **shape, itemsize=_cache_itemsize(self._cache))
         metrics.peak_memory_bytes = mx.get_peak_memory()
+
+
+def _tokens_digest(tokens) -> str:
+    return hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()
+
+
+def _kv_digest(cache) -> str:
+    """sha256 over every array the cache saves, as raw bytes, in layer order."""
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    digest = hashlib.sha256()
+    for layer in cache:
+        for _, value in tree_flatten(layer.state):
+            if not isinstance(value, mx.array):  # e.g. an offset beside the arrays
+                digest.update(repr(value).encode())
+                continue
+            digest.update(f"{value.shape}{value.dtype}".encode())
+            digest.update(np.array(mx.view(value, mx.uint8)).tobytes())
+    return digest.hexdigest()
 
 
 def _cache_itemsize(cache) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from engine.crash_log import user_message
+from engine.drafting import check_draft_pair
 from engine.errors import BriskError
 from engine.events import EngineErrored, ModelLoaded, TurnFinished
 from engine.metrics import TurnMetrics
@@ -154,6 +155,8 @@ class EngineWorker:
         if session is None or session.lm.id != settings.model or getattr(session.draft, "id", None) != settings.draft:
             lm = self.model(settings.model)
             draft = self.model(settings.draft) if settings.draft else None
+            if draft is not None:
+                check_draft_pair(lm, draft)
             session = Session(lm, settings, list(history), draft=draft)
         session.settings = settings
         session.messages = list(history)

@@ -44,8 +44,10 @@ def _gguf_name(hf: str, model_type: str) -> str:
     return f"blk.{idx}.{names[rest]}.{kind}"
 
 
-def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False, base_model: bool = False) -> Path:
-    """base_model: no chat template and add_bos_token set, like Gemma's base GGUFs."""
+def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False, base_model: bool = False,
+               uint64_metadata: dict | None = None) -> Path:
+    """base_model: no chat template and add_bos_token set, like Gemma's base GGUFs.
+    uint64_metadata: keys (without the architecture prefix) written as given, for hostile files."""
     import gguf
     import mlx.core as mx
 
@@ -54,11 +56,16 @@ def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False,
     model_type = config["model_type"]
     arch = GGUF_ARCH[model_type]
     writer = gguf.GGUFWriter(str(out), arch)
+    overrides = uint64_metadata or {}
+    for key, value in overrides.items():
+        writer.add_key_value(f"{arch}.{key}", value, gguf.GGUFValueType.UINT64)
     writer.add_block_count(config["num_hidden_layers"])
-    writer.add_context_length(config["max_position_embeddings"])
+    if "context_length" not in overrides:
+        writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_feed_forward_length(config["intermediate_size"])
-    writer.add_head_count(config["num_attention_heads"])
+    if "attention.head_count" not in overrides:
+        writer.add_head_count(config["num_attention_heads"])
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_rope_freq_base(config["rope_theta"])

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import argparse
+
+
+def _positive(text: str) -> int:
+    """A count or size: a whole number of at least 1 (argparse reports anything else)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
 
 def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
+    values = [_positive(x.strip()) for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one number")
+    return values
 
 
 def _ks(text: str) -> list:
@@ -21,16 +37,16 @@ def add_bench_parser(sub) -> None:
     p = bench.add_parser("overhead", help="Brisk's run path vs bare mlx-lm stream_generate")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048])
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--gen-tokens", type=int, default=32)
-    p.add_argument("--prefill-step", type=int, default=512)
+    p.add_argument("--runs", type=_positive, default=3)
+    p.add_argument("--gen-tokens", type=_positive, default=32)
+    p.add_argument("--prefill-step", type=_positive, default=512)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _overhead(a))
     p = bench.add_parser("kv", help="int4 KV cache: attention step time, decode tok/s, bytes, prefill peak")
     p.add_argument("--model", required=True)
     p.add_argument("--context", type=_ints, default=[2048, 8192, 32768])
-    p.add_argument("--runs", type=int, default=5)
-    p.add_argument("--steps", type=int, default=8, help="decode steps per tok/s sample")
+    p.add_argument("--runs", type=_positive, default=5)
+    p.add_argument("--steps", type=_positive, default=8, help="decode steps per tok/s sample")
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
     p.add_argument("--prefill-tokens", type=int, default=2048, help="0 skips the prefill peak-memory check")
     p.add_argument("--json", action="store_true")
@@ -38,7 +54,7 @@ def add_bench_parser(sub) -> None:
     p = bench.add_parser("kv-quality", help="int4 vs unquantized KV: top-1 agreement and KL over greedy decoding")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192])
-    p.add_argument("--gen", type=int, default=256)
+    p.add_argument("--gen", type=_positive, default=256)
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _kv_quality(a))
@@ -47,13 +63,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--draft", required=True)
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 4096, 8192])
     p.add_argument("--keep", type=_floats, default=[0.1, 0.2, 0.3])
-    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--runs", type=_positive, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _specprefill(a))
     p = bench.add_parser("needle", help="retrieve a fact hidden at several depths, full vs sparse prefill")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--tokens", type=_positive, default=4096)
     p.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9])
     p.add_argument("--keep", type=float, default=0.2)
     p.add_argument("--json", action="store_true")
@@ -61,8 +77,8 @@ def add_bench_parser(sub) -> None:
     p = bench.add_parser("counting", help="list and count entries spread over a log: full vs fixed keep vs auto")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--entries", type=int, default=100)
-    p.add_argument("--green", type=int, default=6)
+    p.add_argument("--entries", type=_positive, default=100)
+    p.add_argument("--green", type=_positive, default=6)
     p.add_argument("--seeds", type=_ints, default=[1, 2, 3])
     p.add_argument("--keep", type=float, default=0.2)
     p.add_argument("--json", action="store_true")
@@ -73,7 +89,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--text-file", required=True, help="a long natural text (UTF-8)")
     p.add_argument("--context", type=_ints, default=[2048, 4096])
     p.add_argument("--keep", type=float, default=0.2)
-    p.add_argument("--continuation", type=int, default=256)
+    p.add_argument("--continuation", type=_positive, default=256)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _sparse_ppl(a))
     p = bench.add_parser("specdecode", help="speculative vs plain decoding per content kind: tok/s, acceptance")
@@ -85,29 +101,29 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--mlx-lm", type=_ints, default=[2, 3], help="k values for mlx-lm's speculative decoding")
     p.add_argument("--blas-verify", type=_ks, default=[], help="k values (or auto) also run with the few-row "
                    "native matmul off, e.g. 4,auto")
-    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--gen", type=_positive, default=64)
     p.add_argument("--temp", type=float, default=0.0)
-    p.add_argument("--runs", type=int, default=2)
+    p.add_argument("--runs", type=_positive, default=2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _specdecode(a))
     p = bench.add_parser("verify", help="a verify pass of R rows, in plain steps: native few-row matmul vs BLAS")
     p.add_argument("--model", required=True)
     p.add_argument("--rows", type=_ints, default=[2, 3, 5, 9])
-    p.add_argument("--context", type=int, default=256)
-    p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--context", type=_positive, default=256)
+    p.add_argument("--runs", type=_positive, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _verify(a))
     p = bench.add_parser("spec-acceptance", help="expected acceptance of rejection sampling vs matching, same positions")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])
-    p.add_argument("--gen", type=int, default=64)
+    p.add_argument("--gen", type=_positive, default=64)
     p.add_argument("--temp", type=float, default=0.7)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=_positive, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _spec_acceptance(a))
     p = bench.add_parser("blas", help="MLX matmul GFLOP/s: reference BLAS vs Brisk's")
-    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--runs", type=_positive, default=3)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _blas(a))
 

@@ -21,7 +21,9 @@ from typing import Callable
 
 import numpy as np
 
-from engine.errors import GGUFImportError
+from engine.errors import BrokenModelFolder, GGUFImportError
+from engine.models.folder import check_config_values
+from engine.models.gguf_check import check_gguf_structure
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +97,7 @@ def open_gguf(path: Path):
         magic = fh.read(4)
     if magic != b"GGUF":
         raise GGUFImportError(f"{path.name} is not a GGUF file (it starts with {magic!r}, not b'GGUF')")
+    check_gguf_structure(path)  # the reader trusts stated counts; a hostile file must not reach it
     try:
         return gguf.GGUFReader(str(path))
     except Exception as exc:  # the reader raises bare ValueError/IndexError on damage
@@ -102,8 +105,8 @@ def open_gguf(path: Path):
 
 
 def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[str]) -> dict:
-    hidden = int(meta.require(f"{arch}.embedding_length"))
-    heads = int(meta.require(f"{arch}.attention.head_count"))
+    hidden = _count(meta, f"{arch}.embedding_length")
+    heads = _count(meta, f"{arch}.attention.head_count")
     config = {
         "model_type": spec.model_type,
         "hidden_size": hidden,
@@ -111,7 +114,7 @@ def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[s
         "intermediate_size": int(meta.require(f"{arch}.feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
-        "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // heads)),
+        "head_dim": int(meta.get(f"{arch}.attention.key_length", hidden // max(heads, 1))),
         "rms_norm_eps": float(meta.require(f"{arch}.attention.layer_norm_rms_epsilon")),
         "vocab_size": len(meta.require("tokenizer.ggml.tokens")),
         "max_position_embeddings": int(meta.require(f"{arch}.context_length")),
@@ -125,6 +128,10 @@ def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[s
         config["rope_scaling"] = {"type": "linear", "factor": float(meta.require(f"{arch}.rope.scaling.factor"))}
     elif scaling not in (None, "none"):
         raise GGUFImportError(f"RoPE scaling '{scaling}' in a GGUF is not supported yet")
+    try:
+        check_config_values(config)
+    except BrokenModelFolder as exc:
+        raise GGUFImportError(f"GGUF metadata is not usable: {exc}".replace("config.json: ", "")) from exc
     if arch == "gemma3":
         # Gemma-3 facts llama.cpp hard-codes rather than storing (see shared/MODELS.md).
         config.update(
@@ -134,6 +141,14 @@ def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[s
             query_pre_attn_scalar=config["head_dim"],
         )
     return config
+
+
+def _count(meta: _Metadata, key: str) -> int:
+    value = meta.require(key)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise GGUFImportError(f"GGUF metadata '{key}' is {value!r}, not a whole number") from None
 
 
 def _unpermute(weight: np.ndarray, n_heads: int) -> np.ndarray:

@@ -158,8 +158,9 @@ class ModelStore:
     @contextmanager
     def _install_lock(self, model_id: str) -> Iterator[None]:
         """One install of an id at a time, across processes: the loser is told, not corrupted."""
-        self.models_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.models_dir / f".lock-{model_id}", "a+") as handle:
+        locks = self.home / "locks"  # beside models/, which holds only models and staging folders
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"install-{model_id}", "a+") as handle:
             try:
                 lock_file(handle)
             except BlockingIOError:

@@ -184,3 +184,37 @@ def test_a_second_install_of_the_same_id_is_told_it_is_already_being_installed(t
 def test_model_ids_must_match_in_full(bad):
     with pytest.raises(BriskError, match="Invalid model id"):
         validate_model_id(bad)
+
+
+# --- 12. hostile GGUF files ----------------------------------------------------------------
+
+def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
+    from engine.errors import GGUFImportError
+    from engine.models.gguf_import import import_gguf
+
+    path = tmp_path / "bomb.gguf"
+    key = b"tokenizer.ggml.tokens"
+    # magic, version 3, 0 tensors, 1 key: an array of 2^62 strings in a 52-byte file
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+                     + struct.pack("<IIQ", 9, 8, 1 << 62))
+    assert path.stat().st_size < 100
+    start = time.monotonic()
+    with pytest.raises(GGUFImportError, match="hostile"):
+        import_gguf(path, tmp_path)
+    assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize("metadata,match", [({"attention.head_count": 0}, "head_count|num_attention_heads"),
+                                            ({"context_length": 1 << 40}, "context")])
+def test_gguf_metadata_out_of_range_is_refused_before_install(tmp_path, metadata, match):
+    from engine.errors import GGUFImportError
+    from engine.models.gguf_import import import_gguf
+    from tests.gguf_writer import write_gguf
+    from tests.tiny_models import make_tiny_model
+
+    original = make_tiny_model(tmp_path / "orig", "qwen2", context_length=256)
+    path = write_gguf(original, tmp_path / "m.gguf", uint64_metadata=metadata)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(GGUFImportError, match=match):
+        import_gguf(path, dest)
