@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.crash_log import user_message
 
         return _refuse(app, user_message(exc, context="Starting Brisk"), args.check)
+    sys.excepthook = lambda kind, exc, tb: _report_bug(window, exc)
     window.show()
     if args.check:
         _quit_when_loaded(app, window)
@@ -98,6 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     window.engine.shutdown()
     window.store.close()
     return code
+
+
+def _report_bug(window, exc: BaseException) -> None:
+    """A bug in a Qt slot: one line in the status bar, the traceback in the error log."""
+    from engine.crash_log import user_message
+
+    message = user_message(exc, context="The window")
+    print(f"brisk-app: {message}", file=sys.stderr)
+    window.statusBar().showMessage(message, 30000)
 
 
 def _refuse(app, message: str, quiet: bool) -> int:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from engine.documents import DocumentError, check_fit, read_document
-from engine.errors import BriskError, ContextOverflow, InvalidSettings, PrefillMemoryError
+from engine.errors import BriskError, InvalidSettings
 from engine.events import EngineErrored, TurnFinished
 from engine.models.store import ModelStore
 from engine.session import Message, Session
@@ -202,10 +202,6 @@ def test_the_check_counts_the_chunk_not_the_whole_prompt(tiny_llama, monkeypatch
     monkeypatch.setattr(engine.info, "memory_available", lambda: need_small + 1)
     session = Session(tiny_llama, ChatSettings(model="tiny", max_tokens=2, prefill_step_size=8))
     assert [e for e in session.send("The quick brown fox " * 20) if isinstance(e, TurnFinished)]
-
-
-def test_prefill_memory_error_is_a_brisk_error():
-    assert issubclass(PrefillMemoryError, BriskError) and issubclass(ContextOverflow, BriskError)
 
 
 # --- 15. drafts that cannot help ---------------------------------------------------------------------
