@@ -75,6 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="open the window, load the model (installing the default on first run), report, quit")
     args = parser.parse_args(argv)
+    from engine.crash_log import configure_console_logging
+
+    configure_console_logging()
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Brisk")
     app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "brisk.svg")))

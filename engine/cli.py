@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
-from pathlib import Path
 
 from engine.errors import BriskError
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
@@ -209,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_parser(sub)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    from engine.crash_log import configure_console_logging
+
+    configure_console_logging(verbose=args.verbose)
     try:
         return args.func(args)
     except BriskError as exc:

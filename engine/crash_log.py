@@ -42,3 +42,22 @@ def user_message(exc: BaseException, *, context: str = "", detail: str = "") -> 
     path = record_failure(exc, context=context, detail=detail)
     where = f" (details in {path})" if path else ""
     return f"{context or 'Brisk'} failed unexpectedly: {type(exc).__name__}: {exc}{where}"
+
+
+class _NoTracebacks(logging.Formatter):
+    """Console lines without tracebacks: those are written to the error log instead."""
+
+    def formatException(self, ei) -> str:  # noqa: N802 (logging's name)
+        return ""
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.exc_text = ""
+        return super().format(record).rstrip()
+
+
+def configure_console_logging(*, verbose: bool = False) -> None:
+    """One stderr handler: warnings (info with --verbose), one line each; --verbose keeps tracebacks."""
+    handler = logging.StreamHandler()
+    fmt = "%(levelname)s %(message)s"
+    handler.setFormatter(logging.Formatter(fmt) if verbose else _NoTracebacks(fmt))
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler], force=True)

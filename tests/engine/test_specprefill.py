@@ -1,6 +1,5 @@
 """SpecPrefill: exactness, original positions, selection rules, fallback, multi-turn."""
 
-import re
 import sys
 
 import mlx.core as mx
