@@ -78,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.crash_log import configure_console_logging
 
     configure_console_logging()
+    from app.platform_check import install_advice, missing_libraries, wants_xcb
+
+    missing = missing_libraries() if wants_xcb() else []
+    if missing:  # Qt would abort with a misleading message; say exactly what to install
+        print(f"brisk-app: error: {install_advice(missing)}", file=sys.stderr)
+        return 1
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Brisk")
     app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "brisk.svg")))

@@ -1,0 +1,56 @@
+"""Every dialog-opening button and menu entry, clicked or triggered as a user does (not by
+calling its slot): Qt passes clicked(bool) / triggered(bool) on, and a slot that took it as
+its first argument did nothing ("Import JSON…", Ctrl+I) or failed ("No bundled model 'False'")."""
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog, QInputDialog
+
+from engine.model_commands import ImportGGUF, InstallBundled
+
+
+@pytest.fixture
+def pickers(monkeypatch):
+    """Record each file picker and input dialog the app opens, answering as the user would."""
+    opened = []
+
+    def file_picker(parent, title, *args, **kwargs):
+        opened.append(("file", title))
+        return ("/tmp/model.gguf", "GGUF (*.gguf)") if "GGUF" in title else ("", "")
+
+    def get_item(parent, title, label, items, *args, **kwargs):
+        opened.append(("item", title, list(items)))
+        return items[0], True
+
+    def get_text(parent, title, label, *args, **kwargs):
+        opened.append(("text", title))
+        return "my-model", True
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(file_picker))
+    monkeypatch.setattr(QInputDialog, "getItem", staticmethod(get_item))
+    monkeypatch.setattr(QInputDialog, "getText", staticmethod(get_text))
+    return opened
+
+
+def test_install_bundled_button_opens_the_picker_and_installs_the_choice(qtbot, make_window, engine, pickers):
+    manager = make_window().show_models()
+    qtbot.mouseClick(manager.bundled_button, Qt.LeftButton)
+    assert pickers[0][:2] == ("item", "Install bundled model")
+    chosen = pickers[0][2][0]
+    assert engine.commands[-1] == InstallBundled(chosen) and chosen != "False"
+
+
+def test_import_gguf_button_opens_the_file_picker_then_asks_for_an_id(qtbot, make_window, engine, pickers):
+    manager = make_window().show_models()
+    qtbot.mouseClick(manager.import_button, Qt.LeftButton)
+    assert [p[:2] for p in pickers] == [("file", "Import a GGUF model"), ("text", "Import GGUF")]
+    assert engine.commands[-1] == ImportGGUF("/tmp/model.gguf", "my-model")
+
+
+def test_import_json_menu_entry_and_ctrl_i_open_the_file_picker(qtbot, make_window, pickers):
+    window = make_window()
+    (action,) = [a for a in window.findChildren(type(window.menuBar().actions()[0]))
+                 if a.text().startswith("Import JSON")]
+    action.trigger()
+    assert pickers == [("file", "Import chat")]
+    assert action.shortcut().toString() == "Ctrl+I"  # the key the offscreen platform cannot route
