@@ -83,13 +83,14 @@ class ChatController(QObject):
             if m.metrics:
                 last_metrics = m.metrics
         if last_metrics:
-            self.dashboard.show_turn(last_metrics)
+            self.dashboard.show_turn(last_metrics, model=conv.settings.get("model", ""))
         try:
             settings = ChatSettings.from_dict({**self.default_settings.to_dict(), **conv.settings})
         except InvalidSettings as exc:  # a damaged row must not keep the chat from opening
             settings = self.default_settings
             self.notice.emit(f"This chat's saved settings were unusable and defaults are shown ({exc})")
         self.settings_panel.set_settings(settings)
+        self.dashboard.set_chat_models(settings.model, settings.draft)
         self.composer.clear_attachments()
         for doc, fit in self._documents.get(cid, []):
             self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
@@ -104,6 +105,8 @@ class ChatController(QObject):
         if cid == self.current:
             self.current = None
             self.chat_view.clear()
+            self.dashboard.reset()  # its numbers were the deleted chat's
+            self.dashboard.chat_model.setText("")
         self.conversations_changed.emit()
 
     def undelete(self, cid: int) -> None:
@@ -117,6 +120,7 @@ class ChatController(QObject):
     def settings_changed(self, settings: ChatSettings) -> None:
         if self.current is not None:
             self._saved("Settings not saved", self.store.save_settings, self.current, settings.to_dict())
+            self.dashboard.set_chat_models(settings.model, settings.draft)
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -247,7 +251,7 @@ class ChatController(QObject):
                 self.chat_view.flush()
                 if self.chat_view.messages:
                     self.chat_view.messages[-1].set_finish(metrics["finish_reason"])
-                self.dashboard.show_turn(metrics)
+                self.dashboard.show_turn(metrics, model=self.settings_panel.settings().model)
         elif isinstance(event, EngineErrored):
             if answer is not None:
                 self._finish_saved(answer["id"], answer["text"], "error", None)

@@ -450,8 +450,24 @@ def export_markdown(store: Store, conversation_id: int) -> str:
     conv = store.conversation(conversation_id)
     parts = [f"# {conv.title}\n"]
     for m in store.messages(conversation_id):
-        parts.append(f"## {m.role.capitalize()}\n\n{m.content}\n")
+        parts.append(f"## {m.role.capitalize()}\n\n{close_open_fence(m.content)}\n")
     return "\n".join(parts)
+
+
+def close_open_fence(text: str) -> str:
+    """A truncated answer can stop inside a code block; close it so the rest of the export
+    is not swallowed into the code."""
+    fence = None
+    for line in text.splitlines():
+        stripped = line.lstrip()
+        for marker in ("```", "~~~"):
+            if stripped.startswith(marker):
+                if fence is None:
+                    fence = marker
+                elif fence == marker and stripped.strip() == marker:
+                    fence = None
+                break
+    return text if fence is None else f"{text.rstrip()}\n{fence}"
 
 
 def _read_header(path: Path) -> bytes:

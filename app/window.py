@@ -19,7 +19,6 @@ from app.widgets.prefill_bar import PrefillBar
 from app.widgets.settings_panel import SettingsPanel
 from app.widgets.sidebar import Sidebar
 
-UNDO_MS = 8000
 
 
 class MainWindow(QMainWindow):
@@ -85,23 +84,52 @@ class MainWindow(QMainWindow):
         self.refresh_sidebar()
 
     def _build_menus(self) -> None:
+        """File / Edit / View / Models / Help, with the shortcuts desktop apps use."""
         c = self.controller
-        chat = self.menuBar().addMenu("&Chat")
-        for text, keys, slot in (("New chat", QKeySequence.New, c.new_conversation),
-                                 ("Stop answer", QKeySequence("Esc"), c.stop),
-                                 ("Regenerate", QKeySequence("Ctrl+R"), c.regenerate),
-                                 ("Search chats", QKeySequence.Find, self.focus_search),
-                                 ("Chat settings", QKeySequence("Ctrl+,"), self.show_settings),
-                                 ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus),
-                                 ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
-                                 ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
-                                 ("Import JSON…", QKeySequence("Ctrl+I"), self.import_json),
-                                 ("Models…", QKeySequence("Ctrl+M"), self.show_models)):
-            action = QAction(text, self)
-            action.setShortcut(keys)
-            action.triggered.connect(lambda _checked=False, slot=slot: slot())  # not triggered(bool) as an argument
-            chat.addAction(action)
-            self.addAction(action)
+        menus = {
+            "&File": (("New chat", QKeySequence.New, c.new_conversation),
+                      ("Import chat (JSON)…", QKeySequence("Ctrl+I"), self.import_json),
+                      ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
+                      ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
+                      None,
+                      ("Quit", QKeySequence("Ctrl+Q"), self.close)),
+            "&Edit": (("Stop answer", QKeySequence("Esc"), c.stop),
+                      ("Regenerate", QKeySequence("Ctrl+R"), c.regenerate),
+                      ("Search chats", QKeySequence.Find, self.focus_search),
+                      ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus)),
+            "&View": (("Chat settings", QKeySequence("Ctrl+,"), self.show_settings),
+                      ("Show dashboard", QKeySequence("Ctrl+D"), self.toggle_dashboard)),
+            "&Models": (("Models…", QKeySequence("Ctrl+M"), self.show_models),),
+            "&Help": (("About Brisk", QKeySequence(), self.show_about),),
+        }
+        self.actions_by_text = {}
+        for title, entries in menus.items():
+            menu = self.menuBar().addMenu(title)
+            for entry in entries:
+                if entry is None:
+                    menu.addSeparator()
+                    continue
+                text, keys, slot = entry
+                action = QAction(text, self)
+                action.setShortcut(keys)
+                # not triggered(bool) as the slot's first argument (it made Import JSON do nothing)
+                action.triggered.connect(lambda _checked=False, slot=slot: slot())
+                menu.addAction(action)
+                self.addAction(action)
+                self.actions_by_text[text] = action
+        dashboard = self.actions_by_text["Show dashboard"]
+        dashboard.setCheckable(True)
+        dashboard.setChecked(True)
+
+    def toggle_dashboard(self) -> None:
+        """Collapse the dashboard and settings column so the chat gets the width."""
+        self.tabs.setVisible(not self.tabs.isVisible())
+        self.actions_by_text["Show dashboard"].setChecked(self.tabs.isVisible())
+
+    def show_about(self) -> QMessageBox:
+        self.about_box = QMessageBox(QMessageBox.Information, "About Brisk", about_text(), parent=self)
+        self.about_box.open()
+        return self.about_box
 
     def show_models(self):
         from app.widgets.model_manager import ModelManager
@@ -135,13 +163,23 @@ class MainWindow(QMainWindow):
     def delete_with_undo(self, cid: int) -> None:
         title = self.store.conversation(cid).title
         self.controller.delete(cid)
-        self.statusBar().showMessage(f"Deleted “{title}”", UNDO_MS)
+        self.statusBar().showMessage(f"Deleted “{title}”")
         self._undo_cid = cid
         if not getattr(self, "_undo_wired", False):
             self.undo_button.clicked.connect(lambda: self._undo_delete(self._undo_cid))
+            # Undo stays until the user does something else, however long they take to notice
+            for signal in (self.sidebar.selected, self.sidebar.new_requested, self.composer.send_requested):
+                signal.connect(self._end_undo)
             self._undo_wired = True
         self.undo_button.show()
-        QTimer.singleShot(UNDO_MS, self.undo_button.hide)
+
+    def _end_undo(self, *_) -> None:
+        if self.undo_button.isVisible():
+            self.undo_button.hide()
+            try:
+                self.store.purge_deleted()
+            except StoreError:
+                pass  # the row stays hidden; the next start purges it
 
     def _undo_delete(self, cid: int) -> None:
         self.controller.undelete(cid)
@@ -161,7 +199,8 @@ class MainWindow(QMainWindow):
         if cid is None:
             return
         if path is None:
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"chat.{kind}",
+            suggested = Path(documents_folder()) / f"{safe_file_name(self.store.conversation(cid).title)}.{kind}"
+            path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(suggested),
                                                   "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
         if not path:
             return
@@ -190,3 +229,35 @@ class MainWindow(QMainWindow):
         except Exception:  # noqa: BLE001  closing must never fail
             pass
         super().closeEvent(event)
+
+
+def documents_folder() -> str:
+    """The user's documents folder (exports default there, not the working directory)."""
+    from PySide6.QtCore import QStandardPaths
+
+    return QStandardPaths.writableLocation(QStandardPaths.DocumentsLocation) or str(Path.home())
+
+
+def safe_file_name(title: str) -> str:
+    cleaned = "".join(ch if ch.isalnum() or ch in " -_." else "_" for ch in title).strip(" .")
+    return cleaned[:60] or "chat"
+
+
+def about_text() -> str:
+    """Brisk's version and what it runs on, for bug reports."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import PySide6
+    from PySide6.QtCore import qVersion
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    from engine.blas import blas_state
+
+    return (f"Brisk {installed('brisk')}\nFast local LLM chat on MLX.\n\n"
+            f"MLX {installed('mlx')} · mlx-lm {installed('mlx-lm')}\n"
+            f"Qt {qVersion()} · PySide6 {PySide6.__version__}\nBLAS: {blas_state().name}")

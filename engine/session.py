@@ -87,6 +87,11 @@ class Session:
         # positions = slots + _shift from token _dense_from on, and no rewinding before it.
         self._shift = 0
         self._dense_from = 0
+        self.use_draft(draft)
+
+    def use_draft(self, draft: LoadedModel | None) -> None:
+        """Set (or clear) the draft model. Only the draft's own state starts over: the
+        target's prompt cache is kept, so the next turn still prefills only new tokens."""
         self.draft = draft
         # the draft's prompt cache serves both SpecPrefill scoring and speculative decoding
         self._draft_cache = TokenCache(draft.model) if draft is not None else None

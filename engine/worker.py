@@ -152,12 +152,16 @@ class EngineWorker:
         are unchanged; its messages always follow the store's history."""
         settings = settings.validate()
         session = self._sessions.get(cid)
-        if session is None or session.lm.id != settings.model or getattr(session.draft, "id", None) != settings.draft:
+        draft = self.model(settings.draft) if settings.draft else None
+        if session is None or session.lm.id != settings.model:
             lm = self.model(settings.model)
-            draft = self.model(settings.draft) if settings.draft else None
             if draft is not None:
                 check_draft_pair(lm, draft)
             session = Session(lm, settings, list(history), draft=draft)
+        elif getattr(session.draft, "id", None) != settings.draft:
+            if draft is not None:
+                check_draft_pair(session.lm, draft)
+            session.use_draft(draft)  # a new draft: the target's prompt cache stays
         session.settings = settings
         session.messages = list(history)
         self._sessions[cid] = session

@@ -9,6 +9,9 @@ from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 from app.widgets.gauges import LineChart, RingGauge
 
 RECENT_TURNS = 5
+# A dense prefill at least this long measures a model's prefill rate well enough to price
+# what the prompt cache saves (a 1-token regenerate "measured" 1366 s saved once).
+MIN_RATE_TOKENS = 256
 
 
 class Dashboard(QWidget):
@@ -42,10 +45,14 @@ class Dashboard(QWidget):
         self.memory = QLabel("")
         self.model_state = QLabel("No model loaded")
         self.model_state.setObjectName("modelState")
-        for w in (self.spec_note, self.kv_note, self.memory, self.model_state):
+        self.chat_model = QLabel("")
+        self.chat_model.setObjectName("chatModel")
+        self.chat_model.setWordWrap(True)
+        for w in (self.chat_model, self.spec_note, self.kv_note, self.memory, self.model_state):
             layout.addWidget(w)
         layout.addStretch()
         self._ttfts: list[float] = []
+        self._prefill_rates: dict[str, float] = {}  # model -> tok/s of its last long dense prefill
         self._memory_probe = memory_probe or process_memory_bytes
         self._free_memory_probe = free_memory_probe or _free_memory
         self._timer = QTimer(self, interval=poll_ms)
@@ -66,16 +73,25 @@ class Dashboard(QWidget):
     def set_model_state(self, text: str) -> None:
         self.model_state.setText(text)
 
-    def show_turn(self, m: dict) -> None:
-        """A finished turn's metrics (TurnMetrics.to_dict())."""
+    def set_chat_models(self, model: str, draft: str | None) -> None:
+        """The open chat's own model and draft (not whichever model loaded last)."""
+        self.chat_model.setText(f"This chat: {model}" + (f" · draft {draft}" if draft else " · no draft"))
+
+    def show_turn(self, m: dict, *, model: str = "") -> None:
+        """A finished turn's metrics (TurnMetrics.to_dict()) of `model`."""
         self._ttfts = (self._ttfts + [m.get("ttft_s", 0.0)])[-RECENT_TURNS:]
         self.ttft.setText(f"{m.get('ttft_s', 0.0):.2f} s")
         self.recent.setText("Recent: " + " · ".join(f"{t:.2f} s" for t in self._ttfts))
         rate = m.get("prefill_tps") or 0.0
+        dense = not str(m.get("sparse_prefill", "")).startswith("used")
+        if model and dense and m.get("prefilled_tokens", 0) >= MIN_RATE_TOKENS and rate:
+            self._prefill_rates[model] = rate
+        measured = self._prefill_rates.get(model)
         notes = []
         if m.get("cached_tokens"):
             notes.append(f"prompt cache reused {m['cached_tokens']:,} tokens"
-                         + (f" (~{m['cached_tokens'] / rate:.1f} s saved)" if rate else ""))
+                         + (f" (~{m['cached_tokens'] / measured:.1f} s saved at the {measured:.0f} tok/s "
+                            "this model prefilled at)" if measured else ""))
         if str(m.get("sparse_prefill", "")).startswith("used"):
             skipped = m.get("prompt_tokens", 0) - m.get("cached_tokens", 0) - m.get("kept_tokens", 0)
             notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")

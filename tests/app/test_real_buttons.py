@@ -49,8 +49,7 @@ def test_import_gguf_button_opens_the_file_picker_then_asks_for_an_id(qtbot, mak
 
 def test_import_json_menu_entry_and_ctrl_i_open_the_file_picker(qtbot, make_window, pickers):
     window = make_window()
-    (action,) = [a for a in window.findChildren(type(window.menuBar().actions()[0]))
-                 if a.text().startswith("Import JSON")]
+    action = window.actions_by_text["Import chat (JSON)…"]
     action.trigger()
     assert pickers == [("file", "Import chat")]
     assert action.shortcut().toString() == "Ctrl+I"  # the key the offscreen platform cannot route

@@ -67,3 +67,21 @@ def test_cancel_stops_the_turn_and_keeps_the_partial_answer(tiny_llama):
         if isinstance(e.event, TokenEmitted):
             cancel.cancel()
     assert events[-1].metrics.finish_reason == "cancelled"
+
+
+def test_choosing_a_draft_mid_chat_keeps_the_targets_prompt_cache(tiny_llama, tmp_path):
+    """Issue 15: a new draft used to start a new session, and the follow-up re-read the whole chat."""
+    from engine.models.loader import load_folder
+    from tests.tiny_models import make_tiny_model
+
+    draft = load_folder(make_tiny_model(tmp_path / "d", "llama", hidden_size=32, intermediate_size=64),
+                        model_id="tiny-draft")
+    models = {"tiny-llama": tiny_llama, "tiny-draft": draft}
+    worker = EngineWorker(models.__getitem__, memory_available=lambda: 2**30)
+    first = [e.event for e in run(worker, SendMessage(5, "The quick brown fox", settings()))]
+    done = [e for e in first if isinstance(e, TurnFinished)][0]
+    history = [Message("user", "The quick brown fox"), Message("assistant", done.text)]
+    second = [e.event for e in run(worker, SendMessage(5, "and then?", settings(draft="tiny-draft"), history))]
+    metrics = [e for e in second if isinstance(e, TurnFinished)][0].metrics
+    assert metrics.cached_tokens >= done.metrics.prompt_tokens
+    assert metrics.prefilled_tokens < metrics.prompt_tokens - done.metrics.prompt_tokens + 8

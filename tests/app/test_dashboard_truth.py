@@ -1,0 +1,39 @@
+"""The dashboard tells the truth (issue 15): time saved priced at a measured prefill rate,
+the open chat's own model, and nothing left over from a deleted chat."""
+
+FULL = {"prompt_tokens": 4383, "cached_tokens": 0, "prefilled_tokens": 4383, "ttft_s": 120.0,
+        "prefill_tps": 36.5, "decode_tps": 5.0, "kv_bits": 16, "sparse_prefill": "off"}
+REGENERATE = {"prompt_tokens": 4383, "cached_tokens": 4382, "prefilled_tokens": 1, "ttft_s": 0.3,
+              "prefill_tps": 3.33, "decode_tps": 5.0, "kv_bits": 16, "sparse_prefill": "off"}
+
+
+def test_time_saved_uses_the_measured_full_prefill_rate(qtbot, make_window):
+    dashboard = make_window().dashboard
+    dashboard.show_turn(FULL, model="big")
+    dashboard.show_turn(REGENERATE, model="big")
+    text = dashboard.saved.text()
+    assert "~120.1 s saved" in text and "1316" not in text
+
+
+def test_no_time_saved_is_claimed_without_a_measured_rate(qtbot, make_window):
+    dashboard = make_window().dashboard
+    dashboard.show_turn(REGENERATE, model="big")
+    assert "reused 4,382 tokens" in dashboard.saved.text() and "saved" not in dashboard.saved.text()
+
+
+def test_dashboard_names_the_open_chats_model_and_draft(qtbot, make_window):
+    w = make_window()
+    qwen = w.store.create_conversation("qwen chat", {"model": "big", "draft": "small"})
+    smol = w.store.create_conversation("smol chat", {"model": "tiny"})
+    w.controller.open(qwen)
+    assert w.dashboard.chat_model.text() == "This chat: big · draft small"
+    w.controller.open(smol)
+    assert w.dashboard.chat_model.text() == "This chat: tiny · no draft"
+
+
+def test_deleting_the_open_chat_clears_the_dashboard(qtbot, make_window):
+    w = make_window()
+    cid = w.controller.current
+    w.dashboard.show_turn(FULL, model="big")
+    w.controller.delete(cid)
+    assert w.dashboard.ttft.text() == "–" and w.dashboard.saved.text() == "" and w.dashboard.chat_model.text() == ""
