@@ -70,6 +70,7 @@ class MainWindow(QMainWindow):
         self.undo_button.hide()
         self.statusBar().addPermanentWidget(self.undo_button)
         self._build_menus()
+        self._watch_models()
         self.refresh_sidebar()
         convs = store.conversations()
         if convs:
@@ -120,6 +121,27 @@ class MainWindow(QMainWindow):
         dashboard = self.actions_by_text["Show dashboard"]
         dashboard.setCheckable(True)
         dashboard.setChecked(True)
+
+    def _watch_models(self) -> None:
+        """Models installed or removed elsewhere (the CLI, another window) appear at once."""
+        from PySide6.QtCore import QFileSystemWatcher
+
+        from engine.models.store import ModelStore
+
+        folder = ModelStore().models_dir
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return
+        self.models_watcher = QFileSystemWatcher([str(folder)], self)
+        self.models_watcher.directoryChanged.connect(self.models_changed_on_disk)
+
+    def models_changed_on_disk(self, *_) -> None:
+        from engine.models.store import ModelStore
+
+        self.settings_panel.set_models(ModelStore().list())
+        if getattr(self, "model_manager", None) is not None:
+            self.model_manager.refresh()
 
     def toggle_dashboard(self) -> None:
         """Collapse the dashboard and settings column so the chat gets the width."""

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QProgressBar,
-                               QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout)
+from PySide6.QtWidgets import (QDialog, QFileDialog, QHBoxLayout, QInputDialog, QLabel, QLineEdit, QMessageBox,
+                               QProgressBar, QPushButton, QTableWidget, QTableWidgetItem, QVBoxLayout)
 
 from engine.events import DownloadProgressed, EngineErrored
 from engine.model_commands import ImportGGUF, InstallBundled, ModelsChanged, PullModel, RemoveModel
 
-COLUMNS = ("Model", "Architecture", "Parameters", "Size on disk", "Context")
+COLUMNS = ("Model", "Architecture", "Parameters", "Bits/weight", "On disk", "In memory", "Context", "License")
+# Bits each weight takes as stored (quantized formats add their scales on top).
+DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16}
 
 
 class ModelManager(QDialog):
@@ -63,9 +65,9 @@ class ModelManager(QDialog):
         entries = self.list_models()
         self.table.setRowCount(len(entries))
         for r, e in enumerate(entries):
-            for c, value in enumerate((e.id, e.architecture, f"{e.parameters / 1e6:,.0f}M",
-                                       f"{e.bytes_on_disk / 2**20:,.0f} MiB", f"{e.context_length:,}")):
+            for c, value in enumerate(describe(e)):
                 self.table.setItem(r, c, QTableWidgetItem(value))
+        self.table.resizeColumnsToContents()  # full ids, never elided
 
     def download(self) -> None:
         repo = self.repo.text().strip()
@@ -98,9 +100,15 @@ class ModelManager(QDialog):
         self._start(ImportGGUF(path, model_id.strip()), f"Importing {Path(path).name}…")
 
     def remove_selected(self) -> None:
-        rows = {i.row() for i in self.table.selectedIndexes()}
-        for r in rows:
-            self.engine.submit(RemoveModel(self.table.item(r, 0).text()))
+        ids = sorted({self.table.item(i.row(), 0).text() for i in self.table.selectedIndexes()})
+        if not ids:
+            return
+        answer = QMessageBox.question(self, "Remove models", f"Remove {', '.join(ids)}? Its files are deleted "
+                                      "from disk; installing it again downloads or converts it again.")
+        if answer != QMessageBox.Yes:
+            return
+        for model_id in ids:
+            self.engine.submit(RemoveModel(model_id))
 
     def _start(self, command, text: str) -> None:
         self.status.setText(text)
@@ -125,3 +133,22 @@ class ModelManager(QDialog):
         self.progress.hide()
         self.cancel_button.hide()
         self.status.setText(text)
+
+
+def describe(entry) -> tuple[str, ...]:
+    """One table row: what a user compares models by."""
+    from engine.models.bundled import BUNDLED
+    from engine.models.loader import compute_dtype_name
+
+    quantized = entry.dtype.startswith("q")
+    bits = int(entry.dtype[1:]) if quantized else DTYPE_BITS.get(entry.dtype, 0)
+    # On the CPU Brisk computes in float32, so float weights take 4 bytes each in memory.
+    in_memory = entry.bytes_on_disk if quantized or compute_dtype_name() != "float32" else entry.parameters * 4
+    spec = BUNDLED.get(entry.id)
+    return (entry.id, entry.architecture, f"{entry.parameters / 1e6:,.0f}M", str(bits) if bits else entry.dtype,
+            _size(entry.bytes_on_disk), _size(in_memory), f"{entry.context_length:,}",
+            spec.license if spec else "see its model card")
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"

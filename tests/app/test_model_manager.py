@@ -37,3 +37,43 @@ def test_install_and_import_send_commands(qtbot, make_window, engine, tmp_path):
     assert engine.commands[-1] == InstallBundled("gemma-3-270m")
     manager.import_gguf(str(tmp_path / "m.gguf"), "my-model")
     assert engine.commands[-1] == ImportGGUF(str(tmp_path / "m.gguf"), "my-model")
+
+
+def test_model_manager_shows_full_ids_sizes_bits_and_license(qtbot, make_window, tiny_llama_dir):
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    store.install_folder(tiny_llama_dir, model_id="a-rather-long-model-id-that-must-not-be-elided", source="test")
+    manager = make_window().show_models()
+    row = [manager.table.item(0, c).text() for c in range(manager.table.columnCount())]
+    assert row[0] == "a-rather-long-model-id-that-must-not-be-elided" and row[3] == "32"
+    assert row[4].endswith("MiB") and row[5].endswith("MiB") and row[7] == "see its model card"
+    store.remove("a-rather-long-model-id-that-must-not-be-elided")
+
+
+def test_remove_asks_first(qtbot, make_window, engine, tiny_llama_dir, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+
+    from engine.model_commands import RemoveModel
+    from engine.models.store import ModelStore
+
+    ModelStore().install_folder(tiny_llama_dir, model_id="doomed", source="test")
+    manager = make_window().show_models()
+    manager.table.selectRow(0)
+    answers = [QMessageBox.No, QMessageBox.Yes]
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: answers.pop(0)))
+    qtbot.mouseClick(manager.remove_button, Qt.LeftButton)
+    assert not [c for c in engine.commands if isinstance(c, RemoveModel)]
+    qtbot.mouseClick(manager.remove_button, Qt.LeftButton)
+    assert engine.commands[-1] == RemoveModel("doomed")
+    ModelStore().remove("doomed")
+
+
+def test_a_model_installed_from_the_cli_appears_without_a_restart(qtbot, make_window, tiny_llama_dir):
+    from engine.models.store import ModelStore
+
+    w = make_window()
+    ModelStore().install_folder(tiny_llama_dir, model_id="from-the-cli", source="test")
+    model_ids = lambda: [w.settings_panel.model.itemText(i) for i in range(w.settings_panel.model.count())]  # noqa: E731
+    qtbot.waitUntil(lambda: "from-the-cli" in model_ids(), timeout=5000)
+    ModelStore().remove("from-the-cli")
