@@ -14,7 +14,8 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from app.store import StoreError
 
 from engine.errors import InvalidSettings
-from engine.events import (ContextTruncated, EngineErrored, EngineWarned, ModelLoaded, PrefillProgressed,
+from engine.events import (ContextTruncated, EngineErrored, EngineWarned, ModelLoaded, ModelLoadProgressed,
+                           PrefillProgressed,
                            TokenEmitted, TurnFinished)
 from engine.session import Message
 from engine.settings import ChatSettings
@@ -217,6 +218,8 @@ class ChatController(QObject):
             self._conversation_event(item.conversation_id, item.event)
         elif isinstance(item, DocumentChecked):
             self._document_checked(item)
+        elif isinstance(item, ModelLoadProgressed):
+            self.dashboard.set_model_state(f"{item.model_id}: {item.message}")
         elif isinstance(item, ModelLoaded):
             self.dashboard.set_model_state(f"{item.model_id} loaded ({item.info.get('architecture', '?')}, "
                                            f"{item.info.get('context_length', 0):,} tokens of context)")

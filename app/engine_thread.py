@@ -45,6 +45,8 @@ class EngineThread(QObject):
     def __init__(self, worker, parent=None):
         super().__init__(parent)
         self._worker = worker
+        if hasattr(worker, "on_progress"):
+            worker.on_progress = self.event.emit  # Qt queues it to the GUI thread
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # submitted and not finished, the running one first

