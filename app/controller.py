@@ -17,7 +17,7 @@ from engine.errors import InvalidSettings
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, ModelLoaded, ModelLoadProgressed,
                            PrefillProgressed,
                            TokenEmitted, TurnFinished)
-from engine.session import Message
+from engine.conversation import Message
 from engine.settings import ChatSettings
 from engine.worker import (CheckDocument, ConversationEvent, DocumentChecked, EditMessage, LoadModel, Regenerate,
                            SendMessage)

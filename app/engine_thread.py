@@ -17,7 +17,7 @@ import threading
 from PySide6.QtCore import QObject, Signal
 
 from engine.events import EngineErrored
-from engine.session import CancelToken
+from engine.conversation import CancelToken
 
 log = logging.getLogger(__name__)
 _SHUTDOWN = object()

@@ -113,7 +113,7 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     context and the memory beside the weights, at the chat's KV precision?"""
     from engine.kvcache import kv_bytes_per_token, kv_shape
     from engine.prompt import encode_messages
-    from engine.session import Message
+    from engine.conversation import Message
 
     limit = lm.context_length
     if len(document.text) > max_chars_for(limit):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine.prefill import TokenCache
+from engine.cache import PromptCache
 from engine.rewind import CacheCheckpoint
 from engine.sampling import TokenDistribution, sample
 from engine.translate import decode_text, encode_with_spans
@@ -37,11 +37,11 @@ class Proposal:
 
 
 class _Drafter:
-    """A draft model, its TokenCache, and the tokens still to feed it."""
+    """A draft model, its PromptCache, and the tokens still to feed it."""
 
-    def __init__(self, draft, dist: TokenDistribution, cache: TokenCache | None, step: int):
+    def __init__(self, draft, dist: TokenDistribution, cache: PromptCache | None, step: int):
         self.draft, self.dist, self.step = draft, dist, step
-        self.tc = cache or TokenCache(draft.model)
+        self.tc = cache or PromptCache(draft.model)
         self.pending: list[int] = []
         self._mark: tuple[CacheCheckpoint, int] | None = None
 
@@ -58,10 +58,10 @@ class _Drafter:
         """Feed the pending tokens, then sample up to k draft tokens, stopping after EOS or
         after a token the draft gave less than `stop_below` probability: where the draft
         is unsure the target usually disagrees, and every token drafted past it is wasted."""
-        self._mark = (CacheCheckpoint(self.tc.cache, len(self.pending) + k), len(self.tc.tokens))
+        self._mark = (CacheCheckpoint(self.tc.layers, len(self.pending) + k), len(self.tc.tokens))
         feed, drafted, rows = list(self.pending), [], []
         for i in range(k):
-            logits = self.draft.model(mx.array(feed)[None], cache=self.tc.cache)[0, -1:]  # (1, V)
+            logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0, -1:]  # (1, V)
             self.tc.tokens += feed
             probs = self.dist.probs(logits, history + drafted, [])
             token = int((mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs)).item())
@@ -82,13 +82,13 @@ class _Drafter:
         distribution (one-hot when greedy). Its mean estimates acceptance (Σ p·q, the
         match rule's, a lower bound of rejection's) without running the target."""
         feed = self.pending[:-1]  # the last pending token is fed with the next proposal
-        if self.tc.cache is None or not feed:
+        if self.tc.layers is None or not feed:
             return 0.0, 0
         if len(self.tc.tokens) + len(self.pending) + 1 > self.draft.context_length:
             raise DraftUnavailable(f"the draft holds {self.draft.context_length} tokens, "
                                    f"this conversation needs {len(self.tc.tokens) + len(self.pending)}")
         history = self.tc.tokens + feed[:1]
-        logits = self.draft.model(mx.array(feed)[None], cache=self.tc.cache)[0]  # (n, V)
+        logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0]  # (n, V)
         self.tc.tokens += feed
         self.pending = self.pending[-1:]
         q = self.dist.probs(logits, history, feed[1:])
@@ -107,19 +107,9 @@ class _Drafter:
         self._follow()
 
     def _rewind_to(self, keep: int) -> None:
-        """Leave the first `keep` tokens of self.tc.tokens in the cache."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, trim_prompt_cache
-
-        drop = len(self.tc.tokens) - keep
-        if drop > 0:
-            mark = self._mark
-            if can_trim_prompt_cache(self.tc.cache):
-                trim_prompt_cache(self.tc.cache, drop)
-            elif mark is not None and keep >= mark[1]:
-                mark[0].rewind(self.draft.model, self.tc.tokens[mark[1]:], keep - mark[1])
-            else:
-                self.tc.reset()  # re-prefilled on the next proposal
-        self.tc.tokens = self.tc.tokens[:keep] if self.tc.cache is not None else []
+        """Leave the first `keep` tokens in the draft's cache (through the proposal's
+        checkpoint when its layers cannot trim)."""
+        self.tc.trim_to(keep, checkpoint=self._mark)
         self._mark = None
 
 
@@ -128,21 +118,21 @@ class SameTokenizerDrafter(_Drafter):
 
     def catch_up(self, prompt: list[int]) -> int:
         """Prompt tokens the draft has not read yet (its cache is reused across turns)."""
-        return len(prompt) - _common_prefix(self.tc.tokens, prompt)
+        return len(prompt) - self.tc.common_prefix(prompt)
 
     def start(self, prompt: list[int]) -> None:
         self._sync(prompt)
         self.target = list(prompt)  # the target's tokens so far (also the draft's, same vocabulary)
 
     def propose(self, k: int, stop_below: float = 0.0) -> Proposal:
-        if self.tc.cache is None:  # reset by a rewind it could not do in place
+        if self.tc.layers is None:  # reset by a rewind it could not do in place
             self._sync(self.target)
         tokens, rows = self._draft(k, self.target, set(self.draft.tokenizer.eos_token_ids), stop_below)
         return Proposal(tokens, mx.concatenate(rows, axis=0), len(tokens))
 
     def _follow(self) -> None:
         """Keep the cache on the longest prefix of the sequence it holds; the rest is pending."""
-        common = _common_prefix(self.tc.tokens, self.target[:-1])
+        common = self.tc.common_prefix(self.target[:-1])
         self._rewind_to(common)
         self.pending = self.target[len(self.tc.tokens):]
 
@@ -156,7 +146,7 @@ class TranslatingDrafter(_Drafter):
 
     def catch_up(self, prompt: list[int]) -> int:
         base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
-        return len(base) - _common_prefix(self.tc.tokens, base)
+        return len(base) - self.tc.common_prefix(base)
 
     def start(self, prompt: list[int]) -> None:
         self.target = list(prompt)  # the target's tokens so far
@@ -167,7 +157,7 @@ class TranslatingDrafter(_Drafter):
         self._sync(self.base)
 
     def propose(self, k: int, stop_below: float = 0.0) -> Proposal:
-        if self.tc.cache is None:
+        if self.tc.layers is None:
             self._sync(self.base + self.answer_ids)
         sequence = self.base + self.answer_ids
         drafted, _ = self._draft(k, sequence, set(self.draft.tokenizer.eos_token_ids), stop_below)
@@ -191,7 +181,7 @@ class TranslatingDrafter(_Drafter):
         self.answer_ids = self.answer_ids[:keep] + ids
         self.answer_spans = spans[:keep] + [(covered + a, covered + b) for a, b in new_spans]
         sequence = self.base + self.answer_ids
-        self._rewind_to(_common_prefix(self.tc.tokens, sequence[:-1]))
+        self._rewind_to(self.tc.common_prefix(sequence[:-1]))
         self.pending = sequence[len(self.tc.tokens):]
 
 
@@ -233,15 +223,6 @@ def cost_ratio(draft, target) -> float:
         return sum(v.nbytes for _, v in tree_flatten(lm.model.parameters()))
 
     return weight_bytes(draft) / max(1, weight_bytes(target))
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _continuation(tokenizer, context: list[int], new: list[int]) -> str:

@@ -43,7 +43,7 @@ def _render(lm, dicts) -> str:
 def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> RenderedPrompt:
     """Tokens for the next answer. Never drops anything silently: either every message
     is in, or the caller hears how many of the oldest were dropped (or gets ContextOverflow)."""
-    from engine.session import Message
+    from engine.conversation import Message
 
     system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
     history = list(messages)

@@ -10,13 +10,9 @@ out as `EngineErrored` events, degradations as `EngineWarned`.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
-import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
 from typing import Iterator
 
 import mlx.core as mx
@@ -27,12 +23,14 @@ from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
                            TurnFinished)
-from engine.kvcache import check_kv_packable, kv_shape, maybe_quantize_kv_cache
+from engine.kvcache import check_kv_packable, kv_shape
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
-from engine.positions import ShiftedModel, install_position_shift
+from engine.positions import install_position_shift
 from engine.drafting import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
-from engine.prefill import TokenCache, check_prefill_memory, prefill_chunks
+from engine.cache import PromptCache
+from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
+from engine.prefill import check_prefill_memory, prefill_chunks
 from engine.prompt import render_prompt
 from engine.sampling import TokenDistribution, make_sampling
 from engine.settings import ChatSettings
@@ -44,49 +42,13 @@ from kernels.skinny_matmul import verify_path
 log = logging.getLogger(__name__)
 
 
-class CancelToken:
-    """Set from any thread; the engine checks it between prefill chunks and tokens."""
-
-    def __init__(self):
-        self._event = threading.Event()
-
-    def cancel(self) -> None:
-        self._event.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set()
-
-    def check(self) -> None:
-        if self._event.is_set():
-            raise TurnCancelled()
-
-
-@dataclass
-class Message:
-    role: str  # system | user | assistant
-    content: str
-    finish_reason: str | None = None  # for answers: stop | length | context | cancelled | error
-    token_ids: list[int] = field(default_factory=list)
-    metrics: dict | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
 class Session:
     def __init__(self, lm: LoadedModel, settings: ChatSettings | None = None,
                  messages: list[Message] | None = None, *, draft: LoadedModel | None = None):
         self.lm = lm
         self.settings = (settings or ChatSettings(model=lm.id)).validate()
         self.messages: list[Message] = list(messages or [])
-        self._cache = None  # mlx-lm per-layer caches
-        self._cache_tokens: list[int] = []  # the tokens the cache stands for, in order
-        self._cache_mode: tuple | None = None  # (kv_bits, kv_group_size) the cache was built with
-        # After a sparse prefill the cache holds fewer slots than the tokens it stands for:
-        # positions = slots + _shift from token _dense_from on, and no rewinding before it.
-        self._shift = 0
-        self._dense_from = 0
+        self.cache = PromptCache(lm.model)  # the target's layers, tokens, KV mode and position map
         self.use_draft(draft)
 
     def use_draft(self, draft: LoadedModel | None) -> None:
@@ -94,7 +56,7 @@ class Session:
         target's prompt cache is kept, so the next turn still prefills only new tokens."""
         self.draft = draft
         # the draft's prompt cache serves both SpecPrefill scoring and speculative decoding
-        self._draft_cache = TokenCache(draft.model) if draft is not None else None
+        self._draft_cache = PromptCache(draft.model) if draft is not None else None
         self._scorer = DraftScorer(draft, self._draft_cache) if draft is not None else None
         self._controller: DraftLengthController | None = None  # kept across turns: α and timings
         self._controller_key: tuple | None = None
@@ -122,41 +84,20 @@ class Session:
 
     @property
     def cached_tokens(self) -> int:
-        return len(self._cache_tokens)
+        return len(self.cache)
 
     def save_cache(self, path) -> None:
         """Write the prompt cache (any KV mode, sparse or not) so a reopened chat skips its prefill."""
-        from mlx_lm.models.cache import save_prompt_cache
-
-        if self._cache is None:
+        if self.cache.layers is None:
             raise BriskError("Nothing to save: this conversation has no prompt cache yet")
-        meta = {"brisk": json.dumps({"model": self.lm.id, "tokenizer": self.lm.info.tokenizer_fingerprint,
-                                     "tokens": self._cache_tokens, "shift": self._shift,
-                                     "dense_from": self._dense_from, "mode": self._cache_mode,
-                                     "tokens_sha256": _tokens_digest(self._cache_tokens),
-                                     "kv_sha256": _kv_digest(self._cache)})}
-        save_prompt_cache(str(path), self._cache, meta)
+        self.cache.save(path, self._identity())
 
     def load_cache(self, path) -> None:
         """Adopt a cache written by `save_cache` for the same model; refuse anything else."""
-        from mlx_lm.models.cache import load_prompt_cache
+        self.cache.load(path, self._identity())
 
-        try:
-            cache, meta = load_prompt_cache(str(path), return_metadata=True)
-            state = json.loads(meta["brisk"])
-        except Exception as exc:  # missing, truncated, or not ours
-            raise BriskError(f"Cannot read saved cache {path}: {exc}") from exc
-        if (state["model"], state["tokenizer"]) != (self.lm.id, self.lm.info.tokenizer_fingerprint):
-            raise BriskError(f"Saved cache {path} belongs to model {state['model']}, not {self.lm.id}")
-        # The KV must be the one computed for these tokens: a file spliced from two chats
-        # (KV of one, tokens of another) answered about the wrong document.
-        if (state.get("tokens_sha256") != _tokens_digest(state["tokens"])
-                or state.get("kv_sha256") != _kv_digest(cache)):
-            raise BriskError(f"Saved cache {path} does not match its own tokens and KV (damaged or spliced "
-                             "from another chat); it was not used")
-        self._cache, self._cache_tokens = cache, list(state["tokens"])
-        self._shift, self._dense_from = state["shift"], state["dense_from"]
-        self._cache_mode = tuple(state["mode"]) if state["mode"] else None
+    def _identity(self) -> dict:
+        return {"model": self.lm.id, "tokenizer": self.lm.info.tokenizer_fingerprint}
 
     # --- the turn -----------------------------------------------------------------
 
@@ -172,7 +113,7 @@ class Session:
             yield EngineErrored(str(exc), exc.kind)
         except Exception as exc:  # never let a turn crash the engine thread
             log.exception("turn failed")
-            self._reset_cache()  # the cache may hold a half-applied step
+            self.cache.reset()  # the cache may hold a half-applied step
             metrics.finish_reason = "error"
             yield EngineErrored(user_message(exc, context="Generation"), "internal", traceback.format_exc())
         answer.finish_reason = metrics.finish_reason
@@ -197,12 +138,10 @@ class Session:
 
         if settings.kv_bits < 16:
             check_kv_packable(self.lm.config, settings.kv_group_size)
-        if self._cache_mode != (settings.kv_bits, settings.kv_group_size):
-            self._reset_cache()  # a cache of another precision cannot be reused
-            self._cache_mode = (settings.kv_bits, settings.kv_group_size)
-        pack = lambda: maybe_quantize_kv_cache(  # noqa: E731
-            self._cache, bits=settings.kv_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
-        cached = self._reuse_prefix(tokens)
+        self.cache.ensure_mode((settings.kv_bits, settings.kv_group_size))
+        pack = lambda: self.cache.pack(  # noqa: E731
+            bits=settings.kv_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
+        cached = self.cache.reuse(tokens)
         metrics.prompt_tokens, metrics.cached_tokens = len(tokens), cached
         metrics.prefilled_tokens = len(tokens) - cached
         yield PrefillProgressed(0, metrics.prefilled_tokens)
@@ -213,7 +152,7 @@ class Session:
         if settings.seed is not None:
             mx.random.seed(settings.seed)
         steps, decoder = self._decoding(tokens, max_tokens, settings)
-        self._cache_tokens = list(tokens)
+        self.cache.tokens = list(tokens)
         text = StreamingText(self.lm.tokenizer, seed=tokens)
         eos = set(self.lm.tokenizer.eos_token_ids)
         first_at = None
@@ -224,7 +163,7 @@ class Session:
                     yield step
                     continue
                 token, from_draft = step
-                self._cache_tokens.append(token)
+                self.cache.tokens.append(token)
                 pack()
                 if first_at is None:
                     first_at = time.perf_counter()
@@ -241,9 +180,9 @@ class Session:
         finally:
             steps.close()
             if decoder is not None:
-                self._cache_tokens = self._cache_tokens[:-1]  # it holds back the last token
+                self.cache.tokens = self.cache.tokens[:-1]  # it holds back the last token
                 if not decoder.consistent:
-                    self._reset_cache()
+                    self.cache.reset()
                 for name, value in decoder.stats.to_metrics().items():
                     setattr(metrics, name, value)
                 metrics.from_draft = decoder.stats.from_draft[:len(answer.token_ids)]
@@ -263,8 +202,9 @@ class Session:
         check_prefill_memory(self.lm, step, len(tokens), engine.info.memory_available())
         selection = yield from self._plan_sparse(tokens, cached, settings, metrics)
         if selection is None:
-            for done in prefill_chunks(self._model(), self._cache, suffix[:-1], settings.prefill_step_size):
-                self._cache_tokens = tokens[: cached + done]
+            for done in prefill_chunks(self.cache.model_view(), self.cache.layers, suffix[:-1],
+                                       settings.prefill_step_size):
+                self.cache.tokens = tokens[: cached + done]
                 pack()
                 yield PrefillProgressed(done, metrics.prefilled_tokens)
                 cancel.check()
@@ -272,18 +212,15 @@ class Session:
         started = time.perf_counter()
         runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
         try:
-            for done in sparse_prefill(self.lm.model, self._cache, suffix, runs, base=cached,
+            for done in sparse_prefill(self.lm.model, self.cache.layers, suffix, runs, base=cached,
                                        step=settings.prefill_step_size):
                 pack()
                 yield PrefillProgressed(done, selection.kept)
                 cancel.check()
         except BaseException:
-            self._reset_cache()  # a half-built sparse cache has no consistent prefix to keep
+            self.cache.reset()  # a half-built sparse cache has no consistent prefix to keep
             raise
-        physical = next(c.offset for c in self._cache if hasattr(c, "offset"))
-        self._dense_from = len(tokens) - 1  # from here on, cache slots and positions advance together
-        self._shift = self._dense_from - physical
-        self._cache_tokens = tokens[:-1]
+        self.cache.mark_sparse(tokens[:-1])
         metrics.sparse_prefill_s = time.perf_counter() - started
         metrics.prefilled_tokens = selection.kept
         metrics.kept_tokens = selection.kept
@@ -310,7 +247,7 @@ class Session:
             else:
                 importance = self._scorer.importance_across(self.lm.tokenizer, tokens, cached,
                                                             settings.prefill_step_size)
-            window = max((c.max_size for c in self._cache if isinstance(c, RotatingKVCache)), default=None)
+            window = max((c.max_size for c in self.cache.layers if isinstance(c, RotatingKVCache)), default=None)
             selection = select_chunks(importance, keep=None if mode == "auto" else settings.sparse_keep,
                                       window=window)
             install_position_shift(self.lm.model)
@@ -331,7 +268,7 @@ class Session:
         """The token steps of this turn, (token, from_draft) pairs: mlx-lm's generate_step,
         or the speculative decoder when a draft is set (returned too, for its stats)."""
         if settings.spec_decode == "off" or self.draft is None:
-            return _plain_steps(tokens, self._model(), self._cache, max_tokens, settings), None
+            return _plain_steps(tokens, self.cache.model_view(), self.cache.layers, max_tokens, settings), None
         dist = TokenDistribution(settings)
         if self.draft.info.tokenizer_fingerprint == self.lm.info.tokenizer_fingerprint:
             drafter = SameTokenizerDrafter(self.draft, dist, self._draft_cache, settings.prefill_step_size)
@@ -344,42 +281,11 @@ class Session:
                                                      cost_ratio=cost_ratio(self.draft, self.lm),
                                                      pair=(self.lm.id, self.draft.id, verify_path()))
             self._controller_key = key
-        decoder = SpeculativeDecoder(self._model(), self._cache, drafter, self._controller, dist,
+        decoder = SpeculativeDecoder(self.cache.model_view(), self.cache.layers, drafter, self._controller, dist,
                                      rule=settings.spec_rule, max_tokens=max_tokens)
         return decoder.steps(tokens), decoder
 
-    def _model(self):
-        """The target, with RoPE positions shifted past tokens a sparse prefill dropped."""
-        return ShiftedModel(self.lm.model, self._shift) if self._shift else self.lm.model
-
     # --- helpers ------------------------------------------------------------------
-
-    def _reuse_prefix(self, tokens: list[int]) -> int:
-        """Trim the cache to the longest common prefix with `tokens`; return its length."""
-        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
-
-        common = 0
-        for a, b in zip(self._cache_tokens, tokens):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(tokens) - 1)  # the last prompt token must run to give logits
-        if common < self._dense_from:
-            self._reset_cache()  # cannot rewind into a sparsely prefilled region
-        if self._cache is not None and common < len(self._cache_tokens):
-            if can_trim_prompt_cache(self._cache):
-                trim_prompt_cache(self._cache, len(self._cache_tokens) - common)
-            else:
-                self._cache = None  # e.g. recurrent state: cannot rewind, start over
-        if self._cache is None:
-            self._cache = make_prompt_cache(self.lm.model)
-            common = 0
-        self._cache_tokens = tokens[:common]
-        return common
-
-    def _reset_cache(self) -> None:
-        self._cache, self._cache_tokens, self._cache_mode = None, [], None
-        self._shift = self._dense_from = 0
 
     def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int,
                         prompt_read_at: float) -> None:
@@ -395,33 +301,14 @@ class Session:
                 metrics.decode_tps = n / max(metrics.generation_s, 1e-9)
             elif n > 1:
                 metrics.decode_tps = (n - 1) / max(end - first_at, 1e-9)
-        if self._cache is not None:
-            metrics.kv_bytes = kv_bytes_measured(self._cache)
-            metrics.kv_bytes_allocated = kv_bytes_allocated(self._cache)
+        layers = self.cache.layers
+        if layers is not None:
+            metrics.kv_bytes = kv_bytes_measured(layers)
+            metrics.kv_bytes_allocated = kv_bytes_allocated(layers)
             shape = kv_shape(self.lm.config)
             if shape:
-                metrics.kv_bytes_formula = kv_bytes_formula(self._cache, **shape, itemsize=_cache_itemsize(self._cache))
+                metrics.kv_bytes_formula = kv_bytes_formula(layers, **shape, itemsize=_cache_itemsize(layers))
         metrics.peak_memory_bytes = mx.get_peak_memory()
-
-
-def _tokens_digest(tokens) -> str:
-    return hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()
-
-
-def _kv_digest(cache) -> str:
-    """sha256 over every array the cache saves, as raw bytes, in layer order."""
-    import numpy as np
-    from mlx.utils import tree_flatten
-
-    digest = hashlib.sha256()
-    for layer in cache:
-        for _, value in tree_flatten(layer.state):
-            if not isinstance(value, mx.array):  # e.g. an offset beside the arrays
-                digest.update(repr(value).encode())
-                continue
-            digest.update(f"{value.shape}{value.dtype}".encode())
-            digest.update(np.array(mx.view(value, mx.uint8)).tobytes())
-    return digest.hexdigest()
 
 
 def _cache_itemsize(cache) -> int:

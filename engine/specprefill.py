@@ -199,10 +199,10 @@ class DraftScorer:
     (reused across turns like the target's), and the scoring of new prompt tokens."""
 
     def __init__(self, draft, cache=None):
-        from engine.prefill import TokenCache
+        from engine.cache import PromptCache
 
         self.draft = draft
-        self.cache = cache or TokenCache(draft.model)
+        self.cache = cache or PromptCache(draft.model)
 
     def importance_across(self, target_tokenizer, tokens: list[int], start: int, step: int) -> mx.array:
         """Importance of target tokens[start:] scored by a draft with another tokenizer:
@@ -225,10 +225,10 @@ class DraftScorer:
             raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
         for _ in self.cache.sync(tokens[:-1], step):
             pass
-        logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self.cache.cache)
+        logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self.cache.layers)
         self.cache.tokens = list(tokens)
         first = int(mx.argmax(logits[0, -1]).item())
-        scores = score_tokens(self.draft.model, self.cache.cache, first, start, len(tokens))
-        if not can_trim_prompt_cache(self.cache.cache):
+        scores = score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens))
+        if not can_trim_prompt_cache(self.cache.layers):
             self.cache.reset()  # the lookahead tokens could not be taken back out
         return scores

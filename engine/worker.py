@@ -20,7 +20,8 @@ from engine.errors import BriskError
 from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed, TurnFinished
 from engine.metrics import TurnMetrics
 from engine.model_commands import MODEL_COMMANDS, RemoveModel, run_model_command
-from engine.session import CancelToken, Message, Session
+from engine.conversation import CancelToken, Message
+from engine.session import Session
 from engine.settings import ChatSettings
 
 log = logging.getLogger(__name__)

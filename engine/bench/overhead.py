@@ -44,7 +44,7 @@ def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_toke
                  as_json: bool) -> dict:
     from engine.models.loader import load_model
     from engine.prompt import encode_messages
-    from engine.session import Message
+    from engine.conversation import Message
 
     lm = load_model(model_id)
     rows, payload = [], {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "prefill_step": step,

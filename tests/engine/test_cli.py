@@ -83,7 +83,7 @@ def test_info_reports_blas_and_dtype(cli_home):
     assert info["compute_dtype"] == "float32"
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     assert info["packed_kv_attention"].startswith("native" if compiler else "portable MLX (no C++ compiler")
-    assert info["few_row_matmul"] == info["packed_kv_attention"]  # one library, float32 here
+    assert info["few_row_matmul"].startswith("native" if compiler else "portable MLX (no C++ compiler")
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         assert info["blas"] == "mkl" and info["sgemm_gflops"] > 20  # the reference BLAS gives ~4
     # tiny: 2 layers, 2 kv heads, head_dim 16 (not divisible by group 32: no packed rows)

@@ -86,10 +86,10 @@ def test_multi_turn_and_edit_with_int4(lm):
     finish(session.send(PROMPT))
     second = finish(session.send("and then?"))
     assert second.metrics.cached_tokens > 0
-    assert all(isinstance(c, PackedKVCache) and c.offset == session.cached_tokens for c in session._cache)
+    assert all(isinstance(c, PackedKVCache) and c.offset == session.cached_tokens for c in session.cache.layers)
     edited = finish(session.edit(2, "and after that?"))
     assert edited.metrics.cached_tokens > 0
-    assert all(c.offset == session.cached_tokens for c in session._cache)
+    assert all(c.offset == session.cached_tokens for c in session.cache.layers)
 
 
 def test_changing_kv_bits_rebuilds_the_cache(lm):
@@ -98,23 +98,23 @@ def test_changing_kv_bits_rebuilds_the_cache(lm):
     session.settings.kv_bits = 4
     turn = finish(session.send("next"))
     assert turn.metrics.cached_tokens == 0  # a float cache cannot be reused as int4
-    assert isinstance(session._cache[0], PackedKVCache)
+    assert isinstance(session.cache.layers[0], PackedKVCache)
 
 
 def test_quantization_starts_at_the_offset(lm):
     short = Session(lm, settings(kv_bits=4, kv_quant_start=10_000))
     finish(short.send(PROMPT))
-    assert all(type(c) is KVCache for c in short._cache)
+    assert all(type(c) is KVCache for c in short.cache.layers)
     later = Session(lm, settings(kv_bits=4, kv_quant_start=100))
     finish(later.send(PROMPT))
-    assert all(isinstance(c, PackedKVCache) for c in later._cache)
+    assert all(isinstance(c, PackedKVCache) for c in later.cache.layers)
 
 
 def test_sliding_window_layers_work_with_int4(tmp_path):
     gemma = load_folder(make_tiny_model(tmp_path / "g", "gemma3_text", context_length=1024))
     session = Session(gemma, settings(kv_bits=4, max_tokens=20))
     turn = finish(session.send(PROMPT))  # far longer than the 16-token window
-    kinds = {type(c).__name__ for c in session._cache}
+    kinds = {type(c).__name__ for c in session.cache.layers}
     assert kinds == {"RotatingKVCache", "PackedKVCache"}  # local layers stay dense, global ones pack
     assert turn.metrics.kv_bytes == turn.metrics.kv_bytes_formula
     assert len(turn.token_ids) == 20

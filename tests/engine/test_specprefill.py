@@ -113,7 +113,7 @@ def test_decoding_continues_at_the_original_length(models):
     singles = [offset for length, offset in seen if length == 1][::2]  # q and k both pass through rope
     # last prompt token at M-1, then the answer at M, M+1, ... although the cache holds fewer slots
     assert singles[:4] == list(range(m.prompt_tokens - 1, m.prompt_tokens + 3))
-    assert session._cache[0].offset < m.prompt_tokens
+    assert session.cache.layers[0].offset < m.prompt_tokens
 
 
 def test_model_is_unchanged_for_later_full_prefills(models):
@@ -224,8 +224,8 @@ def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
     scorer = DraftScorer(draft)
     tokens = draft.tokenizer.encode(DOC)
     scorer.importance(tokens, 0, 64)
-    if scorer.cache.cache is not None:
-        assert all(c.offset == len(tokens) for c in scorer.cache.cache if hasattr(c, "offset"))
+    if scorer.cache.layers is not None:
+        assert all(c.offset == len(tokens) for c in scorer.cache.layers if hasattr(c, "offset"))
         assert scorer.cache.tokens == tokens
     else:
         assert arch == "nemotron_h" and scorer.cache.tokens == []

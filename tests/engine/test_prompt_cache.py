@@ -1,0 +1,75 @@
+"""PromptCache: the one place that knows what a model's cache holds."""
+
+import pytest
+
+from engine.cache import PromptCache
+
+TOKENS = list(range(10, 40))
+
+
+def filled(lm, tokens=TOKENS, step=8):
+    cache = PromptCache(lm.model)
+    assert list(cache.sync(tokens, step)) == [8, 16, 24, 30]
+    return cache
+
+
+def offsets(cache):
+    return {layer.offset for layer in cache.layers}
+
+
+def test_sync_prefills_in_chunks_and_holds_exactly_the_tokens(tiny_llama):
+    cache = filled(tiny_llama)
+    assert cache.tokens == TOKENS and offsets(cache) == {30}
+
+
+def test_reuse_keeps_the_common_prefix_but_not_the_last_token(tiny_llama):
+    cache = filled(tiny_llama)
+    assert cache.reuse(TOKENS) == 29  # the last token must run again for its logits
+    assert offsets(cache) == {29}
+    cache = filled(tiny_llama)
+    assert cache.reuse(TOKENS[:12] + [999, 998]) == 12 and offsets(cache) == {12}
+
+
+def test_sync_after_an_edit_prefills_only_what_changed(tiny_llama):
+    cache = filled(tiny_llama)
+    edited = TOKENS[:20] + [5, 6, 7]
+    assert list(cache.sync(edited, 8)) == [3]
+    assert cache.tokens == edited and offsets(cache) == {23}
+
+
+def test_another_kv_mode_starts_over(tiny_llama):
+    cache = filled(tiny_llama)
+    cache.ensure_mode((16, 32))
+    assert cache.layers is None and cache.tokens == [] and cache.mode == (16, 32)
+    cache.layers = "kept"
+    cache.ensure_mode((16, 32))
+    assert cache.layers == "kept"
+
+
+def test_no_rewinding_into_a_sparsely_prefilled_region(tiny_llama):
+    cache = filled(tiny_llama)
+    cache.mark_sparse(TOKENS + [1, 2, 3, 4])  # 34 tokens stood for by 30 slots
+    assert cache.shift == 4 and cache.dense_from == 34
+    cache.trim_to(33)
+    assert cache.layers is None and cache.tokens == [] and cache.shift == 0
+
+
+def test_layers_that_cannot_trim_are_reset_instead_of_left_wrong(tiny_llama, monkeypatch):
+    import mlx_lm.models.cache as mlx_cache
+
+    cache = filled(tiny_llama)
+    monkeypatch.setattr(mlx_cache, "can_trim_prompt_cache", lambda layers: False)
+    cache.trim_to(10)
+    assert cache.layers is None and cache.tokens == []
+
+
+def test_save_and_load_round_trip_and_identity_check(tiny_llama, tmp_path):
+    from engine.errors import BriskError
+
+    cache = filled(tiny_llama)
+    cache.save(tmp_path / "c.safetensors", {"model": "tiny", "tokenizer": "abc"})
+    again = PromptCache(tiny_llama.model)
+    again.load(tmp_path / "c.safetensors", {"model": "tiny", "tokenizer": "abc"})
+    assert again.tokens == TOKENS and offsets(again) == {30}
+    with pytest.raises(BriskError, match="belongs to model tiny"):
+        PromptCache(tiny_llama.model).load(tmp_path / "c.safetensors", {"model": "other", "tokenizer": "abc"})
