@@ -63,6 +63,16 @@ class Session:
 
     # --- public turn entry points -------------------------------------------------
 
+    def answer(self, messages: list[Message] | None = None, *, cancel: CancelToken | None = None) -> Iterator[object]:
+        """Answer the conversation `messages` (default: the session's own), whose last
+        message is the user's. The prompt cache reuses whatever prefix it already holds, so
+        a new turn, a regenerate and an edit all read only what changed."""
+        if messages is not None:
+            self.messages = list(messages)
+        if not self.messages or self.messages[-1].role != "user":
+            raise InvalidSettings("Nothing to answer: the conversation does not end with a user message")
+        return self._turn(cancel or CancelToken())
+
     def send(self, text: str, *, cancel: CancelToken | None = None) -> Iterator[object]:
         self.messages.append(Message("user", text))
         return self._turn(cancel or CancelToken())

@@ -25,7 +25,7 @@ def test_real_model_answers_and_reads_an_attachment(qtbot, real_store, tmp_path)
         window.settings_panel.temperature.setValue(0.0)
         window.settings_panel.max_tokens.setValue(24)
         window.composer.edit.setPlainText("What is the capital of France?")
-        window.composer._submit()
+        window.composer.send_button.click()
         qtbot.waitUntil(lambda: len(finished_answers(window)) == 1, timeout=120_000)
         answer = finished_answers(window)[0]
         assert "Paris" in answer.content and window.chat_view.messages[-1].text == answer.content
@@ -37,7 +37,7 @@ def test_real_model_answers_and_reads_an_attachment(qtbot, real_store, tmp_path)
         qtbot.waitUntil(lambda: len(window.composer.attachments) == 1, timeout=60_000)
         assert "fits" in window.composer.attachments[0].label.text()
         window.composer.edit.setPlainText("In which city does the new office open?")
-        window.composer._submit()
+        window.composer.send_button.click()
         qtbot.waitUntil(lambda: len(finished_answers(window)) == 2, timeout=120_000)
         assert "Gdansk" in finished_answers(window)[1].content
     finally:

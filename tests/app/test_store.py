@@ -75,7 +75,7 @@ def test_streaming_answer_is_saved_while_it_streams(qtbot, make_window, engine, 
     monkeypatch.setattr("app.controller.SAVE_INTERVAL_S", 0.0)
     w = make_window()
     w.composer.edit.setPlainText("hi")
-    w.composer._submit()
+    w.composer.send_button.click()
     cid = w.controller.current
     engine.play(ConversationEvent(cid, TokenEmitted("Part", 1)), ConversationEvent(cid, TokenEmitted("ial", 2)))
     fresh = Store(w.store.path)  # what another process (or a restart after a kill) sees

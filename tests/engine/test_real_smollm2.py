@@ -58,7 +58,7 @@ def test_second_turn_prefills_only_the_new_tokens(smol):
     assert second.metrics.cached_tokens == first.metrics.prompt_tokens + first.metrics.generated_tokens + 1
     assert second.metrics.prefilled_tokens == second.metrics.prompt_tokens - second.metrics.cached_tokens
     cold = Session(smol, greedy(), messages=warm.messages[:3])
-    cold_second = finished(cold._turn(CancelToken()))
+    cold_second = finished(cold.answer())
     assert cold_second.metrics.cached_tokens == 0
     assert cold_second.text == second.text
 
@@ -123,7 +123,7 @@ def test_sparse_prefill_with_keep_all_equals_full_prefill(smol):
     follow = finished(sparse_session.send("Summarize that in three words. " * 4))
     cold = Session(smol, greedy(max_tokens=24), messages=sparse_session.messages[:3])
     assert follow.metrics.cached_tokens > 0
-    assert follow.token_ids == finished(cold._turn(CancelToken())).token_ids
+    assert follow.token_ids == finished(cold.answer()).token_ids
 
 
 def test_speculative_decoding_equals_plain_on_real_weights(smol, tmp_path):

@@ -55,7 +55,7 @@ def test_second_turn_prefills_only_new_tokens_and_matches_a_cold_run(tiny_llama)
     assert m.prefilled_tokens == len(prompt) - m.cached_tokens
 
     cold = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY), messages=warm.messages[:3])
-    _, cold_second, _ = run(cold._turn(CancelToken()))
+    _, cold_second, _ = run(cold.answer())
     assert cold_second.metrics.cached_tokens == 0
     assert cold_second.token_ids == second.token_ids
 
@@ -74,7 +74,7 @@ def test_edit_trims_the_cache_to_the_common_prefix(tiny_llama):
     assert len(session.messages) == 4
     assert session.messages[2].content == "second question, reworded"
     fresh = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY), messages=session.messages[:3])
-    _, cold, _ = run(fresh._turn(CancelToken()))
+    _, cold, _ = run(fresh.answer())
     assert edited.metrics.cached_tokens > 0
     assert edited.token_ids == cold.token_ids
 
@@ -104,9 +104,9 @@ def test_cancel_during_prefill_keeps_a_consistent_cache(tiny_llama):
     assert all(c.offset == session.cached_tokens for c in session.cache.layers)
     # The retry reuses what was prefilled and answers as a cold run would.
     session.messages.pop()  # the empty cancelled answer
-    _, retry, _ = run(session._turn(CancelToken()))
+    _, retry, _ = run(session.answer())
     cold = Session(tiny_llama, settings, messages=session.messages[:1])
-    _, reference, _ = run(cold._turn(CancelToken()))
+    _, reference, _ = run(cold.answer())
     assert retry.metrics.cached_tokens >= 32
     assert retry.token_ids == reference.token_ids
 
