@@ -45,6 +45,9 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
 
     from kernels.skinny_matmul import use_skinny_matmul
 
+    from engine.mlx_hooks import check_hooks
+
+    check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
     path = Path(path)
     info = inspect_folder(path)  # names the problem before mlx-lm can fail obscurely
     config = read_config(path)

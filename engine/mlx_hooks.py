@@ -1,0 +1,96 @@
+"""Every place Brisk reaches into mlx-lm's (and MLX's) internals, listed once and checked.
+
+mlx-lm is pinned, but an upgrade can move a private name or change a signature, and each
+of these would then break in its own file, often silently (a patch that no longer takes
+effect). `check_hooks()` verifies each against the installed version and names the hook
+that moved; the loader runs it once per process before the first model loads.
+
+Public, documented mlx-lm API (load, generate_step, make/trim/save/load_prompt_cache,
+make_sampler) is used normally and not listed here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib.metadata import version
+
+from engine.errors import BriskError
+
+
+@dataclass(frozen=True)
+class Hook:
+    target: str  # "module:attribute" inside mlx-lm or MLX
+    kind: str  # rebound | subclassed | injected | wrapped | private call | private field
+    user: str  # the Brisk module that relies on it
+    why: str
+    needs: tuple[str, ...] = ()  # parameters (for functions) or attributes (for classes) relied on
+
+
+HOOKS = (
+    Hook("mlx_lm.models.base:quantized_scaled_dot_product_attention", "rebound", "engine.kvcache",
+         "packed KV attention goes to Brisk's kernel (kernels/quantized_attention.py)",
+         ("queries", "q_keys", "q_values", "scale", "mask", "group_size", "bits")),
+    Hook("mlx_lm.models.base:scaled_dot_product_attention", "rebound", "engine.specprefill",
+         "SpecPrefill's lookahead captures queries and keys, rebound in each model module for one step",
+         ("queries", "keys", "values", "cache", "scale", "mask")),
+    Hook("mlx_lm.models.cache:QuantizedKVCache", "subclassed", "engine.kvcache",
+         "PackedKVCache stores float16 scales whatever the activation dtype",
+         ("update_and_fetch", "state", "trim", "is_trimmable", "group_size", "bits", "step", "offset")),
+    Hook("mlx_lm.models.cache:load_prompt_cache", "injected", "engine.kvcache",
+         "PackedKVCache is set on mlx_lm.models.cache, where load_prompt_cache looks classes up by name"),
+    Hook("mlx_lm.models.rope_utils:initialize_rope", "wrapped", "engine.positions",
+         "sparse prefill shifts RoPE positions by wrapping the model's RoPE modules (rope_utils classes)"),
+    Hook("mlx_lm.models.cache:RotatingKVCache", "private field", "engine.rewind",
+         "rewinding a sliding-window cache saves and restores its _idx", ("_idx", "keys", "values", "offset")),
+    Hook("mlx_lm.models.cache:ArraysCache", "private field", "engine.rewind",
+         "rewinding recurrent layers saves and restores their state", ("state",)),
+    Hook("mlx_lm.utils:_get_classes", "private call", "engine.models.folder",
+         "mlx-lm's own model_type -> class lookup, remappings included", ("config",)),
+    Hook("mlx.nn:Embedding", "subclassed", "kernels.skinny_matmul",
+         "a tied output head's as_linear takes few-row products to the native kernel", ("as_linear",)),
+    Hook("mlx.nn:Linear", "subclassed", "kernels.skinny_matmul",
+         "float Linear layers send 2-16 row products to the native kernel", ("weight", "bias")),
+)
+
+
+def check_hook(hook: Hook) -> None:
+    """BriskError naming the hook when the installed package no longer has what it needs."""
+    module_name, attribute = hook.target.split(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise _moved(hook, f"{attribute} is gone from {module_name}") from exc
+    if not hook.needs:
+        return
+    if inspect.isclass(obj):
+        missing = [n for n in hook.needs if not _class_has(obj, n)]
+    else:
+        params = inspect.signature(obj).parameters
+        missing = [n for n in hook.needs if n not in params]
+    if missing:
+        raise _moved(hook, f"{hook.target} no longer has {', '.join(missing)}")
+
+
+def _class_has(cls, name: str) -> bool:
+    if hasattr(cls, name):
+        return True
+    try:  # instance attributes set in __init__ (e.g. RotatingKVCache._idx)
+        return f"self.{name}" in inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+
+
+def _moved(hook: Hook, what: str) -> BriskError:
+    return BriskError(f"mlx-lm {version('mlx-lm')} moved a hook Brisk relies on ({hook.kind}, used by "
+                      f"{hook.user}: {hook.why}): {what}. Install the mlx-lm version pyproject.toml pins.")
+
+
+@lru_cache(maxsize=1)
+def check_hooks() -> int:
+    """Check every hook once per process; returns how many were checked."""
+    for hook in HOOKS:
+        check_hook(hook)
+    return len(HOOKS)

@@ -1,0 +1,53 @@
+"""Every mlx-lm internal Brisk relies on is listed in engine/mlx_hooks.py; each one is
+checked against the installed version, and a moved one is named, not silently ignored."""
+
+import importlib
+import inspect
+from pathlib import Path
+
+import pytest
+
+from engine.errors import BriskError
+from engine.mlx_hooks import HOOKS, check_hook, check_hooks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("hook", HOOKS, ids=[h.target for h in HOOKS])
+def test_each_hook_holds_on_the_installed_mlx_lm_and_a_moved_one_is_named(hook, monkeypatch):
+    check_hook(hook)
+    module_name, attribute = hook.target.split(":")
+    module = importlib.import_module(module_name)
+    if hook.needs:  # the name is still there, but without what Brisk uses
+        moved = type("Moved", (), {}) if inspect.isclass(getattr(module, attribute)) else (lambda: None)
+        monkeypatch.setattr(module, attribute, moved)
+        match = "no longer has"
+    else:
+        monkeypatch.delattr(module, attribute)
+        match = "is gone"
+    with pytest.raises(BriskError, match=match) as error:
+        check_hook(hook)
+    assert hook.user in str(error.value) and "mlx-lm" in str(error.value)
+
+
+def test_every_module_that_imports_mlx_lm_internals_is_listed():
+    """A new private import of mlx-lm must come with its hook entry."""
+    users = {h.user for h in HOOKS}
+    private = []
+    for path in [*ROOT.glob("engine/**/*.py"), *ROOT.glob("kernels/**/*.py")]:
+        text = path.read_text()
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        if ("import _" in text and "mlx_lm" in text) or "mlx_lm_base." in text or "mlx_lm_cache." in text:
+            private.append(module)
+    assert private and set(private) <= users, set(private) - users
+
+
+def test_the_loader_checks_the_hooks(tiny_llama_dir, monkeypatch):
+    import engine.mlx_hooks as hooks
+    from engine.models.loader import load_folder
+
+    check_hooks.cache_clear()
+    monkeypatch.setattr(hooks, "HOOKS", (hooks.Hook("mlx_lm.utils:no_such_thing", "private call", "engine.x", "t"),))
+    with pytest.raises(BriskError, match="no_such_thing is gone"):
+        load_folder(tiny_llama_dir)
+    check_hooks.cache_clear()
