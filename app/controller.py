@@ -12,15 +12,28 @@ import time
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.store import StoreError
-
-from engine.errors import InvalidSettings
-from engine.events import (ContextTruncated, EngineErrored, EngineWarned, ModelLoaded, ModelLoadProgressed,
-                           PrefillProgressed,
-                           TokenEmitted, TurnFinished)
 from engine.conversation import Message
+from engine.errors import InvalidSettings
+from engine.events import (
+    ContextTruncated,
+    EngineErrored,
+    EngineWarned,
+    ModelLoaded,
+    ModelLoadProgressed,
+    PrefillProgressed,
+    TokenEmitted,
+    TurnFinished,
+)
 from engine.settings import ChatSettings
-from engine.worker import (CheckDocument, ConversationEvent, DocumentChecked, EditMessage, LoadModel, Regenerate,
-                           SendMessage)
+from engine.worker import (
+    CheckDocument,
+    ConversationEvent,
+    DocumentChecked,
+    EditMessage,
+    LoadModel,
+    Regenerate,
+    SendMessage,
+)
 
 SAVE_INTERVAL_S = 0.5
 # An answer the store refused (disk full, read-only) is kept in memory and retried this often.
@@ -205,7 +218,8 @@ class ChatController(QObject):
         if self.current is None:
             self.new_conversation()
         self.composer.show_message("Reading the document…")
-        self.engine.submit(CheckDocument(self.current, path, self.settings_panel.settings(), self._history(self.current)))
+        settings = self.settings_panel.settings()
+        self.engine.submit(CheckDocument(self.current, path, settings, self._history(self.current)))
 
     def load_model(self, model_id: str) -> None:
         self.dashboard.set_model_state(f"Loading {model_id}…")

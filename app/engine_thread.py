@@ -16,8 +16,8 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import EngineErrored
 from engine.conversation import CancelToken
+from engine.events import EngineErrored
 
 log = logging.getLogger(__name__)
 _SHUTDOWN = object()

@@ -163,7 +163,8 @@ class Store:
             return self._open(read_only=False)
         except _ReadOnly as exc:
             self.read_only = True
-            self.recovery_note = f"The chat database is read-only ({exc}): you can read your chats, but nothing new is saved."
+            self.recovery_note = (f"The chat database is read-only ({exc}): you can read your chats, "
+                                  "but nothing new is saved.")
             return self._open(read_only=True)
 
     def _open(self, *, read_only: bool) -> sqlite3.Connection:

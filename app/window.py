@@ -7,8 +7,18 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QInputDialog, QMainWindow, QMessageBox, QPushButton,
-                               QSplitter, QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QFileDialog,
+    QInputDialog,
+    QMainWindow,
+    QMessageBox,
+    QPushButton,
+    QSplitter,
+    QTabWidget,
+    QVBoxLayout,
+    QWidget,
+)
 
 from app.controller import ChatController
 from app.store import StoreError, export_markdown
@@ -18,7 +28,6 @@ from app.widgets.dashboard import Dashboard
 from app.widgets.prefill_bar import PrefillBar
 from app.widgets.settings_panel import SettingsPanel
 from app.widgets.sidebar import Sidebar
-
 
 
 class MainWindow(QMainWindow):
@@ -159,7 +168,8 @@ class MainWindow(QMainWindow):
         from engine.models.store import ModelStore
 
         if getattr(self, "model_manager", None) is None:
-            self.model_manager = ModelManager(self.controller.engine, lambda: ModelStore().list(), sorted(BUNDLED), self)
+            self.model_manager = ModelManager(self.controller.engine, lambda: ModelStore().list(),
+                                              sorted(BUNDLED), self)
             self.controller.engine.event.connect(self._models_changed)
         self.model_manager.refresh()
         self.model_manager.show()

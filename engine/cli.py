@@ -8,8 +8,7 @@ import os
 import sys
 
 from engine.errors import BriskError
-from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
-                           TurnFinished)
+from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
 from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, SPEC_MODES, SPEC_RULES, ChatSettings
 
 # glibc returns big freed blocks to the OS and page-faults them back on every prefill
@@ -67,9 +66,8 @@ def read_prompt_file(path: str) -> str:
 
 def load_pair(settings: ChatSettings):
     """The target and, when set, the draft model."""
-    from engine.models.loader import load_model
-
     from engine.drafting import check_draft_pair
+    from engine.models.loader import load_model
 
     target = load_for_chat(settings.model)
     draft = load_model(settings.draft) if settings.draft else None
@@ -179,8 +177,8 @@ def cmd_info(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from engine.cli_models import add_models_parser
     from engine.bench.cli import add_bench_parser
+    from engine.cli_models import add_models_parser
 
     parser = argparse.ArgumentParser(prog="brisk", description="Fast local LLM chat on MLX")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -111,9 +111,9 @@ class Fit:
 def check_fit(lm, messages, document: Document, settings, *, memory_available: int) -> Fit:
     """Would the conversation with `document` as the next user message fit the model's
     context and the memory beside the weights, at the chat's KV precision?"""
+    from engine.conversation import Message
     from engine.kvcache import kv_bytes_per_token, kv_shape
     from engine.prompt import encode_messages
-    from engine.conversation import Message
 
     limit = lm.context_length
     if len(document.text) > max_chars_for(limit):

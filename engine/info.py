@@ -76,10 +76,9 @@ def engine_info() -> dict:
 def model_memory_info(model_id: str, *, group_size: int = 32) -> dict:
     """Weights, and per KV precision the bytes per token and the longest context that fits
     in the memory available beside the weights (what Open-TQ-Metal reports as 73K -> 236K)."""
-    from engine.kvcache import kv_bytes_per_token
+    from engine.kvcache import kv_bytes_per_token, kv_shape
     from engine.models.folder import read_config
     from engine.models.store import ModelStore
-    from engine.kvcache import kv_shape
 
     store = ModelStore()
     entry = store.get(model_id)

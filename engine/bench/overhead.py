@@ -42,9 +42,9 @@ def _mlx_lm_run(lm, tokens: list[int], max_tokens: int, step: int) -> dict:
 
 def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, step: int,
                  as_json: bool) -> dict:
+    from engine.conversation import Message
     from engine.models.loader import load_model
     from engine.prompt import encode_messages
-    from engine.conversation import Message
 
     lm = load_model(model_id)
     rows, payload = [], {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "prefill_step": step,
@@ -71,7 +71,8 @@ def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_toke
         rows.append([len(tokens), entry["brisk_ttft_s"], entry["mlx_lm_ttft_s"], entry["ttft_ratio"],
                      entry["brisk_decode_tps"], entry["mlx_lm_decode_tps"], entry["decode_ratio"]])
         entry["time_split"] = _time_split(lm, len(tokens), step, entry)
-    print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians (ratio = median of per-round brisk / mlx-lm)",
+    print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians "
+                "(ratio = median of per-round brisk / mlx-lm)",
                 ["prompt", "ttft brisk s", "ttft mlx-lm s", "ttft ratio", "decode brisk", "decode mlx-lm",
                  "decode ratio"], rows, payload, as_json)
     if not as_json:

@@ -77,10 +77,16 @@ def fetch_resumable(url: str, dest: Path, size: int, on_progress: Callable[[int]
 
 def _hub_errors():
     import httpx2
-    from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError,
-                                        RepositoryNotFoundError, RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
-    return httpx2, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError, RevisionNotFoundError
+    return (httpx2, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
+            RevisionNotFoundError)
 
 
 def _explain(exc: Exception, repo_id: str, endpoint: str) -> DownloadError:

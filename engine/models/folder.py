@@ -126,7 +126,8 @@ def read_safetensors_header(path: Path) -> dict:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: {exc}") from exc
     if not isinstance(header, dict):
-        raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: a {type(header).__name__}, not an object")
+        raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: "
+                                f"a {type(header).__name__}, not an object")
     header.pop("__metadata__", None)
     for name, tensor in header.items():
         if not _valid_tensor_entry(tensor):

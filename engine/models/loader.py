@@ -43,9 +43,8 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     import mlx.core as mx
     from mlx_lm.utils import load
 
-    from kernels.skinny_matmul import use_skinny_matmul
-
     from engine.mlx_hooks import check_hooks
+    from kernels.skinny_matmul import use_skinny_matmul
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
     path = Path(path)

@@ -8,9 +8,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("PySide6", reason="the GUI tests need PySide6 (pip install -e '.[gui,test]')")
 
-from PySide6.QtCore import QObject, Signal  # noqa: E402
-
 from dataclasses import dataclass  # noqa: E402
+
+from PySide6.QtCore import QObject, Signal  # noqa: E402
 
 
 class FakeEngine(QObject):

@@ -69,7 +69,8 @@ def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
 def test_prefill_progress_updates_prefill_bar(qtbot, make_window, engine):
     w = make_window()
     cid = send(qtbot, w).conversation_id
-    engine.play(ConversationEvent(cid, PrefillProgressed(0, 4000)), ConversationEvent(cid, PrefillProgressed(1000, 4000)))
+    engine.play(ConversationEvent(cid, PrefillProgressed(0, 4000)),
+                ConversationEvent(cid, PrefillProgressed(1000, 4000)))
     assert w.prefill_bar.isVisibleTo(w) and w.prefill_bar.value() == 250
     assert "25% of 4,000 tokens" in w.prefill_bar.format() and "left" in w.prefill_bar.format()
     engine.play(ConversationEvent(cid, TokenEmitted("Hi", 1)))

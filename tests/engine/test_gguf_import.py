@@ -3,7 +3,6 @@
 import json
 
 import gguf
-
 import mlx.core as mx
 import numpy as np
 import pytest

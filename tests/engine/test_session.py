@@ -130,7 +130,8 @@ def test_context_overflow_is_refused_with_both_numbers(tiny_llama):
     session = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY))
     events, done, errors = run(session.send("fox " * 600))
     assert done is None and errors[0].kind == "context_overflow"
-    assert "512" in errors[0].message and str(len(encode_messages(tiny_llama, session.messages)) + 1) in errors[0].message
+    needed = len(encode_messages(tiny_llama, session.messages)) + 1
+    assert "512" in errors[0].message and str(needed) in errors[0].message
 
 
 def test_truncate_oldest_drops_whole_turns_and_says_so(tiny_llama):

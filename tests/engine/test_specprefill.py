@@ -11,8 +11,7 @@ from engine.models.loader import load_folder
 from engine.positions import ShiftedRoPE, install_position_shift, position_shift
 from engine.session import Session
 from engine.settings import ChatSettings
-from engine.specprefill import (DraftScorer, SparsePrefillDeclined, capture_attention, select_chunks,
-                                sparse_prefill)
+from engine.specprefill import DraftScorer, SparsePrefillDeclined, capture_attention, select_chunks, sparse_prefill
 from tests.tiny_models import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h"]

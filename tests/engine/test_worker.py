@@ -4,8 +4,15 @@ from engine.errors import ModelNotFound
 from engine.events import EngineErrored, ModelLoaded, TokenEmitted, TurnFinished
 from engine.session import CancelToken, Message
 from engine.settings import ChatSettings
-from engine.worker import (CheckDocument, ConversationEvent, DocumentChecked, EngineWorker, LoadModel, Regenerate,
-                           SendMessage)
+from engine.worker import (
+    CheckDocument,
+    ConversationEvent,
+    DocumentChecked,
+    EngineWorker,
+    LoadModel,
+    Regenerate,
+    SendMessage,
+)
 
 
 def worker_for(lm):

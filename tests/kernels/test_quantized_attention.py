@@ -7,9 +7,13 @@ import pytest
 
 from kernels import native
 from kernels.native_attention import NativeUnsupported, quantized_attention_native
-from kernels.quantized_attention import (quantized_attention, quantized_attention_dequantized,
-                                         quantized_attention_reference, quantized_attention_single,
-                                         quantized_attention_split)
+from kernels.quantized_attention import (
+    quantized_attention,
+    quantized_attention_dequantized,
+    quantized_attention_reference,
+    quantized_attention_single,
+    quantized_attention_split,
+)
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 needs_native = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel")

@@ -9,8 +9,14 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from kernels import native, skinny_matmul
 from kernels.native_attention import NativeUnsupported
-from kernels.skinny_matmul import (SkinnyEmbedding, SkinnyLinear, blas_only, skinny_matmul_native,
-                                   use_skinny_matmul, verify_path)
+from kernels.skinny_matmul import (
+    SkinnyEmbedding,
+    SkinnyLinear,
+    blas_only,
+    skinny_matmul_native,
+    use_skinny_matmul,
+    verify_path,
+)
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 needs_native = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel")
