@@ -26,13 +26,11 @@ from engine.events import (
 )
 from engine.settings import ChatSettings
 from engine.worker import (
+    Answer,
     CheckDocument,
     ConversationEvent,
     DocumentChecked,
-    EditMessage,
     LoadModel,
-    Regenerate,
-    SendMessage,
 )
 
 SAVE_INTERVAL_S = 0.5
@@ -170,7 +168,7 @@ class ChatController(QObject):
         self.composer.show_message("")
         self.chat_view.add_message("user", content)
         self._start_answer(cid, answer_id)
-        self.engine.submit(SendMessage(cid, content, settings, history))
+        self.engine.submit(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()
 
     def regenerate(self) -> None:
@@ -189,7 +187,7 @@ class ChatController(QObject):
             return
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
-        self.engine.submit(Regenerate(cid, self.settings_panel.settings(), self._history(cid)))
+        self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
 
     def edit(self, index: int, text: str) -> None:
         cid = self.current
@@ -198,7 +196,6 @@ class ChatController(QObject):
         stored = self.store.messages(cid)
         if not 0 <= index < len(stored) or stored[index].role != "user":
             return
-        history = _as_engine_messages(stored[: index + 1])
         try:
             with self.store._transaction():
                 self.store.truncate(cid, index + 1)
@@ -209,7 +206,7 @@ class ChatController(QObject):
             return
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
-        self.engine.submit(EditMessage(cid, len(history) - 1, text, self.settings_panel.settings(), history))
+        self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
 
     def stop(self) -> None:
         self.engine.stop()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 import traceback
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
-from engine.conversation import CancelToken, Message
+from engine.conversation import CancelToken
 from engine.crash_log import user_message
 from engine.drafting import check_draft_pair
 from engine.errors import BriskError
@@ -37,27 +37,15 @@ class LoadModel:
 
 
 @dataclass(frozen=True)
-class SendMessage:
-    conversation_id: int
-    text: str
-    settings: ChatSettings
-    history: list = field(default_factory=list)  # Messages before this one
+class Answer:
+    """Answer a conversation. `messages` is its whole history as the store holds it (the one
+    owner of history), ending with the user message to answer. A new turn, a regenerate and
+    an edit are all this command: the session's prompt cache keeps whatever prefix is
+    unchanged and reads only the rest."""
 
-
-@dataclass(frozen=True)
-class Regenerate:
     conversation_id: int
     settings: ChatSettings
-    history: list  # ending with the user message to answer again
-
-
-@dataclass(frozen=True)
-class EditMessage:
-    conversation_id: int
-    index: int
-    text: str
-    settings: ChatSettings
-    history: list
+    messages: list
 
 
 @dataclass(frozen=True)
@@ -83,7 +71,7 @@ class DocumentChecked:
     fit: object  # engine.documents.Fit
 
 
-TURN_COMMANDS = (SendMessage, Regenerate, EditMessage)
+TURN_COMMANDS = (Answer,)
 
 
 class EngineWorker:
@@ -126,16 +114,10 @@ class EngineWorker:
             lm = self.model(command.model_id)
             yield ModelLoaded(lm.id, {"architecture": lm.info.architecture, "context_length": lm.context_length,
                                       "dtype": lm.compute_dtype})
-        elif isinstance(command, SendMessage):
-            session = self._session(command.conversation_id, command.settings, command.history)
-            yield from self._scoped_events(command.conversation_id, session.send(command.text, cancel=cancel))
-        elif isinstance(command, Regenerate):
-            session = self._session(command.conversation_id, command.settings, command.history)
-            yield from self._scoped_events(command.conversation_id, session.regenerate(cancel=cancel))
-        elif isinstance(command, EditMessage):
-            session = self._session(command.conversation_id, command.settings, command.history)
+        elif isinstance(command, Answer):
+            session = self._session(command.conversation_id, command.settings)
             yield from self._scoped_events(command.conversation_id,
-                                           session.edit(command.index, command.text, cancel=cancel))
+                                           session.answer(command.messages, cancel=cancel))
         elif isinstance(command, CheckDocument):
             yield self._check_document(command)
         elif isinstance(command, MODEL_COMMANDS):
@@ -158,9 +140,9 @@ class EngineWorker:
                                          if dropped not in (s.lm.id, getattr(s.draft, "id", None)))
         return lm
 
-    def _session(self, cid: int, settings: ChatSettings, history: list[Message]) -> Session:
-        """The conversation's session, reused (with its prompt cache) while model and draft
-        are unchanged; its messages always follow the store's history."""
+    def _session(self, cid: int, settings: ChatSettings) -> Session:
+        """The conversation's session, reused (with its prompt cache) while its model is
+        unchanged; a new draft replaces only the draft's state."""
         settings = settings.validate()
         session = self._sessions.get(cid)
         draft = self.model(settings.draft) if settings.draft else None
@@ -168,13 +150,12 @@ class EngineWorker:
             lm = self.model(settings.model)
             if draft is not None:
                 check_draft_pair(lm, draft)
-            session = Session(lm, settings, list(history), draft=draft)
+            session = Session(lm, settings, draft=draft)
         elif getattr(session.draft, "id", None) != settings.draft:
             if draft is not None:
                 check_draft_pair(session.lm, draft)
             session.use_draft(draft)  # a new draft: the target's prompt cache stays
         session.settings = settings
-        session.messages = list(history)
         self._sessions[cid] = session
         self._sessions.move_to_end(cid)
         while len(self._sessions) > MAX_SESSIONS:
@@ -186,7 +167,8 @@ class EngineWorker:
 
         document = read_document(command.path)
         lm = self.model(command.settings.model)
-        fit = check_fit(lm, command.history, document, command.settings, memory_available=self._memory_available())
+        fit = check_fit(lm, command.history, document, command.settings,
+                        memory_available=self._memory_available())
         return DocumentChecked(command.conversation_id, document, fit)
 
     @staticmethod

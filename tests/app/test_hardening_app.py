@@ -4,10 +4,11 @@ and leaves the window usable; Stop before the engine picks a turn up means it ne
 import threading
 import time
 
+from engine.conversation import Message
 from engine.events import TokenEmitted, TurnFinished
 from engine.metrics import TurnMetrics
 from engine.session import CancelToken
-from engine.worker import ConversationEvent, SendMessage
+from engine.worker import Answer, ConversationEvent
 
 
 def fill_disk(store):
@@ -38,7 +39,7 @@ def test_disk_full_while_streaming_keeps_the_answer_and_the_window_usable(qtbot,
     w.controller.retry_unsaved()
     assert w.controller.unsaved == {} and w.store.messages(cid)[-1].content == big
     send(w, "and another")
-    assert isinstance(engine.commands[-1], SendMessage) and engine.commands[-1].text == "and another"
+    assert isinstance(engine.commands[-1], Answer) and engine.commands[-1].messages[-1].content == "and another"
 
 
 def test_a_refused_user_message_stays_in_the_box(qtbot, make_window, engine):
@@ -47,7 +48,7 @@ def test_a_refused_user_message_stays_in_the_box(qtbot, make_window, engine):
     send(w, "x" * 300_000)
     assert w.composer.edit.toPlainText() == "x" * 300_000
     assert "disk is full" in w.composer.message.text()
-    assert not [c for c in engine.commands if isinstance(c, SendMessage)]
+    assert not [c for c in engine.commands if isinstance(c, Answer)]
     assert not w.controller.busy
 
 
@@ -99,7 +100,8 @@ def test_a_worker_never_starts_a_turn_cancelled_before_it(tiny_llama):
     cancel = CancelToken()
     cancel.cancel()
     start = time.perf_counter()
-    out = list(worker.handle(SendMessage(3, "hi", ChatSettings(model="tiny-llama", max_tokens=64)), cancel))
+    command = Answer(3, ChatSettings(model="tiny-llama", max_tokens=64), [Message("user", "hi")])
+    out = list(worker.handle(command, cancel))
     assert loads == [] and time.perf_counter() - start < 1
     (event,) = out
     assert event.conversation_id == 3 and event.event.metrics.finish_reason == "cancelled"

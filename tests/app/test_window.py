@@ -7,7 +7,7 @@ from PySide6.QtCore import Qt
 from engine.documents import Document, Fit
 from engine.events import EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
 from engine.metrics import TurnMetrics
-from engine.worker import CheckDocument, ConversationEvent, DocumentChecked, EditMessage, Regenerate, SendMessage
+from engine.worker import Answer, CheckDocument, ConversationEvent, DocumentChecked
 
 
 def metrics(**kw):
@@ -34,7 +34,8 @@ def answer(engine, cid, pieces, m=None):
 def test_send_updates_chat_view_and_store(qtbot, make_window, engine):
     w = make_window()
     command = send(qtbot, w, "What is **Brisk**?")
-    assert isinstance(command, SendMessage) and command.text == "What is **Brisk**?" and command.history == []
+    assert isinstance(command, Answer) and [(m.role, m.content) for m in command.messages] == [
+        ("user", "What is **Brisk**?")]
     assert [m.role for m in w.chat_view.messages] == ["user", "assistant"]
     answer(engine, command.conversation_id, ["Brisk ", "is ", "fast."])
     assert w.chat_view.messages[-1].text == "Brisk is fast."
@@ -50,7 +51,7 @@ def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, make_window, engine)
     qtbot.keyClick(w.composer.edit, Qt.Key_Return, Qt.ShiftModifier)
     assert not engine.commands and "\n" in w.composer.edit.toPlainText()
     qtbot.keyClick(w.composer.edit, Qt.Key_Return)
-    assert isinstance(engine.commands[-1], SendMessage)
+    assert isinstance(engine.commands[-1], Answer)
 
 
 def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
@@ -158,11 +159,11 @@ def test_regenerate_and_edit_update_engine_commands(qtbot, make_window, engine):
     answer(engine, cid, ["answer one"])
     w.controller.regenerate()
     command = engine.commands[-1]
-    assert isinstance(command, Regenerate) and [m.content for m in command.history] == ["first question"]
+    assert isinstance(command, Answer) and [m.content for m in command.messages] == ["first question"]
     answer(engine, cid, ["answer two"])
     w.controller.edit(0, "better question")
     command = engine.commands[-1]
-    assert isinstance(command, EditMessage) and command.index == 0 and command.text == "better question"
+    assert isinstance(command, Answer) and [m.content for m in command.messages] == ["better question"]
     assert [m.content for m in w.store.messages(cid)] == ["better question", ""]
 
 
@@ -184,7 +185,8 @@ def test_attach_updates_composer_and_refuses_what_does_not_fit(qtbot, make_windo
     engine.play(DocumentChecked(cid, doc, Fit(11, 30, 8192, 0, 0, True)))
     assert "11 tokens · fits" in w.composer.attachments[0].label.text()
     command = send(qtbot, w, "summarize it")
-    assert command.text.startswith("[Attached document: report.txt]") and command.text.endswith("summarize it")
+    text = command.messages[-1].content
+    assert text.startswith("[Attached document: report.txt]") and text.endswith("summarize it")
     assert w.store.attachments(cid)[0]["tokens"] == 11
 
 

@@ -215,7 +215,7 @@ def test_a_draft_bigger_than_the_target_is_refused_by_the_worker(tiny_llama, tmp
     import dataclasses
 
     from engine.models.loader import load_folder
-    from engine.worker import EngineWorker, SendMessage
+    from engine.worker import Answer, EngineWorker
     from tests.tiny_models import make_tiny_model
 
     bigger = load_folder(make_tiny_model(tmp_path / "big", "llama", hidden_size=128), model_id="bigger")
@@ -224,7 +224,7 @@ def test_a_draft_bigger_than_the_target_is_refused_by_the_worker(tiny_llama, tmp
     settings = ChatSettings(model="tiny-llama", draft="bigger", max_tokens=4)
     from engine.session import CancelToken
 
-    events = [e.event for e in worker.handle(SendMessage(1, "hi", settings), CancelToken())]
+    events = [e.event for e in worker.handle(Answer(1, settings, [Message("user", "hi")]), CancelToken())]
     (error,) = [e for e in events if isinstance(e, EngineErrored)]
     assert "not smaller than the target" in error.message
     assert dataclasses.replace(settings, draft=None).validate()

@@ -5,13 +5,12 @@ from engine.events import EngineErrored, ModelLoaded, TokenEmitted, TurnFinished
 from engine.session import CancelToken, Message
 from engine.settings import ChatSettings
 from engine.worker import (
+    Answer,
     CheckDocument,
     ConversationEvent,
     DocumentChecked,
     EngineWorker,
     LoadModel,
-    Regenerate,
-    SendMessage,
 )
 
 
@@ -33,25 +32,26 @@ def run(worker, command, cancel=None):
 
 def test_send_yields_scoped_events_and_reuses_the_prompt_cache(tiny_llama):
     worker = worker_for(tiny_llama)
-    first = run(worker, SendMessage(7, "Hello", settings()))
+    first = run(worker, Answer(7, settings(), [Message("user", "Hello")]))
     assert all(isinstance(e, ConversationEvent) and e.conversation_id == 7 for e in first)
     done = [e.event for e in first if isinstance(e.event, TurnFinished)][0]
     history = [Message("user", "Hello"), Message("assistant", done.text)]
-    second = run(worker, SendMessage(7, "And then?", settings(), history))
+    second = run(worker, Answer(7, settings(), history + [Message("user", "And then?")]))
     metrics = [e.event for e in second if isinstance(e.event, TurnFinished)][0].metrics
     assert metrics.cached_tokens > 0  # the session and its cache were kept for chat 7
 
 
 def test_regenerate_answers_the_same_greedily(tiny_llama):
     worker = worker_for(tiny_llama)
-    first = [e.event for e in run(worker, SendMessage(1, "Hi", settings())) if isinstance(e.event, TurnFinished)][0]
-    again = run(worker, Regenerate(1, settings(), [Message("user", "Hi")]))
+    hi = [Message("user", "Hi")]
+    first = [e.event for e in run(worker, Answer(1, settings(), hi)) if isinstance(e.event, TurnFinished)][0]
+    again = run(worker, Answer(1, settings(), [Message("user", "Hi")]))
     assert [e.event for e in again if isinstance(e.event, TurnFinished)][0].token_ids == first.token_ids
 
 
 def test_unknown_model_and_bad_document_become_error_events(tiny_llama, tmp_path):
     worker = worker_for(tiny_llama)
-    (event,) = run(worker, SendMessage(3, "Hi", settings(model="missing")))
+    (event,) = run(worker, Answer(3, settings(model="missing"), [Message("user", "Hi")]))
     assert isinstance(event.event, EngineErrored) and "missing" in event.event.message
     (event,) = run(worker, CheckDocument(3, str(tmp_path / "none.txt"), settings(), []))
     assert isinstance(event.event, EngineErrored) and event.event.kind == "document"
@@ -69,7 +69,7 @@ def test_check_document_reports_its_fit(tiny_llama, tmp_path):
 def test_cancel_stops_the_turn_and_keeps_the_partial_answer(tiny_llama):
     worker, cancel = worker_for(tiny_llama), CancelToken()
     events = []
-    for e in worker.handle(SendMessage(2, "Hello", settings(max_tokens=50)), cancel):
+    for e in worker.handle(Answer(2, settings(max_tokens=50), [Message("user", "Hello")]), cancel):
         events.append(e.event)
         if isinstance(e.event, TokenEmitted):
             cancel.cancel()
@@ -85,10 +85,11 @@ def test_choosing_a_draft_mid_chat_keeps_the_targets_prompt_cache(tiny_llama, tm
                         model_id="tiny-draft")
     models = {"tiny-llama": tiny_llama, "tiny-draft": draft}
     worker = EngineWorker(models.__getitem__, memory_available=lambda: 2**30)
-    first = [e.event for e in run(worker, SendMessage(5, "The quick brown fox", settings()))]
+    first = [e.event for e in run(worker, Answer(5, settings(), [Message("user", "The quick brown fox")]))]
     done = [e for e in first if isinstance(e, TurnFinished)][0]
     history = [Message("user", "The quick brown fox"), Message("assistant", done.text)]
-    second = [e.event for e in run(worker, SendMessage(5, "and then?", settings(draft="tiny-draft"), history))]
+    follow_up = history + [Message("user", "and then?")]
+    second = [e.event for e in run(worker, Answer(5, settings(draft="tiny-draft"), follow_up))]
     metrics = [e for e in second if isinstance(e, TurnFinished)][0].metrics
     assert metrics.cached_tokens >= done.metrics.prompt_tokens
     assert metrics.prefilled_tokens < metrics.prompt_tokens - done.metrics.prompt_tokens + 8
