@@ -54,6 +54,7 @@ class ChatController(QObject):
         self.current: int | None = None
         self.busy = False
         self._answer: dict | None = None  # the streaming answer: conversation, message id, text, last save
+        self._turn_job = None  # the engine job of the answer being generated
         self._documents: dict[int, list] = {}  # conversation -> documents checked and waiting to be sent
         self.search_text = ""
         # answers the store could not take yet: message id -> (text, finish reason, metrics)
@@ -168,7 +169,7 @@ class ChatController(QObject):
         self.composer.show_message("")
         self.chat_view.add_message("user", content)
         self._start_answer(cid, answer_id)
-        self.engine.submit(Answer(cid, settings, self._history(cid)))
+        self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()
 
     def regenerate(self) -> None:
@@ -187,7 +188,7 @@ class ChatController(QObject):
             return
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
-        self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
+        self._turn_job = self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
 
     def edit(self, index: int, text: str) -> None:
         cid = self.current
@@ -206,10 +207,13 @@ class ChatController(QObject):
             return
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
-        self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
+        self._turn_job = self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
 
     def stop(self) -> None:
-        self.engine.stop()
+        """Stop this chat's answer (also before the engine reaches it), nothing else: a model
+        download or document check goes on."""
+        if self._turn_job is not None:
+            self._turn_job.cancel()
 
     def attach(self, path: str) -> None:
         if self.current is None:

@@ -62,7 +62,8 @@ class ModelManager(QDialog):
         self.progress.hide()
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.hide()
-        self.cancel_button.clicked.connect(engine.stop)
+        self._job = None  # the engine job of the running install, download or import
+        self.cancel_button.clicked.connect(self.cancel)
         progress_row = QHBoxLayout()
         progress_row.addWidget(self.progress)
         progress_row.addWidget(self.cancel_button)
@@ -127,7 +128,12 @@ class ModelManager(QDialog):
         self.progress.setRange(0, 0)  # busy until the first byte count arrives
         self.progress.show()
         self.cancel_button.show()
-        self.engine.submit(command)
+        self._job = self.engine.submit(command)
+
+    def cancel(self) -> None:
+        """Stop this dialog's own operation, not a chat's answer."""
+        if self._job is not None:
+            self._job.cancel()
 
     def on_event(self, event) -> None:
         if isinstance(event, DownloadProgressed):

@@ -23,9 +23,11 @@ class FakeEngine(QObject):
         super().__init__()
         self.commands = []
         self.stopped = 0
+        self.cancelled = []  # commands whose own job was cancelled
 
     def submit(self, command):
         self.commands.append(command)
+        return FakeJob(self, command)
 
     def stop(self):
         self.stopped += 1
@@ -36,6 +38,18 @@ class FakeEngine(QObject):
     def play(self, *events):
         for e in events:
             self.event.emit(e)
+
+
+class FakeJob:
+    """What EngineThread.submit returns: the command and its own cancel."""
+
+    def __init__(self, engine, command):
+        self.engine, self.command, self.cancelled = engine, command, False
+
+    def cancel(self):
+        self.cancelled = True
+        self.engine.stopped += 1
+        self.engine.cancelled.append(self.command)
 
 
 @dataclass

@@ -105,3 +105,17 @@ def test_a_worker_never_starts_a_turn_cancelled_before_it(tiny_llama):
     assert loads == [] and time.perf_counter() - start < 1
     (event,) = out
     assert event.conversation_id == 3 and event.event.metrics.finish_reason == "cancelled"
+
+
+def test_esc_stops_only_the_chats_answer_and_cancel_only_the_download(qtbot, make_window, engine):
+    from engine.model_commands import PullModel
+
+    w = make_window()
+    manager = w.show_models()
+    manager.repo.setText("owner/model")
+    manager.download_button.click()
+    send(w, "hi")
+    w.controller.stop()  # Esc
+    assert [type(c).__name__ for c in engine.cancelled] == ["Answer"]
+    manager.cancel_button.click()
+    assert engine.cancelled[-1] == PullModel("owner/model") and len(engine.cancelled) == 2
