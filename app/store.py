@@ -24,6 +24,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from engine.models.store import lock_file
+from engine.vocabulary import FINISH_REASONS
 
 SCHEMA_VERSION = 1
 MIGRATIONS = {
@@ -59,7 +60,6 @@ APPLICATION_ID = 0x4252534B
 SQLITE_HEADER = b"SQLite format 3\x00"
 # How long to wait for another program's lock before saying the database is in use.
 LOCK_TIMEOUT_S = 5.0
-FINISH_REASONS = ("stop", "length", "context", "cancelled", "error", "interrupted")
 TABLES = ("conversations", "messages", "attachments")
 
 

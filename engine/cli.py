@@ -66,7 +66,7 @@ def read_prompt_file(path: str) -> str:
 
 def load_pair(settings: ChatSettings):
     """The target and, when set, the draft model."""
-    from engine.drafting import check_draft_pair
+    from engine.accel.speculative.drafters import check_draft_pair
     from engine.models.loader import load_model
 
     target = load_for_chat(settings.model)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+from engine.vocabulary import FinishReason, SparseOutcome
 
 
 @dataclass
@@ -23,9 +26,10 @@ class TurnMetrics:
     kv_bytes_allocated: int = 0  # what the buffers reserve (mlx-lm grows them in 256-token steps)
     kv_bits: int = 16  # 16 = unquantized (the compute dtype); 8 or 4 = packed
     peak_memory_bytes: int = 0
-    finish_reason: str = ""  # stop | length | context | cancelled | error
+    finish_reason: FinishReason | Literal[""] = ""  # "" until the turn ends
     total_s: float = 0.0
-    sparse_prefill: str = "off"  # used (with counts), or off/fallback and why
+    sparse_prefill: str = "off"  # what sparse prefill did, in words (with counts, or why not)
+    sparse_outcome: SparseOutcome = "off"  # the same, as a value to branch on
     kept_tokens: int = 0  # new prompt tokens the target prefilled under sparse prefill
     scoring_s: float = 0.0  # draft prefill + lookahead scoring
     sparse_prefill_s: float = 0.0  # target prefill of the kept tokens

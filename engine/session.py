@@ -16,49 +16,48 @@ import traceback
 from typing import Iterator
 
 import mlx.core as mx
-from mlx_lm.models.cache import RotatingKVCache
 
+from engine.accel.specprefill.plan import plan_sparse_prefill
+from engine.accel.specprefill.scoring import sparse_prefill
+from engine.accel.speculative.controller import PairCosts
+from engine.accel.speculative.pair import DraftPair
 from engine.cache import PromptCache
 from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
 from engine.crash_log import user_message
 from engine.detokenize import StreamingText
-from engine.drafting import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
 from engine.kvcache import check_kv_packable, kv_shape
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
-from engine.positions import install_position_shift
 from engine.prefill import check_prefill_memory, prefill_chunks
 from engine.prompt import render_prompt
-from engine.sampling import TokenDistribution, make_sampling
+from engine.sampling import make_sampling
 from engine.settings import ChatSettings
-from engine.spec_controller import DraftLengthController
-from engine.specprefill import CHUNK, DraftScorer, SparsePrefillDeclined, select_chunks, sparse_prefill
-from engine.speculative import SpeculativeDecoder
-from kernels.skinny_matmul import verify_path
 
 log = logging.getLogger(__name__)
 
 
 class Session:
     def __init__(self, lm: LoadedModel, settings: ChatSettings | None = None,
-                 messages: list[Message] | None = None, *, draft: LoadedModel | None = None):
+                 messages: list[Message] | None = None, *, draft: LoadedModel | None = None,
+                 pair_costs: PairCosts | None = None):
         self.lm = lm
         self.settings = (settings or ChatSettings(model=lm.id)).validate()
         self.messages: list[Message] = list(messages or [])
         self.cache = PromptCache(lm.model)  # the target's layers, tokens, KV mode and position map
+        # draft/verify times measured per model pair, shared by the owner's sessions
+        self.pair_costs = pair_costs or PairCosts()
         self.use_draft(draft)
 
     def use_draft(self, draft: LoadedModel | None) -> None:
         """Set (or clear) the draft model. Only the draft's own state starts over: the
         target's prompt cache is kept, so the next turn still prefills only new tokens."""
-        self.draft = draft
-        # the draft's prompt cache serves both SpecPrefill scoring and speculative decoding
-        self._draft_cache = PromptCache(draft.model) if draft is not None else None
-        self._scorer = DraftScorer(draft, self._draft_cache) if draft is not None else None
-        self._controller: DraftLengthController | None = None  # kept across turns: α and timings
-        self._controller_key: tuple | None = None
+        self.pair = DraftPair.make(self.lm, draft) if draft is not None else None
+
+    @property
+    def draft(self) -> LoadedModel | None:
+        return self.pair.draft if self.pair is not None else None
 
     # --- public turn entry points -------------------------------------------------
 
@@ -209,7 +208,11 @@ class Session:
 
         step = min(settings.prefill_step_size, max(len(suffix) - 1, 1))
         check_prefill_memory(self.lm, step, len(tokens), engine.info.memory_available())
-        selection = yield from self._plan_sparse(tokens, cached, settings, metrics)
+        plan = plan_sparse_prefill(self.pair, self.lm, self.cache.layers, tokens, cached, settings)
+        metrics.sparse_prefill, metrics.sparse_outcome, metrics.scoring_s = plan.note, plan.outcome, plan.scoring_s
+        if plan.warning:
+            yield EngineWarned(plan.warning, "sparse_prefill")
+        selection = plan.selection
         if selection is None:
             for done in prefill_chunks(self.cache.model_view(), self.cache.layers, suffix[:-1],
                                        settings.prefill_step_size):
@@ -234,64 +237,12 @@ class Session:
         metrics.prefilled_tokens = selection.kept
         metrics.kept_tokens = selection.kept
 
-    def _plan_sparse(self, tokens, cached, settings, metrics) -> Iterator[object]:
-        """SpecPrefill's selection, or None (with the reason in metrics, and a warning
-        event when something failed: the turn then runs a full prefill)."""
-        mode, new = settings.sparse_prefill, len(tokens) - cached
-        if mode == "off":
-            return None
-        if self._scorer is None:
-            metrics.sparse_prefill = "off: no draft model"
-            return None
-        if mode == "auto" and new < settings.sparse_threshold:
-            metrics.sparse_prefill = f"off: {new} new tokens < threshold {settings.sparse_threshold}"
-            return None
-        if new < 2 * CHUNK:
-            metrics.sparse_prefill = "off: too few new tokens"
-            return None
-        started = time.perf_counter()
-        try:
-            if self._scorer.draft.info.tokenizer_fingerprint == self.lm.info.tokenizer_fingerprint:
-                importance = self._scorer.importance(tokens, cached, settings.prefill_step_size)
-            else:
-                importance = self._scorer.importance_across(self.lm.tokenizer, tokens, cached,
-                                                            settings.prefill_step_size)
-            window = max((c.max_size for c in self.cache.layers if isinstance(c, RotatingKVCache)), default=None)
-            selection = select_chunks(importance, keep=None if mode == "auto" else settings.sparse_keep,
-                                      window=window)
-            install_position_shift(self.lm.model)
-        except SparsePrefillDeclined as exc:
-            metrics.sparse_prefill = str(exc)
-            return None
-        except Exception as exc:  # any failure here costs speed, never the turn
-            log.warning("sparse prefill fell back to full prefill: %s", exc)
-            metrics.sparse_prefill = f"fallback: {exc}"
-            yield EngineWarned(f"Sparse prefill unavailable, running a full prefill: {exc}", "sparse_prefill")
-            return None
-        finally:
-            metrics.scoring_s = time.perf_counter() - started
-        metrics.sparse_prefill = f"used: kept {selection.kept} of {selection.total} new tokens"
-        return selection
-
     def _decoding(self, tokens, max_tokens, settings):
         """The token steps of this turn, (token, from_draft) pairs: mlx-lm's generate_step,
         or the speculative decoder when a draft is set (returned too, for its stats)."""
         if settings.spec_decode == "off" or self.draft is None:
             return _plain_steps(tokens, self.cache.model_view(), self.cache.layers, max_tokens, settings), None
-        dist = TokenDistribution(settings)
-        if self.draft.info.tokenizer_fingerprint == self.lm.info.tokenizer_fingerprint:
-            drafter = SameTokenizerDrafter(self.draft, dist, self._draft_cache, settings.prefill_step_size)
-        else:
-            drafter = TranslatingDrafter(self.draft, self.lm.tokenizer, dist, self._draft_cache,
-                                         settings.prefill_step_size, prefix=settings.translation_prefix)
-        key = (settings.spec_decode, settings.num_draft, self.draft.id)
-        if self._controller is None or self._controller_key != key:
-            self._controller = DraftLengthController(settings.spec_decode, settings.num_draft,
-                                                     cost_ratio=cost_ratio(self.draft, self.lm),
-                                                     pair=(self.lm.id, self.draft.id, verify_path()))
-            self._controller_key = key
-        decoder = SpeculativeDecoder(self.cache.model_view(), self.cache.layers, drafter, self._controller, dist,
-                                     rule=settings.spec_rule, max_tokens=max_tokens)
+        decoder = self.pair.make_decoder(self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs)
         return decoder.steps(tokens), decoder
 
     # --- helpers ------------------------------------------------------------------

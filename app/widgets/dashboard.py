@@ -83,7 +83,7 @@ class Dashboard(QWidget):
         self.ttft.setText(f"{m.get('ttft_s', 0.0):.2f} s")
         self.recent.setText("Recent: " + " · ".join(f"{t:.2f} s" for t in self._ttfts))
         rate = m.get("prefill_tps") or 0.0
-        dense = not str(m.get("sparse_prefill", "")).startswith("used")
+        dense = m.get("sparse_outcome") != "used"
         if model and dense and m.get("prefilled_tokens", 0) >= MIN_RATE_TOKENS and rate:
             self._prefill_rates[model] = rate
         measured = self._prefill_rates.get(model)
@@ -92,7 +92,7 @@ class Dashboard(QWidget):
             notes.append(f"prompt cache reused {m['cached_tokens']:,} tokens"
                          + (f" (~{m['cached_tokens'] / measured:.1f} s saved at the {measured:.0f} tok/s "
                             "this model prefilled at)" if measured else ""))
-        if str(m.get("sparse_prefill", "")).startswith("used"):
+        if m.get("sparse_outcome") == "used":
             skipped = m.get("prompt_tokens", 0) - m.get("cached_tokens", 0) - m.get("kept_tokens", 0)
             notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")
         self.saved.setText("; ".join(notes))

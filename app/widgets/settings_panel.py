@@ -17,7 +17,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.drafting import draft_compatibility
+from engine.accel.speculative.drafters import draft_compatibility
 from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"

@@ -105,7 +105,7 @@ def _continuation_nll(model, cache, last: int, continuation: list[int], shift: i
     """Mean negative log-likelihood of `continuation` after the cached context."""
     import mlx.core as mx
 
-    from engine.positions import position_shift
+    from engine.accel.specprefill.positions import position_shift
 
     with position_shift(shift):
         logits = model(mx.array([last] + continuation[:-1])[None], cache=cache)[0]  # (C, V)
@@ -123,9 +123,9 @@ def run_perplexity(target_id: str, draft_id: str, text_file: str, lengths: list[
 
     from mlx_lm.models.cache import make_prompt_cache
 
+    from engine.accel.specprefill.scoring import DraftScorer, select_chunks, sparse_prefill
     from engine.models.loader import load_model
     from engine.prefill import prefill_chunks
-    from engine.specprefill import DraftScorer, select_chunks, sparse_prefill
 
     target, draft = load_model(target_id), load_model(draft_id)
     ids = target.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"))

@@ -114,7 +114,7 @@ class PromptCache:
 
     def model_view(self):
         """The model with RoPE positions shifted past tokens a sparse prefill dropped."""
-        from engine.positions import ShiftedModel
+        from engine.accel.specprefill.positions import ShiftedModel
 
         return ShiftedModel(self.model, self.shift) if self.shift else self.model
 

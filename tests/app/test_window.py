@@ -13,7 +13,8 @@ from engine.worker import Answer, CheckDocument, ConversationEvent, DocumentChec
 def metrics(**kw):
     base = dict(ttft_s=1.25, prompt_tokens=900, cached_tokens=400, prefilled_tokens=100, prefill_tps=80.0,
                 generated_tokens=3, decode_tps=12.5, kv_bytes=3 * 2**20, kv_bits=4, finish_reason="stop",
-                sparse_prefill="used: kept 100 of 500 new tokens", kept_tokens=100, scoring_s=0.4,
+                sparse_prefill="used: kept 100 of 500 new tokens", sparse_outcome="used", kept_tokens=100,
+                scoring_s=0.4,
                 spec_decode="auto (rejection)", acceptance_rate=0.75, draft_tokens=4, accepted_tokens=3,
                 tokens_per_cycle=2.5, mean_k=2.0)
     return TurnMetrics(**{**base, **kw})

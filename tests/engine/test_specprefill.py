@@ -6,12 +6,18 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from engine.accel.specprefill.positions import ShiftedRoPE, install_position_shift, position_shift
+from engine.accel.specprefill.scoring import (
+    DraftScorer,
+    SparsePrefillDeclined,
+    capture_attention,
+    select_chunks,
+    sparse_prefill,
+)
 from engine.events import EngineWarned, TurnFinished
 from engine.models.loader import load_folder
-from engine.positions import ShiftedRoPE, install_position_shift, position_shift
 from engine.session import Session
 from engine.settings import ChatSettings
-from engine.specprefill import DraftScorer, SparsePrefillDeclined, capture_attention, select_chunks, sparse_prefill
 from tests.tiny_models import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h"]
@@ -44,7 +50,7 @@ def test_keep_all_equals_full_prefill_also_after_a_cached_prefix(models, arch):
     for text in (DOC, "Which districts used more water? " + DOC[:200]):
         _, d = turn(dense, text)
         _, s = turn(sparse, text)
-        assert s.metrics.sparse_prefill.startswith("used"), s.metrics.sparse_prefill
+        assert s.metrics.sparse_outcome == "used", s.metrics.sparse_prefill
         assert s.token_ids == d.token_ids
 
 
@@ -108,7 +114,7 @@ def test_decoding_continues_at_the_original_length(models):
     finally:
         rope.rope = inner
     m = done.metrics
-    assert m.sparse_prefill.startswith("used") and m.kept_tokens < m.prompt_tokens
+    assert m.sparse_outcome == "used" and m.kept_tokens < m.prompt_tokens
     singles = [offset for length, offset in seen if length == 1][::2]  # q and k both pass through rope
     # last prompt token at M-1, then the answer at M, M+1, ... although the cache holds fewer slots
     assert singles[:4] == list(range(m.prompt_tokens - 1, m.prompt_tokens + 3))
@@ -195,7 +201,7 @@ def test_capture_sees_every_attention_layer_including_hybrids(models):
 
 
 def test_projection_takes_the_max_over_overlapping_characters():
-    from engine.translate import project
+    from engine.accel.translate import project
 
     draft_spans = [(0, 3), (3, 5), (5, 9), (9, 10)]
     target_spans = [(0, 4), (4, 9), (9, 10), (10, 10)]
@@ -210,9 +216,9 @@ def test_cross_tokenizer_draft_scores_for_the_target(models, tmp_path):
     assert draft.info.tokenizer_fingerprint != target.info.tokenizer_fingerprint
     _, dense = turn(Session(target, greedy()), DOC)
     _, same = turn(Session(target, greedy(sparse_prefill="on", sparse_keep=1.0), draft=draft), DOC)
-    assert same.metrics.sparse_prefill.startswith("used") and same.token_ids == dense.token_ids
+    assert same.metrics.sparse_outcome == "used" and same.token_ids == dense.token_ids
     _, sparse = turn(Session(target, greedy(sparse_prefill="on", sparse_keep=0.3), draft=draft), DOC)
-    assert sparse.metrics.sparse_prefill.startswith("used")
+    assert sparse.metrics.sparse_outcome == "used"
     assert sparse.metrics.kept_tokens < 0.5 * sparse.metrics.prompt_tokens
 
 

@@ -7,15 +7,15 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import speculative
-from engine.drafting import SameTokenizerDrafter, TranslatingDrafter
+from engine.accel.speculative import decoder as speculative
+from engine.accel.speculative.controller import DraftLengthController, PairCosts
+from engine.accel.speculative.decoder import SpeculativeDecoder
+from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter
 from engine.events import EngineWarned, TokenEmitted, TurnFinished
 from engine.models.loader import load_folder
 from engine.sampling import TokenDistribution
 from engine.session import CancelToken, Session
 from engine.settings import ChatSettings
-from engine.spec_controller import DraftLengthController
-from engine.speculative import SpeculativeDecoder
 from tests.tiny_models import make_tiny_model
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h"]
@@ -139,7 +139,7 @@ def test_absorbed_draft_text_takes_a_plain_step(models, monkeypatch):
     """A draft whose text the context swallows (nothing new to verify) must not stall."""
     target = models["llama"]
     plain = chat(Session(target, settings(spec_decode="off")), PROMPTS[:1])[0][0]
-    monkeypatch.setattr("engine.drafting._continuation", lambda *a: "")
+    monkeypatch.setattr("engine.accel.speculative.drafters._continuation", lambda *a: "")
     done, _ = chat(Session(target, settings(spec_decode="on"), draft=models["cross"]), PROMPTS[:1])[0]
     assert done.token_ids == plain.token_ids
     assert done.metrics.draft_tokens == 0 and done.metrics.generated_tokens == len(plain.token_ids)
@@ -240,8 +240,8 @@ HARD_TEXT = ["Zażółć gęślą jaźń, w Warszawie", "東京は日本の首�
 
 @pytest.mark.parametrize("text", HARD_TEXT)
 def test_translation_round_trips_hard_text_at_every_boundary(models, text):
-    from engine.drafting import _continuation, _continuation_ids
-    from engine.translate import decode_text, encode_with_spans
+    from engine.accel.speculative.drafters import _continuation, _continuation_ids
+    from engine.accel.translate import decode_text, encode_with_spans
 
     target, draft = models["llama"].tokenizer, models["cross"].tokenizer
     for cut in range(1, len(text)):
@@ -254,7 +254,7 @@ def test_translation_round_trips_hard_text_at_every_boundary(models, text):
 
 
 def test_translating_drafter_keeps_draft_tokens_in_step_with_the_text(models):
-    from engine.translate import decode_text
+    from engine.accel.translate import decode_text
 
     target, draft = models["llama"], models["cross"]
     drafter = TranslatingDrafter(draft, target.tokenizer, TokenDistribution(settings()), None, 64, prefix=3)
@@ -309,7 +309,7 @@ def test_controller_probes_again_with_backoff():
 
 
 def test_expected_tokens_formula():
-    from engine.spec_controller import expected_tokens
+    from engine.accel.speculative.controller import expected_tokens
 
     assert expected_tokens(0.0, 4) == 1
     assert expected_tokens(1.0, 4) == 5
@@ -327,10 +327,10 @@ def test_auto_skips_a_draft_that_would_read_a_long_prompt_for_a_short_answer(mod
     target, draft = models["llama"], models["llama-draft"]
     session = Session(target, settings(spec_decode="auto", max_tokens=2), draft=draft)
     controller = DraftLengthController("auto", 3, cost_ratio=0.1)  # a cheap draft: it could pay
-    session._controller, session._controller_key = controller, ("auto", 3, draft.id)
+    session.pair.controller, session.pair.controller_key = controller, ("auto", 3)
     done = chat(session, [PROMPTS[0] * 4])[0][0]
     assert done.metrics.spec_decode.startswith("off: the draft would first read")
-    assert done.metrics.draft_prefill_s == 0 and session._draft_cache.tokens == []
+    assert done.metrics.draft_prefill_s == 0 and session.pair.cache.tokens == []
 
 
 def test_controller_fits_verify_time_through_measured_lengths():
@@ -390,12 +390,12 @@ def test_scout_scores_the_draft_on_the_targets_plain_tokens(models):
 def test_a_scout_that_finds_low_acceptance_skips_the_probe():
     """Draft and verify costs known from an earlier conversation: a scout measuring low
     acceptance backs off without a probe; one measuring high acceptance drafts."""
-    pair = ("target", "draft")
-    first = feed(DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair), plain_s=0.3, draft_s=0.1,
+    pair, costs = ("target", "draft"), PairCosts()
+    first = feed(DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair, costs=costs), plain_s=0.3, draft_s=0.1,
                  verify_s=lambda k: 0.45 + 0.01 * k, alpha=1.0, cycles=120)
     assert first.choose() > 0  # it drafted, measuring the costs
     for rate, drafts in ((0.2, False), (1.0, True)):
-        c = DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair)
+        c = DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair, costs=costs)
         for _ in range(3):
             c.observe_plain(0.3)
         assert c.draft_ratio() == pytest.approx(0.1 / 0.3)  # measured earlier, not the weight-bytes guess

@@ -17,7 +17,7 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
    prompt token (its logits give the first answer token; reference implementations drop
    it), and for sliding-window targets the last `window` tokens. `auto` keeps the fewest chunks holding a share of the
    importance mass instead, or declines when that share needs most of the prompt.
-5. The target prefills kept runs with their original RoPE positions (engine/positions.py).
+5. The target prefills kept runs with their original RoPE positions (engine/accel/specprefill/positions.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.positions import install_position_shift, position_shift
+from engine.accel.specprefill.positions import install_position_shift, position_shift
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 CHUNK = 32  # selection granularity (tokens)
@@ -207,8 +207,8 @@ class DraftScorer:
     def importance_across(self, target_tokenizer, tokens: list[int], start: int, step: int) -> mx.array:
         """Importance of target tokens[start:] scored by a draft with another tokenizer:
         the draft reads the same text, and each target token takes the highest importance
-        of the draft tokens sharing its characters (engine/translate.py)."""
-        from engine.translate import encode_with_spans, project, text_and_spans
+        of the draft tokens sharing its characters (engine/accel/translate.py)."""
+        from engine.accel.translate import encode_with_spans, project, text_and_spans
 
         text, target_spans = text_and_spans(target_tokenizer, tokens)
         draft_ids, draft_spans = encode_with_spans(self.draft.tokenizer, text)

@@ -1,6 +1,6 @@
 """Speculative decoding with exact sampling (Leviathan et al. 2023; Chen et al. 2023).
 
-Each cycle a draft proposes tokens (engine/drafting.py), the target scores all of them in
+Each cycle a draft proposes tokens (drafters.py), the target scores all of them in
 one forward pass, and an acceptance rule keeps a prefix of them plus one token of the
 target's own, so the output has exactly the target's distribution:
 
@@ -14,8 +14,8 @@ target's own, so the output has exactly the target's distribution:
 
 p and q come after the same sampling transforms (engine/sampling.py). At temperature 0
 both rules reduce to greedy: the output is token for token the target's greedy output.
-The target's cache is rolled back after each cycle (engine/rewind.py); the number of
-tokens drafted per cycle comes from engine/spec_controller.py.
+The target's cache is rolled back after each cycle (engine/accel/speculative/rewind.py); the number of
+tokens drafted per cycle comes from engine/accel/speculative/controller.py.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.drafting import DraftUnavailable, Proposal
+from engine.accel.speculative.controller import DraftLengthController
+from engine.accel.speculative.drafters import DraftUnavailable, Proposal
+from engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
 from engine.events import EngineWarned
-from engine.rewind import CacheCheckpoint, CannotRewind
 from engine.sampling import TokenDistribution, sample
-from engine.spec_controller import DraftLengthController
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Used by SpecPrefill's cross-tokenizer scoring (a draft with another vocabulary reads the
 same text, and what it learns per draft token is carried to the target tokens that cover
-the same characters) and by cross-tokenizer speculative decoding (engine/drafting.py).
+the same characters) and by cross-tokenizer speculative decoding (engine/accel/speculative/drafters.py).
 """
 
 from __future__ import annotations

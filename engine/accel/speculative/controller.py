@@ -75,25 +75,29 @@ def expected_tokens(alpha: float, k: int) -> float:
 OPTIMISTIC_ALPHA = 1.0
 
 
-# Draft step and verify times of each (target, draft) pair measured on this machine: they
-# belong to the machine and the models, not to one conversation's text, so a new
-# conversation starts from them instead of from the weight-bytes guess.
-_PAIR_COSTS: dict[tuple, dict] = {}
+class PairCosts:
+    """Draft step and verify times of each (target, draft, verify path) measured on this
+    machine. They belong to the machine and the models, not to one conversation's text, so
+    the owner (the engine worker) passes one to every session and a new conversation
+    starts from them instead of from the weight-bytes guess."""
 
+    def __init__(self):
+        self._by_pair: dict[tuple, dict] = {}
 
-def forget_measured_costs() -> None:
-    _PAIR_COSTS.clear()
+    def for_pair(self, pair: tuple) -> dict:
+        return self._by_pair.setdefault(pair, {"draft_s": None, "verify_s": {}})
 
 
 class DraftLengthController:
     def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K, cost_ratio: float | None = None,
-                 pair: tuple | None = None):
+                 pair: tuple | None = None, costs: PairCosts | None = None):
         """`cost_ratio`: the draft step's expected cost relative to the target's (decode
         streams the weights, so their byte ratio), used until the draft is measured.
-        `pair`: (target id, draft id), to start from costs measured in earlier conversations."""
+        `pair`: (target id, draft id, verify path), to start from the costs `costs` holds
+        from earlier conversations (and to add this one's)."""
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
         self.cost_ratio = cost_ratio
-        self.known = _PAIR_COSTS.setdefault(pair, {"draft_s": None, "verify_s": {}}) if pair else None
+        self.known = (costs or PairCosts()).for_pair(pair) if pair else None
         # acceptance as decayed counts, from a uniform prior (Laplace: one of each), so that
         # a scout that saw every token proposed can say so (8 of 8 reads as α ≈ 0.95)
         self.accepted, self.rejected = 1.0, 1.0

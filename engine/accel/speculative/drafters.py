@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from engine.accel.speculative.rewind import CacheCheckpoint
+from engine.accel.translate import decode_text, encode_with_spans
 from engine.cache import PromptCache
-from engine.rewind import CacheCheckpoint
 from engine.sampling import TokenDistribution, sample
-from engine.translate import decode_text, encode_with_spans
 
 # Tokens of context re-encoded with a translation, so word boundaries come out as each
 # tokenizer would cut them mid-sentence (the UAG port used a few tokens).

@@ -1,0 +1,3 @@
+"""SpecPrefill (Liu et al., 2025): a draft scores the prompt's chunks, the target prefills
+the kept ones at their original positions. scoring.py: the draft's scoring and chunk
+selection; positions.py: RoPE positions past the dropped tokens."""

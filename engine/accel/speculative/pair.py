@@ -1,0 +1,67 @@
+"""A target and its draft, with what follows from the two decided once.
+
+Whether they share a tokenizer decides how the draft scores a prompt (its own token ids,
+or projected onto the target's through shared text) and how it drafts (exact rejection
+sampling on its own tokens, or re-tokenized text matched against the target's samples).
+That used to be re-checked wherever a draft was used; here it is a field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from engine.accel.specprefill.scoring import DraftScorer
+from engine.accel.speculative.controller import DraftLengthController, PairCosts
+from engine.accel.speculative.decoder import SpeculativeDecoder
+from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
+from engine.cache import PromptCache
+from engine.sampling import TokenDistribution
+from kernels.skinny_matmul import verify_path
+
+
+@dataclass
+class DraftPair:
+    target: object  # LoadedModel
+    draft: object  # LoadedModel
+    same_tokenizer: bool
+    # The draft's prompt cache serves SpecPrefill scoring and speculative drafting alike,
+    # so a prompt is prefilled into the draft once per conversation.
+    cache: PromptCache = field(repr=False)
+    # The k controller, kept across turns (acceptance and timings carry over) while the
+    # mode and k stay the same.
+    controller: DraftLengthController | None = field(default=None, repr=False)
+    controller_key: tuple | None = None
+
+    @classmethod
+    def make(cls, target, draft) -> "DraftPair":
+        same = draft.info.tokenizer_fingerprint == target.info.tokenizer_fingerprint
+        return cls(target, draft, same, PromptCache(draft.model))
+
+    def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
+        """SpecPrefill importance of target `tokens[start:]`, in the target's token positions."""
+        scorer = DraftScorer(self.draft, self.cache)
+        if self.same_tokenizer:
+            return scorer.importance(tokens, start, step)
+        return scorer.importance_across(self.target.tokenizer, tokens, start, step)
+
+    def make_drafter(self, dist, settings):
+        """The drafter for speculative decoding with this pair."""
+        if self.same_tokenizer:
+            return SameTokenizerDrafter(self.draft, dist, self.cache, settings.prefill_step_size)
+        return TranslatingDrafter(self.draft, self.target.tokenizer, dist, self.cache, settings.prefill_step_size,
+                                  prefix=settings.translation_prefix)
+
+    def make_decoder(self, target_cache: PromptCache, settings, *, max_tokens: int,
+                     costs: PairCosts) -> SpeculativeDecoder:
+        """The speculative decoder for one turn over `target_cache`."""
+        dist = TokenDistribution(settings)
+        key = (settings.spec_decode, settings.num_draft)
+        if self.controller is None or self.controller_key != key:
+            self.controller = DraftLengthController(
+                settings.spec_decode, settings.num_draft, cost_ratio=cost_ratio(self.draft, self.target),
+                pair=(self.target.id, self.draft.id, verify_path()), costs=costs)
+            self.controller_key = key
+        return SpeculativeDecoder(target_cache.model_view(), target_cache.layers, self.make_drafter(dist, settings),
+                                  self.controller, dist, rule=settings.spec_rule, max_tokens=max_tokens)
