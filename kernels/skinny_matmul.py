@@ -26,22 +26,39 @@ from kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
 
-_switch = {"on": True}
+class Route:
+    """Where one model's swapped layers send few-row products: data on the model (set by
+    `use_skinny_matmul`), not a process-wide switch, so two models can differ."""
+
+    def __init__(self):
+        self.native = True
+
+
+ROUTE_ATTRIBUTE = "_brisk_matmul_route"
+
+
+def route_of(model) -> Route | None:
+    return getattr(model, ROUTE_ATTRIBUTE, None)
 
 
 @contextmanager
-def blas_only():
-    """Swapped layers use MLX's BLAS path inside this block (the benchmark's A/B)."""
-    before, _switch["on"] = _switch["on"], False
+def blas_only(*models):
+    """The models' swapped layers use MLX's BLAS path inside this block (the benchmark's A/B)."""
+    routes = [r for r in map(route_of, models) if r is not None]
+    before = [r.native for r in routes]
+    for r in routes:
+        r.native = False
     try:
         yield
     finally:
-        _switch["on"] = before
+        for r, was in zip(routes, before):
+            r.native = was
 
 
-def verify_path() -> str:
-    """Which path few-row float32 products take now: "native" or "blas"."""
-    return "native" if _switch["on"] and native.load() is not None else "blas"
+def verify_path(model) -> str:
+    """Which path `model`'s few-row float32 products take now: "native" or "blas"."""
+    route = route_of(model)
+    return "native" if route is not None and route.native and native.load() is not None else "blas"
 
 
 def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
@@ -77,16 +94,16 @@ def _rows(x: mx.array) -> int:
     return rows
 
 
-def _worth_it(x: mx.array, weight: mx.array) -> bool:
-    return (_switch["on"] and MIN_ROWS <= _rows(x) <= MAX_ROWS and x.dtype == mx.float32 and weight.dtype == mx.float32
-            and mx.default_device() == mx.cpu)
+def _worth_it(route: Route, x: mx.array, weight: mx.array) -> bool:
+    return (route.native and MIN_ROWS <= _rows(x) <= MAX_ROWS and x.dtype == mx.float32
+            and weight.dtype == mx.float32 and mx.default_device() == mx.cpu)
 
 
 class SkinnyLinear(nn.Linear):
     """nn.Linear whose few-row float32 products on the CPU run in the native kernel."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if _worth_it(x, self["weight"]):
+        if _worth_it(self._route, x, self["weight"]):
             try:
                 return skinny_matmul_native(x, self["weight"], self.get("bias"))
             except NativeUnsupported:
@@ -98,7 +115,7 @@ class SkinnyEmbedding(nn.Embedding):
     """nn.Embedding whose `as_linear` (a tied output head) takes the same route."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if _worth_it(x, self.weight):
+        if _worth_it(self._route, x, self.weight):
             try:
                 return skinny_matmul_native(x, self.weight)
             except NativeUnsupported:
@@ -106,10 +123,11 @@ class SkinnyEmbedding(nn.Embedding):
         return super().as_linear(x)
 
 
-def _swap(module: nn.Module, cls: type) -> nn.Module:
+def _swap(module: nn.Module, cls: type, route: Route) -> nn.Module:
     # A module of the subclass holding the same arrays and state (no copy of the weights).
     fresh = cls.__new__(cls)
     fresh.__dict__.update(module.__dict__)
+    fresh.__dict__["_route"] = route  # a plain attribute, not a parameter or child module
     dict.update(fresh, module)
     return fresh
 
@@ -123,14 +141,16 @@ def use_skinny_matmul(model: nn.Module) -> int:
     if native.load() is None:
         return 0
     swapped = 0
+    route = Route()
 
     def swap(_path, module):
         nonlocal swapped
         for base, cls in ((nn.Linear, SkinnyLinear), (nn.Embedding, SkinnyEmbedding)):
             if type(module) is base:
                 swapped += 1
-                return _swap(module, cls)
+                return _swap(module, cls, route)
         return module
 
     model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
+    object.__setattr__(model, ROUTE_ATTRIBUTE, route)
     return swapped

@@ -33,12 +33,12 @@ def interleave(runs: int, variants: dict[str, Callable[[], dict]]) -> dict[str, 
     return results
 
 
-def with_blas_verify(run: Callable[[], dict]) -> Callable[[], dict]:
-    """The variant `run` with the few-row native matmul off: its A/B partner."""
+def with_blas_verify(run: Callable[[], dict], *models) -> Callable[[], dict]:
+    """The variant `run` with the models' few-row native matmul off: its A/B partner."""
     from kernels.skinny_matmul import blas_only
 
     def variant() -> dict:
-        with blas_only():
+        with blas_only(*models):
             return run()
     return variant
 

@@ -98,11 +98,13 @@ def run_specdecode(target_id: str, draft_id: str, ks: list, *, contents: list[st
         for k in blas_ks:
             variants[f"{'auto' if k == 'auto' else f'k={k}'} blas verify"] = with_blas_verify(
                 lambda k=k: _brisk(target, draft, prompt, mode="auto" if k == "auto" else "on",
-                                   k=3 if k == "auto" else k, rule=rules[0], gen=gen, temp=temp, seed=0))
+                                   k=3 if k == "auto" else k, rule=rules[0], gen=gen, temp=temp, seed=0),
+                target.model, draft.model)
         if same and temp == 0:
             for k in mlx_lm_ks:
                 # Stock mlx-lm verifies through BLAS: so does this baseline.
-                variants[f"mlx-lm k={k}"] = with_blas_verify(lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen))
+                variants[f"mlx-lm k={k}"] = with_blas_verify(lambda k=k: _mlx_lm(target, draft, prompt, k=k, gen=gen),
+                                                             target.model, draft.model)
         res = interleave(runs, variants)
         plain = res["plain"]
         for name, got in res.items():

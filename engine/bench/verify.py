@@ -42,7 +42,7 @@ def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, 
     variants = {"1 row": lambda: _step(lm.model, cache, 1, 0)}
     for rows in rows_list:
         variants[f"{rows} native"] = lambda rows=rows: _step(lm.model, cache, rows, rows)
-        variants[f"{rows} blas"] = with_blas_verify(lambda rows=rows: _step(lm.model, cache, rows, rows))
+        variants[f"{rows} blas"] = with_blas_verify(lambda rows=rows: _step(lm.model, cache, rows, rows), lm.model)
     for run in variants.values():
         run()  # warm-up: first calls build the kernel and fault the weights in
     res = interleave(runs, variants)

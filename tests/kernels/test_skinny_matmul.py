@@ -91,10 +91,14 @@ def test_swapped_layers_route_few_rows_to_the_kernel_and_keep_the_function(monke
     assert calls == [(1, 5, 32), (1, 5, 64), (1, 5, 32)]  # proj, down, tied head
     assert mx.allclose(net(ids[:, :1]), want_one, atol=1e-5).item()
     assert len(calls) == 3  # one row stays with BLAS
-    with blas_only():
-        assert verify_path() == "blas"
+    with blas_only(net):
+        assert verify_path(net) == "blas"
         net(ids)
-    assert len(calls) == 3 and verify_path() == "native"
+    assert len(calls) == 3 and verify_path(net) == "native"
+    other = _tiny_net()
+    use_skinny_matmul(other)
+    with blas_only(net):  # the route is the model's own: another model keeps the kernel
+        assert verify_path(other) == "native"
 
 
 @needs_native
@@ -115,7 +119,7 @@ def test_without_the_native_library_nothing_is_swapped(monkeypatch):
     monkeypatch.setattr(native, "_state", {"lib": None, "reason": "turned off for the test"})
     net = _tiny_net()
     assert use_skinny_matmul(net) == 0 and type(net.proj) is nn.Linear
-    assert verify_path() == "blas"
+    assert verify_path(net) == "blas"
 
 
 @needs_native
@@ -138,7 +142,7 @@ def test_loaded_models_verify_through_the_kernel_with_the_same_logits(tmp_path, 
     calls = []
     monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
                         lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
-    with blas_only():
+    with blas_only(lm.model):
         want = logits()
     assert calls == []
     got = logits()

@@ -61,7 +61,7 @@ class DraftPair:
         if self.controller is None or self.controller_key != key:
             self.controller = DraftLengthController(
                 settings.spec_decode, settings.num_draft, cost_ratio=cost_ratio(self.draft, self.target),
-                pair=(self.target.id, self.draft.id, verify_path()), costs=costs)
+                pair=(self.target.id, self.draft.id, verify_path(self.target.model)), costs=costs)
             self.controller_key = key
         return SpeculativeDecoder(target_cache.model_view(), target_cache.layers, self.make_drafter(dist, settings),
                                   self.controller, dist, rule=settings.spec_rule, max_tokens=max_tokens)
