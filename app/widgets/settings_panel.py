@@ -21,6 +21,11 @@ from engine.accel.speculative.drafters import draft_compatibility
 from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"
+# Drafting pays only when a draft step costs well under a target step (about a third at
+# the acceptance our pairs reach); the hint says so when no installed model is that small.
+NO_USEFUL_DRAFT = ("No installed model can speed up {model}: drafting pays when the draft's step costs less than "
+                   "about a third of the target's, so a draft needs to be several times smaller (ideally of the "
+                   "same family, sharing its tokenizer).")
 
 
 class SettingsPanel(QWidget):
@@ -38,6 +43,8 @@ class SettingsPanel(QWidget):
         outer.addStretch()  # spare height below the form, not between its rows
         self.model = QComboBox()
         self.draft = QComboBox()
+        self.draft.setToolTip("Only models that can speed this chat's model up are offered: smaller than it, "
+                              "cheapest step first (by weight bytes, the cost of a decode step on this machine)")
         self.badge = QLabel("")
         self.badge.setObjectName("draftBadge")
         self.badge.setWordWrap(True)
@@ -75,16 +82,36 @@ class SettingsPanel(QWidget):
         """Installed models (catalog entries): the choices for target and draft."""
         self._entries = {e.id: e for e in entries}
         self._loading = True
-        for combo, extra in ((self.model, []), (self.draft, [NO_DRAFT])):
-            combo.clear()
-            combo.addItems(extra + sorted(self._entries))
+        self.model.clear()
+        self.model.addItems(sorted(self._entries))
         self._loading = False
         self.set_settings(self._settings)
+
+    def draft_choices(self, model_id: str) -> list[str]:
+        """Installed models that could draft for `model_id`: smaller than it (never itself),
+        the cheapest step first; same-tokenizer drafts before translating ones of equal cost."""
+        target = self._entries.get(model_id)
+        if target is None:
+            return []
+        useful = [e for e in self._entries.values() if draft_compatibility(target, e)[0] != "incompatible"]
+        useful.sort(key=lambda e: (e.parameters / target.parameters,
+                                   e.tokenizer_fingerprint != target.tokenizer_fingerprint))
+        return [e.id for e in useful]
+
+    def _fill_drafts(self, model_id: str) -> None:
+        choices = self.draft_choices(model_id)
+        self.draft.clear()
+        self.draft.addItems([NO_DRAFT, *choices])
+        target = self._entries.get(model_id)
+        for i, draft_id in enumerate(choices, start=1):
+            ratio = self._entries[draft_id].parameters / target.parameters
+            self.draft.setItemData(i, f"{ratio:.0%} of {model_id}'s parameters", Qt.ToolTipRole)
 
     def set_settings(self, settings: ChatSettings) -> None:
         self._loading = True
         self._settings = settings
         _select(self.model, settings.model)
+        self._fill_drafts(settings.model)
         _select(self.draft, settings.draft or NO_DRAFT)
         _select(self.sparse, settings.sparse_prefill)
         self.keep.setValue(round(settings.sparse_keep * 100))
@@ -105,9 +132,16 @@ class SettingsPanel(QWidget):
     def _emit(self, *_):
         if self._loading:
             return
+        model = self.model.currentText() or self._settings.model
+        if model != self._settings.model:  # another target: offer the drafts that can help it
+            kept = self.draft.currentText()
+            self._loading = True
+            self._fill_drafts(model)
+            _select(self.draft, kept if kept in self.draft_choices(model) else NO_DRAFT)
+            self._loading = False
         draft = self.draft.currentText()
         self._settings = replace(
-            self._settings, model=self.model.currentText() or self._settings.model,
+            self._settings, model=model,
             draft=None if draft in ("", NO_DRAFT) else draft, sparse_prefill=self.sparse.currentText(),
             sparse_keep=self.keep.value() / 100, spec_decode=self.spec.currentText(),
             num_draft=self.num_draft.value(), kv_bits=int(self.kv_bits.currentText()),
@@ -124,7 +158,10 @@ class SettingsPanel(QWidget):
         self.keep.setEnabled(s.sparse_prefill != "off")
         self.num_draft.setEnabled(s.spec_decode == "on")
         target, draft = self._entries.get(s.model), self._entries.get(s.draft or "")
-        if not s.draft:
+        if not s.draft and target is not None and not self.draft_choices(s.model):
+            self.badge.setText(NO_USEFUL_DRAFT.format(model=s.model))
+            self.badge.setProperty("kind", "none")
+        elif not s.draft:
             self.badge.setText("No draft: sparse prefill and speculative decoding need one")
             self.badge.setProperty("kind", "none")
         elif target is None or draft is None:

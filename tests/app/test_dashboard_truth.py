@@ -68,3 +68,28 @@ def test_the_worker_reports_load_steps_as_they_happen(qtbot):
     qtbot.waitUntil(lambda: any(isinstance(e, ModelLoaded) for e in events), timeout=5000)
     assert events[0] == ModelLoadProgressed("m", "converting tensors 3/3")
     thread.shutdown()
+
+
+def test_only_drafts_that_can_help_are_offered_cheapest_first(qtbot, make_window):
+    panel = make_window().settings_panel
+    assert panel.draft_choices("big") == ["tiny", "small"]  # smaller than big; never big itself
+    assert panel.draft_choices("small") == ["tiny"]
+    panel.model.setCurrentText("big")
+    offered = [panel.draft.itemText(i) for i in range(panel.draft.count())]
+    assert offered == ["(none)", "tiny", "small"]
+
+
+def test_the_panel_says_plainly_when_no_draft_would_help(qtbot, make_window):
+    panel = make_window().settings_panel
+    panel.model.setCurrentText("tiny")  # the smallest installed model
+    assert [panel.draft.itemText(i) for i in range(panel.draft.count())] == ["(none)"]
+    assert "No installed model can speed up tiny" in panel.badge.text() and "a third" in panel.badge.text()
+
+
+def test_changing_the_target_drops_a_draft_that_no_longer_fits(qtbot, make_window):
+    panel = make_window().settings_panel
+    panel.model.setCurrentText("big")
+    panel.draft.setCurrentText("small")
+    assert panel.settings().draft == "small"
+    panel.model.setCurrentText("small")  # small cannot draft for itself
+    assert panel.settings().model == "small" and panel.settings().draft is None
