@@ -159,19 +159,16 @@ class Session:
 
         if settings.seed is not None:
             mx.random.seed(settings.seed)
+        # Both decoders keep `self.cache.tokens` true as they go (plain: every yielded
+        # token is in the cache; speculative: all but the last, set when it stops).
         steps, decoder = self._decoding(tokens, max_tokens, settings)
-        self.cache.tokens = list(tokens)
         text = StreamingText(self.lm.tokenizer, seed=tokens)
         eos = set(self.lm.tokenizer.eos_token_ids)
         first_at = None
         metrics.finish_reason = "context" if max_tokens < settings.max_tokens else "length"
         try:
-            for step in steps:
-                if isinstance(step, EngineWarned):
-                    yield step
-                    continue
-                token, from_draft = step
-                self.cache.tokens.append(token)
+            for token, from_draft in steps:
+                yield from _drain_warnings(decoder)
                 pack()
                 if first_at is None:
                     first_at = time.perf_counter()
@@ -188,15 +185,13 @@ class Session:
         finally:
             steps.close()
             if decoder is not None:
-                self.cache.tokens = self.cache.tokens[:-1]  # it holds back the last token
-                if not decoder.consistent:
-                    self.cache.reset()
                 for name, value in decoder.stats.to_metrics().items():
                     setattr(metrics, name, value)
                 metrics.from_draft = decoder.stats.from_draft[:len(answer.token_ids)]
             tail = text.flush()
             answer.content += tail
             self._finish_metrics(metrics, start, first_at, len(answer.token_ids), prompt_read_at)
+        yield from _drain_warnings(decoder)
         if tail:
             yield TokenEmitted(tail, -1)
 
@@ -241,7 +236,7 @@ class Session:
         """The token steps of this turn, (token, from_draft) pairs: mlx-lm's generate_step,
         or the speculative decoder when a draft is set (returned too, for its stats)."""
         if settings.spec_decode == "off" or self.draft is None:
-            return _plain_steps(tokens, self.cache.model_view(), self.cache.layers, max_tokens, settings), None
+            return _plain_steps(tokens, self.cache, max_tokens, settings), None
         decoder = self.pair.make_decoder(self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs)
         return decoder.steps(tokens), decoder
 
@@ -280,16 +275,26 @@ def _cache_itemsize(cache) -> int:
     return 4
 
 
-def _plain_steps(tokens, model, cache, max_tokens, settings) -> Iterator[tuple[int, bool]]:
-    """mlx-lm's generate_step; every token it yields has been fed to the cache."""
+def _drain_warnings(decoder) -> Iterator[EngineWarned]:
+    """The speculative decoder's degradations, reported as events between tokens."""
+    while decoder is not None and decoder.warnings:
+        yield decoder.warnings.pop(0)
+
+
+def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[tuple[int, bool]]:
+    """mlx-lm's generate_step over the cache's layers (which hold all prompt tokens but
+    the last). It runs each token it yields before yielding it (it computes the next one
+    ahead), so the cache holds every yielded token, and `cache.tokens` says so."""
     from mlx_lm.generate import generate_step
 
     sampler, processors = make_sampling(settings)
-    steps = generate_step(mx.array(tokens[-1:]), model, max_tokens=max_tokens, sampler=sampler,
-                          logits_processors=processors, prompt_cache=cache,
+    steps = generate_step(mx.array(tokens[-1:]), cache.model_view(), max_tokens=max_tokens, sampler=sampler,
+                          logits_processors=processors, prompt_cache=cache.layers,
                           prefill_step_size=settings.prefill_step_size)
+    cache.tokens = list(tokens)
     try:
         for token, _ in steps:
+            cache.tokens.append(token)
             yield token, False
     finally:
         steps.close()

@@ -73,3 +73,20 @@ def test_save_and_load_round_trip_and_identity_check(tiny_llama, tmp_path):
     assert again.tokens == TOKENS and offsets(again) == {30}
     with pytest.raises(BriskError, match="belongs to model tiny"):
         PromptCache(tiny_llama.model).load(tmp_path / "c.safetensors", {"model": "other", "tokenizer": "abc"})
+
+
+@pytest.mark.parametrize("spec_decode", ["off", "on"])
+def test_after_a_turn_the_cache_holds_exactly_the_tokens_it_says(tiny_llama, tmp_path, spec_decode):
+    """Plain decoding leaves every yielded token in the cache, drafting all but the last;
+    either way the layers' offsets equal the cache's own token count (each decoder keeps it)."""
+    from engine.models.loader import load_folder
+    from engine.session import Session
+    from engine.settings import ChatSettings
+    from tests.tiny_models import make_tiny_model
+
+    draft = load_folder(make_tiny_model(tmp_path / "d", "llama", hidden_size=32, intermediate_size=64), model_id="d")
+    session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0, max_tokens=9, spec_decode=spec_decode,
+                                               num_draft=3), draft=draft if spec_decode == "on" else None)
+    for text in ("The quick brown fox", "jumps over"):
+        list(session.send(text))
+        assert offsets(session.cache) == {len(session.cache.tokens)}

@@ -11,6 +11,7 @@ from engine.accel.speculative import decoder as speculative
 from engine.accel.speculative.controller import DraftLengthController, PairCosts
 from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter
+from engine.cache import PromptCache
 from engine.events import EngineWarned, TokenEmitted, TurnFinished
 from engine.models.loader import load_folder
 from engine.sampling import TokenDistribution
@@ -173,8 +174,10 @@ def _sampled_pairs(target, draft, prompt, dist, rule, n):
     target.model(mx.array(prompt[:-1])[None], cache=cache)
     drafter = SameTokenizerDrafter(draft, dist, None, 64)
     counts = {}
+    held = PromptCache(target.model)
+    held.layers = cache
     for _ in range(n):
-        decoder = SpeculativeDecoder(target.model, cache, drafter, DraftLengthController("on", 1), dist,
+        decoder = SpeculativeDecoder(target.model, held, drafter, DraftLengthController("on", 1), dist,
                                      rule=rule, max_tokens=2)
         pair = tuple(t for t, _ in decoder.steps(prompt))
         counts[pair] = counts.get(pair, 0) + 1
@@ -478,7 +481,9 @@ def test_only_a_same_tokenizer_draft_scouts(models):
         cache = make_prompt_cache(target.model)
         target.model(mx.array(prompt[:-1])[None], cache=cache)
         controller = DraftLengthController("auto", 3, cost_ratio=0.01)
-        decoder = SpeculativeDecoder(target.model, cache, drafter, controller, dist, rule="match", max_tokens=40)
+        held = PromptCache(target.model)
+        held.layers = cache
+        decoder = SpeculativeDecoder(target.model, held, drafter, controller, dist, rule="match", max_tokens=40)
         list(decoder.steps(prompt))
         scouted[name] = decoder.stats.scouted
         assert decoder.stats.cycles > 0  # both drafted

@@ -103,9 +103,11 @@ def accept_match(p: mx.array, tokens: list[int], greedy: bool) -> tuple[int, int
 
 
 class SpeculativeDecoder:
-    """Yields (token, from_draft) like mlx-lm's generate_step, and EngineWarned when the
-    draft drops out. When the consumer stops, the target's cache holds every yielded
-    token but the last (the next turn's prompt cache picks up from there)."""
+    """Yields (token, from_draft) like mlx-lm's generate_step, and nothing else: when the
+    draft drops out, an EngineWarned goes to `warnings`, a side channel the session drains.
+    When the consumer stops, the target's cache holds every yielded token but the last,
+    and the decoder says so in `cache.tokens` itself (the next turn's prompt cache picks
+    up from there); a cache it cannot bring back is reset."""
 
     def __init__(self, model, cache, drafter, controller: DraftLengthController, dist: TokenDistribution,
                  *, rule: str = "rejection", max_tokens: int):
@@ -113,13 +115,15 @@ class SpeculativeDecoder:
             raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}")
         if rule == "rejection" and not drafter.same_tokenizer:
             rule = "match"  # no q over the target's vocabulary: the exact rule across tokenizers
-        self.model, self.cache, self.drafter = model, cache, drafter
+        # `cache` is the target's PromptCache; the decoder runs on its layers and leaves its
+        # token list true when it stops. `model` is the cache's view (shifted positions).
+        self.model, self.prompt_cache, self.cache, self.drafter = model, cache, cache.layers, drafter
         self.controller, self.dist, self.rule, self.max_tokens = controller, dist, rule, max_tokens
         self.stats = SpecStats(status=f"{controller.mode} ({rule})")
         self.consistent = True  # False: the cache could not be brought back; drop it
         self._draft_ready = False
         self._draft_failed = False
-        self._warnings: list[EngineWarned] = []
+        self.warnings: list[EngineWarned] = []  # degradations, in order, for the caller to report
 
     def steps(self, prompt: list[int]) -> Iterator[object]:
         sequence = list(prompt)
@@ -131,13 +135,14 @@ class SpeculativeDecoder:
             except CannotRewind as exc:
                 self._draft_failed = True
                 self.stats.status = f"off: {exc}"
-                yield EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}", "spec_decode")
+                self.warnings.append(EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}",
+                                                  "spec_decode"))
             # The draft reads the prompt before the first token (like the target's prefill,
             # it counts in TTFT), unless `auto` already knows this draft cannot pay.
             if not self._draft_failed and (self.controller.mode == "on" or self._auto_worth_starting(prompt)):
                 warning = self._start_draft(prompt, sequence)
                 if warning:
-                    yield warning
+                    self.warnings.append(warning)
             while (left := self.max_tokens - (len(sequence) - len(prompt))) > 0:
                 # A translating draft's scout counts hits in its own tokens over the target's
                 # text, which overstated acceptance (0.62-0.84 scouted, ~0.45 kept in cycles,
@@ -149,7 +154,7 @@ class SpeculativeDecoder:
                 if k > 0 and not self._draft_ready:
                     warning = self._start_draft(prompt, sequence)
                     if warning:
-                        yield warning
+                        self.warnings.append(warning)
                         k = 0
                 if k > 0:
                     steps = self._cycle(sequence, k)
@@ -157,15 +162,15 @@ class SpeculativeDecoder:
                     steps = self._plain_run(sequence, left if self._draft_failed
                                             else min(self.controller.plain_run(), left))
                 for token, drafted in steps:
-                    while self._warnings:
-                        yield self._warnings.pop(0)
                     self.stats.from_draft.append(drafted)
                     yielded += 1
                     yield token, drafted
-                while self._warnings:
-                    yield self._warnings.pop(0)
         finally:
             self._keep_yielded(len(prompt) + yielded - 1, self._held)
+            if self.consistent:
+                self.prompt_cache.tokens = sequence[:len(prompt) + yielded - 1]
+            else:
+                self.prompt_cache.reset()
             if self.controller.note():
                 self.stats.status += f": {self.controller.note()}"
 
@@ -268,7 +273,7 @@ class SpeculativeDecoder:
         try:
             return call(*args)
         except Exception as exc:
-            self._warnings.append(self._drop_draft(exc))
+            self.warnings.append(self._drop_draft(exc))
             return None
 
     def _sample_one(self, logits, sequence) -> int:

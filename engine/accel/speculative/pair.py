@@ -63,5 +63,5 @@ class DraftPair:
                 settings.spec_decode, settings.num_draft, cost_ratio=cost_ratio(self.draft, self.target),
                 pair=(self.target.id, self.draft.id, verify_path(self.target.model)), costs=costs)
             self.controller_key = key
-        return SpeculativeDecoder(target_cache.model_view(), target_cache.layers, self.make_drafter(dist, settings),
+        return SpeculativeDecoder(target_cache.model_view(), target_cache, self.make_drafter(dist, settings),
                                   self.controller, dist, rule=settings.spec_rule, max_tokens=max_tokens)
