@@ -75,6 +75,8 @@ class EngineThread(QObject):
         while True:
             job = self._queue.get()
             if job is _SHUTDOWN:
+                if hasattr(self._worker, "close"):
+                    self._worker.close()  # on this thread: it owns the models and their MLX stream
                 return
             self.busy_changed.emit(True)
             try:

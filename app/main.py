@@ -29,12 +29,15 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     from app.engine_thread import EngineThread
     from app.store import Store
     from app.window import MainWindow
+    from engine.cache.saved import SavedCaches
     from engine.models.store import ModelStore
     from engine.settings import ChatSettings
     from engine.worker import EngineWorker
 
     store = Store(store_path, default_location=store_path == default_database())
-    engine = EngineThread(worker or EngineWorker())
+    # Chats' prompt caches are kept beside the database they belong to.
+    saved = SavedCaches(Path(store_path).with_name(Path(store_path).name + ".caches"))
+    engine = EngineThread(worker or EngineWorker(saved_caches=saved))
     window = MainWindow(store, engine, models=ModelStore().list() if models is None else models,
                         default_settings=ChatSettings(model=model_id))
     engine.event.connect(lambda e: _refresh_models(window, e))
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(window.dashboard.model_state.text())
         code = 0 if "loaded" in window.dashboard.model_state.text() else 1
-    window.engine.shutdown()
+    window.engine.shutdown(timeout=30)  # it saves open chats' prompt caches first
     window.store.close()
     return code
 

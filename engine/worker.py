@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 from engine.accel.speculative.controller import PairCosts
 from engine.accel.speculative.drafters import check_draft_pair
+from engine.cache.saved import SavedCaches
 from engine.conversation import CancelToken
 from engine.crash_log import user_message
 from engine.errors import BriskError
@@ -77,7 +78,7 @@ TURN_COMMANDS = (Answer,)
 
 class EngineWorker:
     def __init__(self, load: Callable[[str], object] | None = None, *,
-                 memory_available: Callable[[], int] | None = None):
+                 memory_available: Callable[[], int] | None = None, saved_caches: SavedCaches | None = None):
         from engine.models.bundled import load_installing_default
 
         self._load = load or (lambda model_id: load_installing_default(
@@ -89,6 +90,7 @@ class EngineWorker:
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._memory_available = memory_available or _memory_available
         self._pair_costs = PairCosts()  # measured draft/verify costs, for every chat's sessions
+        self._saved = saved_caches  # prompt caches kept across app restarts (None: in memory only)
 
     def _progress(self, model_id: str, message: str) -> None:
         log.info("%s: %s", model_id, message)
@@ -153,6 +155,8 @@ class EngineWorker:
             if draft is not None:
                 check_draft_pair(lm, draft)
             session = Session(lm, settings, draft=draft, pair_costs=self._pair_costs)
+            if self._saved is not None:
+                self._saved.restore(cid, session)
         elif getattr(session.draft, "id", None) != settings.draft:
             if draft is not None:
                 check_draft_pair(session.lm, draft)
@@ -161,8 +165,18 @@ class EngineWorker:
         self._sessions[cid] = session
         self._sessions.move_to_end(cid)
         while len(self._sessions) > MAX_SESSIONS:
-            self._sessions.popitem(last=False)
+            evicted, old = self._sessions.popitem(last=False)
+            self._save(evicted, old)
         return session
+
+    def close(self) -> None:
+        """Before the app exits (on the engine thread): keep every open chat's prompt cache."""
+        for cid, session in self._sessions.items():
+            self._save(cid, session)
+
+    def _save(self, cid: int, session: Session) -> None:
+        if self._saved is not None:
+            self._saved.save(cid, session)
 
     def _check_document(self, command: CheckDocument) -> DocumentChecked:
         from engine.documents import check_fit, read_document
