@@ -10,6 +10,7 @@ never starts (the worker answers it at once as cancelled).
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -24,9 +25,13 @@ _SHUTDOWN = object()
 
 
 class Job:
-    """One submitted command and its cancel flag."""
+    """One submitted command, its id (every event it causes is also emitted with it on
+    `EngineThread.job_event`) and its own cancel flag."""
+
+    _ids = itertools.count(1)
 
     def __init__(self, command):
+        self.id = next(self._ids)
         self.command = command
         self.cancel_token = CancelToken()
 
@@ -39,7 +44,8 @@ class Job:
 
 
 class EngineThread(QObject):
-    event = Signal(object)
+    event = Signal(object)  # every event, for views of the whole engine
+    job_event = Signal(int, object)  # (job id, event): for a widget that follows its own jobs only
     busy_changed = Signal(bool)
 
     def __init__(self, worker, parent=None):
@@ -82,11 +88,14 @@ class EngineThread(QObject):
             try:
                 for event in self._worker.handle(job.command, job.cancel_token):
                     self.event.emit(event)
+                    self.job_event.emit(job.id, event)
             except Exception as exc:  # a worker that breaks its promise still must not kill the thread
                 from engine.crash_log import user_message
 
                 log.exception("engine worker raised")
-                self.event.emit(EngineErrored(user_message(exc, context="The engine"), "internal"))
+                failure = EngineErrored(user_message(exc, context="The engine"), "internal")
+                self.event.emit(failure)
+                self.job_event.emit(job.id, failure)
             finally:
                 with self._lock:
                     self._jobs.remove(job)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 
 @dataclass(frozen=True)
@@ -67,3 +67,8 @@ class ModelLoadProgressed:
 
     model_id: str
     message: str
+
+
+# Everything a turn or a model operation reports, as one declared type.
+EngineEvent = Union[PrefillProgressed, TokenEmitted, ContextTruncated, TurnFinished, EngineErrored, EngineWarned,
+                    DownloadProgressed, ModelLoaded, ModelLoadProgressed]

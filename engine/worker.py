@@ -12,7 +12,7 @@ import logging
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Union
 
 from engine.accel.speculative.controller import PairCosts
 from engine.accel.speculative.drafters import check_draft_pair
@@ -20,9 +20,9 @@ from engine.cache.saved import SavedCaches
 from engine.conversation import CancelToken
 from engine.crash_log import user_message
 from engine.errors import BriskError
-from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed, TurnFinished
+from engine.events import EngineErrored, EngineEvent, ModelLoaded, ModelLoadProgressed, TurnFinished
 from engine.metrics import TurnMetrics
-from engine.model_commands import MODEL_COMMANDS, RemoveModel, run_model_command
+from engine.model_commands import MODEL_COMMANDS, ModelsChanged, RemoveModel, run_model_command
 from engine.session import Session
 from engine.settings import ChatSettings
 
@@ -74,6 +74,8 @@ class DocumentChecked:
 
 
 TURN_COMMANDS = (Answer,)
+# What `EngineWorker.handle` yields: engine events, scoped to their chat when they belong to one.
+WorkerEvent = Union[EngineEvent, ConversationEvent, DocumentChecked, ModelsChanged]
 
 
 class EngineWorker:
@@ -97,7 +99,7 @@ class EngineWorker:
         if self.on_progress is not None:
             self.on_progress(ModelLoadProgressed(model_id, message))
 
-    def handle(self, command, cancel: CancelToken) -> Iterator[object]:
+    def handle(self, command, cancel: CancelToken) -> Iterator[WorkerEvent]:
         cid = getattr(command, "conversation_id", None)
         try:
             yield from self._dispatch(command, cancel)

@@ -63,6 +63,7 @@ class ModelManager(QDialog):
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.hide()
         self._job = None  # the engine job of the running install, download or import
+        self._own_jobs: set[int] = set()  # ids of every job this dialog submitted
         self.cancel_button.clicked.connect(self.cancel)
         progress_row = QHBoxLayout()
         progress_row.addWidget(self.progress)
@@ -71,7 +72,7 @@ class ModelManager(QDialog):
         self.status = QLabel("")
         self.status.setWordWrap(True)
         layout.addWidget(self.status)
-        engine.event.connect(self.on_event)
+        engine.job_event.connect(self.on_job_event)
         self.refresh()
 
     def refresh(self) -> None:
@@ -121,7 +122,7 @@ class ModelManager(QDialog):
         if answer != QMessageBox.Yes:
             return
         for model_id in ids:
-            self.engine.submit(RemoveModel(model_id))
+            self._own_jobs.add(self.engine.submit(RemoveModel(model_id)).id)
 
     def _start(self, command, text: str) -> None:
         self.status.setText(text)
@@ -129,11 +130,17 @@ class ModelManager(QDialog):
         self.progress.show()
         self.cancel_button.show()
         self._job = self.engine.submit(command)
+        self._own_jobs.add(self._job.id)
 
     def cancel(self) -> None:
         """Stop this dialog's own operation, not a chat's answer."""
         if self._job is not None:
             self._job.cancel()
+
+    def on_job_event(self, job_id: int, event) -> None:
+        """Only this dialog's own jobs move its progress bar or end it (a chat's error does not)."""
+        if job_id in self._own_jobs:
+            self.on_event(event)
 
     def on_event(self, event) -> None:
         if isinstance(event, DownloadProgressed):
@@ -144,7 +151,7 @@ class ModelManager(QDialog):
         elif isinstance(event, ModelsChanged):
             self._done(event.message)
             self.refresh()
-        elif isinstance(event, EngineErrored) and self.progress.isVisibleTo(self):
+        elif isinstance(event, EngineErrored):
             self._done(event.message)
 
     def _done(self, text: str) -> None:

@@ -17,6 +17,7 @@ class FakeEngine(QObject):
     """Records commands; a test plays events through `play` as the engine thread would."""
 
     event = Signal(object)
+    job_event = Signal(int, object)
     busy_changed = Signal(bool)
 
     def __init__(self):
@@ -35,9 +36,13 @@ class FakeEngine(QObject):
     def shutdown(self, timeout=0):
         pass
 
-    def play(self, *events):
+    def play(self, *events, job=None):
+        """Events as the engine thread emits them; on `job_event` they belong to `job`
+        (default: the last command submitted)."""
+        job_id = job.id if job is not None else len(self.commands)
         for e in events:
             self.event.emit(e)
+            self.job_event.emit(job_id, e)
 
 
 class FakeJob:
@@ -45,6 +50,7 @@ class FakeJob:
 
     def __init__(self, engine, command):
         self.engine, self.command, self.cancelled = engine, command, False
+        self.id = len(engine.commands)  # 1, 2, ... in submission order
 
     def cancel(self):
         self.cancelled = True

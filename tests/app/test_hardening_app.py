@@ -119,3 +119,21 @@ def test_esc_stops_only_the_chats_answer_and_cancel_only_the_download(qtbot, mak
     assert [type(c).__name__ for c in engine.cancelled] == ["Answer"]
     manager.cancel_button.click()
     assert engine.cancelled[-1] == PullModel("owner/model") and len(engine.cancelled) == 2
+
+
+def test_every_event_is_also_emitted_with_the_id_of_the_job_that_caused_it(qtbot):
+    from app.engine_thread import EngineThread
+
+    class Echo:
+        def handle(self, command, cancel):
+            yield f"{command} started"
+            yield f"{command} done"
+
+    thread = EngineThread(Echo())
+    seen = []
+    thread.job_event.connect(lambda job_id, event: seen.append((job_id, event)))
+    first, second = thread.submit("a"), thread.submit("b")
+    qtbot.waitUntil(lambda: len(seen) == 4, timeout=5000)
+    assert seen == [(first.id, "a started"), (first.id, "a done"), (second.id, "b started"), (second.id, "b done")]
+    assert first.id != second.id
+    thread.shutdown()

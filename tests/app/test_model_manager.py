@@ -77,3 +77,15 @@ def test_a_model_installed_from_the_cli_appears_without_a_restart(qtbot, make_wi
     model_ids = lambda: [w.settings_panel.model.itemText(i) for i in range(w.settings_panel.model.count())]  # noqa: E731
     qtbot.waitUntil(lambda: "from-the-cli" in model_ids(), timeout=5000)
     ModelStore().remove("from-the-cli")
+
+
+def test_a_chats_error_does_not_end_the_managers_download(qtbot, make_window, engine):
+    manager = make_window().show_models()
+    manager.repo.setText("owner/model")
+    qtbot.mouseClick(manager.download_button, Qt.LeftButton)
+    download = engine.commands[-1]
+    assert download == PullModel("owner/model")
+    engine.play(EngineErrored("the chat's turn failed", "internal"), job=type("J", (), {"id": 99})())
+    assert manager.progress.isVisibleTo(manager) and "turn failed" not in manager.status.text()
+    engine.play(EngineErrored("Repository owner/model was not found", "download"))  # the download's own
+    assert not manager.progress.isVisibleTo(manager) and "not found" in manager.status.text()
