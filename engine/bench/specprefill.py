@@ -107,7 +107,7 @@ def _continuation_nll(model, cache, last: int, continuation: list[int], shift: i
 
     from engine.accel.specprefill.positions import position_shift
 
-    with position_shift(shift):
+    with position_shift(model, shift):
         logits = model(mx.array([last] + continuation[:-1])[None], cache=cache)[0]  # (C, V)
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     nll = -mx.take_along_axis(logp, mx.array(continuation)[:, None], axis=-1).mean()

@@ -91,7 +91,7 @@ def test_kept_tokens_sit_at_their_original_positions(models, arch, prefix):
     if prefix:
         model(mx.array(tokens[:prefix])[None], cache=cache)
     list(sparse_prefill(model, cache, tokens[prefix:], runs, base=prefix, step=16))
-    with position_shift(len(tokens) - 1 - cache[0].offset):
+    with position_shift(model, len(tokens) - 1 - cache[0].offset):
         sparse_logits = model(mx.array(tokens[-1:])[None], cache=cache)[0, -1]
     visible = [True] * prefix + [any(s <= i < e for s, e in runs) or i == 199 for i in range(200)]
     reference = masked_dense_logits(model, tokens, visible)
@@ -254,3 +254,18 @@ def test_counting_document_spreads_green_items_and_scores_cities_and_counts():
     assert score_answer("none", cities) == {"recall": 0.0, "precision": 0.0, "count_right": False}
     with pytest.raises(InvalidSettings, match="--green"):
         counting_document(40, 13, seed=1)
+
+
+def test_a_position_shift_belongs_to_one_model(models):
+    """The shift is state of the model whose RoPEs are wrapped, not of the process: shifting
+    one model leaves another's positions alone."""
+    a, b = models["llama"].model, models["qwen2"].model
+    install_position_shift(a)
+    install_position_shift(b)
+    rope_a, rope_b = a.model.layers[0].self_attn.rope, b.model.layers[0].self_attn.rope
+    x = mx.random.normal((1, 2, 3, 16))  # (B, H, L, head_dim) of both tiny models
+    with position_shift(a, 7):
+        shifted, untouched = rope_a(x, offset=1), rope_b(x, offset=1)
+    assert mx.allclose(shifted, rope_a(x, offset=8)).item()
+    assert mx.allclose(untouched, rope_b(x, offset=1)).item()
+    assert not mx.allclose(shifted, rope_a(x, offset=1)).item()

@@ -6,7 +6,9 @@ cache (`cache.offset`) is not its position in the text. mlx-lm's attention layer
 is shifted by the amount set for the current call. Every variant mlx-lm builds (nn.RoPE
 with `traditional`/`scale`, Llama3, YaRN, SuScaled, ...) takes `(x, offset)` and applies
 its own frequencies, so all of them map positions the same way, with no frequency math
-copied here. With shift 0 (the default) the wrapper is an exact pass-through.
+copied here. The shift is a `PositionShift` object of that model (its wrappers share it),
+set only inside `position_shift(model, delta)`; at 0 (the default) the wrappers are an
+exact pass-through, and two models never see each other's shift.
 
 A model whose positions live somewhere we cannot map is detected, not skipped:
 `install_position_shift` raises when it finds no RoPE module although the model's source
@@ -25,16 +27,24 @@ from typing import Iterator
 import mlx.nn as nn
 from mlx_lm.models import rope_utils
 
-_shift = 0  # added to every wrapped RoPE offset; set only inside `position_shift`
+SHIFT_ATTRIBUTE = "_brisk_position_shift"
+
+
+class PositionShift:
+    """What one model's wrapped RoPEs add to their offset now."""
+
+    def __init__(self):
+        self.delta = 0
 
 
 class ShiftedRoPE(nn.Module):
-    def __init__(self, rope: nn.Module):
+    def __init__(self, rope: nn.Module, shift: PositionShift):
         super().__init__()
         self.rope = rope
+        object.__setattr__(self, "_shift", shift)  # shared state, not a parameter or child module
 
     def __call__(self, x, offset=0, **kwargs):
-        return self.rope(x, offset=offset + _shift, **kwargs)
+        return self.rope(x, offset=offset + self._shift.delta, **kwargs)
 
 
 def _is_rope(module) -> bool:
@@ -59,29 +69,37 @@ def install_position_shift(model) -> int:
     """Wrap every RoPE module of `model` once; returns how many are wrapped."""
     if getattr(model, "_brisk_rope_count", None) is not None:
         return model._brisk_rope_count
+    shift = PositionShift()
     count = 0
     for _, module in model.named_modules():
         for key, child in list(module.items()):
             if _is_rope(child):
-                setattr(module, key, ShiftedRoPE(child))
+                setattr(module, key, ShiftedRoPE(child, shift))
                 count += 1
     if count == 0 and _source_uses_rope(model):
         raise NotImplementedError(
             f"{type(model).__module__}: no RoPE module found to map positions; sparse prefill would "
             "place kept tokens at wrong positions")
     model._brisk_rope_count = count
+    object.__setattr__(model, SHIFT_ATTRIBUTE, shift)
     return count
 
 
 @contextmanager
-def position_shift(delta: int) -> Iterator[None]:
-    """Within the block, wrapped RoPEs see `offset + delta`."""
-    global _shift
-    previous, _shift = _shift, int(delta)
+def position_shift(model, delta: int) -> Iterator[None]:
+    """Within the block, `model`'s wrapped RoPEs see `offset + delta` (a model never
+    wrapped has no positions to map: `delta` must then be 0)."""
+    shift = getattr(model, SHIFT_ATTRIBUTE, None)
+    if shift is None:
+        if delta:
+            raise RuntimeError("position_shift on a model whose RoPEs were never wrapped (install_position_shift)")
+        yield
+        return
+    previous, shift.delta = shift.delta, int(delta)
     try:
         yield
     finally:
-        _shift = previous
+        shift.delta = previous
 
 
 class ShiftedModel:
@@ -92,5 +110,5 @@ class ShiftedModel:
         self.model, self.delta = model, delta
 
     def __call__(self, *args, **kwargs):
-        with position_shift(self.delta):
+        with position_shift(self.model, self.delta):
             return self.model(*args, **kwargs)

@@ -187,7 +187,7 @@ def sparse_prefill(model, cache, tokens: list[int], runs: list[tuple[int, int]],
             physical = next((layer.offset for layer in cache if hasattr(layer, "offset")), None)
             if physical is None:
                 raise NotImplementedError("the target's cache has no positional layer to map from")
-            with position_shift(base + c - physical):
+            with position_shift(model, base + c - physical):
                 model(mx.array(chunk)[None], cache=cache)
             mx.eval([x.state for x in cache])
             done += len(chunk)
