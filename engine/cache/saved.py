@@ -39,6 +39,7 @@ class SavedCaches:
             target = self.path(conversation_id)
             partial = target.with_name(target.stem + ".partial.safetensors")
             session.save_cache(partial)
+            os.chmod(partial, 0o600)  # a conversation's KV is as private as its text
             os.replace(partial, target)  # a crash mid-write never leaves a half file under the real name
             self._prune()
         except (BriskError, OSError, RuntimeError, ValueError) as exc:

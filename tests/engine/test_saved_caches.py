@@ -30,7 +30,7 @@ def first_chat(lm, folder):
 
 def test_a_reopened_chat_reads_only_its_new_message(tiny_llama, tmp_path):
     history, first = first_chat(tiny_llama, tmp_path)
-    assert (tmp_path / "chat-1.safetensors").is_file()
+    assert (tmp_path / "chat-1.safetensors").stat().st_mode & 0o777 == 0o600
     reopened = EngineWorker({"tiny-llama": tiny_llama}.__getitem__, memory_available=lambda: 2**30,
                             saved_caches=SavedCaches(tmp_path))
     follow = finished(reopened, Answer(1, settings(), history))
