@@ -156,7 +156,8 @@ class ChatController(QObject):
                 for doc, fit in documents:
                     self.store.add_attachment(cid, doc.name, doc.kind, fit.tokens, doc.text)
                 if not history:
-                    self.store.rename(cid, _title(text or documents[0][0].name))
+                    taken = {c.title for c in self.store.conversations() if c.id != cid}
+                    self.store.rename(cid, _unique(_title(text or documents[0][0].name), taken))
                 self.store.add_message(cid, "user", content)
                 answer_id = self.store.begin_answer(cid)
         except StoreError as exc:
@@ -236,6 +237,7 @@ class ChatController(QObject):
         elif isinstance(item, ModelLoadProgressed):
             self.dashboard.set_model_state(f"{item.model_id}: {item.message}")
         elif isinstance(item, ModelLoaded):
+            self.dashboard.set_context(item.model_id, item.info.get("context_length", 0))
             self.dashboard.set_model_state(f"{item.model_id} loaded ({item.info.get('architecture', '?')}, "
                                            f"{item.info.get('context_length', 0):,} tokens of context)")
         elif isinstance(item, EngineErrored):
@@ -359,6 +361,14 @@ class ChatController(QObject):
 def _title(text: str) -> str:
     line = " ".join(text.split())
     return line[:TITLE_CHARS] + ("…" if len(line) > TITLE_CHARS else "") or "New chat"
+
+
+def _unique(title: str, taken: set[str]) -> str:
+    """Two chats opened with the same question stay apart in the list: "Title (2)"."""
+    n, candidate = 2, title
+    while candidate in taken:
+        candidate, n = f"{title} ({n})", n + 1
+    return candidate
 
 
 def _as_engine_messages(stored) -> list[Message]:

@@ -14,7 +14,7 @@ class TurnMetrics:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # reused from the session's prompt cache
     prefilled_tokens: int = 0  # actually run through the model this turn
-    prefill_tps: float = 0.0
+    prefill_tps: float = 0.0  # new prompt tokens served (computed, or skipped by sparse prefill) per TTFT second
     generated_tokens: int = 0
     decode_tps: float = 0.0
     # From the prompt read (all but its last token) to the last answer token: every answer

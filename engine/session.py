@@ -249,7 +249,10 @@ class Session:
         metrics.generation_s = end - prompt_read_at
         metrics.generated_tokens = n
         if first_at is not None:
-            metrics.prefill_tps = metrics.prefilled_tokens / max(metrics.ttft_s, 1e-9)
+            # The prompt tokens this turn served (read or, under sparse prefill, skipped) per
+            # second of TTFT: a sparse turn is compared with a dense one on the same footing.
+            served = metrics.prompt_tokens - metrics.cached_tokens
+            metrics.prefill_tps = served / max(metrics.ttft_s, 1e-9)
             if metrics.draft_tokens:
                 # A draft cycle yields its tokens together: first-to-last intervals can be ~0
                 # (8,685 tok/s was reported), so drafting turns divide by the whole generation.

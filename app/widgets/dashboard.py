@@ -33,9 +33,19 @@ class Dashboard(QWidget):
         QVBoxLayout(speed_box).addWidget(chart := LineChart(["prefill", "decode"]))
         self.chart = chart
         layout.addWidget(speed_box)
+        self.speed = QLabel("")
+        self.speed.setObjectName("speedNumbers")
+        self.speed.setToolTip("The last turn: prompt tokens served per second of time to first token (prefill), "
+                              "and answer tokens per second after the first (decode)")
+        layout.addWidget(self.speed)
         gauges = QGridLayout()
         self.acceptance = RingGauge("draft accepted")
+        self.acceptance.setToolTip("Share of the draft model's proposed tokens the target kept in the last turn "
+                                   "(exact speculative decoding: kept tokens are the target's own choice)")
         self.kv = RingGauge("KV cache")
+        self.kv.setToolTip("KV cache of this chat now, against what it would take at the model's full context "
+                           "(measured from the cache's arrays); free memory is shown beside it")
+        self.ttft.setToolTip("Time from Send to the first answer token: template, tokenizing and prefill included")
         gauges.addWidget(self.acceptance, 0, 0)
         gauges.addWidget(self.kv, 0, 1)
         layout.addLayout(gauges)
@@ -53,6 +63,7 @@ class Dashboard(QWidget):
         layout.addStretch()
         self._ttfts: list[float] = []
         self._prefill_rates: dict[str, float] = {}  # model -> tok/s of its last long dense prefill
+        self._contexts: dict[str, int] = {}  # model -> context length, from ModelLoaded
         self._memory_probe = memory_probe or process_memory_bytes
         self._free_memory_probe = free_memory_probe or _free_memory
         self._timer = QTimer(self, interval=poll_ms)
@@ -64,7 +75,7 @@ class Dashboard(QWidget):
         self._ttfts = []
         self.chart.series = {n: [] for n in self.chart.names}
         self.chart.update()
-        for w in (self.saved, self.recent, self.spec_note, self.kv_note):
+        for w in (self.saved, self.recent, self.spec_note, self.kv_note, self.speed):
             w.setText("")
         self.ttft.setText("–")
         self.acceptance.set_value(0, "–")
@@ -72,6 +83,9 @@ class Dashboard(QWidget):
 
     def set_model_state(self, text: str) -> None:
         self.model_state.setText(text)
+
+    def set_context(self, model: str, context_length: int) -> None:
+        self._contexts[model] = context_length
 
     def set_chat_models(self, model: str, draft: str | None) -> None:
         """The open chat's own model and draft (not whichever model loaded last)."""
@@ -97,6 +111,7 @@ class Dashboard(QWidget):
             notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")
         self.saved.setText("; ".join(notes))
         self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
+        self.speed.setText(f"Last turn: prefill {rate:,.1f} tok/s · decode {m.get('decode_tps') or 0.0:,.1f} tok/s")
         if m.get("draft_tokens"):
             share = m.get("acceptance_rate", 0.0)
             self.acceptance.set_value(share, f"{share:.0%}")
@@ -106,11 +121,15 @@ class Dashboard(QWidget):
             self.acceptance.set_value(0, "–")
             self.spec_note.setText(f"Speculative decoding: {m.get('spec_decode', 'off')}")
         used = m.get("kv_bytes", 0)
-        # what fits: this cache plus the memory still free beside the weights
-        capacity = used + self._free_memory_probe()
-        self.kv.set_value(used / capacity if capacity else 0.0, _size(used))
+        held = m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)
+        context = self._contexts.get(model, 0)
+        # The gauge: this chat's KV against the same KV at the model's full context.
+        full = used / held * context if used and held and context else 0
+        self.kv.set_value(min(used / full, 1.0) if full else 0.0, _size(used))
+        free = self._free_memory_probe()
         self.kv_note.setText(f"KV cache {_size(used)} at {m.get('kv_bits', 16)} bits"
-                             + (f" of {_size(capacity)} that fits" if capacity else ""))
+                             + (f" of {_size(full)} at the full {context:,}-token context" if full else "")
+                             + (f" · {_size(free)} memory free" if free else ""))
 
     def refresh_memory(self) -> None:
         used = self._memory_probe()

@@ -42,6 +42,9 @@ class Sidebar(QWidget):
         top.addWidget(self.new_button)
         layout.addLayout(top)
         self.list = QListWidget()
+        # Long titles end in "…" instead of widening the list behind a horizontal scrollbar.
+        self.list.setTextElideMode(Qt.ElideRight)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.list.currentItemChanged.connect(self._current_changed)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)

@@ -68,3 +68,24 @@ def test_undo_stays_until_the_next_action(qtbot, make_window):
     w.controller.new_conversation()
     w.sidebar.new_requested.emit()
     assert not w.undo_button.isVisibleTo(w)
+
+
+def test_chat_titles_are_unique_and_elide_without_a_scrollbar(qtbot, make_window, engine):
+    from PySide6.QtCore import Qt
+
+    from engine.events import TurnFinished
+    from engine.metrics import TurnMetrics
+    from engine.worker import ConversationEvent
+
+    w = make_window()
+    for _ in range(3):
+        w.controller.new_conversation()
+        w.composer.edit.setPlainText("What is the capital of France?")
+        w.composer.send_button.click()
+        done = TurnFinished("Paris.", [1], TurnMetrics(finish_reason="stop"))
+        engine.play(ConversationEvent(w.controller.current, done))
+    titles = w.sidebar.titles()
+    assert sorted(titles[:3]) == ["What is the capital of France?", "What is the capital of France? (2)",
+                                  "What is the capital of France? (3)"]
+    assert w.sidebar.list.horizontalScrollBarPolicy() == Qt.ScrollBarAlwaysOff
+    assert w.sidebar.list.textElideMode() == Qt.ElideRight

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from PySide6.QtCore import Qt
 
 from engine.documents import Document, Fit
@@ -56,7 +57,10 @@ def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, make_window, engine)
 
 
 def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
+    from engine.events import ModelLoaded
+
     w = make_window()
+    engine.play(ModelLoaded("big", {"architecture": "qwen2", "context_length": 9030}))
     command = send(qtbot, w)
     answer(engine, command.conversation_id, ["ok"])
     d = w.dashboard
@@ -64,7 +68,11 @@ def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
     assert "prompt cache reused 400 tokens" in d.saved.text() and "sparse prefill skipped 400 tokens" in d.saved.text()
     assert d.chart.series == {"prefill": [80.0], "decode": [12.5]}
     assert d.acceptance.text == "75%" and "2.50 tokens per target pass" in d.spec_note.text()
-    assert "3.0 MiB at 4 bits of 12.0 MiB that fits" in d.kv_note.text() and d.kv.value == 0.25
+    # KV now (3 MiB for 903 tokens) against the same at the full 9,030-token context, free memory beside
+    assert d.kv_note.text() == ("KV cache 3.0 MiB at 4 bits of 30.0 MiB at the full 9,030-token context"
+                                " · 9.0 MiB memory free")
+    assert d.kv.value == pytest.approx(0.1)
+    assert d.speed.text() == "Last turn: prefill 80.0 tok/s · decode 12.5 tok/s"
     assert d.memory.text() == "Process memory: 123.0 MiB"
 
 

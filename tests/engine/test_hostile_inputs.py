@@ -256,3 +256,15 @@ def test_a_saved_cache_with_another_chats_kv_is_refused(tiny_llama, tmp_path):
     with pytest.raises(BriskError, match="does not match its own tokens and KV"):
         Session(tiny_llama, settings).load_cache(tmp_path / "spliced.safetensors")
     Session(tiny_llama, settings).load_cache(tmp_path / "doc.safetensors")  # the genuine one loads
+
+
+def test_a_sparse_turns_prefill_rate_counts_the_tokens_it_served(tiny_llama):
+    """Issue 15: a sparse turn's rate counted only the kept tokens (8 tok/s plotted against
+    36 for a slower dense turn); it counts every new prompt token it served."""
+    session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0, max_tokens=2, sparse_prefill="on",
+                                               sparse_keep=0.3), draft=tiny_llama)
+    (done,) = [e for e in session.send("The quick brown fox jumps over the lazy dog. " * 20)
+               if isinstance(e, TurnFinished)]
+    m = done.metrics
+    assert m.sparse_outcome == "used" and m.kept_tokens < m.prompt_tokens
+    assert m.prefill_tps == pytest.approx((m.prompt_tokens - m.cached_tokens) / m.ttft_s)
