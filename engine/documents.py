@@ -117,10 +117,10 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
 
     limit = lm.context_length
     if len(document.text) > max_chars_for(limit):
-        return _too_long(document, lm, len(document.text) // MAX_CHARS_FOR_ESTIMATE, exact=False)
+        return _too_long(document, lm, len(document.text) // MAX_CHARS_FOR_ESTIMATE)
     doc_tokens, complete = count_tokens_bounded(lm.tokenizer, document.text, limit)
     if not complete:
-        return _too_long(document, lm, doc_tokens, exact=False)
+        return _too_long(document, lm, doc_tokens)
     total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
     shape = kv_shape(lm.config)
     layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
@@ -138,8 +138,8 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     return Fit(doc_tokens, total, lm.context_length, need, memory_available, not reason, reason)
 
 
-def _too_long(document: Document, lm, tokens: int, *, exact: bool) -> Fit:
+def _too_long(document: Document, lm, tokens: int) -> Fit:
     """A document past the context, found without tokenizing all of it."""
-    reason = (f"{document.name} is {'' if exact else 'more than '}{tokens:,} tokens "
+    reason = (f"{document.name} is more than {tokens:,} tokens "
               f"({len(document.text):,} characters), but {lm.id} holds {lm.context_length:,}")
     return Fit(tokens, tokens, lm.context_length, 0, 0, False, reason)

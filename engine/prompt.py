@@ -54,13 +54,8 @@ def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> Rendere
         return RenderedPrompt(tokens, dropped)
     if settings.context_overflow != "truncate_oldest":
         raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)
-    # Drop whole turns from the front, keeping the newest user message at least.
     while len(history) > 1:
-        history.pop(0)
-        dropped += 1
-        while len(history) > 1 and history[0].role != "user":
-            history.pop(0)
-            dropped += 1
+        dropped += _drop_oldest_turn(history)
         tokens = encode_messages(lm, system + history, cancelled=cancelled)
         if len(tokens) <= limit:
             return RenderedPrompt(tokens, dropped)
@@ -78,8 +73,18 @@ def _fit_characters(lm, system, history, settings):
         raise ConversationTooLong(chars(), lm.context_length, lm.id, cap)
     dropped = 0
     while len(history) > 1 and chars() > cap:
-        history.pop(0)
-        dropped += 1
+        dropped += _drop_oldest_turn(history)
     if chars() > cap:
         raise ConversationTooLong(chars(), lm.context_length, lm.id, cap)
     return history, dropped
+
+
+def _drop_oldest_turn(history: list) -> int:
+    """Drop the oldest message and whatever follows it up to the next user message (so the
+    conversation still starts with a user); the newest message always stays. Returns how
+    many were dropped."""
+    dropped = 0
+    while len(history) > 1 and (dropped == 0 or history[0].role != "user"):
+        history.pop(0)
+        dropped += 1
+    return dropped

@@ -121,6 +121,8 @@ def test_truncate_oldest_drops_turns_by_characters_first(tiny_llama):
                                                context_overflow="truncate_oldest"), messages=history[:2])
     events = list(session.send("new question"))
     assert [e for e in events if isinstance(e, TurnFinished)]
+    (truncated,) = [e for e in events if type(e).__name__ == "ContextTruncated"]
+    assert truncated.dropped_messages == 2  # the whole oldest turn, so the prompt still opens with a user
 
 
 def test_huge_attachment_is_judged_without_tokenizing_it_all(tiny_llama, tmp_path):
