@@ -34,6 +34,7 @@ class Dashboard(QWidget):
         self.chart = chart
         layout.addWidget(speed_box)
         self.speed = QLabel("")
+        self.speed.setWordWrap(True)
         self.speed.setObjectName("speedNumbers")
         self.speed.setToolTip("The last turn: prompt tokens served per second of time to first token (prefill), "
                               "and answer tokens per second after the first (decode)")
@@ -52,6 +53,7 @@ class Dashboard(QWidget):
         self.spec_note = QLabel("")
         self.spec_note.setWordWrap(True)
         self.kv_note = QLabel("")
+        self.kv_note.setWordWrap(True)  # a long line would widen the dashboard and squeeze the chat
         self.memory = QLabel("")
         self.model_state = QLabel("No model loaded")
         self.model_state.setObjectName("modelState")

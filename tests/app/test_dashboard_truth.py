@@ -93,3 +93,9 @@ def test_changing_the_target_drops_a_draft_that_no_longer_fits(qtbot, make_windo
     assert panel.settings().draft == "small"
     panel.model.setCurrentText("small")  # small cannot draft for itself
     assert panel.settings().model == "small" and panel.settings().draft is None
+
+
+def test_long_dashboard_lines_wrap_instead_of_widening_it(qtbot, make_window):
+    dashboard = make_window().dashboard
+    labels = [dashboard.kv_note, dashboard.speed, dashboard.chat_model, dashboard.spec_note]
+    assert all(label.wordWrap() for label in labels)
