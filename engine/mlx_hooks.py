@@ -53,6 +53,12 @@ HOOKS = (
          "a tied output head's as_linear takes few-row products to the native kernel", ("as_linear",)),
     Hook("mlx.nn:Linear", "subclassed", "kernels.skinny_matmul",
          "float Linear layers send 2-16 row products to the native kernel", ("weight", "bias")),
+    Hook("mlx.nn:QuantizedLinear", "subclassed", "kernels.quantized_matmul",
+         "quantized Linear layers send their products to the native kernel",
+         ("weight", "scales", "biases", "bits", "group_size", "mode")),
+    Hook("mlx.nn:QuantizedEmbedding", "subclassed", "kernels.quantized_matmul",
+         "a quantized embedding's lookup and as_linear (a tied head) run natively",
+         ("as_linear", "weight", "scales", "biases", "bits", "group_size", "mode")),
 )
 
 

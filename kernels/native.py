@@ -33,6 +33,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = {
     CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 2),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
+    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 1),
 }
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ def compile_command(cxx: str, output: Path, *extra: str) -> list[str]:
     # Associative math lets the compiler vectorize the dot-product sums; infinities stay
     # (they mark masked keys), so no -ffast-math.
     return [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fassociative-math",
-            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), *extra, *map(str, SOURCES), "-o", str(output)]
+            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), *extra, *map(str, SOURCES),
+            *(["-ldl"] if sys.platform.startswith("linux") else []), "-o", str(output)]
 
 
 def cache_dir() -> Path:
@@ -158,6 +160,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_packed_attention.argtypes = [p, p] + [i] * 10 + [f, i] + [p] * 12
     lib.brisk_skinny_matmul.restype = ctypes.c_int
     lib.brisk_skinny_matmul.argtypes = [p] * 4 + [i] * 4
+    lib.brisk_quantized_matmul_rows.restype = ctypes.c_int
+    lib.brisk_quantized_matmul_rows.argtypes = [p] * 4 + [i, p, p] + [i] * 6
+    lib.brisk_quantized_matmul_dense.restype = ctypes.c_int
+    lib.brisk_quantized_matmul_dense.argtypes = [p] * 4 + [i, p, p] + [i] * 6
+    lib.brisk_quantized_gather.restype = ctypes.c_int
+    lib.brisk_quantized_gather.argtypes = [p, i, p, p, p, i, p] + [i] * 4
 
 
 def load() -> ctypes.CDLL | None:

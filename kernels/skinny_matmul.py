@@ -5,61 +5,23 @@ sgemm for 2-16 rows runs at a fraction of its one-row speed: verifying 5 tokens 
 Qwen2.5-1.5B cost about 3 plain decode steps, so drafting barely paid.
 kernels/csrc/skinny_matmul.cpp reads each weight row once for all the rows.
 
-`use_skinny_matmul(model)` swaps a loaded model's float `nn.Linear` layers (and a tied
-embedding's `as_linear`, the output head) for subclasses that send 2-16 row float32
-products on the CPU to the kernel and everything else (one-row decode, where MKL is as
-fast; prefill chunks; GPU; other dtypes) to MLX as before. The kernel call is eager: it
+`SkinnyLinear` and `SkinnyEmbedding` (a tied output head's `as_linear`) send 2-16 row
+float32 products on the CPU to the kernel and everything else (one-row decode, where MKL is
+as fast; prefill chunks; GPU; other dtypes) to MLX as before. kernels/native_layers.py
+swaps them into a loaded model. The kernel call is eager: it
 evaluates its input, which costs little next to a weight matrix streamed from memory.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_map_with_path
 
 from kernels import native
 from kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
-
-class Route:
-    """Where one model's swapped layers send few-row products: data on the model (set by
-    `use_skinny_matmul`), not a process-wide switch, so two models can differ."""
-
-    def __init__(self):
-        self.native = True
-
-
-ROUTE_ATTRIBUTE = "_brisk_matmul_route"
-
-
-def route_of(model) -> Route | None:
-    return getattr(model, ROUTE_ATTRIBUTE, None)
-
-
-@contextmanager
-def blas_only(*models):
-    """The models' swapped layers use MLX's BLAS path inside this block (the benchmark's A/B)."""
-    routes = [r for r in map(route_of, models) if r is not None]
-    before = [r.native for r in routes]
-    for r in routes:
-        r.native = False
-    try:
-        yield
-    finally:
-        for r, was in zip(routes, before):
-            r.native = was
-
-
-def verify_path(model) -> str:
-    """Which path `model`'s few-row float32 products take now: "native" or "blas"."""
-    route = route_of(model)
-    return "native" if route is not None and route.native and native.load() is not None else "blas"
-
 
 def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
     """x @ weight.T (+ bias) for float32 x (..., K) with 1-16 rows and weight (N, K)."""
@@ -94,7 +56,7 @@ def _rows(x: mx.array) -> int:
     return rows
 
 
-def _worth_it(route: Route, x: mx.array, weight: mx.array) -> bool:
+def _worth_it(route, x: mx.array, weight: mx.array) -> bool:
     return (route.native and MIN_ROWS <= _rows(x) <= MAX_ROWS and x.dtype == mx.float32
             and weight.dtype == mx.float32 and mx.default_device() == mx.cpu)
 
@@ -121,36 +83,3 @@ class SkinnyEmbedding(nn.Embedding):
             except NativeUnsupported:
                 pass
         return super().as_linear(x)
-
-
-def _swap(module: nn.Module, cls: type, route: Route) -> nn.Module:
-    # A module of the subclass holding the same arrays and state (no copy of the weights).
-    fresh = cls.__new__(cls)
-    fresh.__dict__.update(module.__dict__)
-    fresh.__dict__["_route"] = route  # a plain attribute, not a parameter or child module
-    dict.update(fresh, module)
-    return fresh
-
-
-def use_skinny_matmul(model: nn.Module) -> int:
-    """Route the model's few-row float products to the native kernel; returns layers swapped.
-
-    Does nothing (returns 0) when the kernel cannot be had. Quantized layers are left alone:
-    they are not nn.Linear.
-    """
-    if native.load() is None:
-        return 0
-    swapped = 0
-    route = Route()
-
-    def swap(_path, module):
-        nonlocal swapped
-        for base, cls in ((nn.Linear, SkinnyLinear), (nn.Embedding, SkinnyEmbedding)):
-            if type(module) is base:
-                swapped += 1
-                return _swap(module, cls, route)
-        return module
-
-    model.update_modules(tree_map_with_path(swap, model.leaf_modules(), is_leaf=nn.Module.is_module))
-    object.__setattr__(model, ROUTE_ATTRIBUTE, route)
-    return swapped

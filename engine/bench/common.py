@@ -35,7 +35,7 @@ def interleave(runs: int, variants: dict[str, Callable[[], dict]]) -> dict[str, 
 
 def with_blas_verify(run: Callable[[], dict], *models) -> Callable[[], dict]:
     """The variant `run` with the models' few-row native matmul off: its A/B partner."""
-    from kernels.skinny_matmul import blas_only
+    from kernels.native_layers import blas_only
 
     def variant() -> dict:
         with blas_only(*models):

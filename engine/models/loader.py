@@ -39,12 +39,25 @@ def compute_dtype_name() -> str:
     return "float32"
 
 
-def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
+def to_float32(model) -> None:
+    """Float parameters to float32, except quantized layers' scales and biases: they stay as
+    stored (float16 for a GGUF import), which the kernels read, and take half the memory."""
     import mlx.core as mx
+    from mlx.utils import tree_map_with_path
+
+    def cast(path: str, value):
+        quantizer = path.endswith((".scales", ".biases"))
+        return value if quantizer or not mx.issubdtype(value.dtype, mx.floating) else value.astype(mx.float32)
+
+    model.update(tree_map_with_path(cast, model.parameters()))
+    mx.eval(model.parameters())
+
+
+def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from mlx_lm.utils import load
 
     from engine.mlx_hooks import check_hooks
-    from kernels.skinny_matmul import use_skinny_matmul
+    from kernels.native_layers import use_native_layers
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
     path = Path(path)
@@ -57,10 +70,9 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
         raise BrokenModelFolder(f"{path.name} cannot be loaded by mlx-lm: {exc}") from exc
     dtype = compute_dtype_name()
     if dtype == "float32":
-        model.set_dtype(mx.float32)  # leaves quantized (integer) weights as they are
-        mx.eval(model.parameters())
-        swapped = use_skinny_matmul(model)  # speculative verify: few-row products, native kernel
-        log.debug("%s: %d layers take few-row products to the native kernel", path.name, swapped)
+        to_float32(model)
+        swapped = use_native_layers(model)  # quantized layers and few-row float products
+        log.debug("%s: %d layers run on the native kernels", path.name, swapped)
     if not tokenizer.eos_token_ids:
         log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)
     return LoadedModel(model_id or path.name, path, model, tokenizer, config, info, dtype)

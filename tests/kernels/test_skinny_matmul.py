@@ -9,13 +9,12 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from kernels import native, skinny_matmul
 from kernels.native_attention import NativeUnsupported
+from kernels.native_layers import blas_only, use_native_layers, verify_path
+from kernels.quantized_matmul import NativeQuantizedLinear
 from kernels.skinny_matmul import (
     SkinnyEmbedding,
     SkinnyLinear,
-    blas_only,
     skinny_matmul_native,
-    use_skinny_matmul,
-    verify_path,
 )
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
@@ -81,7 +80,7 @@ def test_swapped_layers_route_few_rows_to_the_kernel_and_keep_the_function(monke
     ids = mx.array([[1, 2, 3, 4, 5]])
     want_many, want_one = net(ids), net(ids[:, :1])
     weight = net.proj.weight
-    assert use_skinny_matmul(net) == 3
+    assert use_native_layers(net) == 3
     assert type(net.proj) is SkinnyLinear and type(net.embed) is SkinnyEmbedding
     assert net.proj.weight is weight  # the same arrays, not a copy
     calls = []
@@ -96,7 +95,7 @@ def test_swapped_layers_route_few_rows_to_the_kernel_and_keep_the_function(monke
         net(ids)
     assert len(calls) == 3 and verify_path(net) == "native"
     other = _tiny_net()
-    use_skinny_matmul(other)
+    use_native_layers(other)
     with blas_only(net):  # the route is the model's own: another model keeps the kernel
         assert verify_path(other) == "native"
 
@@ -105,8 +104,8 @@ def test_swapped_layers_route_few_rows_to_the_kernel_and_keep_the_function(monke
 def test_quantized_and_half_precision_layers_stay_with_mlx(monkeypatch):
     net = _tiny_net(tied=False)
     nn.quantize(net, group_size=32, bits=4, class_predicate=lambda p, m: p == "down")
-    assert use_skinny_matmul(net) == 3  # embed, proj, head; not the quantized down projection
-    assert type(net.down) is nn.QuantizedLinear
+    assert use_native_layers(net) == 4  # embed, proj, head and the quantized down projection
+    assert type(net.down) is NativeQuantizedLinear  # kernels/quantized_matmul.py's, not this kernel's
     calls = []
     monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
                         lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
@@ -118,7 +117,7 @@ def test_quantized_and_half_precision_layers_stay_with_mlx(monkeypatch):
 def test_without_the_native_library_nothing_is_swapped(monkeypatch):
     monkeypatch.setattr(native, "_state", {"lib": None, "reason": "turned off for the test"})
     net = _tiny_net()
-    assert use_skinny_matmul(net) == 0 and type(net.proj) is nn.Linear
+    assert use_native_layers(net) == 0 and type(net.proj) is nn.Linear
     assert verify_path(net) == "blas"
 
 

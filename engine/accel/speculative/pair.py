@@ -18,7 +18,7 @@ from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
 from engine.cache import PromptCache
 from engine.sampling import TokenDistribution
-from kernels.skinny_matmul import verify_path
+from kernels.native_layers import verify_path
 
 
 @dataclass

@@ -1,0 +1,423 @@
+// y = x @ dequantize(w).T (+ bias) for MLX's affine-quantized weights (bits 4 or 8,
+// groups of 32 or 64, scales and biases in float32, float16 or bfloat16).
+//
+// MLX stores row n of a quantized (N, K) weight as K * bits / 32 uint32 words, element k at
+// bits [bits * (k % (32 / bits)), ...) of word k / (32 / bits), and one scale s and bias b
+// per group: w = s * q + b. On the CPU, MLX's own quantized matmul reads those bytes at
+// about 1 GB/s, 4x slower than a float32 gemv; decode is bound by the bytes of weights
+// read per token, so that gave up everything quantization buys.
+//
+// Few rows (decode, the speculative verify pass; 1-16 rows): each weight block is read once,
+// widened to float in registers and multiplied by every row of x; the group's bias term is
+// b * sum(x). x stays float32: rounding it to int8 per block of 32 (llama.cpp's way, about
+// 15% faster here) turned SmolLM2's greedy answer to "capital of France" into nonsense,
+// its activations' outliers (10 against a mean of 0.1) zeroing their neighbours.
+// Many rows (prefill): tiles of the weight are dequantized to float32 and multiplied by
+// the process's cblas_sgemm (MKL when engine/blas.py loaded it), so prefill runs at sgemm
+// speed plus one pass of dequantization.
+// Threads come from a small persistent pool: a decode step makes ~200 of these calls, too
+// many to start threads for each. Built by kernels/native.py, called through ctypes.
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BRISK_AVX2 1
+#endif
+
+namespace {
+
+constexpr int kBlock = 32;       // weights widened at a time; every group is 1 or 2 blocks
+constexpr int kMaxRows = 16;
+constexpr int kColumnUnit = 16;  // output columns a thread takes at a time
+
+enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  uint32_t bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000 | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalize
+    int e = -1;
+    uint32_t m = mantissa;
+    do { ++e; m <<= 1; } while (!(m & 0x400));
+    bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float read_scale(const void* p, int type, int64_t i) {
+  switch (type) {
+    case kF16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case kBF16: {
+      const uint32_t bits = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// A persistent pool: workers spin briefly for the next job, then sleep on a condition.
+
+class Pool {
+ public:
+  void run(int threads, const std::function<void()>& job) {
+    threads = std::max(1, threads);
+    std::unique_lock<std::mutex> serial(run_lock_);  // one job at a time through the pool
+    grow(threads - 1);
+    job_ = &job;
+    active_.store(threads - 1);
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      wanted_ = threads - 1;
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    job();
+    while (active_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    job_ = nullptr;
+  }
+
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      stop_ = true;
+      generation_.fetch_add(1);
+    }
+    wake_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
+ private:
+  void grow(int n) {
+    while (int(workers_.size()) < n) {
+      // The worker starts from the generation before this job's, however late it runs.
+      const int index = int(workers_.size());
+      const uint64_t seen = generation_.load();
+      workers_.emplace_back([this, index, seen] { loop(index, seen); });
+    }
+  }
+
+  void loop(int index, uint64_t seen) {
+    for (;;) {
+      // Spin a little (the next layer's call comes within microseconds), then sleep.
+      for (int spin = 0; spin < 20000 && generation_.load(std::memory_order_acquire) == seen; ++spin) {
+#if defined(__x86_64__)
+        __builtin_ia32_pause();
+#endif
+      }
+      {
+        std::unique_lock<std::mutex> guard(mutex_);
+        wake_.wait(guard, [&] { return generation_.load() != seen; });
+        seen = generation_.load();
+        if (stop_) return;
+        if (index >= wanted_) continue;
+      }
+      (*job_)();
+      active_.fetch_sub(1, std::memory_order_release);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_lock_, mutex_;
+  std::condition_variable wake_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> active_{0};
+  const std::function<void()>* job_ = nullptr;
+  int wanted_ = 0;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  static Pool instance;
+  return instance;
+}
+
+// Runs task(unit) for units [0, units) over the pool's threads.
+void parallel_units(int units, int threads, const std::function<void(int)>& task) {
+  if (units <= 0) return;
+  threads = std::min(threads, units);
+  if (threads <= 1) {
+    for (int u = 0; u < units; ++u) task(u);
+    return;
+  }
+  std::atomic<int> next{0};
+  pool().run(threads, [&] {
+    for (int u = next++; u < units; u = next++) task(u);
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Few rows: packed weights widened in registers against float x.
+
+struct Weights {
+  const uint32_t* w;
+  const void* scales;
+  const void* biases;
+  int scale_type;
+  int K, N, bits, group;
+  int64_t row_bytes() const { return int64_t(K) * bits / 8; }
+  const uint8_t* row(int n) const { return reinterpret_cast<const uint8_t*>(w) + n * row_bytes(); }
+  int groups() const { return K / group; }
+};
+
+// Group scales of rows [n, n + 1) as float32, `count` of them starting at `first`.
+void scales_to_float(const void* p, int type, int64_t first, int count, float* out) {
+  int i = 0;
+#if defined(BRISK_AVX2) && defined(__F16C__)
+  if (type == kF16)
+    for (; i + 8 <= count; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                    reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + first + i))));
+#endif
+  for (; i < count; ++i) out[i] = read_scale(p, type, first + i);
+}
+
+// Rows of x with each weight group's float sum (the bias term). For 4-bit weights a block's
+// 32 values are stored evens first, then odds: the order of its low and high nibbles.
+struct Rows {
+  int M = 0, K = 0, blocks = 0, groups = 0;
+  std::vector<float> x;    // M x K, reordered per block
+  std::vector<float> sum;  // M x groups
+  const float* row(int m) const { return x.data() + int64_t(m) * K; }
+  const float* sum_row(int m) const { return sum.data() + int64_t(m) * groups; }
+};
+
+void prepare_rows(const float* x, int M, int K, int bits, int group, Rows& out) {
+  out.M = M, out.K = K, out.blocks = K / kBlock, out.groups = K / group;
+  out.x.resize(int64_t(M) * K);
+  out.sum.assign(int64_t(M) * out.groups, 0.f);
+  for (int m = 0; m < M; ++m)
+    for (int b = 0; b < out.blocks; ++b) {
+      const float* v = x + int64_t(m) * K + b * kBlock;
+      float* dst = out.x.data() + int64_t(m) * K + b * kBlock;
+      float total = 0.f;
+      for (int i = 0; i < kBlock; ++i) {
+        dst[bits == 4 ? (i % 2) * 16 + i / 2 : i] = v[i];
+        total += v[i];
+      }
+      out.sum[int64_t(m) * out.groups + b * kBlock / group] += total;
+    }
+}
+
+#ifdef BRISK_AVX2
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Block b's 32 weights widened to float (4-bit ones as evens | odds, matching Rows).
+template <int BITS>
+inline void widen_block(const uint8_t* row, int b, __m256 q[4]) {
+  if (BITS == 4) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + b * 16));
+    const __m128i low = _mm_set1_epi8(0x0f);
+    const __m128i lo = _mm_and_si128(raw, low), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low);
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+  } else {
+    for (int i = 0; i < 4; ++i)
+      q[i] = _mm256_cvtepi32_ps(
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + b * 32 + 8 * i))));
+  }
+}
+
+// sum over k of s[k / group] * q[k] * x[k] for R rows of x against one weight row: each
+// block is widened once and used for every row while it sits in registers.
+template <int BITS, int R>
+void column_dots(const uint8_t* row, const float* scale, int per_group_shift, const float* const* xf, int blocks,
+                 float* dots) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int b = 0; b < blocks; ++b) {
+    __m256 q[4];
+    widen_block<BITS>(row, b, q);
+    const __m256 s = _mm256_set1_ps(scale[b >> per_group_shift]);
+    for (int r = 0; r < R; ++r) {
+      const float* x = xf[r] + b * kBlock;
+      __m256 t = _mm256_mul_ps(q[0], _mm256_loadu_ps(x));
+      t = _mm256_fmadd_ps(q[1], _mm256_loadu_ps(x + 8), t);
+      t = _mm256_fmadd_ps(q[2], _mm256_loadu_ps(x + 16), t);
+      t = _mm256_fmadd_ps(q[3], _mm256_loadu_ps(x + 24), t);
+      acc[r] = _mm256_fmadd_ps(t, s, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) dots[r] = hsum(acc[r]);
+}
+#else
+template <int BITS, int R>
+void column_dots(const uint8_t* row, const float* scale, int per_group_shift, const float* const* xf, int blocks,
+                 float* dots) {
+  for (int r = 0; r < R; ++r) dots[r] = 0.f;
+  for (int b = 0; b < blocks; ++b) {
+    float q[kBlock];
+    for (int i = 0; i < kBlock; ++i) {
+      const int slot = BITS == 4 ? (i % 2) * 16 + i / 2 : i;
+      q[slot] = float(BITS == 4 ? (row[b * 16 + i / 2] >> (4 * (i % 2))) & 15 : row[b * 32 + i]);
+    }
+    const float s = scale[b >> per_group_shift];
+    for (int r = 0; r < R; ++r) {
+      float total = 0.f;
+      for (int i = 0; i < kBlock; ++i) total += q[i] * xf[r][b * kBlock + i];
+      dots[r] += total * s;
+    }
+  }
+}
+#endif
+
+constexpr int kRowTile = 4;
+constexpr int kMaxGroups = 1 << 12;  // K up to 131072 in groups of 32
+
+template <int BITS>
+void few_rows_column(const Weights& w, const Rows& x, const float* bias, float* out, int n) {
+  const int groups = w.groups(), shift = w.group == 64 ? 1 : 0;
+  float scale[kMaxGroups], offset[kMaxGroups], dots[kMaxRows];
+  scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
+  scales_to_float(w.biases, w.scale_type, int64_t(n) * groups, groups, offset);
+  const uint8_t* row = w.row(n);
+  for (int m0 = 0; m0 < x.M; m0 += kRowTile) {
+    const int tile = std::min(kRowTile, x.M - m0);
+    const float* xf[kRowTile];
+    for (int r = 0; r < tile; ++r) xf[r] = x.row(m0 + r);
+    switch (tile) {
+      case 1: column_dots<BITS, 1>(row, scale, shift, xf, x.blocks, dots + m0); break;
+      case 2: column_dots<BITS, 2>(row, scale, shift, xf, x.blocks, dots + m0); break;
+      case 3: column_dots<BITS, 3>(row, scale, shift, xf, x.blocks, dots + m0); break;
+      default: column_dots<BITS, 4>(row, scale, shift, xf, x.blocks, dots + m0); break;
+    }
+  }
+  for (int m = 0; m < x.M; ++m) {  // each group adds its bias times the sum of its x
+    const float* sums = x.sum_row(m);
+    float total = dots[m];
+    for (int g = 0; g < groups; ++g) total += offset[g] * sums[g];
+    out[int64_t(m) * w.N + n] = total + (bias ? bias[n] : 0.f);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Many rows: dequantize a tile of weight rows, then sgemm.
+
+void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
+  const int groups = w.K / w.group;
+  for (int n = n0; n < n1; ++n) {
+    const uint8_t* row = w.row(n);
+    float* out = dst + int64_t(n - n0) * w.K;
+    for (int g = 0; g < groups; ++g) {
+      const float s = read_scale(w.scales, w.scale_type, int64_t(n) * groups + g);
+      const float b = read_scale(w.biases, w.scale_type, int64_t(n) * groups + g);
+      const int k0 = g * w.group;
+      if (w.bits == 4) {
+        for (int k = k0; k < k0 + w.group; k += 2) {
+          const uint8_t byte = row[k / 2];
+          out[k] = s * float(byte & 15) + b;
+          out[k + 1] = s * float(byte >> 4) + b;
+        }
+      } else {
+        for (int k = k0; k < k0 + w.group; ++k) out[k] = s * float(row[k]) + b;
+      }
+    }
+  }
+}
+
+enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
+using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                       int);
+
+Sgemm find_sgemm() {
+  static Sgemm found = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+  return found;
+}
+
+constexpr int64_t kTileBytes = 8 << 20;  // dequantized weight per sgemm call: stays in L3-ish
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0 on success, or a positive code the caller falls back on:
+// 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
+int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* scales, const void* biases,
+                                int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
+                                int group, int threads) {
+  if ((bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group || N < 1) return 1;
+  if (M < 1 || M > kMaxRows) return 2;
+  if (K / group > kMaxGroups) return 1;
+  const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
+  Rows rows;
+  prepare_rows(x, M, K, bits, group, rows);
+  const int units = (N + kColumnUnit - 1) / kColumnUnit;
+  parallel_units(units, threads, [&](int u) {
+    for (int n = u * kColumnUnit; n < std::min(N, (u + 1) * kColumnUnit); ++n) {
+      if (bits == 4) few_rows_column<4>(weights, rows, bias, out, n);
+      else few_rows_column<8>(weights, rows, bias, out, n);
+    }
+  });
+  return 0;
+}
+
+int brisk_quantized_matmul_dense(const float* x, const uint32_t* w, const void* scales, const void* biases,
+                                 int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
+                                 int group, int threads) {
+  if ((bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group || N < 1 || M < 1) return 1;
+  const Sgemm sgemm = find_sgemm();
+  if (!sgemm) return 3;
+  const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
+  const int tile = int(std::max<int64_t>(64, std::min<int64_t>(N, kTileBytes / (4 * int64_t(K)))));
+  thread_local std::vector<float> buffer;  // reused: fresh pages would fault on every call
+  buffer.resize(int64_t(tile) * K);
+  float* const tile_buffer = buffer.data();  // the pool's threads must not name the thread_local
+  for (int n0 = 0; n0 < N; n0 += tile) {
+    const int n1 = std::min(N, n0 + tile);
+    // Dequantize on the pool's threads; the sgemm below brings its own.
+    const int units = (n1 - n0 + 63) / 64;
+    parallel_units(units, threads, [&](int u) {
+      const int a = n0 + u * 64, b = std::min(n1, a + 64);
+      dequantize_rows(weights, a, b, tile_buffer + int64_t(a - n0) * K);
+    });
+    sgemm(kRowMajor, kNoTrans, kTrans, M, n1 - n0, K, 1.f, x, K, tile_buffer, K, 0.f, out + n0, N);
+  }
+  if (bias)
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < N; ++n) out[int64_t(m) * N + n] += bias[n];
+  return 0;
+}
+
+// Rows `ids` of a quantized (V, K) embedding, dequantized: the embedding lookup.
+int brisk_quantized_gather(const int32_t* ids, int count, const uint32_t* w, const void* scales,
+                           const void* biases, int scale_type, float* out, int V, int K, int bits, int group) {
+  if ((bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group) return 1;
+  const Weights weights{w, scales, biases, scale_type, K, V, bits, group};
+  for (int i = 0; i < count; ++i) {
+    if (ids[i] < 0 || ids[i] >= V) return 4;
+    dequantize_rows(weights, ids[i], ids[i] + 1, out + int64_t(i) * K);
+  }
+  return 0;
+}
+
+int brisk_quantized_matmul_version() { return 1; }
+}

@@ -1,0 +1,136 @@
+"""Quantized linear layers on the CPU by the native kernel (kernels/csrc/quantized_matmul.cpp).
+
+MLX's own `quantized_matmul` reads packed weights at about 1 GB/s on the CPU: 4x slower
+than a float32 gemv, 27x slower than sgemm at 512 rows (shared/CPU.md). The kernel reads
+them at memory speed for 1-16 rows and dequantizes tiles for sgemm above that.
+
+- `quantized_matmul_reference`: MLX's own op, the definition the kernel is tested against.
+- `quantized_matmul_native`: the kernel; raises NativeUnsupported for what it does not take.
+- `quantized_matmul`: the dispatcher the layers use.
+Both paths keep x in float32 and agree with the reference to float rounding (about 1e-6
+relative).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from kernels import native
+from kernels.native_attention import NativeUnsupported, threads
+
+MAX_FEW_ROWS = 16
+SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
+
+
+def quantized_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: int, bias=None):
+    out = mx.quantized_matmul(x, weight, scales, biases, transpose=True, group_size=group_size, bits=bits)
+    return out if bias is None else out + bias
+
+
+def _buffer(array: mx.array) -> np.ndarray:
+    """A numpy view of an evaluated array's memory (bfloat16 read as its uint16 bits)."""
+    if array.dtype == mx.bfloat16:
+        array = array.view(mx.uint16)
+    view = np.asarray(array)
+    return view if view.flags.c_contiguous else np.ascontiguousarray(view)
+
+
+def _rows(x: mx.array) -> int:
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    return rows
+
+
+def quantized_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int, bias=None) -> mx.array:
+    """x @ dequantize(weight).T (+ bias) for float x (..., K) and an affine-quantized (N, K) weight."""
+    lib = native.load()
+    if lib is None:
+        raise NativeUnsupported(native.unavailable_reason())
+    if biases is None or bits not in (4, 8) or group_size not in (32, 64):
+        raise NativeUnsupported(f"{bits}-bit weights in groups of {group_size} (mode without biases?)")
+    if scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
+        raise NativeUnsupported(f"scales in {scales.dtype}")
+    *lead, k = x.shape
+    n = weight.shape[0]
+    if weight.ndim != 2 or weight.shape[1] * 32 // bits != k or k % group_size:
+        raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
+    x32 = x.astype(mx.float32)
+    arrays = [x32, weight, scales, biases] + ([] if bias is None else [bias.astype(mx.float32)])
+    mx.eval(*arrays)
+    xs, w, s, b = (_buffer(a) for a in arrays[:4])
+    linear_bias = None if bias is None else _buffer(arrays[4])
+    rows = _rows(x)
+    out = np.empty((rows, n), np.float32)
+    entry = lib.brisk_quantized_matmul_rows if rows <= MAX_FEW_ROWS else lib.brisk_quantized_matmul_dense
+    code = entry(xs.ctypes.data, w.ctypes.data, s.ctypes.data, b.ctypes.data, SCALE_TYPES[scales.dtype],
+                 None if linear_bias is None else linear_bias.ctypes.data, out.ctypes.data, rows, k, n, bits,
+                 group_size, threads())
+    if code:
+        raise NativeUnsupported(f"the quantized matmul declined (code {code})")
+    return mx.array(out).reshape(*lead, n).astype(x.dtype)
+
+
+def quantized_gather_native(ids, weight, scales, biases, *, bits: int, group_size: int) -> mx.array:
+    """Rows `ids` of a quantized (V, K) table as float32 (..., K): the embedding lookup."""
+    lib = native.load()
+    if lib is None:
+        raise NativeUnsupported(native.unavailable_reason())
+    if biases is None or scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
+        raise NativeUnsupported("scales without biases or of another dtype")
+    k = weight.shape[1] * 32 // bits
+    flat = ids.astype(mx.int32).reshape(-1)
+    mx.eval(flat, weight, scales, biases)
+    index, w, s, b = (_buffer(a) for a in (flat, weight, scales, biases))
+    out = np.empty((index.size, k), np.float32)
+    code = lib.brisk_quantized_gather(index.ctypes.data, index.size, w.ctypes.data, s.ctypes.data, b.ctypes.data,
+                                      SCALE_TYPES[scales.dtype], out.ctypes.data, weight.shape[0], k, bits,
+                                      group_size)
+    if code:
+        raise NativeUnsupported(f"the quantized gather declined (code {code})")
+    return mx.array(out).reshape(*ids.shape, k)
+
+
+def quantized_matmul(x, weight, scales, biases, *, bits: int, group_size: int, bias=None, native_ok=True):
+    """The kernel on the CPU where it takes the call, else MLX's op."""
+    if native_ok and mx.default_device() == mx.cpu and x.dtype in (mx.float32, mx.float16, mx.bfloat16):
+        try:
+            return quantized_matmul_native(x, weight, scales, biases, bits=bits, group_size=group_size, bias=bias)
+        except NativeUnsupported:
+            pass
+    return quantized_matmul_reference(x, weight, scales, biases, bits=bits, group_size=group_size, bias=bias)
+
+
+def _affine(layer) -> bool:
+    return getattr(layer, "mode", "affine") == "affine"
+
+
+class NativeQuantizedLinear(nn.QuantizedLinear):
+    """nn.QuantizedLinear whose products on the CPU run in the native kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not _affine(self):
+            return super().__call__(x)
+        return quantized_matmul(x, self["weight"], self["scales"], self.get("biases"), bits=self.bits,
+                                group_size=self.group_size, bias=self.get("bias"), native_ok=self._route.native)
+
+
+class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
+    """nn.QuantizedEmbedding whose lookup and `as_linear` (a tied output head) run natively."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if self._route.native and _affine(self) and mx.default_device() == mx.cpu:
+            try:
+                return quantized_gather_native(x, self["weight"], self["scales"], self.get("biases"),
+                                               bits=self.bits, group_size=self.group_size)
+            except NativeUnsupported:
+                pass
+        return super().__call__(x)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if not _affine(self):
+            return super().as_linear(x)
+        return quantized_matmul(x, self["weight"], self["scales"], self.get("biases"), bits=self.bits,
+                                group_size=self.group_size, native_ok=self._route.native)

@@ -1,0 +1,115 @@
+"""The native quantized matmul, lookup and layers against MLX's own quantized ops."""
+
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from kernels import native, quantized_matmul
+from kernels.native_attention import NativeUnsupported
+from kernels.native_layers import blas_only, use_native_layers
+from kernels.quantized_matmul import (
+    NativeQuantizedEmbedding,
+    NativeQuantizedLinear,
+    quantized_gather_native,
+    quantized_matmul_native,
+    quantized_matmul_reference,
+)
+
+HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
+pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel")
+
+
+def _quantized(n, k, bits, group, dtype, seed):
+    mx.random.seed(seed)
+    weight = mx.random.normal((n, k)) * 0.05
+    packed, scales, biases = mx.quantize(weight, group_size=group, bits=bits)
+    return packed, scales.astype(dtype), biases.astype(dtype)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 40])  # 1-16 the few-row path, above it tiles + sgemm
+def test_native_equals_mlx(bits, group, dtype, rows):
+    packed, scales, biases = _quantized(67, 192, bits, group, dtype, seed=rows + bits + group)  # N odd
+    x = mx.random.normal((1, rows, 192))
+    bias = mx.random.normal((67,))
+    want = quantized_matmul_reference(x, packed, scales, biases, bits=bits, group_size=group, bias=bias)
+    got = quantized_matmul_native(x, packed, scales, biases, bits=bits, group_size=group, bias=bias)
+    assert got.shape == want.shape == (1, rows, 67) and got.dtype == mx.float32
+    assert mx.allclose(got, want.astype(mx.float32), atol=1e-4, rtol=1e-4).item()
+
+
+@pytest.mark.parametrize("threads", ["1", "2", "3"])
+def test_any_thread_count_gives_the_same_numbers(threads, monkeypatch):
+    packed, scales, biases = _quantized(200, 128, 4, 32, mx.float16, seed=1)
+    x = mx.random.normal((2, 128))
+    monkeypatch.setenv("BRISK_KERNEL_THREADS", "1")
+    one = quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=32)
+    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    for _ in range(20):  # the pool's threads wake and finish each call, again and again
+        assert mx.array_equal(quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=32), one).item()
+
+
+def test_shapes_the_kernel_does_not_take_are_declined():
+    packed, scales, biases = _quantized(8, 96, 4, 32, mx.float32, seed=2)
+    with pytest.raises(NativeUnsupported):  # 3-bit
+        quantized_matmul_native(mx.ones((1, 96)), packed, scales, biases, bits=3, group_size=32)
+    with pytest.raises(NativeUnsupported):  # x does not match the weight
+        quantized_matmul_native(mx.ones((1, 64)), packed, scales, biases, bits=4, group_size=32)
+    with pytest.raises(NativeUnsupported):  # no biases (a non-affine mode)
+        quantized_matmul_native(mx.ones((1, 96)), packed, scales, None, bits=4, group_size=32)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_lookup_equals_mlx_dequantize(bits):
+    packed, scales, biases = _quantized(50, 64, bits, 32, mx.float16, seed=3)
+    ids = mx.array([[0, 49, 7], [7, 3, 1]])
+    want = mx.dequantize(packed[ids], scales[ids].astype(mx.float32), biases[ids].astype(mx.float32),
+                         group_size=32, bits=bits)
+    got = quantized_gather_native(ids, packed, scales, biases, bits=bits, group_size=32)
+    assert got.shape == (2, 3, 64) and mx.allclose(got, want, atol=1e-6).item()
+    with pytest.raises(NativeUnsupported):  # an id out of the table
+        quantized_gather_native(mx.array([50]), packed, scales, biases, bits=bits, group_size=32)
+
+
+class _TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 64)
+        self.proj = nn.Linear(64, 96, bias=True)
+        self.down = nn.Linear(96, 64, bias=False)
+
+    def __call__(self, ids):
+        return self.embed.as_linear(self.down(self.proj(self.embed(ids))))
+
+
+def test_swapped_quantized_layers_run_natively_and_keep_the_function(monkeypatch):
+    mx.random.seed(4)
+    net = _TinyNet()
+    nn.quantize(net, group_size=32, bits=4)
+    ids = mx.array([[1, 2, 3, 4, 5]])
+    want = net(ids)
+    weight = net.proj.weight
+    assert use_native_layers(net) == 3
+    assert type(net.proj) is NativeQuantizedLinear and type(net.embed) is NativeQuantizedEmbedding
+    assert net.proj.weight is weight  # the same arrays, not a copy
+    calls = []
+    real = quantized_matmul.quantized_matmul_native
+    monkeypatch.setattr(quantized_matmul, "quantized_matmul_native",
+                        lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k))
+    assert mx.allclose(net(ids), want, atol=1e-4, rtol=1e-4).item()
+    assert calls == [(1, 5, 64), (1, 5, 96), (1, 5, 64)]  # proj, down and the tied head
+    with blas_only(net):  # the benchmark's A/B: MLX's own quantized matmul
+        assert mx.allclose(net(ids), want, atol=1e-4, rtol=1e-4).item()
+    assert len(calls) == 3
+
+
+def test_without_the_native_library_mlx_runs_the_quantized_layers(monkeypatch):
+    monkeypatch.setattr(native, "_state", {"lib": None, "reason": "turned off for the test"})
+    net = _TinyNet()
+    nn.quantize(net, group_size=32, bits=8)
+    assert use_native_layers(net) == 0 and type(net.proj) is nn.QuantizedLinear
+    assert net(mx.array([[1, 2]])).shape == (1, 2, 100)
