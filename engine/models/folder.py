@@ -11,7 +11,7 @@ import hashlib
 import json
 import struct
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
@@ -38,6 +38,11 @@ class FolderInfo:
     tokenizer_fingerprint: str
     context_length: int
     has_chat_template: bool
+    # Stored bits per weight, scales and float tensors included (a Q4_1-like 4-bit model: ~5).
+    bits_per_weight: float = field(default=0.0, kw_only=True)  # an older catalog lacks it
+    # Bytes the weights take once loaded for the CPU: float tensors at float32, quantized
+    # ones as stored.
+    memory_bytes: int = field(default=0, kw_only=True)
 
 
 def read_config(folder: Path) -> dict:
@@ -198,6 +203,39 @@ def context_length(config: dict) -> int:
     return 4096  # mlx-lm's models assume nothing; this is a conservative guess, stated in `models list`
 
 
+@dataclass
+class WeightCount:
+    """Parameters and bytes of a folder's tensors, quantized ones counted by their bits."""
+
+    parameters: int = 0
+    stored_bytes: int = 0
+    memory_bytes: int = 0
+    dtypes: Counter = field(default_factory=Counter)
+
+    @classmethod
+    def of(cls, tensors: list[tuple[str, dict]], quant: dict) -> "WeightCount":
+        count = cls()
+        packed = {name[: -len(".weight")] for name, t in tensors if t["dtype"] == "U32" and name.endswith(".weight")}
+        for name, tensor in tensors:
+            n = prod(tensor["shape"])
+            nbytes = n * SAFETENSORS_BYTES[tensor["dtype"]]
+            module, _, kind = name.rpartition(".")
+            count.stored_bytes += nbytes
+            count.dtypes[tensor["dtype"]] += n
+            if module in packed and kind == "weight":
+                override = quant.get(module)
+                bits = (override if isinstance(override, dict) else quant).get("bits") or 4
+                count.parameters += n * 32 // bits
+                count.memory_bytes += nbytes
+            elif module in packed and kind in ("scales", "biases"):
+                count.memory_bytes += nbytes  # the quantizer's own numbers, not parameters
+            else:
+                count.parameters += n
+                float_tensor = tensor["dtype"] in ("F64", "F32", "F16", "BF16")
+                count.memory_bytes += n * 4 if float_tensor else nbytes
+        return count
+
+
 def inspect_folder(folder: Path) -> FolderInfo:
     """Verify a model folder and describe it. Raises BrokenModelFolder/UnsupportedModel."""
     folder = Path(folder)
@@ -209,13 +247,11 @@ def inspect_folder(folder: Path) -> FolderInfo:
     shards = sorted(folder.glob("*.safetensors"))
     if not shards:
         raise BrokenModelFolder(f"{folder} has no *.safetensors weights")
-    params, dtypes, size = 0, Counter(), 0
-    for shard in shards:
-        for tensor in read_safetensors_header(shard).values():
-            count = prod(tensor["shape"])
-            params += count
-            dtypes[tensor["dtype"]] += count
-        size += shard.stat().st_size
+    quant = config.get("quantization") or {}
+    if not isinstance(quant, dict) or quant.get("bits") not in (None, 2, 3, 4, 5, 6, 8):
+        raise BrokenModelFolder(f"{folder.name}/config.json: 'quantization' must give bits of 2-8, not {quant!r}")
+    tensors = [t for shard in shards for t in read_safetensors_header(shard).items()]
+    weights = WeightCount.of(tensors, quant)
     index_file = folder / "model.safetensors.index.json"
     if index_file.is_file():
         try:
@@ -227,21 +263,15 @@ def inspect_folder(folder: Path) -> FolderInfo:
         missing = sorted(set(weight_map.values()) - {s.name for s in shards})
         if missing:
             raise BrokenModelFolder(f"{folder} is missing weight shards: {', '.join(missing)}")
-    quant = config.get("quantization") or {}
-    if not isinstance(quant, dict) or quant.get("bits") not in (None, 2, 3, 4, 5, 6, 8):
-        raise BrokenModelFolder(f"{folder.name}/config.json: 'quantization' must give bits of 2-8, not {quant!r}")
-    if quant.get("bits"):
-        # Packed uint32 words hold 32/bits weights each.
-        params = sum(
-            count * (32 // quant["bits"] if dtype == "U32" else 1) for dtype, count in dtypes.items()
-        )
     total_bytes = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
     return FolderInfo(
         architecture=architecture,
-        parameters=params,
-        dtype=f"q{quant['bits']}" if quant.get("bits") else dtypes.most_common(1)[0][0].lower(),
+        parameters=weights.parameters,
+        dtype=f"q{quant['bits']}" if quant.get("bits") else weights.dtypes.most_common(1)[0][0].lower(),
         bytes_on_disk=total_bytes,
         tokenizer_fingerprint=fingerprint,
         context_length=context_length(config),
         has_chat_template=has_chat_template(folder),
+        bits_per_weight=round(8 * weights.stored_bytes / max(weights.parameters, 1), 2),
+        memory_bytes=weights.memory_bytes,
     )

@@ -1,8 +1,9 @@
 """Import a GGUF file (llama.cpp / LM Studio / Ollama format) into an MLX model folder.
 
-Weights are dequantized with the `gguf` package (it reads every quant type in numpy;
-`mx.load` fails on some, e.g. Q5_0), renamed to Hugging Face names and saved as
-float32 safetensors, the fastest dtype on the CPU. The tokenizer is rebuilt from the
+Quantized weights stay quantized in MLX's affine format (engine/models/gguf_quant.py says
+which GGUF type goes where); float tensors are saved as float32. Tensors are read with the
+`gguf` package (it reads every quant type in numpy; `mx.load` fails on some, e.g. Q5_0)
+and renamed to Hugging Face names. The tokenizer is rebuilt from the
 GGUF metadata with transformers' GGUF tokenizer builder, which needs no torch.
 
 Quirks handled (llama.cpp's converter, convert_hf_to_gguf.py):
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,8 +24,10 @@ from typing import Callable
 import numpy as np
 
 from engine.errors import BrokenModelFolder, GGUFImportError
+from engine.models import gguf_quant
 from engine.models.folder import check_config_values
 from engine.models.gguf_check import check_gguf_structure
+from engine.models.gguf_quant import Report
 
 log = logging.getLogger(__name__)
 
@@ -171,28 +175,58 @@ def hf_name(gguf_name: str, spec: ArchSpec) -> str:
     raise GGUFImportError(f"Unexpected tensor '{gguf_name}' for a {spec.model_type} model")
 
 
-def convert_tensors(reader, config: dict, spec: ArchSpec, progress: Callable[[int, int], None]):
-    """HF-named float32 mx arrays; each tensor leaves numpy at once to halve peak memory."""
+def convert_tensors(reader, config: dict, spec: ArchSpec, progress: Callable[[int, int], None], *,
+                    keep_quantized: bool = True, report: Report | None = None):
+    """HF-named mx arrays, one tensor at a time (no float32 copy of the whole model).
+
+    With `keep_quantized`, quantized GGUF tensors become MLX affine-quantized ones
+    (engine/models/gguf_quant.py) and `config["quantization"]` says which bits each took;
+    without, everything is dequantized to float32 (the old behaviour, for comparisons).
+    """
     import mlx.core as mx
     from gguf.quants import dequantize
 
-    weights = {}
+    weights, bits_of = {}, {}
+    report = report if report is not None else Report()
     total = len(reader.tensors)
     for i, tensor in enumerate(reader.tensors):
         name = hf_name(tensor.name, spec)
+        kind = tensor.tensor_type.name
         try:
-            array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+            if keep_quantized:
+                result = gguf_quant.convert(tensor, dequantize)
+            else:
+                result = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         except Exception as exc:
-            raise GGUFImportError(f"Cannot dequantize {tensor.name} ({tensor.tensor_type.name}): {exc}") from exc
-        if spec.unpermute_qk and name.endswith("q_proj.weight"):
-            array = _unpermute(array, config["num_attention_heads"])
-        elif spec.unpermute_qk and name.endswith("k_proj.weight"):
-            array = _unpermute(array, config["num_key_value_heads"])
-        if spec.norms_plus_one and "norm" in name:
-            array = array - 1.0
-        weights[name] = mx.array(array)
+            raise GGUFImportError(f"Cannot convert {tensor.name} ({kind}): {exc}") from exc
+        report.add(kind, gguf_quant.outcome(kind, result))
+        if spec.unpermute_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
+            result = gguf_quant.permute_rows(result, lambda a, h=heads: _unpermute(a, h))
+        if isinstance(result, gguf_quant.Quantized):
+            module = name[: -len(".weight")]
+            weights[name] = mx.array(result.weight)
+            weights[f"{module}.scales"] = mx.array(result.scales)
+            weights[f"{module}.biases"] = mx.array(result.biases)
+            bits_of[module] = result.bits
+        else:
+            if spec.norms_plus_one and "norm" in name:
+                result = result - 1.0
+            weights[name] = mx.array(result)
         progress(i + 1, total)
+    if bits_of:
+        config["quantization"] = quantization_config(bits_of)
     return weights
+
+
+def quantization_config(bits_of: dict[str, int]) -> dict:
+    """mlx-lm's `quantization` entry: the commonest bits as the default, the rest per layer."""
+    default = Counter(bits_of.values()).most_common(1)[0][0]
+    entry: dict = {"group_size": gguf_quant.GROUP, "bits": default, "mode": "affine"}
+    for module, bits in sorted(bits_of.items()):
+        if bits != default:
+            entry[module] = {"group_size": gguf_quant.GROUP, "bits": bits, "mode": "affine"}
+    return entry
 
 
 def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
@@ -260,8 +294,12 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
     return {"eos_token_id": eos_ids} if eos_ids else {}
 
 
-def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] | None = None) -> dict:
-    """Convert `path` into the (empty, existing) folder `dest`; returns the config written."""
+def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] | None = None,
+                keep_quantized: bool = True) -> dict:
+    """Convert `path` into the (empty, existing) folder `dest`; returns the config written.
+
+    Quantized tensors stay quantized unless `keep_quantized` is False (float32, as before).
+    """
     reader = open_gguf(path)
     meta = _Metadata(reader)
     arch = meta.get("general.architecture")
@@ -272,13 +310,18 @@ def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] 
         )
     config = build_config(meta, arch, spec, {t.name for t in reader.tensors})
     config.update(write_tokenizer(reader, meta, arch, dest))
-    weights = convert_tensors(reader, config, spec, progress or (lambda *_: None))
+    report = Report()
+    weights = convert_tensors(reader, config, spec, progress or (lambda *_: None), keep_quantized=keep_quantized,
+                              report=report)
+    for line in report.lines():
+        log.info("%s: %s", Path(path).name, line)
     expected = f"model.layers.{config['num_hidden_layers'] - 1}.self_attn.q_proj.weight"
     if expected not in weights or "model.embed_tokens.weight" not in weights:
         raise GGUFImportError(f"{Path(path).name} lacks tensors its metadata promises (e.g. {expected})")
     import mlx.core as mx
 
     mx.save_safetensors(str(dest / "model.safetensors"), weights)
-    config["brisk_source"] = {"gguf": Path(path).name, "name": meta.get("general.name")}
+    config["brisk_source"] = {"gguf": Path(path).name, "name": meta.get("general.name"),
+                              "tensors": report.lines()}
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     return config

@@ -14,7 +14,7 @@ import re
 import shutil
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -108,9 +108,13 @@ class ModelStore:
                 "Try `brisk models install-bundled`, `brisk models pull REPO` or `brisk models import-gguf`."
             )
         try:
-            return CatalogEntry(**json.loads(entry_file.read_text()))
+            entry = CatalogEntry(**json.loads(entry_file.read_text()))
         except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
             raise BrokenModelFolder(f"Catalog entry {entry_file} is corrupt ({exc}); reinstall the model") from exc
+        if not entry.memory_bytes:  # written before entries knew their bits and memory
+            info = inspect_folder(folder)
+            entry = replace(entry, bits_per_weight=info.bits_per_weight, memory_bytes=info.memory_bytes)
+        return entry
 
     def list(self) -> list[CatalogEntry]:
         if not self.models_dir.is_dir():

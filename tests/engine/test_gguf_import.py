@@ -41,11 +41,11 @@ def test_import_gguf_reproduces_the_original_model(tmp_path, arch):
     assert imported.tokenizer.eos_token_ids == original.tokenizer.eos_token_ids
 
 
-def test_import_dequantizes_q8_0_tensors(tmp_path):
+def test_import_as_float32_dequantizes_q8_0_tensors(tmp_path):
     original_dir = make_tiny_model(tmp_path / "orig", "llama", seed=5)
     gguf_path = write_gguf(original_dir, tmp_path / "q8.gguf", quantize_embeddings=True)
     (tmp_path / "imp").mkdir()
-    import_gguf(gguf_path, tmp_path / "imp")
+    import_gguf(gguf_path, tmp_path / "imp", keep_quantized=False)
     emb = np.array(mx.load(str(original_dir / "model.safetensors"))["model.embed_tokens.weight"])
     got = np.array(mx.load(str(tmp_path / "imp" / "model.safetensors"))["model.embed_tokens.weight"])
     scale = np.abs(emb).reshape(emb.shape[0], -1, 32).max(-1, keepdims=True) / 127

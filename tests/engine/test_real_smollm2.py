@@ -141,3 +141,24 @@ def test_speculative_decoding_equals_plain_on_real_weights(smol, tmp_path):
     cross = finished(Session(smol, greedy(spec_decode="on"), draft=cross_draft).send(prompt))
     assert cross.text == plain.text and cross.metrics.spec_decode == "on (match)"
     assert cross.metrics.draft_tokens > 0
+
+
+def test_quantized_weights_agree_with_the_float32_import_of_the_same_gguf(smol, real_store):
+    """The bundled install keeps the GGUF's Q4_1/Q8_0 blocks; over 256 greedy tokens of the
+    float32 import, the quantized model's top-1 agrees at 98% or more of positions."""
+    from tests.conftest import REAL_MODEL_F32
+
+    reference = load_model(REAL_MODEL_F32, store=real_store)
+    assert smol.info.dtype == "q4" and reference.info.dtype == "f32"
+    assert smol.info.memory_bytes < 0.25 * reference.info.memory_bytes
+    session = Session(reference, greedy(max_tokens=256))
+    done = finished(session.send("Tell me about the history of Rome."))
+    prompt = encode_messages(reference, session.messages[:1])
+    sequence = mx.array(prompt + done.token_ids)[None]
+    want = reference.model(sequence)[0, len(prompt) - 1:-1]
+    got = smol.model(sequence)[0, len(prompt) - 1:-1]
+    agreement = mx.mean(mx.argmax(got, -1) == mx.argmax(want, -1)).item()
+    log_p, log_q = (a - mx.logsumexp(a, -1, keepdims=True) for a in (want, got))
+    mean_kl = mx.mean(mx.sum(mx.exp(log_p) * (log_p - log_q), -1)).item()
+    print(f"top-1 agreement {agreement:.4f} over {len(done.token_ids)} tokens, mean KL {mean_kl:.2e}")
+    assert len(done.token_ids) >= 128 and agreement >= 0.98 and mean_kl < 0.1

@@ -1,0 +1,124 @@
+"""GGUF weight blocks as MLX affine quantization (w = scale * q + bias per group).
+
+A GGUF's quantized tensors stay quantized: a user's 98 MB Q4_1 file must not become a
+540 MB float32 model. Each tensor is converted on its own, so no float32 copy of the whole
+model exists at any point.
+
+- Q4_0, Q4_1 and Q8_0 are affine already, in blocks of 32: they map to MLX's 4- or 8-bit
+  groups of 32 exactly (Q4_0: scale d, bias -8d; Q4_1: d, m; Q8_0: d, -128d for q + 128).
+- Other quantized types are dequantized (the `gguf` package reads them all) and quantized
+  again by MLX to the nearest format that loses least: 4 bits in groups of 32 for the
+  4-bit-or-less K-quants (Q4_K's sub-blocks of 32 are affine, so it maps almost exactly),
+  8 bits in groups of 32 for the 5- and 6-bit ones.
+- Float tensors (norms, biases, an F16/F32 file) stay float.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+GROUP = 32
+DIRECT = ("Q4_0", "Q4_1", "Q8_0")
+FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
+# GGUF type -> MLX bits when it is re-quantized; types not named here go to 8 bits.
+REQUANTIZED_BITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "IQ3_S": 4, "IQ3_XXS": 4,
+                    "IQ2_XXS": 4, "IQ2_XS": 4, "IQ2_S": 4, "IQ1_S": 4, "IQ1_M": 4, "MXFP4": 4}
+
+
+@dataclass(frozen=True)
+class Quantized:
+    """One tensor in MLX's layout: packed (N, K * bits / 32) uint32, scales and biases (N, K / 32)."""
+
+    weight: np.ndarray
+    scales: np.ndarray
+    biases: np.ndarray
+    bits: int
+    group_size: int = GROUP
+
+
+@dataclass
+class Report:
+    """Which GGUF types went to which MLX format, for the import's log and note."""
+
+    routes: Counter = field(default_factory=Counter)  # (gguf type, "4-bit g32 exact" ...) -> tensors
+
+    def add(self, gguf_type: str, outcome: str) -> None:
+        self.routes[(gguf_type, outcome)] += 1
+
+    def lines(self) -> list[str]:
+        return [f"{n} {t} tensor(s) -> {outcome}" for (t, outcome), n in sorted(self.routes.items())]
+
+
+def _blocks(data: np.ndarray, rows: int, block_bytes: int) -> np.ndarray:
+    return np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1, block_bytes)
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    return np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0]
+
+
+def pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """(N, K) integers 0..2^bits-1 in MLX's packing: element k at bits * (k % (32/bits)) of word k // (32/bits)."""
+    q = q.astype(np.uint8)
+    if bits == 4:
+        q = q[:, 0::2] | (q[:, 1::2] << 4)
+    return np.ascontiguousarray(q).view(np.uint32)
+
+
+def direct(gguf_type: str, data: np.ndarray, rows: int) -> Quantized:
+    """Q4_0 / Q4_1 / Q8_0 blocks of 32 as MLX groups of 32, value for value."""
+    if gguf_type == "Q8_0":  # d (f16), 32 x int8
+        blocks = _blocks(data, rows, 34)
+        d = _f16(blocks, 0)
+        q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).reshape(rows, -1)
+        return Quantized(pack(q, 8), d, (d * np.float16(-128)).astype(np.float16), 8)
+    with_min = gguf_type == "Q4_1"  # Q4_1: d, m (f16), 16 bytes; Q4_0: d (f16), 16 bytes
+    blocks = _blocks(data, rows, 20 if with_min else 18)
+    d = _f16(blocks, 0)
+    nibbles = blocks[..., 4 if with_min else 2:]
+    # GGUF keeps elements 0-15 in the low nibbles and 16-31 in the high ones.
+    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1)
+    bias = _f16(blocks, 2) if with_min else (d * np.float16(-8)).astype(np.float16)
+    return Quantized(pack(q, 4), d, bias, 4)
+
+
+def requantize(weight: np.ndarray, bits: int) -> Quantized:
+    """A float (N, K) weight quantized by MLX to `bits` in groups of 32, scales in float16."""
+    import mlx.core as mx
+
+    packed, scales, biases = mx.quantize(mx.array(weight, dtype=mx.float32), group_size=GROUP, bits=bits)
+    return Quantized(np.asarray(packed), np.asarray(scales.astype(mx.float16)),
+                     np.asarray(biases.astype(mx.float16)), bits)
+
+
+def convert(tensor, dequantize) -> Quantized | np.ndarray:
+    """One GGUF tensor as MLX quantized arrays, or as float32 for float and 1-D tensors.
+
+    `dequantize(data, type)` is the gguf package's reader (passed in: the import owns it).
+    """
+    name = tensor.tensor_type.name
+    shape = [int(n) for n in reversed(tensor.shape)]  # GGUF dims are reversed from HF's
+    if name in FLOAT_TYPES or len(shape) != 2 or shape[1] % GROUP:
+        return np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+    if name in DIRECT:
+        return direct(name, tensor.data, shape[0])
+    weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+    return requantize(weight, REQUANTIZED_BITS.get(name, 8))
+
+
+def outcome(name: str, result) -> str:
+    if isinstance(result, np.ndarray):
+        return "float32"
+    how = "exact" if name in DIRECT else "re-quantized"
+    return f"{result.bits}-bit, groups of {result.group_size}, {how}"
+
+
+def permute_rows(result: Quantized | np.ndarray, reorder) -> Quantized | np.ndarray:
+    """Apply a row permutation (llama's q/k un-permute) to every array of a tensor."""
+    if isinstance(result, np.ndarray):
+        return reorder(result)
+    return Quantized(reorder(result.weight), reorder(result.scales), reorder(result.biases), result.bits,
+                     result.group_size)

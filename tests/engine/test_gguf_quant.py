@@ -1,0 +1,99 @@
+"""GGUF quantized tensors stay quantized: exact for Q4_0/Q4_1/Q8_0, nearest MLX format otherwise."""
+
+import json
+from types import SimpleNamespace
+
+import gguf
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from engine.models import gguf_quant
+from engine.models.gguf_import import import_gguf
+from engine.models.loader import load_folder
+from tests.gguf_writer import write_gguf
+from tests.tiny_models import make_tiny_model
+
+
+def _tensor(weight: np.ndarray, kind: str):
+    ggml = gguf.GGMLQuantizationType[kind]
+    data = gguf.quants.quantize(weight, ggml)
+    # GGUFReader's shape is reversed from numpy's: (K, N) for an (N, K) weight.
+    return SimpleNamespace(tensor_type=ggml, shape=list(reversed(weight.shape)), data=data), data
+
+
+def _mlx_values(q: gguf_quant.Quantized) -> np.ndarray:
+    # float32 scales: MLX's dequantize then computes s * q + b in float32, as gguf does.
+    return np.asarray(mx.dequantize(mx.array(q.weight), mx.array(q.scales).astype(mx.float32),
+                                    mx.array(q.biases).astype(mx.float32), group_size=q.group_size, bits=q.bits))
+
+
+@pytest.mark.parametrize("kind,bits", [("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8)])
+def test_affine_gguf_blocks_map_to_mlx_groups_value_for_value(kind, bits):
+    rng = np.random.default_rng(7)
+    weight = (rng.standard_normal((48, 96)) * 0.05).astype(np.float32)
+    tensor, data = _tensor(weight, kind)
+    result = gguf_quant.convert(tensor, gguf.quants.dequantize)
+    assert isinstance(result, gguf_quant.Quantized) and (result.bits, result.group_size) == (bits, 32)
+    assert result.weight.dtype == np.uint32 and result.scales.dtype == np.float16
+    want = gguf.quants.dequantize(data, tensor.tensor_type)
+    np.testing.assert_array_equal(_mlx_values(result), want)
+    assert gguf_quant.outcome(kind, result) == f"{bits}-bit, groups of 32, exact"
+
+
+@pytest.mark.parametrize("kind,bits", [("Q5_0", 8), ("Q5_1", 8)])
+def test_other_types_are_requantized_to_the_nearest_format(kind, bits):
+    rng = np.random.default_rng(8)
+    weight = (rng.standard_normal((32, 64)) * 0.05).astype(np.float32)
+    tensor, data = _tensor(weight, kind)
+    result = gguf_quant.convert(tensor, gguf.quants.dequantize)
+    assert result.bits == bits and gguf_quant.outcome(kind, result).endswith("re-quantized")
+    source = gguf.quants.dequantize(data, tensor.tensor_type)
+    step = (source.reshape(32, -1, 32).max(-1) - source.reshape(32, -1, 32).min(-1)) / 255
+    error = np.abs(_mlx_values(result) - source).reshape(32, -1, 32).max(-1)
+    # MLX keeps zero exact, which can cost up to a whole 8-bit step; plus float16 scales.
+    assert (error <= step + 1e-3 * np.abs(source).max()).all()
+
+
+def test_float_and_one_dimensional_tensors_stay_float32():
+    norm = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32, shape=[64],
+                           data=np.ones(64, np.float32))
+    result = gguf_quant.convert(norm, gguf.quants.dequantize)
+    assert isinstance(result, np.ndarray) and result.dtype == np.float32 and result.shape == (64,)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+def test_a_quantized_gguf_imports_quantized_and_answers_like_its_float_import(tmp_path, arch, kind):
+    original = make_tiny_model(tmp_path / "orig", arch, seed=4)
+    path = write_gguf(original, tmp_path / "m.gguf", quantize_weights=kind)
+    kept, floated = tmp_path / "kept", tmp_path / "float"
+    kept.mkdir(), floated.mkdir()
+    config = import_gguf(path, kept)
+    import_gguf(path, floated, keep_quantized=False)
+    bits = 4 if kind == "Q4_0" else 8
+    assert config["quantization"]["bits"] == bits and config["quantization"]["group_size"] == 32
+    assert json.loads((kept / "config.json").read_text())["quantization"] == config["quantization"]
+    assert any(kind in line for line in config["brisk_source"]["tensors"])
+    q_model, f_model = load_folder(kept), load_folder(floated)
+    assert q_model.info.memory_bytes < f_model.info.memory_bytes / 2.5
+    assert q_model.info.bits_per_weight < f_model.info.bits_per_weight / 3
+    assert q_model.info.parameters == f_model.info.parameters
+    layer = q_model.model.model.layers[0].mlp.down_proj
+    assert layer.bits == bits and layer.scales.dtype == mx.float16  # kept as stored, not upcast
+    ids = mx.array([[1, 5, 9, 30, 2, 7, 11, 3]])
+    for rows in (ids, ids[:, :1]):  # a prefill chunk and a decode row, the kernels' two paths
+        want, got = f_model.model(rows), q_model.model(rows)
+        assert mx.allclose(got, want, atol=2e-3, rtol=2e-3).item()
+
+
+def test_per_layer_bits_are_recorded_where_a_model_mixes_them():
+    entry = gguf_quant_config({"a.q": 4, "a.k": 4, "a.v": 8})
+    assert entry["bits"] == 4 and entry["a.v"] == {"group_size": 32, "bits": 8, "mode": "affine"}
+    assert "a.q" not in entry
+
+
+def gguf_quant_config(bits_of):
+    from engine.models.gguf_import import quantization_config
+
+    return quantization_config(bits_of)
