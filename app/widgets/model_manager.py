@@ -165,12 +165,13 @@ def describe(entry) -> tuple[str, ...]:
     from engine.models.bundled import BUNDLED
     from engine.models.loader import compute_dtype_name
 
-    quantized = entry.dtype.startswith("q")
-    bits = int(entry.dtype[1:]) if quantized else DTYPE_BITS.get(entry.dtype, 0)
-    # On the CPU Brisk computes in float32, so float weights take 4 bytes each in memory.
-    in_memory = entry.bytes_on_disk if quantized or compute_dtype_name() != "float32" else entry.parameters * 4
+    # Stored bits per weight, the quantizer's scales included (Q4_1-like 4-bit: about 5).
+    bits = f"{entry.bits_per_weight:.1f}" if entry.bits_per_weight else str(DTYPE_BITS.get(entry.dtype, entry.dtype))
+    # On the CPU Brisk computes float tensors in float32 (memory_bytes counts them so);
+    # elsewhere they stay as stored.
+    in_memory = entry.memory_bytes if compute_dtype_name() == "float32" and entry.memory_bytes else entry.bytes_on_disk
     spec = BUNDLED.get(entry.id)
-    return (entry.id, entry.architecture, f"{entry.parameters / 1e6:,.0f}M", str(bits) if bits else entry.dtype,
+    return (entry.id, entry.architecture, f"{entry.parameters / 1e6:,.0f}M", bits,
             _size(entry.bytes_on_disk), _size(in_memory), f"{entry.context_length:,}",
             spec.license if spec else "see its model card")
 

@@ -46,9 +46,24 @@ def test_model_manager_shows_full_ids_sizes_bits_and_license(qtbot, make_window,
     store.install_folder(tiny_llama_dir, model_id="a-rather-long-model-id-that-must-not-be-elided", source="test")
     manager = make_window().show_models()
     row = [manager.table.item(0, c).text() for c in range(manager.table.columnCount())]
-    assert row[0] == "a-rather-long-model-id-that-must-not-be-elided" and row[3] == "32"
+    assert row[0] == "a-rather-long-model-id-that-must-not-be-elided" and row[3] == "32.0"
     assert row[4].endswith("MiB") and row[5].endswith("MiB") and row[7] == "see its model card"
     store.remove("a-rather-long-model-id-that-must-not-be-elided")
+
+
+def test_a_quantized_model_shows_its_bits_and_smaller_memory(qtbot, make_window, tiny_llama_dir):
+    from engine.models.quantize import quantize_installed
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    store.install_folder(tiny_llama_dir, model_id="float", source="test")
+    quantized = quantize_installed("float", bits=4, group_size=32, store=store)
+    assert quantized.id == "float-q4" and store.get("float").dtype == "f32"  # the source stays
+    manager = make_window().show_models()
+    rows = {manager.table.item(r, 0).text(): manager.table.item(r, 3).text() for r in range(manager.table.rowCount())}
+    assert rows["float"] == "32.0" and 4.0 < float(rows["float-q4"]) < 8.0  # scales and norms on top of 4
+    assert quantized.memory_bytes < store.get("float").memory_bytes / 2
+    store.remove("float"), store.remove("float-q4")
 
 
 def test_remove_asks_first(qtbot, make_window, engine, tiny_llama_dir, monkeypatch):
