@@ -42,6 +42,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prefill-step", type=_positive, default=512)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _overhead(a))
+    p = bench.add_parser("peers", help="Brisk vs llama.cpp (llama-cpp-python) vs bare mlx-lm on the model's GGUF")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048, 8192])
+    p.add_argument("--runs", type=_positive, default=3)
+    p.add_argument("--gen-tokens", type=_positive, default=64)
+    p.add_argument("--gguf", help="the GGUF file for llama.cpp (default: a bundled model's kept download)")
+    p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _peers(a))
     p = bench.add_parser("kv", help="int4 KV cache: attention step time, decode tok/s, bytes, prefill peak")
     p.add_argument("--model", required=True)
     p.add_argument("--context", type=_ints, default=[2048, 8192, 32768])
@@ -134,6 +143,14 @@ def _overhead(args) -> int:
 
     run_overhead(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens,
                  step=args.prefill_step, as_json=args.json)
+    return 0
+
+
+def _peers(args) -> int:
+    from engine.bench.peers import run_peers
+
+    run_peers(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, gguf=args.gguf,
+              threads=args.threads, as_json=args.json)
     return 0
 
 
