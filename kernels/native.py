@@ -53,12 +53,26 @@ def _cpu_flags() -> list[str]:
     return [f"-m{f}" for f in ("avx2", "fma", "f16c") if f in have]
 
 
-def compile_command(cxx: str, output: Path, *extra: str) -> list[str]:
+def compiler_flags(standard: str = "c++17") -> list[str]:
     # Associative math lets the compiler vectorize the dot-product sums; infinities stay
     # (they mark masked keys), so no -ffast-math.
-    return [cxx, "-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fassociative-math",
-            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags(), *extra, *map(str, SOURCES),
-            *(["-ldl"] if sys.platform.startswith("linux") else []), "-o", str(output)]
+    return ["-O3", f"-std={standard}", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fassociative-math",
+            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags()]
+
+
+def link_flags() -> list[str]:
+    return ["-ldl"] if sys.platform.startswith("linux") else []
+
+
+def compile_command(cxx: str, output: Path, *extra: str) -> list[str]:
+    return [cxx, *compiler_flags(), *extra, *map(str, SOURCES), *link_flags(), "-o", str(output)]
+
+
+def find_compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
+    if not cxx:
+        raise RuntimeError("no C++ compiler found (set CXX or install one)")
+    return cxx
 
 
 def cache_dir() -> Path:
@@ -119,29 +133,34 @@ def library_path(cxx: str) -> Path:
     return cache_dir() / f"brisk_kernels-{key.hexdigest()[:16]}{'.dylib' if sys.platform == 'darwin' else '.so'}"
 
 
-def _build() -> ctypes.CDLL:
-    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    if not cxx:
-        raise RuntimeError("no C++ compiler found (set CXX or install one)")
+def build_verified(target: Path, command: list[str], what: str) -> None:
+    """Compile `command` (its output path last) into `target` unless the file there is the
+    very one Brisk built: staged in the private cache, hash recorded, moved in atomically."""
     private_cache_dir()
-    target = library_path(cxx)
+    if verified(target):
+        return
+    if target.exists() or digest_path(target).exists():
+        log.warning("native kernel library %s does not match the one Brisk built; rebuilding it", target)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        staged = Path(tmp) / target.name
+        done = subprocess.run([*command[:-1], str(staged)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {what} failed: {done.stderr.strip()[-2000:]}")
+        os.chmod(staged, 0o700)
+        record = Path(tmp) / digest_path(target).name
+        record.write_text(file_sha256(staged))
+        os.chmod(record, 0o600)
+        # atomic: a concurrent build never sees half a file; the record goes last
+        os.replace(staged, target)
+        os.replace(record, digest_path(target))
     if not verified(target):
-        if target.exists() or digest_path(target).exists():
-            log.warning("native kernel library %s does not match the one Brisk built; rebuilding it", target)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            staged = Path(tmp) / target.name
-            done = subprocess.run(compile_command(cxx, staged), capture_output=True, text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"compiling the kernels in {CSRC} failed: {done.stderr.strip()[-2000:]}")
-            os.chmod(staged, 0o700)
-            record = Path(tmp) / digest_path(target).name
-            record.write_text(file_sha256(staged))
-            os.chmod(record, 0o600)
-            # atomic: a concurrent build never sees half a file; the record goes last
-            os.replace(staged, target)
-            os.replace(record, digest_path(target))
-        if not verified(target):
-            raise RuntimeError(f"{target} changed while it was being installed; not loading it")
+        raise RuntimeError(f"{target} changed while it was being installed; not loading it")
+
+
+def _build() -> ctypes.CDLL:
+    cxx = find_compiler()
+    target = library_path(cxx)
+    build_verified(target, compile_command(cxx, target), f"the kernels in {CSRC}")
     return open_library(target)
 
 

@@ -6,6 +6,8 @@ them at memory speed for 1-16 rows and dequantizes tiles for sgemm above that.
 
 - `quantized_matmul_reference`: MLX's own op, the definition the kernel is tested against.
 - `quantized_matmul_native`: the kernel; raises NativeUnsupported for what it does not take.
+  It is a lazy node of MLX's graph when the MLX primitives build (kernels/mlx_extension.py),
+  else an eager ctypes call that evaluates its inputs first.
 - `quantized_matmul`: the dispatcher the layers use.
 Both paths keep x in float32 and agree with the reference to float rounding (about 1e-6
 relative).
@@ -17,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from kernels import native
+from kernels import mlx_extension, native
 from kernels.native_attention import NativeUnsupported, threads
 
 MAX_FEW_ROWS = 16
@@ -55,14 +57,22 @@ def quantized_matmul_native(x, weight, scales, biases, *, bits: int, group_size:
         raise NativeUnsupported(f"scales in {scales.dtype}")
     *lead, k = x.shape
     n = weight.shape[0]
-    if weight.ndim != 2 or weight.shape[1] * 32 // bits != k or k % group_size:
+    rows = _rows(x)
+    if weight.ndim != 2 or weight.shape[1] * 32 // bits != k or k % group_size or rows == 0:
         raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
+    primitives = mlx_extension.load()
+    if primitives is not None and (rows <= MAX_FEW_ROWS or primitives.has_sgemm()):
+        try:
+            out = primitives.quantized_matmul(x, weight, scales, biases, bias, bits, group_size,
+                                              SCALE_TYPES[scales.dtype], threads())
+        except ValueError as declined:  # a strided weight
+            raise NativeUnsupported(str(declined)) from None
+        return out.astype(x.dtype)
     x32 = x.astype(mx.float32)
     arrays = [x32, weight, scales, biases] + ([] if bias is None else [bias.astype(mx.float32)])
     mx.eval(*arrays)
     xs, w, s, b = (_buffer(a) for a in arrays[:4])
     linear_bias = None if bias is None else _buffer(arrays[4])
-    rows = _rows(x)
     out = np.empty((rows, n), np.float32)
     entry = lib.brisk_quantized_matmul_rows if rows <= MAX_FEW_ROWS else lib.brisk_quantized_matmul_dense
     code = entry(xs.ctypes.data, w.ctypes.data, s.ctypes.data, b.ctypes.data, SCALE_TYPES[scales.dtype],
@@ -80,6 +90,9 @@ def quantized_gather_native(ids, weight, scales, biases, *, bits: int, group_siz
         raise NativeUnsupported(native.unavailable_reason())
     if biases is None or scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
         raise NativeUnsupported("scales without biases or of another dtype")
+    primitives = mlx_extension.load()
+    if primitives is not None:
+        return primitives.quantized_gather(ids, weight, scales, biases, bits, group_size, SCALE_TYPES[scales.dtype])
     k = weight.shape[1] * 32 // bits
     flat = ids.astype(mx.int32).reshape(-1)
     mx.eval(flat, weight, scales, biases)

@@ -8,8 +8,8 @@ kernels/csrc/skinny_matmul.cpp reads each weight row once for all the rows.
 `SkinnyLinear` and `SkinnyEmbedding` (a tied output head's `as_linear`) send 2-16 row
 float32 products on the CPU to the kernel and everything else (one-row decode, where MKL is
 as fast; prefill chunks; GPU; other dtypes) to MLX as before. kernels/native_layers.py
-swaps them into a loaded model. The kernel call is eager: it
-evaluates its input, which costs little next to a weight matrix streamed from memory.
+swaps them into a loaded model. The kernel runs as a lazy MLX primitive where
+kernels/mlx_extension.py builds one, else as an eager ctypes call that evaluates its input.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from kernels import native
+from kernels import mlx_extension, native
 from kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
@@ -35,6 +35,12 @@ def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = 
     rows = _rows(x)
     if weight.ndim != 2 or weight.shape[1] != k or not 1 <= rows <= MAX_ROWS:
         raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
+    primitives = mlx_extension.load()
+    if primitives is not None:  # a lazy node of the graph (kernels/mlx_extension.py)
+        try:
+            return primitives.skinny_matmul(x, weight, bias, threads())
+        except ValueError as declined:  # a strided weight
+            raise NativeUnsupported(str(declined)) from None
     mx.eval(x, weight, *([] if bias is None else [bias]))
     xs = np.ascontiguousarray(np.asarray(x).reshape(rows, k))
     w = np.asarray(weight)

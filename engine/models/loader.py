@@ -57,6 +57,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from mlx_lm.utils import load
 
     from engine.mlx_hooks import check_hooks
+    from kernels.fused_attention import use_fused_attention
     from kernels.native_layers import use_native_layers
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
@@ -72,7 +73,9 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     if dtype == "float32":
         to_float32(model)
         swapped = use_native_layers(model)  # quantized layers and few-row float products
-        log.debug("%s: %d layers run on the native kernels", path.name, swapped)
+        fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)
+        log.debug("%s: %d layers run on the native kernels, attention fused in %d modules", path.name, swapped,
+                  fused)
     if not tokenizer.eos_token_ids:
         log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)
     return LoadedModel(model_id or path.name, path, model, tokenizer, config, info, dtype)

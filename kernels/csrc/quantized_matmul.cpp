@@ -16,7 +16,8 @@
 // the process's cblas_sgemm (MKL when engine/blas.py loaded it), so prefill runs at sgemm
 // speed plus one pass of dequantization.
 // Threads come from a small persistent pool: a decode step makes ~200 of these calls, too
-// many to start threads for each. Built by kernels/native.py, called through ctypes.
+// many to start threads for each. Built by kernels/native.py and called through ctypes, and
+// built into the lazy MLX primitives of mlx_primitives/primitives.cpp (kernels/mlx_extension.py).
 
 #include <dlfcn.h>
 
@@ -418,6 +419,16 @@ int brisk_quantized_gather(const int32_t* ids, int count, const uint32_t* w, con
   }
   return 0;
 }
+
+// The pool for other kernels built into the same module (attention.cpp): task(context, u)
+// for u in [0, units) over up to `threads` threads.
+void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context) {
+  parallel_units(units, threads, [&](int u) { task(context, u); });
+}
+
+// 1 when the process has a cblas_sgemm for the many-row path (MLX's lazy primitive asks
+// before it builds a node, since a node cannot decline once queued).
+int brisk_quantized_matmul_has_sgemm() { return find_sgemm() != nullptr; }
 
 int brisk_quantized_matmul_version() { return 1; }
 }

@@ -93,3 +93,44 @@ def test_kernels_live_under_brisk_home_when_it_is_set(monkeypatch, tmp_path):
     monkeypatch.delenv("BRISK_KERNEL_CACHE", raising=False)
     monkeypatch.setenv("BRISK_HOME", str(tmp_path))
     assert native.cache_dir() == tmp_path / "cache" / "kernels"
+
+
+# The MLX primitives module (kernels/mlx_extension.py) shares the same guard.
+
+@pytest.fixture
+def fresh_primitives(monkeypatch, fresh):
+    from kernels import mlx_extension
+
+    monkeypatch.setattr(mlx_extension, "_state", {})
+    return mlx_extension
+
+
+@needs_compiler
+def test_the_mlx_primitives_build_wherever_nanobind_is_installed(fresh_primitives, fresh):
+    """Brisk depends on nanobind, so a failing build is a bug, not a reason to skip the primitive tests."""
+    module = fresh_primitives.load()
+    assert module is not None, fresh_primitives.unavailable_reason()
+    assert module.version() == fresh_primitives.VERSION
+    assert fresh_primitives.module_path(CXX).parent == fresh
+
+
+@needs_compiler
+def test_a_planted_primitives_module_never_runs_and_is_rebuilt(fresh_primitives, tmp_path):
+    target = fresh_primitives.module_path(CXX)
+    build_hostile(tmp_path, target)
+    assert fresh_primitives.load() is not None, fresh_primitives.unavailable_reason()
+    assert not (tmp_path / "mark").exists(), "the planted module's constructor ran"
+    assert native.verified(target)
+
+
+def test_without_nanobind_the_primitives_say_why_and_the_ctypes_path_stays(fresh_primitives, monkeypatch):
+    real = fresh_primitives.importlib.util.find_spec
+    monkeypatch.setattr(fresh_primitives.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "nanobind" else real(name, *a))
+    assert fresh_primitives.load() is None
+    assert "nanobind" in fresh_primitives.unavailable_reason()
+
+
+def test_the_primitives_can_be_turned_off_alone(fresh_primitives, monkeypatch):
+    monkeypatch.setenv("BRISK_MLX_PRIMITIVES", "0")
+    assert fresh_primitives.load() is None and "BRISK_MLX_PRIMITIVES" in fresh_primitives.unavailable_reason()

@@ -18,7 +18,8 @@ from kernels.quantized_matmul import (
 )
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
-pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel")
+pytestmark = [pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel"),
+              pytest.mark.usefixtures("kernel_path")]
 
 
 def _quantized(n, k, bits, group, dtype, seed):
@@ -64,15 +65,40 @@ def test_shapes_the_kernel_does_not_take_are_declined():
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_the_lookup_equals_mlx_dequantize(bits):
+def test_the_lookup_equals_mlx_dequantize(bits, kernel_path):
     packed, scales, biases = _quantized(50, 64, bits, 32, mx.float16, seed=3)
     ids = mx.array([[0, 49, 7], [7, 3, 1]])
     want = mx.dequantize(packed[ids], scales[ids].astype(mx.float32), biases[ids].astype(mx.float32),
                          group_size=32, bits=bits)
     got = quantized_gather_native(ids, packed, scales, biases, bits=bits, group_size=32)
     assert got.shape == (2, 3, 64) and mx.allclose(got, want, atol=1e-6).item()
-    with pytest.raises(NativeUnsupported):  # an id out of the table
-        quantized_gather_native(mx.array([50]), packed, scales, biases, bits=bits, group_size=32)
+    if kernel_path == "ctypes":  # an id out of the table: declined before anything runs
+        with pytest.raises(NativeUnsupported):
+            quantized_gather_native(mx.array([50]), packed, scales, biases, bits=bits, group_size=32)
+    else:  # the lazy node finds it when it runs, and says so
+        with pytest.raises(RuntimeError, match="outside the vocabulary"):
+            mx.eval(quantized_gather_native(mx.array([50]), packed, scales, biases, bits=bits, group_size=32))
+        assert mx.allclose(quantized_gather_native(ids, packed, scales, biases, bits=bits, group_size=32), want,
+                           atol=1e-6).item()  # and the next lookup is fine
+
+
+@pytest.mark.parametrize("rows", [1, 4, 40])
+def test_the_primitive_stays_lazy_inside_a_compiled_graph(rows, kernel_path):
+    """mx.compile traces with placeholders: an eager kernel that evaluates its input cannot run there."""
+    if kernel_path == "ctypes":
+        pytest.skip("the eager ctypes path evaluates its inputs, which a traced graph cannot do")
+    packed, scales, biases = _quantized(96, 64, 4, 32, mx.float16, seed=rows)
+    bias = mx.random.normal((96,))
+
+    def layer(x):
+        return mx.tanh(quantized_matmul_native(x * 2, packed, scales, biases, bits=4, group_size=32, bias=bias))
+
+    x = mx.random.normal((rows, 64))
+    want = mx.tanh(quantized_matmul_reference(x * 2, packed, scales, biases, bits=4, group_size=32, bias=bias))
+    assert mx.allclose(mx.compile(layer)(x), want, atol=1e-5).item()
+    strided = mx.random.normal((64, rows)).T  # a transposed view is read through a copy
+    want = mx.tanh(quantized_matmul_reference(strided * 2, packed, scales, biases, bits=4, group_size=32, bias=bias))
+    assert mx.allclose(layer(strided), want, atol=1e-5).item()
 
 
 class _TinyNet(nn.Module):

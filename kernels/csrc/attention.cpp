@@ -1,0 +1,250 @@
+// Fused causal attention for float32 on the CPU: softmax(q k^T * scale) v, flash style.
+//
+// MLX's CPU attention materialises the score matrix and pays ~22 ns per exp: softmax was
+// 63% of SmolLM2's prefill at 2K tokens, and a 2K-context decode step spent more time in
+// attention than in its 4-bit weights (issues 17, 18). Here keys and values stream through
+// in blocks of 32 with an online softmax: scores never leave L1, and exp is a polynomial
+// on eight lanes at once.
+//
+// Layout: q (B, Hq, L, D) row-contiguous; k, v (B, Hkv, S, D) with any batch/head/position
+// strides and contiguous rows (a KV cache's sliced views as they are). Query i of L sits at
+// position S - L + i (MLX's "causal": a chunk after cached tokens). GQA: the Hq / Hkv query
+// heads of a KV head share every block of it they read. Attention sinks (a logit per head
+// with no value) start each row's softmax. Accumulation is in float32.
+// Work units are (batch, KV head, tile of query positions), split over the thread pool of
+// quantized_matmul.cpp.
+// Built into the MLX primitives module (mlx_primitives/primitives.cpp).
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BRISK_AVX2 1
+#endif
+
+namespace {
+
+constexpr int kKeyBlock = 32;     // keys per block: K and V blocks stay in L1 for every row
+constexpr int kQueryTile = 16;    // query positions per work unit
+constexpr int kMaxHeadDim = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Problem {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* out;
+  int B, Hq, Hkv, L, S, D;
+  int64_t k_strides[3], v_strides[3];  // batch, head, position (elements)
+  float scale;  // times log2(e): the softmax runs in base 2
+  bool causal;
+  const float* sinks;  // (Hq,) or null: a logit per query head with no value (gpt-oss)
+};
+
+#if BRISK_AVX2
+// 2^x for x <= 0 on eight lanes: x = n + f, 2^f by a degree-6 polynomial (rel. error ~2e-7),
+// 2^n into the exponent. Lanes under -126 (masked keys: -inf) give 0.
+inline __m256 exp2_ps(__m256 x) {
+  const __m256 low = _mm256_set1_ps(-126.f);
+  const __m256 underflow = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
+  x = _mm256_max_ps(x, low);
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
+  __m256 p = _mm256_set1_ps(1.5353362e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+// The dot products of q with eight keys, as one vector: eight accumulators over D, then a
+// horizontal-add tree that leaves sum j in lane j.
+inline __m256 dots8(const float* q, const float* const keys[8], int D) {
+  __m256 a[8];
+  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+  for (int d = 0; d < D; d += 8) {
+    const __m256 qd = _mm256_loadu_ps(q + d);
+    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys[j] + d), a[j]);
+  }
+  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+#endif
+
+// One query row's running state: max and sum of the softmax so far, and its output.
+struct Row {
+  const float* q;
+  float* acc;  // D floats
+  int limit;   // keys [0, limit) are visible
+  float max = -INFINITY, sum = 0.f;
+};
+
+// Fold keys [j0, j0 + n) into one row.
+void fold_block(const Problem& p, Row& row, const float* const* keys, const float* const* values, int n) {
+  const int D = p.D;
+  alignas(32) float s[kKeyBlock];
+#if BRISK_AVX2
+  const __m256 scale = _mm256_set1_ps(p.scale);
+  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
+  __m256 block_max = minus_inf;
+  for (int j = 0; j < n; j += 8) {
+    __m256 d = _mm256_mul_ps(dots8(row.q, keys + j, D), scale);
+    if (n - j < 8) {  // lanes past the block's last key
+      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane));
+      d = _mm256_blendv_ps(minus_inf, d, keep);
+    }
+    _mm256_store_ps(s + j, d);
+    block_max = _mm256_max_ps(block_max, d);
+  }
+  const float new_max = std::max(row.max, hmax(block_max));
+  const float correction = std::exp2(row.max - new_max);  // 0 on the first block
+  const __m256 m = _mm256_set1_ps(new_max);
+  __m256 total = _mm256_setzero_ps();
+  for (int j = 0; j < n; j += 8) {
+    const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + j), m));
+    _mm256_store_ps(s + j, e);
+    total = _mm256_add_ps(total, e);
+  }
+  row.sum = row.sum * correction + hsum(total);
+  row.max = new_max;
+  const __m256 c = _mm256_set1_ps(correction);
+  for (int d0 = 0; d0 < D; d0 += 32) {  // four vectors of the output row at a time, in registers
+    const int width = std::min(32, D - d0);
+    __m256 o[4];
+    for (int t = 0; t * 8 < width; ++t) o[t] = _mm256_mul_ps(_mm256_loadu_ps(row.acc + d0 + 8 * t), c);
+    for (int j = 0; j < n; ++j) {
+      const __m256 pj = _mm256_set1_ps(s[j]);
+      for (int t = 0; t * 8 < width; ++t)
+        o[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values[j] + d0 + 8 * t), o[t]);
+    }
+    for (int t = 0; t * 8 < width; ++t) _mm256_storeu_ps(row.acc + d0 + 8 * t, o[t]);
+  }
+#else
+  float block_max = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    float dot = 0.f;
+    for (int d = 0; d < D; ++d) dot += row.q[d] * keys[j][d];
+    s[j] = dot * p.scale;
+    block_max = std::max(block_max, s[j]);
+  }
+  const float new_max = std::max(row.max, block_max);
+  const float correction = std::exp2(row.max - new_max);
+  float total = 0.f;
+  for (int j = 0; j < n; ++j) total += (s[j] = std::exp2(s[j] - new_max));
+  row.sum = row.sum * correction + total;
+  row.max = new_max;
+  for (int d = 0; d < D; ++d) {
+    float o = row.acc[d] * correction;
+    for (int j = 0; j < n; ++j) o += s[j] * values[j][d];
+    row.acc[d] = o;
+  }
+#endif
+}
+
+// One work unit: KV head `h` of batch `b`, query positions [i0, i1), every query head of
+// the group.
+void attend_unit(const Problem& p, int b, int h, int i0, int i1, std::vector<float>& scratch) {
+  const int rep = p.Hq / p.Hkv, D = p.D, tile = i1 - i0;
+  const int rows_n = rep * tile;
+  scratch.assign(size_t(rows_n) * D, 0.f);
+  Row rows[kQueryTile * 64];
+  int reach = 0;
+  for (int r = 0; r < rep; ++r) {
+    for (int i = i0; i < i1; ++i) {
+      Row& row = rows[r * tile + (i - i0)];
+      row = Row{};
+      const int64_t head = int64_t(b) * p.Hq + h * rep + r;
+      row.q = p.q + (head * p.L + i) * D;
+      row.acc = scratch.data() + size_t(r * tile + (i - i0)) * D;
+      row.limit = p.causal ? p.S - p.L + i + 1 : p.S;
+      if (p.sinks) {  // the sink's share of the softmax starts the running sum: exp2(0) = 1
+        row.max = p.sinks[h * rep + r] * kLog2e;
+        row.sum = 1.f;
+      }
+      reach = std::max(reach, row.limit);
+    }
+  }
+  const float* k_base = p.k + b * p.k_strides[0] + h * p.k_strides[1];
+  const float* v_base = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  const float* keys[kKeyBlock];
+  const float* values[kKeyBlock];
+  for (int j0 = 0; j0 < reach; j0 += kKeyBlock) {
+    const int n_block = std::min(kKeyBlock, reach - j0);
+    for (int j = 0; j < n_block; ++j) {
+      keys[j] = k_base + (j0 + j) * p.k_strides[2];
+      values[j] = v_base + (j0 + j) * p.v_strides[2];
+    }
+    for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
+    for (int r = 0; r < rows_n; ++r) {
+      const int n = std::min(n_block, rows[r].limit - j0);
+      if (n > 0) fold_block(p, rows[r], keys, values, n);
+    }
+  }
+  for (int r = 0; r < rep; ++r) {
+    for (int i = i0; i < i1; ++i) {
+      const Row& row = rows[r * tile + (i - i0)];
+      const int64_t head = int64_t(b) * p.Hq + h * rep + r;
+      float* out = p.out + (head * p.L + i) * D;
+      const float inv = row.sum > 0.f ? 1.f / row.sum : 0.f;
+      for (int d = 0; d < D; ++d) out[d] = row.acc[d] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);  // quantized_matmul.cpp
+
+// Returns 0, or 1 for a shape it does not take (the caller checks these first).
+int brisk_attention(const float* q, const float* k, const float* v, float* out, int B, int Hq, int Hkv, int L,
+                    int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale, int causal,
+                    const float* sinks, int threads) {
+  if (B < 1 || Hkv < 1 || Hq % Hkv || Hq / Hkv > 64 || L < 1 || S < L || D < 8 || D % 8 || D > kMaxHeadDim)
+    return 1;
+  Problem p{q, k, v, out, B, Hq, Hkv, L, S, D, {}, {}, scale * kLog2e, causal != 0, sinks};
+  std::memcpy(p.k_strides, k_strides, sizeof(p.k_strides));
+  std::memcpy(p.v_strides, v_strides, sizeof(p.v_strides));
+  const int tiles = (L + kQueryTile - 1) / kQueryTile;
+  const int units = B * Hkv * tiles;
+  // Later query tiles see more keys (causal): hand them out first so the threads finish together.
+  auto run = [&](int u, std::vector<float>& scratch) {
+    const int t = tiles - 1 - u % tiles, h = (u / tiles) % Hkv, b = u / (tiles * Hkv);
+    attend_unit(p, b, h, t * kQueryTile, std::min(L, (t + 1) * kQueryTile), scratch);
+  };
+  auto trampoline = [](void* context, int u) {
+    thread_local std::vector<float> scratch;  // the pool's threads live on: so does this
+    (*static_cast<decltype(run)*>(context))(u, scratch);
+  };
+  brisk_parallel_for(units, threads, trampoline, &run);
+  return 0;
+}
+
+int brisk_attention_version() { return 1; }
+}

@@ -1,0 +1,89 @@
+"""Float attention on the CPU by the fused native kernel (kernels/csrc/attention.cpp).
+
+MLX's CPU attention materialises the scores and pays ~22 ns per exp: softmax was most of
+prefill (shared/CPU.md), and a 2K-context decode step spent more in attention than in its
+4-bit weights. The kernel streams keys and values in blocks with an online softmax.
+
+- `attention_reference`: MLX's own `mx.fast.scaled_dot_product_attention`, the definition.
+- `attention_native`: the kernel, a lazy MLX primitive; raises NativeUnsupported for what it
+  does not take (a mask array, other dtypes, head dims not a multiple of 8 or over 256, no
+  primitives module). Attention sinks (gpt-oss) it takes.
+- `scaled_dot_product_attention`: a drop-in for mlx-lm's function of that name, which every
+  mlx-lm model module imports; `use_fused_attention(model)` rebinds it in the model's modules.
+  Packed (quantized) KV caches keep their own path (engine/kvcache.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+import mlx.core as mx
+from mlx_lm.models import base as mlx_lm_base
+
+from kernels import mlx_extension
+from kernels.native_attention import NativeUnsupported, threads
+
+MLX_LM_SDPA = mlx_lm_base.scaled_dot_product_attention
+
+
+class _Switch:
+    native = True
+
+
+SWITCH = _Switch()  # process-wide: the rebound name is shared by every model of an architecture
+
+
+def attention_reference(queries, keys, values, *, scale: float, mask=None, sinks=None) -> mx.array:
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+
+
+def attention_native(queries, keys, values, *, scale: float, mask=None, sinks=None) -> mx.array:
+    """softmax(q k^T * scale) v for float32 (B, H, L, D) queries and (B, Hkv, S, D) keys/values."""
+    primitives = mlx_extension.load()
+    if primitives is None:
+        raise NativeUnsupported(mlx_extension.unavailable_reason())
+    if mask is not None and not (isinstance(mask, str) and mask == "causal"):
+        raise NativeUnsupported("a mask array (sliding window, padding or sparse positions)")
+    if not all(a.dtype == mx.float32 for a in (queries, keys, values)):
+        raise NativeUnsupported("the fused attention takes float32")
+    try:
+        return primitives.attention(queries, keys, values, float(scale), mask is not None, sinks, threads())
+    except ValueError as declined:
+        raise NativeUnsupported(str(declined)) from None
+
+
+def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mask, sinks=None) -> mx.array:
+    """mlx-lm's function, with float attention on the CPU sent to the fused kernel."""
+    if SWITCH.native and not hasattr(cache, "bits") and mx.default_device() == mx.cpu:
+        try:
+            return attention_native(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+        except NativeUnsupported:
+            pass
+    return MLX_LM_SDPA(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def use_fused_attention(model) -> int:
+    """Rebind mlx-lm's shared attention in the modules `model`'s layers come from; returns how
+    many modules now use the kernel (0 when the primitives cannot be had)."""
+    if mlx_extension.load() is None:
+        return 0
+    rebound = 0
+    for name in {type(m).__module__ for _, m in model.named_modules()}:
+        module = sys.modules.get(name)
+        current = getattr(module, "scaled_dot_product_attention", None)
+        if current is MLX_LM_SDPA:
+            module.scaled_dot_product_attention = scaled_dot_product_attention
+        if getattr(module, "scaled_dot_product_attention", None) is scaled_dot_product_attention:
+            rebound += 1
+    return rebound
+
+
+@contextmanager
+def mlx_attention_only():
+    """Every model's float attention uses MLX's own inside this block (the benchmarks' A/B)."""
+    before, SWITCH.native = SWITCH.native, False
+    try:
+        yield
+    finally:
+        SWITCH.native = before

@@ -1,0 +1,119 @@
+"""The native kernels as lazy MLX primitives (kernels/csrc/mlx_primitives/primitives.cpp).
+
+Through ctypes (kernels/native.py) a kernel evaluates its inputs and copies its output into
+a new array: a 4-bit SmolLM2 decode step synchronised with MLX ~210 times for it. As MLX
+primitives the same kernels are nodes of the graph and evaluate with the rest of it.
+
+The module is compiled on first use against the installed mlx wheel (its headers and
+libmlx) with nanobind in MLX's domain, so its functions take and return `mx.array`. It is
+cached and guarded like the ctypes library (private folder, recorded sha256). When it
+cannot be had (no compiler, no nanobind or Python headers, `BRISK_MLX_PRIMITIVES=0` or
+`BRISK_NATIVE_KERNELS=0`), `load()` returns None, `unavailable_reason()` says why, and
+callers keep the ctypes path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import subprocess
+import sys
+import sysconfig
+import threading
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
+from pathlib import Path
+from types import ModuleType
+
+from kernels import native
+
+SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
+# attention.cpp is built only here: it has no ctypes path (MLX's own attention is the fallback).
+KERNELS = [native.CSRC / "quantized_matmul.cpp", native.CSRC / "skinny_matmul.cpp", native.CSRC / "attention.cpp"]
+MODULE = "_brisk_mlx_ops"
+VERSION = 1
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def _package_dir(name: str) -> Path:
+    module = importlib.util.find_spec(name)
+    if module is None or not module.submodule_search_locations:
+        raise RuntimeError(f"{name} is not installed (pip install 'nanobind==3.1.0' to build the MLX primitives)")
+    return Path(list(module.submodule_search_locations)[0])
+
+
+def compile_command(cxx: str, output: Path) -> list[str]:
+    mlx_dir, nb_dir = _package_dir("mlx"), _package_dir("nanobind")
+    python_include = Path(sysconfig.get_paths()["include"])
+    if not (python_include / "Python.h").exists():
+        raise RuntimeError(f"Python's headers are missing ({python_include}/Python.h; install python3-dev)")
+    if not (mlx_dir / "include" / "mlx" / "primitives.h").exists():
+        raise RuntimeError(f"the mlx package at {mlx_dir} ships no C++ headers")
+    # Python's own symbols resolve at import (macOS's linker must be told so)
+    platform_flags = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
+    return [cxx, *native.compiler_flags("c++20"), "-fvisibility=hidden", "-fno-strict-aliasing", "-DNB_DOMAIN=mlx",
+            "-DNDEBUG", f"-I{mlx_dir / 'include'}", f"-I{nb_dir / 'include'}",
+            f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}", f"-I{python_include}", str(SOURCE), *map(str, KERNELS),
+            str(nb_dir / "src" / "nb_combined.cpp"), f"-L{mlx_dir / 'lib'}", "-lmlx", f"-Wl,-rpath,{mlx_dir / 'lib'}",
+            *platform_flags, *native.link_flags(),
+            "-o", str(output)]
+
+
+def _versions() -> str:
+    found = []
+    for name in ("mlx", "nanobind"):
+        try:
+            found.append(f"{name}={package_version(name)}")
+        except PackageNotFoundError:
+            found.append(f"{name}=?")
+    return " ".join(found)
+
+
+def module_path(cxx: str) -> Path:
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in (SOURCE, *KERNELS)))
+    key.update(" ".join(compile_command(cxx, Path("out"))).encode())
+    key.update(f"{_versions()} {sys.implementation.cache_tag}-{platform.machine()}".encode())
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return native.cache_dir() / f"brisk_mlx_ops-{key.hexdigest()[:16]}{suffix}"
+
+
+def _build() -> ModuleType:
+    import mlx.core  # noqa: F401  (the module's functions take mlx.core.array: MLX registers it first)
+
+    cxx = native.find_compiler()
+    target = module_path(cxx)
+    native.build_verified(target, compile_command(cxx, target), "the MLX primitives")
+    spec = importlib.util.spec_from_file_location(MODULE, target,
+                                                  loader=importlib.machinery.ExtensionFileLoader(MODULE, str(target)))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if module.version() != VERSION:
+        raise RuntimeError(f"{target}: version() is not {VERSION}")
+    return module
+
+
+def load() -> ModuleType | None:
+    """The primitives module, building it on first use; None when it cannot be had."""
+    with _lock:
+        if "module" not in _state:
+            _state["module"], _state["reason"] = None, None
+            if os.environ.get("BRISK_NATIVE_KERNELS", "1") == "0":
+                _state["reason"] = "turned off by BRISK_NATIVE_KERNELS=0"
+            elif os.environ.get("BRISK_MLX_PRIMITIVES", "1") == "0":
+                _state["reason"] = "turned off by BRISK_MLX_PRIMITIVES=0"
+            else:
+                try:
+                    _state["module"] = _build()
+                except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as error:
+                    _state["reason"] = str(error)
+        return _state["module"]
+
+
+def unavailable_reason() -> str | None:
+    load()
+    return _state["reason"]

@@ -1,0 +1,160 @@
+"""The fused CPU attention kernel against MLX's own attention, alone and inside loaded models."""
+
+import shutil
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from kernels import fused_attention, mlx_extension
+from kernels.fused_attention import (
+    attention_native,
+    attention_reference,
+    mlx_attention_only,
+    scaled_dot_product_attention,
+    use_fused_attention,
+)
+from kernels.native_attention import NativeUnsupported
+
+HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
+pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the MLX primitives")
+
+
+def _relative_error(got, want) -> float:
+    return (mx.max(mx.abs(got - want)) / mx.max(mx.abs(want))).item()
+
+
+@pytest.mark.parametrize("shape", [
+    # B, Hq, Hkv, L, S, D
+    (1, 9, 3, 1, 37, 64),     # decode, GQA 3
+    (1, 9, 3, 5, 100, 64),    # a verify pass after cached tokens
+    (2, 4, 4, 17, 17, 128),   # batch 2, no GQA, a whole prompt
+    (1, 14, 2, 70, 300, 64),  # a prefill chunk after cached tokens, GQA 7, several query tiles
+    (1, 8, 1, 3, 9, 256),     # head dim 256, one KV head
+    (1, 6, 2, 33, 70, 80),    # head dim 80 (not a multiple of 32)
+    (1, 4, 2, 1, 1, 96),      # a single key
+])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_kernel_equals_mlx_attention(shape, causal):
+    b, hq, hkv, length, keys_n, d = shape
+    mx.random.seed(sum(shape))
+    q = mx.random.normal((b, hq, length, d))
+    # keys and values as a KV cache hands them over: views into a longer buffer
+    k_buffer, v_buffer = mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2
+    k, v = k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
+    mask = "causal" if causal else None
+    want = attention_reference(q, k, v, scale=d ** -0.5, mask=mask)
+    got = attention_native(q, k, v, scale=d ** -0.5, mask=mask)
+    assert got.shape == want.shape and got.dtype == mx.float32
+    assert _relative_error(got, want) < 1e-5
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_attention_sinks_take_their_share_of_the_softmax(causal):
+    q = mx.random.normal((1, 6, 5, 64))
+    k, v = mx.random.normal((2, 1, 2, 40, 64))
+    sinks = mx.random.normal((6,)) * 3
+    mask = "causal" if causal else None
+    want = attention_reference(q, k, v, scale=0.125, mask=mask, sinks=sinks)
+    assert _relative_error(attention_native(q, k, v, scale=0.125, mask=mask, sinks=sinks), want) < 1e-5
+    assert _relative_error(want, attention_reference(q, k, v, scale=0.125, mask=mask)) > 1e-3  # they matter
+
+
+def test_extreme_scores_neither_overflow_nor_lose_the_softmax():
+    q = mx.random.normal((1, 2, 4, 64)) * 30  # scores in the hundreds: exp overflows without the max
+    k, v = mx.random.normal((2, 1, 1, 200, 64))
+    want = attention_reference(q, k, v, scale=1.0, mask="causal")
+    got = attention_native(q, k, v, scale=1.0, mask="causal")
+    assert not mx.any(mx.isnan(got)).item()
+    assert _relative_error(got, want) < 1e-5
+
+
+def test_rows_that_are_themselves_strided_are_copied_not_misread():
+    q = mx.random.normal((1, 4, 2, 64))
+    k = mx.random.normal((1, 2, 64, 10)).swapaxes(-1, -2)  # each key row strided
+    v = mx.random.normal((1, 2, 10, 64))
+    mx.eval(k)
+    want = attention_reference(q, k, v, scale=0.125, mask="causal")
+    assert _relative_error(attention_native(q, k, v, scale=0.125, mask="causal"), want) < 1e-5
+
+
+def test_it_runs_lazily_inside_a_compiled_graph():
+    q, k, v = mx.random.normal((3, 1, 4, 6, 64))
+
+    def block(q, k, v):
+        return mx.tanh(attention_native(q * 2, k, v, scale=0.1, mask="causal"))
+
+    want = mx.tanh(attention_reference(q * 2, k, v, scale=0.1, mask="causal"))
+    assert _relative_error(mx.compile(block)(q, k, v), want) < 1e-5
+
+
+def test_what_the_kernel_does_not_take_is_declined():
+    q, k, v = mx.random.normal((3, 1, 4, 6, 64))
+    with pytest.raises(NativeUnsupported, match="mask array"):
+        attention_native(q, k, v, scale=0.1, mask=mx.ones((6, 6), dtype=mx.bool_))
+    with pytest.raises(NativeUnsupported, match="float32"):
+        attention_native(q.astype(mx.float16), k, v, scale=0.1)
+    with pytest.raises(NativeUnsupported, match="shapes"):  # head dim not a multiple of 8
+        attention_native(q[..., :60], k[..., :60], v[..., :60], scale=0.1)
+    with pytest.raises(NativeUnsupported, match="shapes"):  # 4 query heads over 3 KV heads
+        attention_native(q, mx.concatenate([k] * 3, axis=1), mx.concatenate([v] * 3, axis=1), scale=0.1)
+
+
+def test_the_drop_in_sends_what_the_kernel_declines_to_mlx_lm(monkeypatch):
+    q, k, v = mx.random.normal((3, 1, 4, 6, 64))
+    mask = mx.tril(mx.ones((6, 6), dtype=mx.bool_))
+    for q_in, m in ((q, mask), (q.astype(mx.float16), "causal")):  # a mask array; half precision
+        want = fused_attention.MLX_LM_SDPA(q_in, k, v, None, scale=0.1, mask=m)
+        assert mx.array_equal(scaled_dot_product_attention(q_in, k, v, None, scale=0.1, mask=m), want).item()
+    calls = []
+    monkeypatch.setattr(fused_attention, "attention_native", lambda *a, **k: calls.append(1))
+    with mlx_attention_only():
+        scaled_dot_product_attention(q, k, v, None, scale=0.1, mask="causal")
+    assert calls == []
+    scaled_dot_product_attention(q, k, v, None, scale=0.1, mask="causal")
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text", "gpt_oss"])
+def test_loaded_models_attend_through_the_kernel_with_mlx_logits(tmp_path, arch, monkeypatch):
+    """Prefill chunks, a verify pass and decode steps after a cached prefix: the loader rebinds
+    the attention, and the logits are MLX's. gemma3's sliding layers (a mask array once a chunk
+    is longer than the window) keep MLX's attention; gpt-oss's sinks go to the kernel."""
+    from engine.models.loader import load_folder
+    from tests.tiny_models import make_tiny_model
+
+    lm = load_folder(make_tiny_model(tmp_path / arch, arch), model_id=arch)
+    ids = (mx.arange(48)[None] * 7 + 3) % 300
+
+    def logits():
+        cache = make_prompt_cache(lm.model)
+        out = [lm.model(ids[:, :20], cache=cache), lm.model(ids[:, 20:40], cache=cache)]  # two prefill chunks
+        out.append(lm.model(ids[:, 40:45], cache=cache))  # a verify pass
+        out += [lm.model(ids[:, i:i + 1], cache=cache) for i in range(45, 48)]  # decode
+        return mx.concatenate(out, axis=1)
+
+    calls = []
+    real = fused_attention.attention_native
+    monkeypatch.setattr(fused_attention, "attention_native",
+                        lambda q, *a, **k: calls.append(q.shape[2]) or real(q, *a, **k))
+    with mlx_attention_only():
+        want = logits()
+    assert calls == []
+    got = logits()
+    assert set(calls) >= {20, 5, 1}, calls
+    assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
+    assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(want, axis=-1)).item()
+
+
+def test_without_the_primitives_nothing_is_rebound(tmp_path, monkeypatch):
+    from mlx_lm.models import llama
+
+    from tests.tiny_models import make_tiny_model
+
+    monkeypatch.setattr(mlx_extension, "_state", {"module": None, "reason": "turned off for the test"})
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", fused_attention.MLX_LM_SDPA)
+    from engine.models.loader import load_folder
+
+    lm = load_folder(make_tiny_model(tmp_path / "llama", "llama"), model_id="llama")
+    assert use_fused_attention(lm.model) == 0
+    assert llama.scaled_dot_product_attention is fused_attention.MLX_LM_SDPA
