@@ -35,6 +35,16 @@ def tiny_llama(tiny_llama_dir):
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_q4(tmp_path_factory):
+    """tiny_llama's architecture with 4-bit weights (native quantized layers)."""
+    from engine.models.loader import load_folder
+    from tests.tiny_models import make_tiny_model
+
+    return load_folder(make_tiny_model(tmp_path_factory.mktemp("tiny-q4") / "tiny-llama-q4", "llama", quantize=4),
+                       model_id="tiny-llama")
+
+
+@pytest.fixture(scope="session")
 def real_store():
     from engine.models.bundled import install_bundled
     from engine.models.store import ModelStore

@@ -72,9 +72,11 @@ def write_tokenizer(folder: Path, vocab_size: int = 384) -> int:
 
 
 def make_tiny_model(folder: Path, arch: str = "llama", *, seed: int = 0, context_length: int = 512,
-                    tokenizer_vocab: int = 384, **overrides) -> Path:
+                    tokenizer_vocab: int = 384, quantize: int | None = None, **overrides) -> Path:
+    """A random-weight model folder; `quantize=4` or 8 stores it as mlx-lm quantizes (groups of 32)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
 
     folder = Path(folder)
@@ -87,6 +89,18 @@ def make_tiny_model(folder: Path, arch: str = "llama", *, seed: int = 0, context
     model = model_class(args_class.from_dict(config))
     # Larger-than-default init so greedy outputs vary with the prompt (not one repeated token).
     weights = {k: v * 4 if v.ndim == 2 else v for k, v in tree_flatten(model.parameters())}
+    if quantize:
+        model.update(tree_unflatten(list(weights.items())))
+        nn.quantize(model, group_size=32, bits=quantize)  # mlx-lm's predicate: layers whose sizes fit
+        weights = dict(tree_flatten(model.parameters()))
+        config["quantization"] = {"group_size": 32, "bits": quantize}
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
+
+
+def make_tiny_model_by_key(folder: Path, key: str, **kwargs) -> Path:
+    """`key` is an architecture, or one with its weights quantized: "llama-q4", "qwen3-q8"."""
+    arch, _, bits = key.partition("-q")
+    return make_tiny_model(folder, arch, quantize=int(bits) if bits else None, **kwargs)
+

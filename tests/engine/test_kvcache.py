@@ -16,11 +16,11 @@ from tests.tiny_models import make_tiny_model
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
+@pytest.fixture(scope="module", params=[None, 4], ids=["float32", "4-bit weights"])
+def lm(tmp_path_factory, request):
     # head_dim 64 (hidden 256 / 4 heads) so groups of 32 and 64 both fit
     return load_folder(make_tiny_model(tmp_path_factory.mktemp("kv") / "m", "llama", context_length=4096,
-                                       hidden_size=256))
+                                       hidden_size=256, quantize=request.param))
 
 
 def finish(events):

@@ -7,6 +7,12 @@ from engine.cache import PromptCache
 TOKENS = list(range(10, 40))
 
 
+@pytest.fixture(params=["float32", "4-bit weights"])
+def tiny_llama(request, tiny_llama, tiny_llama_q4):
+    """Every test here runs on a float model and on a quantized one."""
+    return tiny_llama if request.param == "float32" else tiny_llama_q4
+
+
 def filled(lm, tokens=TOKENS, step=8):
     cache = PromptCache(lm.model)
     assert list(cache.sync(tokens, step)) == [8, 16, 24, 30]

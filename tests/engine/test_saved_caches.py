@@ -1,6 +1,8 @@
 """A chat's prompt cache survives the app: saved beside the database when the session
 leaves memory, restored on the chat's first turn, refused when the model changed."""
 
+import pytest
+
 from engine.cache.saved import SavedCaches
 from engine.conversation import CancelToken, Message
 from engine.events import TurnFinished
@@ -9,6 +11,12 @@ from engine.settings import ChatSettings
 from engine.worker import Answer, EngineWorker
 
 DOCUMENT = "The committee met on Tuesday to review the water budget for the coming year. " * 6
+
+
+@pytest.fixture(params=["float32", "4-bit weights"])
+def tiny_llama(request, tiny_llama, tiny_llama_q4):
+    """Every test here runs on a float model and on a quantized one."""
+    return tiny_llama if request.param == "float32" else tiny_llama_q4
 
 
 def settings(**kw):

@@ -17,9 +17,10 @@ from engine.models.loader import load_folder
 from engine.sampling import TokenDistribution
 from engine.session import CancelToken, Session
 from engine.settings import ChatSettings
-from tests.tiny_models import make_tiny_model
+from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h"]
+# "-q4"/"-q8": the same architecture with quantized weights (native quantized layers)
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8"]
 PROMPTS = ["Tell me about the quick brown fox and the lazy dog.", "Zażółć gęślą jaźń, w Warszawie? 東京 🙂"]
 
 
@@ -28,8 +29,9 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("spec")
     out = {}
     for arch in ARCHS:
-        out[arch] = load_folder(make_tiny_model(root / arch, arch, seed=1, context_length=2048))
-        out[arch + "-draft"] = load_folder(make_tiny_model(root / f"{arch}-d", arch, seed=2, context_length=2048))
+        out[arch] = load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048))
+        out[arch + "-draft"] = load_folder(make_tiny_model_by_key(root / f"{arch}-d", arch, seed=2,
+                                                                  context_length=2048))
     # another vocabulary: a cross-tokenizer draft for any target
     out["cross"] = load_folder(make_tiny_model(root / "cross", "qwen2", seed=3, context_length=2048,
                                                tokenizer_vocab=300))
