@@ -23,6 +23,15 @@ def _ints(text: str) -> list[int]:
     return values
 
 
+def _engines(text: str) -> tuple[str, ...]:
+    known = ("brisk", "mlx_lm", "llama_cpp")
+    names = tuple(x.strip().replace("-", "_").replace(".", "_") for x in text.split(",") if x.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"engines are a comma-separated subset of {','.join(known)}")
+    return names
+
+
 def _ks(text: str) -> list:
     return [x.strip() if x.strip() == "auto" else int(x) for x in text.split(",") if x.strip()]
 
@@ -49,6 +58,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--gen-tokens", type=_positive, default=64)
     p.add_argument("--gguf", help="the GGUF file for llama.cpp (default: a bundled model's kept download)")
     p.add_argument("--threads", type=_positive, default=2)
+    p.add_argument("--engines", type=_engines, default=("brisk", "mlx_lm", "llama_cpp"),
+                   help="comma-separated subset of brisk,mlx_lm,llama_cpp (bare mlx-lm's quantized prefill "
+                        "takes minutes at 2K tokens)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _peers(a))
     p = bench.add_parser("kv", help="int4 KV cache: attention step time, decode tok/s, bytes, prefill peak")
@@ -150,7 +162,7 @@ def _peers(args) -> int:
     from engine.bench.peers import run_peers
 
     run_peers(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, gguf=args.gguf,
-              threads=args.threads, as_json=args.json)
+              engines=args.engines, threads=args.threads, as_json=args.json)
     return 0
 
 

@@ -117,7 +117,7 @@ def _source_gguf(store, model_id: str) -> Path | None:
 
 
 def run_peers(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, gguf: str | None,
-              threads: int, as_json: bool) -> dict:
+              threads: int, as_json: bool, engines: tuple[str, ...] = ENGINES) -> dict:
     from engine.models.loader import load_model
     from engine.models.store import ModelStore
 
@@ -127,13 +127,16 @@ def run_peers(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens:
     gguf_path = Path(gguf) if gguf else _source_gguf(store, model_id)
     targets = {"brisk": model_id, "mlx_lm": str(store.path(model_id))}
     notes = []
-    if gguf_path is None or not gguf_path.is_file():
+    if "llama_cpp" not in engines:
+        pass
+    elif gguf_path is None or not gguf_path.is_file():
         notes.append("llama.cpp skipped: no GGUF (pass --gguf FILE; bundled installs keep it with --keep-download)")
     elif not _have_llama_cpp():
         notes.append("llama.cpp skipped: llama-cpp-python is not installed (see ../shared/wheels/README.md)")
     else:
         targets["llama_cpp"] = str(gguf_path)
     del lm
+    targets = {name: target for name, target in targets.items() if name in engines}
     results = {name: [] for name in targets}
     for _ in range(runs):
         for name, target in targets.items():

@@ -134,3 +134,21 @@ def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
     assert [r["variant"] for r in rows] == ["plain", "k=2", "auto", "k=2 blas verify", "mlx-lm k=2"]
     assert all(r["same_output"] for r in rows)
     assert rows[1]["acceptance"] == 1.0  # a model drafting for itself is always right
+
+
+def test_bench_peers_runs_each_engine_in_its_own_process_and_says_what_it_skipped(cli_home):
+    out = brisk(cli_home, "bench", "peers", "--model", "tiny", "--prompt-tokens", "40,80", "--runs", "1",
+                "--gen-tokens", "4", "--engines", "brisk,mlx_lm,llama_cpp", "--json")
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert [e["requested_tokens"] for e in payload["lengths"]] == [40, 80]
+    for entry in payload["lengths"]:
+        for engine in ("brisk", "mlx_lm"):
+            assert entry[f"{engine}_prefill_tps"] > 0 and entry[f"{engine}_decode_tps"] > 0
+            assert entry[f"{engine}_peak_rss"] > 10e6 and entry[f"{engine}_ttft_s"] > 0
+        # the same text for both; Brisk's turn wraps it in the chat template
+        assert entry["requested_tokens"] <= entry["mlx_lm_prompt_tokens"] < entry["brisk_prompt_tokens"]
+        assert "llama_cpp_prefill_tps" not in entry
+    assert any("llama.cpp skipped" in note for note in payload["notes"])  # a folder install keeps no GGUF
+    out = brisk(cli_home, "bench", "peers", "--model", "tiny", "--engines", "brisk,ollama")
+    assert out.returncode == 2 and "subset of brisk,mlx_lm,llama_cpp" in out.stderr
