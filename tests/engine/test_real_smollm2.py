@@ -162,3 +162,29 @@ def test_quantized_weights_agree_with_the_float32_import_of_the_same_gguf(smol, 
     mean_kl = mx.mean(mx.sum(mx.exp(log_p) * (log_p - log_q), -1)).item()
     print(f"top-1 agreement {agreement:.4f} over {len(done.token_ids)} tokens, mean KL {mean_kl:.2e}")
     assert len(done.token_ids) >= 128 and agreement >= 0.98 and mean_kl < 0.1
+
+
+def test_quantized_weights_agree_with_llama_cpp_on_the_same_gguf(smol, real_store):
+    """The same comparison against llama.cpp's own logits for the GGUF Brisk imported."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is a bench-only extra "
+                                                        "(../shared/wheels/README.md), not installed here")
+    import numpy as np
+
+    gguf = real_store.cache_dir / "bundled" / f"{MODEL}.gguf"
+    if not gguf.is_file():
+        pytest.skip(f"the bundled install kept no GGUF at {gguf}")
+    session = Session(smol, greedy(max_tokens=256))
+    done = finished(session.send("Tell me about the history of Rome."))
+    tokens = encode_messages(smol, session.messages[:1]) + done.token_ids
+    peer = llama_cpp.Llama(str(gguf), n_ctx=len(tokens) + 8, logits_all=True, n_threads=2, verbose=False)
+    peer.eval(tokens)
+    theirs = mx.array(np.asarray(peer.scores[:len(tokens)], dtype=np.float32))
+    ours = smol.model(mx.array(tokens)[None])[0]
+    start = len(tokens) - len(done.token_ids) - 1  # the positions that chose the answer's tokens
+    theirs, ours = theirs[start:-1], ours[start:-1]
+    agreement = mx.mean(mx.argmax(ours, -1) == mx.argmax(theirs, -1)).item()
+    log_p, log_q = (a - mx.logsumexp(a, -1, keepdims=True) for a in (theirs, ours))
+    mean_kl = mx.mean(mx.sum(mx.exp(log_p) * (log_p - log_q), -1)).item()
+    print(f"against llama.cpp: top-1 agreement {agreement:.4f} over {len(done.token_ids)} tokens, "
+          f"mean KL {mean_kl:.2e}")
+    assert agreement >= 0.98 and mean_kl < 0.1
