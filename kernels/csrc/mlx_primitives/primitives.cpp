@@ -73,20 +73,37 @@ void require_plain_weight(const mx::array& w) {
     throw std::invalid_argument("a strided weight (the kernel would copy it on every call)");
 }
 
+// What every primitive here shares: CPU only, its output allocated and its arrays declared to
+// the stream's encoder before the kernel is enqueued.
+class CpuPrimitive : public mx::Primitive {
+ public:
+  using mx::Primitive::Primitive;
+
+  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
+    throw std::runtime_error(std::string(name()) + " runs on the CPU only");
+  }
+
+ protected:
+  mx::cpu::CommandEncoder& prepare(const std::vector<mx::array>& inputs, mx::array& out) {
+    allocate(out);
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    return encoder;
+  }
+};
+
 // y = x @ dequantize(w).T (+ bias), x float32 (..., K), w MLX affine-quantized (N, K).
-class QuantizedMatmul : public mx::Primitive {
+class QuantizedMatmul : public CpuPrimitive {
  public:
   QuantizedMatmul(mx::Stream s, int bits, int group, int scale_type, int threads, bool has_bias)
-      : mx::Primitive(s), bits_(bits), group_(group), scale_type_(scale_type), threads_(threads),
+      : CpuPrimitive(s), bits_(bits), group_(group), scale_type_(scale_type), threads_(threads),
         has_bias_(has_bias) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
     mx::array& out = outputs[0];
-    allocate(out);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int M = int(leading_rows(x)), K = int(x.shape(-1)), N = int(w.shape(0));
     encoder.dispatch([x = x.data<float>(), w = w.data<uint32_t>(), s = scales.data<void>(),
                       b = biases.data<void>(), bias = has_bias_ ? inputs[4].data<float>() : nullptr,
@@ -97,10 +114,6 @@ class QuantizedMatmul : public mx::Primitive {
                            : brisk_quantized_matmul_dense(x, w, s, b, type, bias, y, M, K, N, bits, group, threads);
       if (code) throw std::runtime_error("brisk quantized matmul declined (code " + std::to_string(code) + ")");
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("BriskQuantizedMatmul runs on the CPU only");
   }
 
   const char* name() const override { return "BriskQuantizedMatmul"; }
@@ -121,18 +134,15 @@ class QuantizedMatmul : public mx::Primitive {
 };
 
 // Rows `ids` of a quantized (V, K) table, dequantized to float32: the embedding lookup.
-class QuantizedGather : public mx::Primitive {
+class QuantizedGather : public CpuPrimitive {
  public:
   QuantizedGather(mx::Stream s, int bits, int group, int scale_type)
-      : mx::Primitive(s), bits_(bits), group_(group), scale_type_(scale_type) {}
+      : CpuPrimitive(s), bits_(bits), group_(group), scale_type_(scale_type) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array &ids = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
     mx::array& out = outputs[0];
-    allocate(out);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int count = int(ids.size()), V = int(w.shape(0)), K = int(out.shape(-1));
     encoder.dispatch([ids = ids.data<int32_t>(), w = w.data<uint32_t>(), s = scales.data<void>(),
                       b = biases.data<void>(), y = out.data<float>(), count, V, K, bits = bits_, group = group_,
@@ -140,10 +150,6 @@ class QuantizedGather : public mx::Primitive {
       if (brisk_quantized_gather(ids, count, w, s, b, type, y, V, K, bits, group))
         throw std::out_of_range("brisk quantized embedding: a token id outside the vocabulary");
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("BriskQuantizedGather runs on the CPU only");
   }
 
   const char* name() const override { return "BriskQuantizedGather"; }
@@ -164,27 +170,20 @@ class QuantizedGather : public mx::Primitive {
 };
 
 // y = x @ w.T (+ bias) for float32 x with 1-16 rows and float32 w (N, K): the verify pass.
-class SkinnyMatmul : public mx::Primitive {
+class SkinnyMatmul : public CpuPrimitive {
  public:
-  SkinnyMatmul(mx::Stream s, int threads, bool has_bias) : mx::Primitive(s), threads_(threads), has_bias_(has_bias) {}
+  SkinnyMatmul(mx::Stream s, int threads, bool has_bias) : CpuPrimitive(s), threads_(threads), has_bias_(has_bias) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array &x = inputs[0], &w = inputs[1];
     mx::array& out = outputs[0];
-    allocate(out);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int M = int(leading_rows(x)), K = int(x.shape(-1)), N = int(w.shape(0));
     encoder.dispatch([x = x.data<float>(), w = w.data<float>(), bias = has_bias_ ? inputs[2].data<float>() : nullptr,
                       y = out.data<float>(), M, K, N, threads = threads_]() {
       if (brisk_skinny_matmul(x, w, bias, y, M, K, N, threads))
         throw std::runtime_error("brisk skinny matmul declined");
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("BriskSkinnyMatmul runs on the CPU only");
   }
 
   const char* name() const override { return "BriskSkinnyMatmul"; }
@@ -206,18 +205,15 @@ class SkinnyMatmul : public mx::Primitive {
 // softmax(q k^T * scale) v for float32 q (B, Hq, L, D), k and v (B, Hkv, S, D); causal puts
 // query i at position S - L + i (MLX's "causal"). Keys and values are read in place through
 // their strides (a KV cache's sliced views), rows copied only if a row itself is strided.
-class Attention : public mx::Primitive {
+class Attention : public CpuPrimitive {
  public:
   Attention(mx::Stream s, float scale, bool causal, bool has_sinks, int threads)
-      : mx::Primitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), threads_(threads) {}
+      : CpuPrimitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& q = inputs[0];
     mx::array& out = outputs[0];
-    allocate(out);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
+    auto& encoder = prepare(inputs, out);
     const int B = int(q.shape(0)), Hq = int(q.shape(1)), L = int(q.shape(2)), D = int(q.shape(3));
     const int Hkv = int(inputs[1].shape(1)), S = int(inputs[1].shape(2));
     View k = view(inputs[1], encoder), v = view(inputs[2], encoder);
@@ -230,10 +226,6 @@ class Attention : public mx::Primitive {
                           causal, sinks, threads))
         throw std::runtime_error("brisk attention declined its shapes");
     });
-  }
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error("BriskAttention runs on the CPU only");
   }
 
   const char* name() const override { return "BriskAttention"; }
