@@ -81,7 +81,7 @@ def use_fused_attention(model) -> int:
 
 @contextmanager
 def mlx_attention_only():
-    """Every model's float attention uses MLX's own inside this block (the benchmarks' A/B)."""
+    """Every model's float attention uses MLX's own inside this block (A/B against the kernel)."""
     before, SWITCH.native = SWITCH.native, False
     try:
         yield
