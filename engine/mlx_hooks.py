@@ -44,7 +44,7 @@ HOOKS = (
          ("update_and_fetch", "state", "trim", "is_trimmable", "group_size", "bits", "step", "offset")),
     Hook("mlx_lm.models.cache:load_prompt_cache", "injected", "engine.kvcache",
          "PackedKVCache is set on mlx_lm.models.cache, where load_prompt_cache looks classes up by name"),
-    Hook("mlx_lm.models.rope_utils:initialize_rope", "wrapped", "engine.accel.specprefill.positions",
+    Hook("mlx_lm.models.rope_utils:initialize_rope", "wrapped", "engine.accel.positions",
          "sparse prefill shifts RoPE positions by wrapping the model's RoPE modules (rope_utils classes)"),
     Hook("mlx_lm.models.cache:RotatingKVCache", "private field", "engine.accel.speculative.rewind",
          "rewinding a sliding-window cache saves and restores its _idx", ("_idx", "keys", "values", "offset")),

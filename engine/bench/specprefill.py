@@ -105,7 +105,7 @@ def _continuation_nll(model, cache, last: int, continuation: list[int], shift: i
     """Mean negative log-likelihood of `continuation` after the cached context."""
     import mlx.core as mx
 
-    from engine.accel.specprefill.positions import position_shift
+    from engine.accel.positions import position_shift
 
     with position_shift(model, shift):
         logits = model(mx.array([last] + continuation[:-1])[None], cache=cache)[0]  # (C, V)

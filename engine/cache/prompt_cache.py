@@ -7,7 +7,8 @@ them in three places. Here it lives with the layers:
 - `tokens`: the tokens the layers hold, in order.
 - `mode`: (kv_bits, kv_group_size) the layers were built with; another mode starts over.
 - the position map of a sparse prefill: from token `dense_from` on, RoPE position =
-  cache slot + `shift`; no rewinding into the sparse region before it.
+  cache slot + `shift` (+ `layer_shifts[i]` in layer i, after UniPrefill, whose later
+  layers hold fewer slots than its earlier ones); no rewinding into the sparse region.
 
 Target and draft both use it; reuse, trim and reset are written once, here.
 """
@@ -26,6 +27,7 @@ class PromptCache:
         self.tokens: list[int] = []
         self.mode: tuple | None = None
         self.shift = 0
+        self.layer_shifts: list[int] | None = None
         self.dense_from = 0
 
     def __len__(self) -> int:
@@ -45,6 +47,7 @@ class PromptCache:
         """Forget everything (the next prefill starts from token 0)."""
         self.layers, self.tokens, self.mode = None, [], None
         self.shift = self.dense_from = 0
+        self.layer_shifts = None
 
     def ensure_mode(self, mode: tuple) -> None:
         """A cache of another KV precision cannot be reused: start over in `mode`."""
@@ -106,17 +109,22 @@ class PromptCache:
 
     def mark_sparse(self, tokens_held: list[int]) -> None:
         """After a sparse prefill: the layers hold fewer slots than `tokens_held`; from the
-        next token on, positions and slots advance together."""
-        physical = next(layer.offset for layer in self.layers if hasattr(layer, "offset"))
+        next token on, positions and slots advance together (in each layer by its own shift
+        when layers hold different numbers of slots; layers without slots have no positions)."""
         self.dense_from = len(tokens_held)
-        self.shift = self.dense_from - physical
+        shifts = [self.dense_from - layer.offset if hasattr(layer, "offset") else None for layer in self.layers]
+        known = [s for s in shifts if s is not None]
+        self.shift = min(known)
+        self.layer_shifts = None if len(set(known)) == 1 else [0 if s is None else s - self.shift for s in shifts]
         self.tokens = list(tokens_held)
 
     def model_view(self):
         """The model with RoPE positions shifted past tokens a sparse prefill dropped."""
-        from engine.accel.specprefill.positions import ShiftedModel
+        from engine.accel.positions import ShiftedModel
 
-        return ShiftedModel(self.model, self.shift) if self.shift else self.model
+        if not self.shift and not self.layer_shifts:
+            return self.model
+        return ShiftedModel(self.model, self.shift, self.layer_shifts)
 
     # --- packing, size, saving ---------------------------------------------------------
 
@@ -131,6 +139,7 @@ class PromptCache:
         from mlx_lm.models.cache import save_prompt_cache
 
         state = {**identity, "tokens": self.tokens, "shift": self.shift, "dense_from": self.dense_from,
+                 "layer_shifts": self.layer_shifts,
                  "mode": self.mode, "tokens_sha256": tokens_digest(self.tokens), "kv_sha256": kv_digest(self.layers)}
         save_prompt_cache(str(path), self.layers, {"brisk": json.dumps(state)})
 
@@ -154,6 +163,7 @@ class PromptCache:
                              "from another chat); it was not used")
         self.layers, self.tokens = layers, list(state["tokens"])
         self.shift, self.dense_from = state["shift"], state["dense_from"]
+        self.layer_shifts = state.get("layer_shifts")
         self.mode = tuple(state["mode"]) if state["mode"] else None
 
 

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.accel.specprefill.positions import ShiftedRoPE, install_position_shift, position_shift
+from engine.accel.positions import ShiftedRoPE, install_position_shift, position_shift
 from engine.accel.specprefill.scoring import (
     DraftScorer,
     SparsePrefillDeclined,

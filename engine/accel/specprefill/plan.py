@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from mlx_lm.models.cache import RotatingKVCache
 
-from engine.accel.specprefill.positions import install_position_shift
+from engine.accel.positions import install_position_shift
 from engine.accel.specprefill.scoring import CHUNK, Selection, SparsePrefillDeclined, select_chunks
 from engine.vocabulary import SparseOutcome
 
@@ -27,6 +27,7 @@ class SparsePlan:
     note: str  # what happened, for the metrics and the dashboard
     scoring_s: float = 0.0
     warning: str = ""  # set when sparse prefill failed and fell back
+    flat: bool = False  # declined by the guard against exhaustive tasks
 
 
 def plan_sparse_prefill(pair, target, layers, tokens: list[int], cached: int, settings) -> SparsePlan:
@@ -47,7 +48,7 @@ def plan_sparse_prefill(pair, target, layers, tokens: list[int], cached: int, se
         selection = select_chunks(importance, keep=None if mode == "auto" else settings.sparse_keep, window=window)
         install_position_shift(target.model)
     except SparsePrefillDeclined as exc:
-        return SparsePlan(None, "declined", str(exc), time.perf_counter() - started)
+        return SparsePlan(None, "declined", str(exc), time.perf_counter() - started, flat=exc.flat)
     except Exception as exc:  # any failure here costs speed, never the turn
         log.warning("sparse prefill fell back to full prefill: %s", exc)
         return SparsePlan(None, "fallback", f"fallback: {exc}", time.perf_counter() - started,

@@ -17,7 +17,7 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
    prompt token (its logits give the first answer token; reference implementations drop
    it), and for sliding-window targets the last `window` tokens. `auto` keeps the fewest chunks holding a share of the
    importance mass instead, or declines when that share needs most of the prompt.
-5. The target prefills kept runs with their original RoPE positions (engine/accel/specprefill/positions.py).
+5. The target prefills kept runs with their original RoPE positions (engine/accel/positions.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.accel.specprefill.positions import install_position_shift, position_shift
+from engine.accel.positions import install_position_shift, position_shift
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 CHUNK = 32  # selection granularity (tokens)
@@ -46,7 +46,12 @@ AUTO_MAX_KEEP = 0.6
 
 
 class SparsePrefillDeclined(Exception):
-    """Not an error: the turn runs a full prefill and metrics say why."""
+    """Not an error: the turn runs a full prefill and metrics say why. `flat`: the guard
+    against exhaustive tasks declined (importance spread over most of the prompt)."""
+
+    def __init__(self, message: str, *, flat: bool = False):
+        super().__init__(message)
+        self.flat = flat
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ def select_chunks(importance: mx.array, *, keep: float | None, window: int | Non
         fraction = needed / n_chunks
         if fraction > AUTO_MAX_KEEP:
             raise SparsePrefillDeclined(f"auto: importance is flat ({fraction:.0%} of chunks hold {mass:.0%}"
-                                        " of it); full prefill")
+                                        " of it); full prefill", flat=True)
         n_keep = max(needed, math.ceil(AUTO_MIN_KEEP * n_chunks))
     else:
         n_keep = math.ceil(keep * total / CHUNK)
@@ -177,17 +182,18 @@ def sparse_prefill(model, cache, tokens: list[int], runs: list[tuple[int, int]],
                    ) -> Iterator[int]:
     """Prefill tokens[s:e] for each run at logical positions base + s (yields tokens done).
 
-    `cache` holds `cache_len` physical slots before; each run is shifted so its RoPE
+    Each run is shifted, in each layer from the slots that layer holds, so its RoPE
     positions are its original ones."""
     install_position_shift(model)
     done = 0
     for s, e in runs:
         for c in range(s, e, step):
             chunk = tokens[c:min(c + step, e)]
-            physical = next((layer.offset for layer in cache if hasattr(layer, "offset")), None)
-            if physical is None:
+            if not any(hasattr(layer, "offset") for layer in cache):
                 raise NotImplementedError("the target's cache has no positional layer to map from")
-            with position_shift(model, base + c - physical):
+            # per layer: after a UniPrefill turn, layers hold different numbers of slots
+            deltas = [base + c - layer.offset if hasattr(layer, "offset") else 0 for layer in cache]
+            with position_shift(model, 0, deltas):
                 model(mx.array(chunk)[None], cache=cache)
             mx.eval([x.state for x in cache])
             done += len(chunk)
