@@ -9,7 +9,7 @@ import sys
 
 from engine.errors import BriskError
 from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
-from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, SPEC_MODES, SPEC_RULES, ChatSettings
+from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, SPEC_MODES, SPEC_RULES, ChatSettings, layer_list
 
 # glibc returns big freed blocks to the OS and page-faults them back on every prefill
 # chunk; keeping them cut an elementwise op from 138 to 22 ms here (shared/CPU.md).
@@ -33,7 +33,17 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data")
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=ChatSettings.kv_group_size)
     p.add_argument("--draft", help="draft model id (SpecPrefill scoring and speculative decoding)")
-    p.add_argument("--sparse-prefill", choices=("off", "on", "auto"), default=ChatSettings.sparse_prefill)
+    p.add_argument("--prefill", choices=PREFILL_CHOICES,
+                   help="prefill method: off (dense), specprefill (needs --draft), uniprefill (no draft), or auto "
+                        "(long prompts: SpecPrefill with a draft, else UniPrefill from --uniprefill-threshold tokens)")
+    p.add_argument("--sparse-prefill", choices=("off", "on", "auto"), default=None,
+                   help="SpecPrefill's own mode (--prefill specprefill is `on`)")
+    p.add_argument("--top-p-mass", type=float, default=None,
+                   help="UniPrefill: attention mass kept at each drop layer (default: the model's)")
+    p.add_argument("--drop-layers", type=layer_list, default=None,
+                   help="UniPrefill: comma-separated layer indices (default: chosen from the model's depth)")
+    p.add_argument("--uniprefill-threshold", type=int, default=ChatSettings.uniprefill_threshold,
+                   help="new-token count from which `auto` UniPrefill acts")
     p.add_argument("--keep", type=float, default=ChatSettings.sparse_keep, help="share of 32-token chunks kept (on)")
     p.add_argument("--threshold", type=int, default=ChatSettings.sparse_threshold,
                    help="new-token count from which `auto` sparse prefill acts")
@@ -44,13 +54,27 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
                    help="acceptance: exact rejection sampling, or match the target's own sample (mlx-lm's rule)")
 
 
+PREFILL_CHOICES = ("off", "specprefill", "uniprefill", "auto")
+
+
+def prefill_modes(prefill: str | None, sparse_prefill: str | None) -> tuple[str, str]:
+    """(sparse_prefill, uniprefill) settings for --prefill; --sparse-prefill alone keeps
+    its old meaning (SpecPrefill's mode) and UniPrefill stays off."""
+    spec = {"off": "off", "specprefill": "on", "uniprefill": "off", "auto": "auto", None: "off"}[prefill]
+    uni = {"off": "off", "specprefill": "off", "uniprefill": "on", "auto": "auto", None: "off"}[prefill]
+    return (sparse_prefill or spec), uni
+
+
 def settings_from_args(args) -> ChatSettings:
+    sparse, uni = prefill_modes(args.prefill, args.sparse_prefill)
     return ChatSettings(
         model=args.model, system_prompt=args.system, max_tokens=args.max_tokens, temperature=args.temp,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
         kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, draft=args.draft,
-        sparse_prefill=args.sparse_prefill, sparse_keep=args.keep, sparse_threshold=args.threshold,
+        sparse_prefill=sparse, sparse_keep=args.keep, sparse_threshold=args.threshold,
+        uniprefill=uni, uniprefill_p=args.top_p_mass, drop_layers=args.drop_layers,
+        uniprefill_threshold=args.uniprefill_threshold,
         spec_decode=args.spec_decode, num_draft=args.num_draft, spec_rule=args.spec_rule,
     ).validate()
 
@@ -110,7 +134,9 @@ def cmd_run(args) -> int:
         print()
         m = finished.metrics
         print(f"[ttft {m.ttft_s:.2f}s · prefill {m.prefill_tps:.1f} tok/s · decode {m.decode_tps:.1f} tok/s"
-              f" · {m.generated_tokens} tokens · {m.finish_reason} · sparse prefill {m.sparse_prefill}"
+              f" · {m.generated_tokens} tokens · {m.finish_reason} · prefill {m.prefill_route}"
+              + (f" (kept {', '.join(f'{k}/{n}@{layer}' for layer, n, k in m.drops)}, "
+                 f"{m.flops_saved:.0%} of FLOPs saved)" if m.drops else "")
               + (f" · spec {m.spec_decode}: acceptance {m.acceptance_rate:.0%}, {m.tokens_per_cycle:.2f} tokens/pass"
                  if m.spec_decode != "off" else "") + "]",
               file=sys.stderr)

@@ -33,6 +33,13 @@ class TurnMetrics:
     kept_tokens: int = 0  # new prompt tokens the target prefilled under sparse prefill
     scoring_s: float = 0.0  # draft prefill + lookahead scoring
     sparse_prefill_s: float = 0.0  # target prefill of the kept tokens
+    prefill_method: str = "dense"  # dense | specprefill | uniprefill (engine/accel/router.py)
+    prefill_route: str = ""  # why the router chose it
+    uniprefill_s: float = 0.0  # the layer-by-layer prefill under UniPrefill
+    drops: list = field(default_factory=list)  # UniPrefill, per drop layer: [layer, tokens in, tokens kept]
+    flops_saved: float = 0.0  # share of dense prefill FLOPs UniPrefill skipped (from the kept counts)
+    # What a sparse prefill read at full depth (engine/accel/coverage.py): the app's coverage map.
+    coverage: dict = field(default_factory=dict)
     spec_decode: str = "off"  # mode and rule, or off and why
     acceptance_rate: float = 0.0  # accepted / proposed draft tokens
     draft_tokens: int = 0  # target tokens proposed by the draft

@@ -47,6 +47,13 @@ class ChatSettings:
     sparse_prefill: AccelMode = "off"  # off | on (fixed keep) | auto (adaptive keep, long prompts only)
     sparse_keep: float = 0.2  # the paper's default share of 32-token chunks
     sparse_threshold: int = 8192  # `auto` acts on at least this many new tokens
+    # UniPrefill (engine/accel/uniprefill/): no draft; the target drops unimportant 64-token
+    # blocks at some of its own layers. `auto` acts on long prompts only; when a draft is set
+    # and SpecPrefill is on, SpecPrefill goes first (engine/accel/router.py).
+    uniprefill: AccelMode = "off"
+    uniprefill_p: float | None = None  # attention mass kept at each drop layer (None: the model's default)
+    drop_layers: list | None = None  # layer indices (None: chosen from the model's depth)
+    uniprefill_threshold: int = 4096  # `auto` acts on at least this many new tokens
     # Speculative decoding (engine/accel/speculative/decoder.py) with the same draft; `auto` picks k
     # per cycle and decodes plainly when drafting would not pay.
     spec_decode: AccelMode = "auto"
@@ -86,6 +93,15 @@ class ChatSettings:
             problems.append(f"sparse_keep must be in (0, 1] (got {self.sparse_keep})")
         if self.sparse_threshold < 0:
             problems.append("sparse_threshold must be >= 0")
+        if self.uniprefill not in ACCEL_MODES:
+            problems.append(f"uniprefill must be one of {ACCEL_MODES}")
+        if self.uniprefill_p is not None and not 0 < self.uniprefill_p <= 1:
+            problems.append(f"uniprefill_p must be in (0, 1] (got {self.uniprefill_p})")
+        if self.drop_layers is not None and not all(
+                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in self.drop_layers):
+            problems.append(f"drop_layers must be layer indices (got {self.drop_layers!r})")
+        if self.uniprefill_threshold < 0:
+            problems.append("uniprefill_threshold must be >= 0")
         if self.spec_decode not in SPEC_MODES:
             problems.append(f"spec_decode must be one of {SPEC_MODES}")
         if not 1 <= self.num_draft <= 16:
@@ -126,6 +142,16 @@ class ChatSettings:
         return cls(**{k: v for k, v in data.items() if k in known}).validate()
 
 
+def layer_list(text: str) -> list[int]:
+    """"7,11,15" -> [7, 11, 15] (an argparse type: it raises what argparse reports)."""
+    import argparse
+
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected layer indices such as 7,11,15 (got {text!r})") from None
+
+
 _NUMBER = (int, float)
 # What each setting holds (saved settings and JSON imports are untrusted input).
 FIELD_TYPES = {
@@ -133,6 +159,7 @@ FIELD_TYPES = {
     "repetition_penalty": _NUMBER, "max_tokens": int, "seed": int, "context_overflow": str,
     "prefill_step_size": int, "kv_bits": int, "kv_group_size": int, "kv_quant_start": int, "draft": str,
     "sparse_prefill": str, "sparse_keep": _NUMBER, "sparse_threshold": int, "spec_decode": str, "num_draft": int,
-    "spec_rule": str, "translation_prefix": int,
+    "spec_rule": str, "translation_prefix": int, "uniprefill": str, "uniprefill_p": _NUMBER, "drop_layers": list,
+    "uniprefill_threshold": int,
 }
-OPTIONAL_FIELDS = {"system_prompt", "seed", "draft"}
+OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers"}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from engine.settings import layer_list
+
 
 def _positive(text: str) -> int:
     """A count or size: a whole number of at least 1 (argparse reports anything else)."""
@@ -113,6 +115,31 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--continuation", type=_positive, default=256)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _sparse_ppl(a))
+    p = bench.add_parser("uniprefill", help="TTFT dense vs UniPrefill: speedup, FLOP bound, kept per drop layer")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192, 16384])
+    p.add_argument("--top-p", type=_floats, default=[0.95, 0.99])
+    p.add_argument("--drop-layers", type=layer_list, default=None, help="e.g. 7,11,15 (default: the model's)")
+    p.add_argument("--runs", type=_positive, default=3)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _uniprefill(a))
+
+    p = bench.add_parser("uniprefill-quality", help="needle, counting recall and continuation perplexity: "
+                                                     "dense vs UniPrefill")
+    p.add_argument("--model", required=True)
+    p.add_argument("--top-p", type=float, default=0.99)
+    p.add_argument("--drop-layers", type=layer_list, default=None)
+    p.add_argument("--tokens", type=_positive, default=4096, help="needle document length")
+    p.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9])
+    p.add_argument("--entries", type=_positive, default=100, help="counting: log entries")
+    p.add_argument("--green", type=_positive, default=6)
+    p.add_argument("--seeds", type=_ints, default=[1, 2, 3])
+    p.add_argument("--text-file", help="a long natural text for the perplexity check (skipped without)")
+    p.add_argument("--context", type=_ints, default=[2048, 4096])
+    p.add_argument("--continuation", type=_positive, default=256)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _uniprefill_quality(a))
+
     p = bench.add_parser("specdecode", help="speculative vs plain decoding per content kind: tok/s, acceptance")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
@@ -207,6 +234,23 @@ def _sparse_ppl(args) -> int:
 
     run_perplexity(args.target, args.draft, args.text_file, args.context, args.keep,
                    continuation=args.continuation, as_json=args.json)
+    return 0
+
+
+def _uniprefill(args) -> int:
+    from engine.bench.uniprefill import run_uniprefill
+
+    run_uniprefill(args.model, args.prompt_tokens, args.top_p, runs=args.runs, drop_layers=args.drop_layers,
+                   as_json=args.json)
+    return 0
+
+
+def _uniprefill_quality(args) -> int:
+    from engine.bench.uniprefill import run_uniprefill_quality
+
+    run_uniprefill_quality(args.model, args.top_p, tokens=args.tokens, depths=args.depths, text_file=args.text_file,
+                           contexts=args.context, continuation=args.continuation, entries=args.entries,
+                           green=args.green, seeds=args.seeds, drop_layers=args.drop_layers, as_json=args.json)
     return 0
 
 
