@@ -8,6 +8,7 @@ killing the app mid-answer loses at most that much text and never a committed me
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
@@ -67,6 +68,7 @@ class ChatController(QObject):
         composer.stop_requested.connect(self.stop)
         composer.attach_requested.connect(self.attach)
         chat_view.regenerate_requested.connect(self.regenerate)
+        chat_view.read_all_requested.connect(self.read_all)
         settings_panel.changed.connect(self.settings_changed)
 
     # --- conversations -----------------------------------------------------------------
@@ -92,7 +94,8 @@ class ChatController(QObject):
         self.dashboard.reset()
         last_metrics = None
         for m in self.store.messages(cid):
-            self.chat_view.add_message(m.role, m.content, m.finish_reason)
+            self.chat_view.add_message(m.role, m.content, m.finish_reason,
+                                       coverage=(m.metrics or {}).get("coverage") if m.role == "assistant" else None)
             if m.metrics:
                 last_metrics = m.metrics
         if last_metrics:
@@ -173,7 +176,11 @@ class ChatController(QObject):
         self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()
 
-    def regenerate(self) -> None:
+    def read_all(self) -> None:
+        """Regenerate the last answer once with dense prefill (the chat's settings stay)."""
+        self.regenerate(dense=True)
+
+    def regenerate(self, dense: bool = False) -> None:
         cid = self.current
         if cid is None or self.busy:
             return
@@ -189,7 +196,10 @@ class ChatController(QObject):
             return
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
-        self._turn_job = self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
+        settings = self.settings_panel.settings()
+        if dense:
+            settings = replace(settings, sparse_prefill="off", uniprefill="off")
+        self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
 
     def edit(self, index: int, text: str) -> None:
         cid = self.current
@@ -271,6 +281,7 @@ class ChatController(QObject):
                 self.chat_view.flush()
                 if self.chat_view.messages:
                     self.chat_view.messages[-1].set_finish(metrics["finish_reason"])
+                    self.chat_view.messages[-1].set_coverage(metrics.get("coverage"))
                 self.dashboard.show_turn(metrics, model=self.settings_panel.settings().model)
         elif isinstance(event, EngineErrored):
             if answer is not None:

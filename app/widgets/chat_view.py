@@ -19,6 +19,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.widgets.coverage import CoverageMap
+
 KEYWORDS = re.compile(r"\b(def|class|return|if|elif|else|for|while|in|import|from|as|with|try|except|finally|raise|"
                       r"lambda|yield|async|await|fn|let|mut|const|var|function|struct|impl|pub|use|match|new|"
                       r"public|private|static|void|int|float|bool|true|false|True|False|None|null)\b")
@@ -75,6 +77,7 @@ class MessageWidget(QFrame):
     copy_requested = Signal(str)
     edit_requested = Signal(int)
     regenerate_requested = Signal()
+    read_all_requested = Signal()
 
     def __init__(self, index: int, role: str, text: str = "", finish_reason: str | None = None, parent=None):
         super().__init__(parent)
@@ -109,7 +112,19 @@ class MessageWidget(QFrame):
         layout.addLayout(header)
         self.body = MessageBody()
         layout.addWidget(self.body)
+        self.coverage: CoverageMap | None = None
         self.render()
+
+    def set_coverage(self, coverage: dict | None) -> None:
+        """Show what a sparse prefill read for this answer (nothing for a dense one)."""
+        if self.coverage is not None:
+            self.coverage.setParent(None)
+            self.coverage.deleteLater()
+            self.coverage = None
+        if coverage and coverage.get("read_share", 1.0) < 1.0:
+            self.coverage = CoverageMap(coverage)
+            self.coverage.read_all_requested.connect(self.read_all_requested.emit)
+            self.layout().addWidget(self.coverage)
 
     @property
     def text(self) -> str:
@@ -146,6 +161,7 @@ def _finish_note(reason: str | None) -> str:
 class ChatView(QScrollArea):
     edit_requested = Signal(int)
     regenerate_requested = Signal()
+    read_all_requested = Signal()
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -167,12 +183,15 @@ class ChatView(QScrollArea):
             widget.deleteLater()
         self.messages = []
 
-    def add_message(self, role: str, text: str = "", finish_reason: str | None = None) -> MessageWidget:
+    def add_message(self, role: str, text: str = "", finish_reason: str | None = None,
+                    coverage: dict | None = None) -> MessageWidget:
         widget = MessageWidget(len(self.messages), role, text, finish_reason)
+        widget.set_coverage(coverage)
         widget.tint_draft = self.tint_draft
         widget.copy_requested.connect(lambda t: QGuiApplication.clipboard().setText(t))
         widget.edit_requested.connect(self.edit_requested.emit)
         widget.regenerate_requested.connect(self.regenerate_requested.emit)
+        widget.read_all_requested.connect(self.read_all_requested.emit)
         self.column.insertWidget(self.column.count() - 1, widget)
         self.messages.append(widget)
         QTimer.singleShot(0, self._scroll_to_end)

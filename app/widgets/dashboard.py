@@ -99,7 +99,7 @@ class Dashboard(QWidget):
         self.ttft.setText(f"{m.get('ttft_s', 0.0):.2f} s")
         self.recent.setText("Recent: " + " · ".join(f"{t:.2f} s" for t in self._ttfts))
         rate = m.get("prefill_tps") or 0.0
-        dense = m.get("sparse_outcome") != "used"
+        dense = m.get("sparse_outcome") != "used" and m.get("prefill_method", "dense") == "dense"
         if model and dense and m.get("prefilled_tokens", 0) >= MIN_RATE_TOKENS and rate:
             self._prefill_rates[model] = rate
         measured = self._prefill_rates.get(model)
@@ -111,6 +111,10 @@ class Dashboard(QWidget):
         if m.get("sparse_outcome") == "used":
             skipped = m.get("prompt_tokens", 0) - m.get("cached_tokens", 0) - m.get("kept_tokens", 0)
             notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")
+        if m.get("prefill_method") == "uniprefill" and m.get("drops"):
+            _, entered, kept = m["drops"][-1]
+            notes.append(f"UniPrefill: the deepest layers read {kept:,} of {m['drops'][0][1]:,} new tokens, "
+                         f"{m.get('flops_saved', 0):.0%} of prefill work skipped")
         self.saved.setText("; ".join(notes))
         self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
         self.speed.setText(f"Last turn: prefill {rate:,.1f} tok/s · decode {m.get('decode_tps') or 0.0:,.1f} tok/s")

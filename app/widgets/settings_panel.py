@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.accel.speculative.drafters import draft_compatibility
+from engine.accel.uniprefill.plan import DEFAULT_P
 from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"
@@ -52,6 +53,13 @@ class SettingsPanel(QWidget):
         self.keep = QSlider(Qt.Horizontal)
         self.keep.setRange(5, 100)
         self.keep_label = QLabel()
+        self.uniprefill = _combo(("off", "on", "auto"))
+        self.uniprefill.setToolTip("UniPrefill needs no draft: the model drops the blocks of a long prompt its own "
+                                   "attention ignores, from a few layers on. auto: prompts of "
+                                   f"{ChatSettings.uniprefill_threshold:,}+ new tokens only")
+        self.mass = _spin(0.80, 1.00, 0.01)
+        self.mass.setToolTip("Attention mass kept at each drop layer: 1.00 drops nothing; lower is faster and "
+                             "riskier (0.99 is the paper's setting)")
         self.spec = _combo(("off", "on", "auto"))
         self.num_draft = QSpinBox()
         self.num_draft.setRange(1, 16)
@@ -65,15 +73,16 @@ class SettingsPanel(QWidget):
         self.max_tokens.setRange(1, 32768)
         self.overflow = _combo(("refuse", "truncate_oldest"))
         for label, widget in (("Model", self.model), ("Draft model", self.draft), ("", self.badge),
-                              ("Sparse prefill", self.sparse), ("Keep", self.keep), ("", self.keep_label),
+                              ("SpecPrefill (draft)", self.sparse), ("Keep", self.keep), ("", self.keep_label),
+                              ("UniPrefill (no draft)", self.uniprefill), ("Kept attention mass", self.mass),
                               ("Speculative decoding", self.spec), ("Draft tokens (k)", self.num_draft),
                               ("KV cache bits", self.kv_bits), ("System prompt", self.system),
                               ("Temperature", self.temperature), ("Top-p", self.top_p),
                               ("Max tokens", self.max_tokens), ("Context overflow", self.overflow)):
             form.addRow(label, widget)
-        for combo in (self.model, self.draft, self.sparse, self.spec, self.kv_bits, self.overflow):
+        for combo in (self.model, self.draft, self.sparse, self.uniprefill, self.spec, self.kv_bits, self.overflow):
             combo.currentIndexChanged.connect(self._emit)
-        for spin in (self.num_draft, self.temperature, self.top_p, self.max_tokens):
+        for spin in (self.num_draft, self.mass, self.temperature, self.top_p, self.max_tokens):
             spin.valueChanged.connect(self._emit)
         self.keep.valueChanged.connect(self._emit)
         self.system.textChanged.connect(self._emit)
@@ -115,6 +124,8 @@ class SettingsPanel(QWidget):
         _select(self.draft, settings.draft or NO_DRAFT)
         _select(self.sparse, settings.sparse_prefill)
         self.keep.setValue(round(settings.sparse_keep * 100))
+        _select(self.uniprefill, settings.uniprefill)
+        self.mass.setValue(settings.uniprefill_p if settings.uniprefill_p is not None else DEFAULT_P)
         _select(self.spec, settings.spec_decode)
         self.num_draft.setValue(settings.num_draft)
         _select(self.kv_bits, str(settings.kv_bits))
@@ -143,7 +154,8 @@ class SettingsPanel(QWidget):
         self._settings = replace(
             self._settings, model=model,
             draft=None if draft in ("", NO_DRAFT) else draft, sparse_prefill=self.sparse.currentText(),
-            sparse_keep=self.keep.value() / 100, spec_decode=self.spec.currentText(),
+            sparse_keep=self.keep.value() / 100, uniprefill=self.uniprefill.currentText(),
+            uniprefill_p=self._mass(), spec_decode=self.spec.currentText(),
             num_draft=self.num_draft.value(), kv_bits=int(self.kv_bits.currentText()),
             system_prompt=self.system.toPlainText().strip() or None, temperature=round(self.temperature.value(), 2),
             top_p=round(self.top_p.value(), 2), max_tokens=self.max_tokens.value(),
@@ -151,8 +163,14 @@ class SettingsPanel(QWidget):
         self._refresh()
         self.changed.emit(self._settings)
 
+    def _mass(self) -> float | None:
+        """The spin's p, or None (the model's default) while it shows the default untouched."""
+        value = round(self.mass.value(), 2)
+        return None if self._settings.uniprefill_p is None and value == DEFAULT_P else value
+
     def _refresh(self) -> None:
         s = self._settings
+        self.mass.setEnabled(s.uniprefill != "off")
         adapts = " (auto adapts it)" if s.sparse_prefill == "auto" else ""
         self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
@@ -162,7 +180,7 @@ class SettingsPanel(QWidget):
             self.badge.setText(NO_USEFUL_DRAFT.format(model=s.model))
             self.badge.setProperty("kind", "none")
         elif not s.draft:
-            self.badge.setText("No draft: sparse prefill and speculative decoding need one")
+            self.badge.setText("No draft: SpecPrefill and speculative decoding need one (UniPrefill does not)")
             self.badge.setProperty("kind", "none")
         elif target is None or draft is None:
             self.badge.setText("Draft or target is not installed")

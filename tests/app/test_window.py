@@ -222,3 +222,35 @@ def test_export_and_import_json_updates_sidebar(qtbot, make_window, engine, tmp_
     bad.write_text(json.dumps({"format": "other"}))
     w.import_json(str(bad))
     assert "not a Brisk chat export" in w.statusBar().currentMessage()
+
+
+COVERAGE = {"new_tokens": 4000, "read_share": 0.55, "layers": [[6, [[0, 3000]]], [10, [[0, 1200], [2600, 3000]]]],
+            "skipped": [[1200, 2600, "The committee reviewed the quarterly report"]]}
+
+
+def test_a_sparse_answer_shows_its_coverage_and_read_it_all_asks_again_densely(qtbot, make_window, engine):
+    w = make_window()
+    w.settings_panel.uniprefill.setCurrentText("on")  # the chat's own setting, through its combo
+    cid = send(qtbot, w, "Summarize the report").conversation_id
+    answer(engine, cid, ["A summary."], metrics(prefill_method="uniprefill", coverage=COVERAGE))
+    cover = w.chat_view.messages[-1].coverage
+    assert cover is not None and "55%" in cover.label.text()
+    assert "tokens 1,200–2,600" in cover.toolTip() and "quarterly report" in cover.toolTip()
+    n = len(engine.commands)
+    qtbot.mouseClick(cover.read_all, Qt.LeftButton)  # the real button, not the slot
+    command = engine.commands[n]
+    assert isinstance(command, Answer) and [m.content for m in command.messages] == ["Summarize the report"]
+    assert command.settings.uniprefill == "off" and command.settings.sparse_prefill == "off"
+    assert w.settings_panel.settings().uniprefill == "on"  # the chat keeps its own setting
+    answer(engine, cid, ["A full summary."])
+    assert w.chat_view.messages[-1].coverage is None  # a dense answer has no map
+    w.controller.open(cid)  # reopened: the map comes back from the stored metrics only where it applies
+    assert w.chat_view.messages[-1].coverage is None
+
+
+def test_a_reopened_chat_shows_the_stored_coverage(qtbot, make_window, engine):
+    w = make_window()
+    cid = send(qtbot, w, "Summarize").conversation_id
+    answer(engine, cid, ["Sparse."], metrics(prefill_method="uniprefill", coverage=COVERAGE))
+    w.controller.open(cid)
+    assert w.chat_view.messages[-1].coverage is not None

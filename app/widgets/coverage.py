@@ -1,0 +1,72 @@
+"""The coverage map under an answer that a sparse prefill produced: which parts of the
+prompt the model read at full depth, the largest passages it skipped, and a one-click
+"Read it all" that asks again with dense prefill."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QRectF, Signal
+from PySide6.QtGui import QColor, QPainter
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QWidget
+
+READ = QColor(80, 160, 255)
+SKIPPED = QColor(128, 128, 128, 70)
+ROW_HEIGHT = 5
+
+
+class CoverageStrip(QWidget):
+    """The prompt from start to end, one row per drop layer (deeper rows lower): blue where
+    that layer read the tokens, grey where it had dropped them."""
+
+    def __init__(self, coverage: dict, parent=None):
+        super().__init__(parent)
+        self.total = max(coverage.get("new_tokens", 0), 1)
+        self.layers = coverage.get("layers", [])
+        self.setMinimumWidth(120)
+        self.setFixedHeight(ROW_HEIGHT * max(len(self.layers), 1) + 2)
+        self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+
+    def paintEvent(self, event) -> None:
+        painter = QPainter(self)
+        width = self.width()
+        for row, (_, runs) in enumerate(self.layers):
+            y = 1 + row * ROW_HEIGHT
+            painter.fillRect(QRectF(0, y, width, ROW_HEIGHT - 1), SKIPPED)
+            for start, end in runs:
+                painter.fillRect(QRectF(width * start / self.total, y, max(width * (end - start) / self.total, 1),
+                                        ROW_HEIGHT - 1), READ)
+        painter.end()
+
+
+class CoverageMap(QWidget):
+    read_all_requested = Signal()
+
+    def __init__(self, coverage: dict, parent=None):
+        super().__init__(parent)
+        self.setObjectName("coverageMap")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        share = coverage.get("read_share", 1.0)
+        self.label = QLabel(f"Read in full: {share:.0%} of the prompt")
+        self.label.setObjectName("coverageLabel")
+        self.strip = CoverageStrip(coverage)
+        self.read_all = QPushButton("Read it all")
+        self.read_all.setToolTip("Ask again with every token read by every layer (dense prefill, slower)")
+        self.read_all.clicked.connect(self.read_all_requested.emit)
+        for w in (self.label, self.strip, self.read_all):
+            layout.addWidget(w)
+        self.setToolTip(coverage_tooltip(coverage))
+
+
+def coverage_tooltip(coverage: dict) -> str:
+    layers = coverage.get("layers", [])
+    where = ("every layer" if layers and layers[0][0] < 0 else
+             "layers after " + ", ".join(str(layer) for layer, _ in layers))
+    lines = [f"Sparse prefill: {where} read {coverage.get('read_share', 1.0):.0%} of the "
+             f"{coverage.get('new_tokens', 0):,} new prompt tokens."]
+    skipped = coverage.get("skipped", [])
+    if skipped:
+        lines.append("Largest passages skipped by the deepest layers:")
+        lines += [f"• tokens {s:,}–{e:,}: “{html.escape(text)}…”" for s, e, text in skipped]
+    return "<br>".join(lines)
