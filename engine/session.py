@@ -247,8 +247,9 @@ class Session:
         metrics.coverage = coverage_map(self.lm.tokenizer, suffix[:-1], [(-1, runs)])
 
     def _uniprefill(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
-        """UniPrefill of tokens[cached:-1]; returns False when it could not run on this
-        model (the cache is then reset, the turn warned, and the caller prefills densely)."""
+        """UniPrefill of tokens[cached:-1]; returns False when it cannot run on this model:
+        the turn is warned and the caller prefills densely from what the cache still holds
+        (all of it when the model was declined before any layer ran, as it usually is)."""
         new = len(tokens) - 1 - cached
         runner = make_uniprefill(self.lm, self.cache.layers, settings)
         started = time.perf_counter()

@@ -138,12 +138,26 @@ def test_p_one_equals_dense_prefill_token_for_token_also_after_a_cached_prefix(m
             assert any(isinstance(e, EngineWarned) and e.kind == "uniprefill" for e in events)
 
 
-def test_sliding_window_layers_after_a_drop_are_declined_before_any_work(models):
+@pytest.mark.parametrize("p", [1.0, 0.3])
+def test_sliding_window_layers_after_a_drop_see_the_last_window_of_survivors(models, p):
+    """Gemma 3 with full layers between sliding ones: p = 1 is exact; with drops the last
+    `window` tokens stay (so decode's window is the true one) and a second turn and a
+    multi-token verify line up with the compacted sliding layers."""
     lm = models["gemma-alternating"]
-    events, done = turn(Session(lm, greedy(uniprefill="on", uniprefill_p=0.5)), DOC)
-    assert done.metrics.prefill_method == "dense" and "sliding" in done.metrics.prefill_route
-    _, dense = turn(Session(lm, greedy()), DOC)
-    assert done.token_ids == dense.token_ids
+    uni = Session(lm, greedy(uniprefill="on", uniprefill_p=p))
+    dense = Session(lm, greedy())
+    for text in (DOC, "And the south? " + DOC[:500]):
+        _, u = turn(uni, text)
+        _, d = turn(dense, text)
+        assert u.metrics.prefill_method == "uniprefill", u.metrics.prefill_route
+        if p == 1.0:
+            assert u.token_ids == d.token_ids
+    first = [layer for layer, n, k in u.metrics.drops if k < n]
+    if p < 1.0:
+        assert first, u.metrics.drops
+        window = lm.model.args.sliding_window
+        kept_runs = u.metrics.coverage["layers"][-1][1]
+        assert kept_runs[-1][1] - kept_runs[-1][0] >= window  # the tail window is whole
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3-q8"])
@@ -200,11 +214,12 @@ def test_drops_shrink_later_layers_and_the_answer_uses_true_positions(models):
 
 # --- composition -------------------------------------------------------------------------
 
-def test_speculative_decoding_on_top_is_still_exact(models):
-    lm = models["llama"]
+@pytest.mark.parametrize("arch, draft", [("llama", "llama-q4"), ("gemma-alternating", "gemma-alternating")])
+def test_speculative_decoding_on_top_is_still_exact(models, arch, draft):
+    lm = models[arch]
     settings = dict(uniprefill="on", uniprefill_p=0.4, max_tokens=12)
     _, plain = turn(Session(lm, greedy(**settings)), DOC)
-    _, spec = turn(Session(lm, greedy(**settings, spec_decode="on", num_draft=3), draft=models["llama-q4"]), DOC)
+    _, spec = turn(Session(lm, greedy(**settings, spec_decode="on", num_draft=3), draft=models[draft]), DOC)
     assert spec.metrics.prefill_method == "uniprefill" and spec.metrics.draft_tokens > 0
     assert spec.token_ids == plain.token_ids
 

@@ -102,8 +102,21 @@ def _cache_of(args: tuple, kwargs: dict, cache: list):
 
 def _position_dependent(args: tuple, kwargs: dict) -> bool:
     """Whether a layer's call carries an array built for the full, contiguous sequence
-    (an explicit mask: sliding windows), so it cannot be chunked or run on survivors."""
+    (an explicit mask: sliding windows)."""
     return any(isinstance(a, mx.array) for a in (*args, *kwargs.values()))
+
+
+def _windowed(layer_cache) -> bool:
+    """A sliding-window layer whose mask its own cache can rebuild for any chunk (mlx-lm
+    sizes these caches to the window)."""
+    return hasattr(layer_cache, "max_size") and hasattr(layer_cache, "make_mask")
+
+
+def _with_mask(args: tuple, kwargs: dict, mask) -> tuple[tuple, dict]:
+    """The layer's arguments with its mask (an array, or "causal") replaced by `mask`."""
+    def swap(a):
+        return mask if isinstance(a, mx.array) or (isinstance(a, str) and a == "causal") else a
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
 
 def runs_of(index: np.ndarray) -> list[tuple[int, int]]:
@@ -127,6 +140,7 @@ class UniPrefill:
         self.reports: list[DropReport] = []
         self.layer_tokens: list[int] = []  # tokens each layer processed
         self.layer_caches: list = []  # the cache entry each layer uses (None: it has none)
+        self.tail = QUERY_WINDOW  # last tokens always kept
 
     def run(self, tokens: list[int], base: int) -> Iterator[int]:
         calls = record_layer_calls(self.model, self.cache, mx.array(tokens)[None])
@@ -162,29 +176,38 @@ class UniPrefill:
         if windowed:
             raise UniPrefillUnsupported(f"drop layers {windowed} have no full-attention cache to score the prompt with")
         first_drop = self.drop_layers[0]
-        late = [i for i in range(first_drop + 1, n) if _position_dependent(*calls[i][1:])]
+        late = [i for i in range(first_drop + 1, n)
+                if _position_dependent(*calls[i][1:]) and not _windowed(self.layer_caches[i])]
         if late:
-            raise UniPrefillUnsupported(f"layers {late[:4]} after the first drop layer ({first_drop}) take an explicit "
-                                        "mask built for the whole prompt (sliding windows); their window could not "
-                                        "follow the survivors' positions")
+            raise UniPrefillUnsupported(f"layers {late[:4]} after the first drop layer ({first_drop}) take a mask "
+                                        "built for the whole prompt that their cache cannot rebuild for the survivors")
+        # Sliding-window layers after a drop see the last `window` survivors (the released
+        # code's window over the compacted sequence); the last `window` tokens always stay,
+        # so in decode that is exactly the last `window` positions.
+        windows = [c.max_size for c in self.layer_caches[first_drop + 1:] if _windowed(c)]
+        self.tail = max([QUERY_WINDOW, *windows])
 
     def _layer(self, i: int, h, args, kwargs, positions: np.ndarray):
         """Run layer i over the current tokens, chunk by chunk; for a drop layer also the
         last QUERY_WINDOW query rows and the layer's keys, captured from its attention."""
         from engine.accel.specprefill.scoring import capture_attention
 
-        layer = self.model.layers[i]
+        layer, layer_cache = self.model.layers[i], self.layer_caches[i]
         n = h.shape[1]
-        whole = _position_dependent(args, kwargs)  # before the first drop: run it as one call
+        windowed = _windowed(layer_cache)
+        whole = _position_dependent(args, kwargs) and not windowed  # a mask for the whole sequence: one call
         bounds = [(0, n)] if whole else [(s, min(s + self.step, n)) for s in range(0, n, self.step)]
         captured: list = []
         scoring = i in self.drop_layers
         outs = []
         for s, e in bounds:
+            call_args, call_kwargs = args, kwargs
+            if windowed:  # the chunk's window mask, from the layer's own cache (as the model builds it)
+                call_args, call_kwargs = _with_mask(args, kwargs, layer_cache.make_mask(e - s))
             with token_positions(self.model, mx.array(positions[s:e], mx.int32)), \
                     (capture_attention(self.model, captured) if scoring else nullcontext()):
-                out = layer(h[:, s:e], *args, **kwargs)
-            mx.eval(out, self.layer_caches[i].state if self.layer_caches[i] is not None else [])
+                out = layer(h[:, s:e], *call_args, **call_kwargs)
+            mx.eval(out, layer_cache.state if layer_cache is not None else [])
             outs.append(out)
             if scoring:  # only the last calls' queries are needed; drop the rest early
                 captured[:] = captured[-2:]
@@ -200,7 +223,7 @@ class UniPrefill:
     def _select(self, queries, keys, positions: np.ndarray) -> np.ndarray:
         q, scale = queries
         mass = key_mass(q, keys, scale)[-len(positions):]
-        return select_blocks(np.array(mass), positions, self.p)
+        return select_blocks(np.array(mass), positions, self.p, tail=self.tail)
 
 
 def default_drop_layers(full_attention: list[bool]) -> list[int]:

@@ -40,9 +40,10 @@ def key_mass(queries: mx.array, keys: mx.array, scale: float) -> mx.array:
     return total
 
 
-def select_blocks(mass: np.ndarray, positions: np.ndarray, p: float) -> np.ndarray:
+def select_blocks(mass: np.ndarray, positions: np.ndarray, p: float, *, tail: int = QUERY_WINDOW) -> np.ndarray:
     """Indices (sorted) of the current tokens to keep, from their key `mass` (n,) and
-    their prompt `positions` (n,)."""
+    their prompt `positions` (n,); the last `tail` tokens always stay (the query window,
+    or a sliding window when later layers have one)."""
     n = len(mass)
     if n <= MIN_TOKENS or p >= 1.0:  # p = 1 keeps every block, rounding of the sums aside
         return np.arange(n)
@@ -56,5 +57,5 @@ def select_blocks(mass: np.ndarray, positions: np.ndarray, p: float) -> np.ndarr
     keep[order[0]] = True
     token_keep = np.repeat(keep, BLOCK)[:n]
     token_keep |= positions < SINKS
-    token_keep[-QUERY_WINDOW:] = True
+    token_keep[-tail:] = True
     return np.flatnonzero(token_keep)
