@@ -1,9 +1,9 @@
 """One conversation: messages, settings, and the prompt cache of its last turn.
 
 A turn renders the chat template, reuses the longest cached token prefix, prefills
-only the new tokens (in chunks, reporting progress and honouring cancellation; with
-SpecPrefill only the chunks a draft scores as important), then decodes with mlx-lm's
-`generate_step`. The cache may be packed to int8/int4 (engine/kvcache.py). Editing or
+only the new tokens (engine/turn_prefill.py: in chunks, reporting progress and honouring
+cancellation; with SpecPrefill or UniPrefill only what they keep), then decodes with
+mlx-lm's `generate_step` or the speculative decoder. The cache may be packed to int8/int4 (engine/kvcache.py). Editing or
 regenerating an earlier message trims the cache back to the common prefix. Errors come
 out as `EngineErrored` events, degradations as `EngineWarned`.
 """
@@ -17,14 +17,8 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.accel.coverage import coverage_map
-from engine.accel.router import route_prefill
-from engine.accel.specprefill.scoring import sparse_prefill
 from engine.accel.speculative.controller import PairCosts
 from engine.accel.speculative.pair import DraftPair
-from engine.accel.uniprefill.flops import flops_saved
-from engine.accel.uniprefill.plan import make_uniprefill
-from engine.accel.uniprefill.prefill import UniPrefillUnsupported
 from engine.cache import PromptCache
 from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
 from engine.crash_log import user_message
@@ -34,10 +28,10 @@ from engine.events import ContextTruncated, EngineErrored, EngineWarned, Prefill
 from engine.kvcache import check_kv_packable, kv_shape
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
-from engine.prefill import check_prefill_memory, prefill_chunks
 from engine.prompt import render_prompt
 from engine.sampling import make_sampling
 from engine.settings import ChatSettings
+from engine.turn_prefill import TurnPrefill
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +152,7 @@ class Session:
         metrics.prefilled_tokens = len(tokens) - cached
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
-        yield from self._prefill(tokens, cached, settings, metrics, cancel, pack)
+        yield from TurnPrefill(self.lm, self.cache, self.pair).run(tokens, cached, settings, metrics, cancel, pack)
         prompt_read_at = time.perf_counter()
 
         if settings.seed is not None:
@@ -198,91 +192,6 @@ class Session:
         yield from _drain_warnings(decoder)
         if tail:
             yield TokenEmitted(tail, -1)
-
-    def _prefill(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
-        """All prompt tokens but the last into the cache (generate_step runs the last one):
-        dense chunks, SpecPrefill's kept runs or UniPrefill's layer-by-layer drops, as the
-        router picks (engine/accel/router.py)."""
-        suffix = tokens[cached:]
-        import engine.info
-
-        step = min(settings.prefill_step_size, max(len(suffix) - 1, 1))
-        check_prefill_memory(self.lm, step, len(tokens), engine.info.memory_available())
-        route = route_prefill(self.pair, self.lm, self.cache.layers, tokens, cached, settings)
-        plan = route.spec
-        metrics.sparse_prefill, metrics.sparse_outcome, metrics.scoring_s = plan.note, plan.outcome, plan.scoring_s
-        metrics.prefill_method, metrics.prefill_route = route.method, route.reason
-        if plan.warning:
-            yield EngineWarned(plan.warning, "sparse_prefill")
-        if route.method == "uniprefill":
-            done = yield from self._uniprefill(tokens, cached, settings, metrics, cancel, pack)
-            if done:
-                return
-            cached = metrics.cached_tokens  # it fell back: a dense prefill of what is left
-            suffix = tokens[cached:]
-        if route.method != "specprefill":
-            for done in prefill_chunks(self.cache.model_view(), self.cache.layers, suffix[:-1],
-                                       settings.prefill_step_size):
-                self.cache.tokens = tokens[: cached + done]
-                pack()
-                yield PrefillProgressed(done, metrics.prefilled_tokens)
-                cancel.check()
-            return
-        selection = plan.selection
-        started = time.perf_counter()
-        runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
-        try:
-            for done in sparse_prefill(self.lm.model, self.cache.layers, suffix, runs, base=cached,
-                                       step=settings.prefill_step_size):
-                pack()
-                yield PrefillProgressed(done, selection.kept)
-                cancel.check()
-        except BaseException:
-            self.cache.reset()  # a half-built sparse cache has no consistent prefix to keep
-            raise
-        self.cache.mark_sparse(tokens[:-1])
-        metrics.sparse_prefill_s = time.perf_counter() - started
-        metrics.prefilled_tokens = selection.kept
-        metrics.kept_tokens = selection.kept
-        metrics.coverage = coverage_map(self.lm.tokenizer, suffix[:-1], [(-1, runs)])
-
-    def _uniprefill(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
-        """UniPrefill of tokens[cached:-1]; returns False when it cannot run on this model:
-        the turn is warned and the caller prefills densely from what the cache still holds
-        (all of it when the model was declined before any layer ran, as it usually is)."""
-        new = len(tokens) - 1 - cached
-        runner = make_uniprefill(self.lm, self.cache.layers, settings)
-        started = time.perf_counter()
-        layers = len(self.lm.model.layers)
-        try:
-            for done in runner.run(tokens[cached:-1], base=cached):
-                yield PrefillProgressed(new * done // layers, metrics.prefilled_tokens)
-                cancel.check()
-        except UniPrefillUnsupported as exc:
-            if runner.layer_tokens:  # some layers ran: their caches hold tokens the others lack
-                self._restart_cache(tokens, metrics)
-            metrics.prefill_method, metrics.prefill_route = "dense", f"dense: UniPrefill unsupported ({exc})"
-            yield EngineWarned(f"UniPrefill cannot run on this model, reading the prompt densely: {exc}", "uniprefill")
-            return False
-        except BaseException:
-            self.cache.reset()  # layers hold different numbers of tokens: no consistent prefix to keep
-            raise
-        self.cache.mark_sparse(tokens[:-1])
-        pack()
-        metrics.uniprefill_s = time.perf_counter() - started
-        metrics.drops = [[r.layer, r.before, r.kept] for r in runner.reports]
-        metrics.coverage = coverage_map(self.lm.tokenizer, tokens[cached:-1],
-                                        [(r.layer, r.kept_runs) for r in runner.reports])
-        metrics.kept_tokens = runner.reports[-1].kept if runner.reports else new
-        metrics.flops_saved = flops_saved(self.lm.config, runner.layer_tokens, cached)
-        return True
-
-    def _restart_cache(self, tokens, metrics) -> None:
-        """Start the cache over after a sparse prefill half-filled it."""
-        self.cache.reset()
-        self.cache.ensure_mode((self.settings.kv_bits, self.settings.kv_group_size))
-        metrics.cached_tokens = self.cache.reuse(tokens)
-        metrics.prefilled_tokens = len(tokens) - metrics.cached_tokens
 
     def _decoding(self, tokens, max_tokens, settings):
         """The token steps of this turn, (token, from_draft) pairs: mlx-lm's generate_step,

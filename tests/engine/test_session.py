@@ -186,7 +186,7 @@ def test_a_crash_inside_generation_becomes_an_error_event(tiny_llama, monkeypatc
     def boom(*args, **kwargs):
         raise RuntimeError("simulated kernel failure")
 
-    monkeypatch.setattr("engine.session.prefill_chunks", boom)
+    monkeypatch.setattr("engine.turn_prefill.prefill_chunks", boom)
     _, done, errors = run(session.send("hello"))
     assert done is None and "simulated kernel failure" in errors[0].message
     assert session.messages[0].content == "hello"  # the user's message survives
