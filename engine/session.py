@@ -3,9 +3,10 @@
 A turn renders the chat template, reuses the longest cached token prefix, prefills
 only the new tokens (engine/turn_prefill.py: in chunks, reporting progress and honouring
 cancellation; with SpecPrefill or UniPrefill only what they keep), then decodes with
-mlx-lm's `generate_step` or the speculative decoder. The cache may be packed to int8/int4 (engine/kvcache.py). Editing or
-regenerating an earlier message trims the cache back to the common prefix. Errors come
-out as `EngineErrored` events, degradations as `EngineWarned`.
+mlx-lm's `generate_step` or the speculative decoder. The cache may be packed to int8/int4
+(engine/kvcache.py). Editing or regenerating an earlier message trims the cache back to
+the common prefix. Errors come out as `EngineErrored` events, degradations as
+`EngineWarned`.
 """
 
 from __future__ import annotations

@@ -209,8 +209,8 @@ class UniPrefill:
                 out = layer(h[:, s:e], *call_args, **call_kwargs)
             mx.eval(out, layer_cache.state if layer_cache is not None else [])
             outs.append(out)
-            if scoring:  # only the last calls' queries are needed; drop the rest early
-                captured[:] = captured[-2:]
+            if scoring:  # only the calls holding the last QUERY_WINDOW queries are needed
+                captured[:] = captured[-(QUERY_WINDOW // self.step + 2):]
         h = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
         mx.eval(h)
         if not scoring:
