@@ -148,6 +148,8 @@ class Session:
         self.cache.ensure_mode((settings.kv_bits, settings.kv_group_size))
         pack = lambda: self.cache.pack(  # noqa: E731
             bits=settings.kv_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
+        if settings.sparse_prefill == "off" and settings.uniprefill == "off":
+            self.cache.drop_sparse()  # off means every token read densely, earlier turns' too ("Read it all")
         cached = self.cache.reuse(tokens)
         metrics.prompt_tokens, metrics.cached_tokens = len(tokens), cached
         metrics.prefilled_tokens = len(tokens) - cached

@@ -176,6 +176,12 @@ class ChatView(QScrollArea):
         self._dirty: MessageWidget | None = None
         self._timer = QTimer(self, interval=RENDER_INTERVAL_MS, singleShot=True)
         self._timer.timeout.connect(self._render_dirty)
+        # Stay at the bottom while content grows below (a streaming answer, its coverage
+        # map), unless the user has scrolled up to read.
+        self._follow = True
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(lambda value: setattr(self, "_follow", value >= bar.maximum() - 4))
+        bar.rangeChanged.connect(lambda _, top: bar.setValue(top) if self._follow else None)
 
     def clear(self) -> None:
         for widget in self.messages:
@@ -217,10 +223,10 @@ class ChatView(QScrollArea):
 
     def _render_dirty(self) -> None:
         if self._dirty is not None:
-            self._dirty.render()
+            self._dirty.render()  # the view follows it only if the reader is at the bottom
             self._dirty = None
-            self._scroll_to_end()
 
     def _scroll_to_end(self) -> None:
+        self._follow = True
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())

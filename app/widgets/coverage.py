@@ -61,10 +61,13 @@ class CoverageMap(QWidget):
 
 def coverage_tooltip(coverage: dict) -> str:
     layers = coverage.get("layers", [])
-    where = ("every layer" if layers and layers[0][0] < 0 else
-             "layers after " + ", ".join(str(layer) for layer, _ in layers))
-    lines = [f"Sparse prefill: {where} read {coverage.get('read_share', 1.0):.0%} of the "
-             f"{coverage.get('new_tokens', 0):,} new prompt tokens."]
+    share, total = coverage.get("read_share", 1.0), coverage.get("new_tokens", 0)
+    if layers and layers[0][0] < 0:
+        lines = [f"SpecPrefill: the model read {share:.0%} of the {total:,} new prompt tokens."]
+    else:
+        lines = [f"UniPrefill dropped blocks at layers {', '.join(str(layer) for layer, _ in layers)}; "
+                 f"the layers after {layers[-1][0] if layers else '-'} read {share:.0%} of the {total:,} new "
+                 "prompt tokens (one row per drop layer, blue = read)."]
     skipped = coverage.get("skipped", [])
     if skipped:
         lines.append("Largest passages skipped by the deepest layers:")

@@ -49,6 +49,14 @@ class PromptCache:
         self.shift = self.dense_from = 0
         self.layer_shifts = None
 
+    def drop_sparse(self) -> None:
+        """Forget a sparsely prefilled region (and what follows it): the next prefill reads
+        every token."""
+        if self.dense_from:
+            mode = self.mode
+            self.reset()
+            self.mode = mode
+
     def ensure_mode(self, mode: tuple) -> None:
         """A cache of another KV precision cannot be reused: start over in `mode`."""
         if self.mode != mode:

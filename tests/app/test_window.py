@@ -254,3 +254,25 @@ def test_a_reopened_chat_shows_the_stored_coverage(qtbot, make_window, engine):
     answer(engine, cid, ["Sparse."], metrics(prefill_method="uniprefill", coverage=COVERAGE))
     w.controller.open(cid)
     assert w.chat_view.messages[-1].coverage is not None
+
+
+def test_the_chat_follows_new_content_at_the_bottom_but_not_a_reader_above(qtbot, make_window, engine):
+    """The coverage map under an answer was added below the visible area (seen under Xvfb);
+    a reader who scrolled up must not be pulled down by streaming tokens."""
+    w = make_window()
+    w.resize(1000, 600)
+    w.show()
+    cid = send(qtbot, w, "A long question " * 200).conversation_id
+    bar = w.chat_view.verticalScrollBar()
+    engine.play(ConversationEvent(cid, TokenEmitted("An answer. " * 40, 0)))
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    bar.setValue(0)  # the reader scrolls up
+    engine.play(ConversationEvent(cid, TokenEmitted("More of it. " * 40, 1)))
+    qtbot.wait(300)
+    assert bar.value() == 0
+    bar.setValue(bar.maximum())  # back at the bottom: the view follows again, coverage map included
+    engine.play(ConversationEvent(cid, TurnFinished("done", [0], metrics(prefill_method="uniprefill",
+                                                                         coverage=COVERAGE))))
+    cover = w.chat_view.messages[-1].coverage
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum())
+    assert cover.geometry().bottom() <= w.chat_view.widget().height()

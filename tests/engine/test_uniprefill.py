@@ -337,3 +337,19 @@ class _Rescaling(nn.Module):
 def test_a_model_that_changes_the_hidden_state_between_layers_is_declined():
     with pytest.raises(UniPrefillUnsupported, match="between layers"):
         record_layer_calls(_Rescaling(), [None, None], mx.array([[1, 2, 3]]))
+
+
+def test_turning_sparse_prefill_off_rereads_the_sparse_region_densely(models):
+    """'Read it all' regenerates with both sparse modes off: the sparse cache must not be
+    reused (a regenerate reused all 3,148 sparse tokens in 0.7 s before)."""
+    lm = models["qwen3"]
+    s = Session(lm, greedy(uniprefill="on", uniprefill_p=0.3))
+    _, sparse = turn(s, DOC)
+    assert sparse.metrics.prefill_method == "uniprefill"
+    s.settings = greedy()
+    redo = [e for e in s.regenerate() if isinstance(e, TurnFinished)][0]
+    assert redo.metrics.cached_tokens == 0 and redo.metrics.prefill_method == "dense"
+    _, dense = turn(Session(lm, greedy()), DOC)
+    assert redo.token_ids == dense.token_ids
+    _, follow = turn(s, "More?")  # a dense cache is reused as usual
+    assert follow.metrics.cached_tokens > 0
