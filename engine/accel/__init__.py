@@ -7,5 +7,6 @@ decoder), the session does not branch on them.
 - router.py: which prefill a turn runs (dense, SpecPrefill, UniPrefill), and why.
 - positions.py: RoPE positions past dropped tokens (per model, per layer, per token).
 - coverage.py: what a sparse prefill read, for the app's coverage map.
+- attention_capture.py: the queries and keys attention layers see (both prefills score with them).
 - translate.py: text spans shared by both when draft and target tokenize differently.
 """

@@ -23,13 +23,12 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
 from __future__ import annotations
 
 import math
-import sys
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
 import mlx.core as mx
 
+from engine.accel.attention_capture import capture_attention
 from engine.accel.positions import install_position_shift, position_shift
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
@@ -60,34 +59,6 @@ class Selection:
     kept: int
     total: int
     keep_fraction: float
-
-
-@contextmanager
-def capture_attention(model, sink: list) -> Iterator[None]:
-    """Record (queries, keys, scale) of every attention call `model` makes through
-    mlx-lm's shared SDPA, by rebinding that name in the modules its layers come from."""
-    names = {type(m).__module__ for _, m in model.named_modules()}
-    patched = []
-    for name in names:
-        module = sys.modules.get(name)
-        original = getattr(module, "scaled_dot_product_attention", None)
-        if original is None:
-            continue
-
-        def spy(queries, keys, values, *args, _original=original, **kwargs):
-            scale = kwargs.get("scale", args[1] if len(args) > 1 else None)
-            sink.append((queries, keys, scale))
-            return _original(queries, keys, values, *args, **kwargs)
-
-        setattr(module, "scaled_dot_product_attention", spy)
-        patched.append((module, original))
-    if not patched:
-        raise NotImplementedError(f"{type(model).__module__} does not use mlx-lm's shared attention")
-    try:
-        yield
-    finally:
-        for module, original in patched:
-            setattr(module, "scaled_dot_product_attention", original)
 
 
 def _pool(scores: mx.array, kernel: int = POOL_KERNEL) -> mx.array:

@@ -28,6 +28,7 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
+from engine.accel.attention_capture import capture_attention
 from engine.accel.positions import install_position_shift, token_positions
 from engine.accel.uniprefill.selection import QUERY_WINDOW, key_mass, select_blocks
 
@@ -190,8 +191,6 @@ class UniPrefill:
     def _layer(self, i: int, h, args, kwargs, positions: np.ndarray):
         """Run layer i over the current tokens, chunk by chunk; for a drop layer also the
         last QUERY_WINDOW query rows and the layer's keys, captured from its attention."""
-        from engine.accel.specprefill.scoring import capture_attention
-
         layer, layer_cache = self.model.layers[i], self.layer_caches[i]
         n = h.shape[1]
         windowed = _windowed(layer_cache)
