@@ -120,6 +120,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192, 16384])
     p.add_argument("--top-p", type=_floats, default=[0.95, 0.99])
     p.add_argument("--drop-layers", type=layer_list, default=None, help="e.g. 7,11,15 (default: the model's)")
+    p.add_argument("--text-file", help="a real text as the prompt (default: filler prose, whose repetitions "
+                                       "concentrate attention)")
     p.add_argument("--runs", type=_positive, default=3)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _uniprefill(a))
@@ -241,7 +243,7 @@ def _uniprefill(args) -> int:
     from engine.bench.uniprefill import run_uniprefill
 
     run_uniprefill(args.model, args.prompt_tokens, args.top_p, runs=args.runs, drop_layers=args.drop_layers,
-                   as_json=args.json)
+                   text_file=args.text_file, as_json=args.json)
     return 0
 
 

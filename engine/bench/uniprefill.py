@@ -26,14 +26,17 @@ def _settings(model_id: str, p: float | None, **kw):
 
 
 def _answer(lm, text: str, p: float | None, max_tokens: int, drop_layers=None):
-    from engine.events import TurnFinished
+    from engine.errors import BriskError
+    from engine.events import EngineErrored, TurnFinished
     from engine.session import Session
 
     settings = _settings(lm.id, p, max_tokens=max_tokens, drop_layers=drop_layers)
     for event in Session(lm, settings).send(text):
         if isinstance(event, TurnFinished):
             return event
-    raise RuntimeError("turn did not finish")
+        if isinstance(event, EngineErrored):
+            raise BriskError(event.message)
+    raise BriskError("the turn did not finish")
 
 
 def _ttft(lm, text: str, p: float | None, drop_layers) -> dict:
@@ -42,16 +45,29 @@ def _ttft(lm, text: str, p: float | None, drop_layers) -> dict:
             "peak": m.peak_memory_bytes, "route": m.prefill_route}
 
 
+def _prompt(lm, n: int, text_file: str | None) -> str:
+    """About `n` tokens of filler prose, or of a real text (whose attention is less
+    concentrated than the filler's repetitions), then the question."""
+    if not text_file:
+        return filler_text(lm.tokenizer, n) + QUESTION
+    from pathlib import Path
+
+    ids = lm.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"))
+    if len(ids) < n:
+        ids = ids * (n // max(len(ids), 1) + 1)  # a short text repeats to length
+    return lm.tokenizer.decode(ids[:n]) + "\n\nIn one sentence, what is this text about?"
+
+
 def run_uniprefill(model_id: str, lengths: list[int], ps: list[float], *, runs: int, drop_layers=None,
-                   as_json: bool) -> dict:
+                   text_file: str | None = None, as_json: bool) -> dict:
     from engine.models.loader import load_model
 
     lm = load_model(model_id)
-    payload = {"model": model_id, "runs": runs, "rows": []}
+    payload = {"model": model_id, "runs": runs, "text": text_file or "filler", "rows": []}
     rows = []
-    _ttft(lm, filler_text(lm.tokenizer, 512) + QUESTION, ps[0], drop_layers)  # warm-up (kernels, caches)
+    _ttft(lm, _prompt(lm, min(512, *lengths), text_file), ps[0], drop_layers)  # warm-up (kernels, caches)
     for n in lengths:
-        text = filler_text(lm.tokenizer, n) + QUESTION
+        text = _prompt(lm, n, text_file)
         variants = {"dense": lambda: _ttft(lm, text, None, drop_layers)}
         for p in ps:
             variants[f"p {p}"] = lambda p=p: _ttft(lm, text, p, drop_layers)
@@ -68,7 +84,7 @@ def run_uniprefill(model_id: str, lengths: list[int], ps: list[float], *, runs: 
             payload["rows"].append(entry)
             rows.append([entry["prompt_tokens"], p, dense, ttft, entry["speedup"], entry["bound"], kept,
                          entry["dense_peak_gib"], entry["uniprefill_peak_gib"]])
-    print_table(f"brisk bench uniprefill: {model_id}, medians of {runs} (interleaved)",
+    print_table(f"brisk bench uniprefill: {model_id}, {text_file or 'filler prose'}, medians of {runs} (interleaved)",
                 ["prompt", "p", "dense ttft s", "uni ttft s", "speedup", "FLOP bound", "kept share per drop layer",
                  "dense peak GiB", "uni peak GiB"], rows, payload, as_json)
     return payload

@@ -152,3 +152,24 @@ def test_bench_peers_runs_each_engine_in_its_own_process_and_says_what_it_skippe
     assert any("llama.cpp skipped" in note for note in payload["notes"])  # a folder install keeps no GGUF
     out = brisk(cli_home, "bench", "peers", "--model", "tiny", "--engines", "brisk,ollama")
     assert out.returncode == 2 and "subset of brisk,mlx_lm,llama_cpp" in out.stderr
+
+
+def test_bench_uniprefill_and_its_quality_run_end_to_end(cli_home, tmp_path):
+    """The benchmarks behind UniPrefill's numbers: p = 1 keeps every token at every drop
+    layer, a low p drops some, and the quality bench scores needle, counting and perplexity."""
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. def main(): return 42\n" * 60)
+    out = brisk(cli_home, "bench", "uniprefill", "--model", "tiny", "--prompt-tokens", "400", "--top-p", "0.3,1.0",
+                "--runs", "1", "--text-file", str(text), "--json")
+    assert out.returncode == 0, out.stderr
+    rows = {r["p"]: r for r in json.loads(out.stdout)["rows"]}
+    assert all(k == n for _, n, k in rows[1.0]["kept_per_drop"]) and rows[1.0]["flops_saved"] == 0.0
+    assert any(k < n for _, n, k in rows[0.3]["kept_per_drop"]) and rows[0.3]["bound"] > 1.0
+    assert all(r["speedup"] > 0 and r["dense_ttft_s"] > 0 for r in rows.values())
+    out = brisk(cli_home, "bench", "uniprefill-quality", "--model", "tiny", "--top-p", "0.5", "--tokens", "350",
+                "--depths", "0.5", "--entries", "8", "--green", "2", "--seeds", "1", "--text-file", str(text),
+                "--context", "300", "--continuation", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    quality = json.loads(out.stdout)
+    assert len(quality["needle"]) == 1 and len(quality["counting"]) == 1
+    assert quality["ppl"][0]["ppl_dense"] > 1 and quality["ppl"][0]["ratio"] > 0
