@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Iterator
 
+import engine.info
 from engine.accel.coverage import coverage_map
 from engine.accel.router import route_prefill
 from engine.accel.specprefill.scoring import sparse_prefill
@@ -26,10 +27,7 @@ class TurnPrefill:
         """All prompt tokens but the last into the cache (generate_step runs the last one):
         dense chunks, SpecPrefill's kept runs or UniPrefill's layer-by-layer drops, as the
         router picks (engine/accel/router.py)."""
-        suffix = tokens[cached:]
-        import engine.info
-
-        step = min(settings.prefill_step_size, max(len(suffix) - 1, 1))
+        step = min(settings.prefill_step_size, max(len(tokens) - cached - 1, 1))
         check_prefill_memory(self.lm, step, len(tokens), engine.info.memory_available())
         route = route_prefill(self.pair, self.lm, self.cache.layers, tokens, cached, settings)
         plan = route.spec
@@ -37,21 +35,24 @@ class TurnPrefill:
         metrics.prefill_method, metrics.prefill_route = route.method, route.reason
         if plan.warning:
             yield EngineWarned(plan.warning, "sparse_prefill")
-        if route.method == "uniprefill":
-            done = yield from self._uniprefill(tokens, cached, settings, metrics, cancel, pack)
-            if done:
-                return
-            cached = metrics.cached_tokens  # it fell back: a dense prefill of what is left
-            suffix = tokens[cached:]
-        if route.method != "specprefill":
-            for done in prefill_chunks(self.cache.model_view(), self.cache.layers, suffix[:-1],
-                                       settings.prefill_step_size):
-                self.cache.tokens = tokens[: cached + done]
-                pack()
-                yield PrefillProgressed(done, metrics.prefilled_tokens)
-                cancel.check()
+        if route.method == "uniprefill" and (yield from self._uniprefill(tokens, cached, settings, metrics,
+                                                                          cancel, pack)):
             return
-        selection = plan.selection
+        if route.method == "specprefill":
+            yield from self._specprefill(plan.selection, tokens, cached, settings, metrics, cancel, pack)
+        else:  # dense, or UniPrefill declined: from what the cache holds now
+            yield from self._dense(tokens, metrics.cached_tokens, settings, metrics, cancel, pack)
+
+    def _dense(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
+        for done in prefill_chunks(self.cache.model_view(), self.cache.layers, tokens[cached:-1],
+                                   settings.prefill_step_size):
+            self.cache.tokens = tokens[: cached + done]
+            pack()
+            yield PrefillProgressed(done, metrics.prefilled_tokens)
+            cancel.check()
+
+    def _specprefill(self, selection, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
+        suffix = tokens[cached:]
         started = time.perf_counter()
         runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
         try:
