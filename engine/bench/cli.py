@@ -120,8 +120,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192, 16384])
     p.add_argument("--top-p", type=_floats, default=[0.95, 0.99])
     p.add_argument("--drop-layers", type=layer_list, default=None, help="e.g. 7,11,15 (default: the model's)")
-    p.add_argument("--text-file", help="a real text as the prompt (default: filler prose, whose repetitions "
-                                       "concentrate attention)")
+    p.add_argument("--text-file", help="a real text as the prompt (default: the bench's filler prose)")
     p.add_argument("--runs", type=_positive, default=3)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _uniprefill(a))

@@ -46,8 +46,8 @@ def _ttft(lm, text: str, p: float | None, drop_layers) -> dict:
 
 
 def _prompt(lm, n: int, text_file: str | None) -> str:
-    """About `n` tokens of filler prose, or of a real text (whose attention is less
-    concentrated than the filler's repetitions), then the question."""
+    """About `n` tokens of the bench's filler prose or of a real text, then the question
+    (how much a drop layer keeps depends on the text: measure on the kind you care about)."""
     if not text_file:
         return filler_text(lm.tokenizer, n) + QUESTION
     from pathlib import Path
