@@ -112,7 +112,7 @@ class Dashboard(QWidget):
             skipped = m.get("prompt_tokens", 0) - m.get("cached_tokens", 0) - m.get("kept_tokens", 0)
             notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")
         if m.get("prefill_method") == "uniprefill" and m.get("drops"):
-            _, entered, kept = m["drops"][-1]
+            kept = m["drops"][-1][2]
             notes.append(f"UniPrefill: the deepest layers read {kept:,} of {m['drops'][0][1]:,} new tokens, "
                          f"{m.get('flops_saved', 0):.0%} of prefill work skipped")
         self.saved.setText("; ".join(notes))

@@ -107,13 +107,6 @@ def install_position_shift(model) -> int:
     return count
 
 
-def per_layer_ropes(model) -> bool:
-    """Whether every wrapped RoPE of `model` belongs to one layer (a RoPE shared by all
-    layers cannot give them different positions)."""
-    install_position_shift(model)
-    return all(m._layer is not None for _, m in model.named_modules() if isinstance(m, ShiftedRoPE))
-
-
 @contextmanager
 def token_positions(model, positions) -> Iterator[None]:
     """Within the block, `model`'s wrapped RoPEs place query row i at `positions[i]`."""

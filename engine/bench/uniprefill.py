@@ -102,10 +102,7 @@ def _continuation_ppl(lm, context: list[int], continuation: list[int], p: float 
     if p is None:
         list(prefill_chunks(lm.model, cache.layers, context[:-1], 512))
     else:
-        from engine.accel.uniprefill.plan import default_p
-
-        list(UniPrefill(lm.model, cache.layers, drop_layers=drop_layers, p=p if p else default_p(lm.config),
-                        step=512).run(context[:-1], base=0))
+        list(UniPrefill(lm.model, cache.layers, drop_layers=drop_layers, p=p, step=512).run(context[:-1], base=0))
     cache.mark_sparse(context[:-1])
     logits = cache.model_view()(mx.array([context[-1]] + continuation[:-1])[None], cache=cache.layers)[0]
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
