@@ -16,7 +16,7 @@ class PrefillProgressed:
 class TokenEmitted:
     text: str  # exact text delta: may be "" while a multi-byte character is incomplete
     token_id: int
-    from_draft: bool = False
+    source: str = ""  # a speculated token the target kept: "draft" (the draft model) or "lookup" (the context)
 
 
 @dataclass(frozen=True)

@@ -44,11 +44,15 @@ class TurnMetrics:
     acceptance_rate: float = 0.0  # accepted / proposed draft tokens
     draft_tokens: int = 0  # target tokens proposed by the draft
     accepted_tokens: int = 0
+    lookup_tokens: int = 0  # tokens proposed by lookup in the context (no draft model)
+    lookup_accepted: int = 0
+    lookup_acceptance: float = 0.0
+    mean_accepted_run: float = 0.0  # proposed tokens kept per verify pass (either source)
     tokens_per_cycle: float = 0.0  # tokens per target forward pass
     mean_k: float = 0.0  # draft tokens per drafting cycle
     draft_time_share: float = 0.0  # share of decode time spent in the draft
     draft_prefill_s: float = 0.0  # bringing the draft's cache up to the prompt
-    from_draft: list = field(default_factory=list)  # per generated token: came from the draft
+    sources: list = field(default_factory=list)  # per generated token: "draft", "lookup" or "" (the target's)
     extra: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:

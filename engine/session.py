@@ -19,7 +19,8 @@ from typing import Iterator
 import mlx.core as mx
 
 from engine.accel.speculative.controller import PairCosts
-from engine.accel.speculative.pair import DraftPair
+from engine.accel.speculative.lookup import ContextIndex
+from engine.accel.speculative.pair import DraftPair, LookupOnly
 from engine.cache import PromptCache
 from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
 from engine.crash_log import user_message
@@ -47,6 +48,9 @@ class Session:
         self.cache = PromptCache(lm.model)  # the target's layers, tokens, KV mode and position map
         # draft/verify times measured per model pair, shared by the owner's sessions
         self.pair_costs = pair_costs or PairCosts()
+        # every token of the conversation, for lookup decoding (trimmed with the prompt cache)
+        self.context_index = ContextIndex()
+        self.lookup_only = LookupOnly(lm)
         self.use_draft(draft)
 
     def use_draft(self, draft: LoadedModel | None) -> None:
@@ -168,7 +172,7 @@ class Session:
         first_at = None
         metrics.finish_reason = "context" if max_tokens < settings.max_tokens else "length"
         try:
-            for token, from_draft in steps:
+            for token, source in steps:
                 yield from _drain_warnings(decoder)
                 pack()
                 if first_at is None:
@@ -181,14 +185,14 @@ class Session:
                 answer.token_ids.append(token)
                 delta = text.add(token)
                 answer.content += delta
-                yield TokenEmitted(delta, token, from_draft)
+                yield TokenEmitted(delta, token, source)
                 cancel.check()
         finally:
             steps.close()
             if decoder is not None:
                 for name, value in decoder.stats.to_metrics().items():
                     setattr(metrics, name, value)
-                metrics.from_draft = decoder.stats.from_draft[:len(answer.token_ids)]
+                metrics.sources = decoder.stats.sources[:len(answer.token_ids)]
             tail = text.flush()
             answer.content += tail
             self._finish_metrics(metrics, start, first_at, len(answer.token_ids), prompt_read_at)
@@ -197,11 +201,14 @@ class Session:
             yield TokenEmitted(tail, -1)
 
     def _decoding(self, tokens, max_tokens, settings):
-        """The token steps of this turn, (token, from_draft) pairs: mlx-lm's generate_step,
-        or the speculative decoder when a draft is set (returned too, for its stats)."""
-        if settings.spec_decode == "off" or self.draft is None:
+        """The token steps of this turn, (token, source) pairs: mlx-lm's generate_step, or
+        the speculative decoder when a draft or lookup is on (returned too, for its stats)."""
+        index = self.context_index if settings.lookup else None
+        if settings.spec_decode == "off" or (self.draft is None and index is None):
             return _plain_steps(tokens, self.cache, max_tokens, settings), None
-        decoder = self.pair.make_decoder(self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs)
+        speculation = self.pair if self.draft is not None else self.lookup_only
+        decoder = speculation.make_decoder(self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs,
+                                           index=index)
         return decoder.steps(tokens), decoder
 
     # --- helpers ------------------------------------------------------------------
@@ -262,6 +269,6 @@ def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[t
     try:
         for token, _ in steps:
             cache.tokens.append(token)
-            yield token, False
+            yield token, ""
     finally:
         steps.close()

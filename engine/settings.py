@@ -58,6 +58,9 @@ class ChatSettings:
     # per cycle and decodes plainly when drafting would not pay.
     spec_decode: AccelMode = "auto"
     num_draft: int = DEFAULT_NUM_DRAFT  # draft tokens per cycle in `on` mode
+    # Lookup decoding (engine/accel/speculative/lookup.py): continuations found in the
+    # conversation itself are proposed for free; no draft model needed.
+    lookup: bool = True
     spec_rule: SpecRule = "rejection"  # same tokenizer: rejection sampling, or `match` (mlx-lm's rule)
     translation_prefix: int = 4  # cross tokenizer: tokens of context re-encoded with a draft
 
@@ -125,7 +128,10 @@ class ChatSettings:
             kind = FIELD_TYPES[f.name]
             if value is None and f.name in OPTIONAL_FIELDS:
                 continue
-            if isinstance(value, bool) or not isinstance(value, kind):
+            if kind is bool:
+                if not isinstance(value, bool):
+                    problems.append(f"{f.name} must be true or false, not {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, kind):
                 problems.append(f"{f.name} must be {kind.__name__ if isinstance(kind, type) else 'a number'}, "
                                 f"not {value!r}")
             elif isinstance(value, float) and not math.isfinite(value):
@@ -160,6 +166,6 @@ FIELD_TYPES = {
     "prefill_step_size": int, "kv_bits": int, "kv_group_size": int, "kv_quant_start": int, "draft": str,
     "sparse_prefill": str, "sparse_keep": _NUMBER, "sparse_threshold": int, "spec_decode": str, "num_draft": int,
     "spec_rule": str, "translation_prefix": int, "uniprefill": str, "uniprefill_p": _NUMBER, "drop_layers": list,
-    "uniprefill_threshold": int,
+    "uniprefill_threshold": int, "lookup": bool,
 }
 OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers"}

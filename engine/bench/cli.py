@@ -143,9 +143,10 @@ def add_bench_parser(sub) -> None:
 
     p = bench.add_parser("specdecode", help="speculative vs plain decoding per content kind: tok/s, acceptance")
     p.add_argument("--target", required=True)
-    p.add_argument("--draft", required=True)
+    p.add_argument("--draft", help="a draft model (without one: plain vs lookup decoding only)")
     p.add_argument("--num-draft", type=_ks, default=[1, 2, 3, 4, "auto"], help="e.g. 1,2,3,4,auto")
-    p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])
+    p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"],
+                   help="free: structured,code,prose; grounded in the context: quote,summary,code-edit,follow-up")
     p.add_argument("--rules", type=lambda t: t.split(","), default=["rejection"], help="rejection,match")
     p.add_argument("--mlx-lm", type=_ints, default=[2, 3], help="k values for mlx-lm's speculative decoding")
     p.add_argument("--blas-verify", type=_ks, default=[], help="k values (or auto) also run with the few-row "

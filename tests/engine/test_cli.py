@@ -18,6 +18,17 @@ def cli_home(tmp_path_factory, tiny_llama_dir):
     return home
 
 
+@pytest.fixture(scope="module")
+def roomy_home(tmp_path_factory):
+    """A tiny model with room for a document (the `tiny` one holds 512 tokens)."""
+    from tests.tiny_models import make_tiny_model
+
+    home = tmp_path_factory.mktemp("roomy-home")
+    roomy = make_tiny_model(tmp_path_factory.mktemp("roomy") / "roomy", "qwen2", context_length=4096)
+    ModelStore(home).install_folder(roomy, model_id="roomy", source="test")
+    return home
+
+
 def brisk(home, *args, input=None):
     env = dict(os.environ, BRISK_HOME=str(home))
     return subprocess.run([sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True,
@@ -131,9 +142,26 @@ def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
                 "--blas-verify", "2", "--mlx-lm", "2", "--contents", "code", "--gen", "8", "--runs", "1", "--json")
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    assert [r["variant"] for r in rows] == ["plain", "k=2", "auto", "k=2 blas verify", "mlx-lm k=2"]
+    assert [r["variant"] for r in rows] == ["plain", "lookup", "k=2", "auto", "auto+lookup", "k=2 blas verify",
+                                            "mlx-lm k=2"]
     assert all(r["same_output"] for r in rows)
-    assert rows[1]["acceptance"] == 1.0  # a model drafting for itself is always right
+    assert rows[2]["acceptance"] == 1.0  # a model drafting for itself is always right
+
+
+def test_bench_specdecode_without_a_draft_runs_the_grounded_kinds(cli_home, roomy_home):
+    """No draft model: plain vs lookup, on conversations built from a document, a source
+    file and the target's own earlier answer."""
+    out = brisk(roomy_home, "bench", "specdecode", "--target", "roomy", "--contents", "quote,code-edit,follow-up",
+                "--gen", "8", "--runs", "1", "--json")
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert [(r["content"], r["variant"]) for r in rows] == [
+        (kind, variant) for kind in ("quote", "code-edit", "follow-up") for variant in ("plain", "lookup")]
+    assert all(r["same_output"] and r["tokens"] > 0 for r in rows)
+    out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--contents", "poem", "--runs", "1")
+    assert out.returncode != 0 and "unknown content kind 'poem'" in out.stderr
+    out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--contents", "code-edit", "--runs", "1")
+    assert out.returncode != 0 and "tiny could not answer: The conversation is" in out.stderr
 
 
 def test_bench_peers_runs_each_engine_in_its_own_process_and_says_what_it_skipped(cli_home):

@@ -188,3 +188,20 @@ def test_quantized_weights_agree_with_llama_cpp_on_the_same_gguf(smol, real_stor
     print(f"against llama.cpp: top-1 agreement {agreement:.4f} over {len(done.token_ids)} tokens, "
           f"mean KL {mean_kl:.2e}")
     assert agreement >= 0.98 and mean_kl < 0.1
+
+
+def test_lookup_decoding_quotes_the_prompt_exactly_in_fewer_passes(smol):
+    """Asked to repeat a paragraph, the model quotes it: lookup proposes the quote from the
+    prompt, the target keeps most of it, and the answer is plain greedy's token for token."""
+    paragraph = ("The lighthouse stood on the northern cliff for two hundred years. Its keeper, Margaret Lowe, "
+                 "climbed the one hundred and twelve steps every evening to light the lamp, and every morning "
+                 "she wrote the weather in a green ledger.")
+    prompt = "Repeat the following paragraph word for word:\n\n" + paragraph
+    plain = finished(Session(smol, greedy(max_tokens=60, spec_decode="off")).send(prompt))
+    looked = finished(Session(smol, greedy(max_tokens=60, spec_decode="auto")).send(prompt))
+    assert looked.token_ids == plain.token_ids
+    assert plain.text.startswith("The lighthouse stood")  # the model does quote
+    m = looked.metrics
+    assert m.spec_decode == "auto (lookup)"
+    assert m.lookup_accepted >= len(looked.token_ids) // 2 and m.sources.count("lookup") == m.lookup_accepted
+    assert m.tokens_per_cycle > 2  # target passes per token: fewer than half of plain's

@@ -8,6 +8,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from engine.accel.speculative import decoder as speculative
+from engine.accel.speculative.autopilot import SpeculationAutopilot
 from engine.accel.speculative.controller import DraftLengthController, PairCosts
 from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter
@@ -40,7 +41,9 @@ def models(tmp_path_factory):
 
 
 def settings(**kw):
-    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 24, "prefill_step_size": 64, **kw})
+    # lookup off: these tests are about the draft model (tests/engine/test_lookup.py: both)
+    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 24, "prefill_step_size": 64,
+                           "lookup": False, **kw})
 
 
 def chat(session, texts):
@@ -66,8 +69,9 @@ def test_greedy_speculative_equals_plain_over_turns(models, arch, draft_kind):
         m = s.metrics
         assert m.draft_tokens > 0, m.spec_decode
         assert m.spec_decode == ("on (match)" if draft_kind == "cross" else "on (rejection)")
-        assert sum(m.from_draft) <= m.accepted_tokens and len(m.from_draft) == len(s.token_ids)
-        assert [e.from_draft for e in events if isinstance(e, TokenEmitted) and e.token_id >= 0] == m.from_draft
+        assert m.sources.count("draft") <= m.accepted_tokens and len(m.sources) == len(s.token_ids)
+        assert set(m.sources) <= {"", "draft"}
+        assert [e.source for e in events if isinstance(e, TokenEmitted) and e.token_id >= 0] == m.sources
     if draft_kind == "self":  # the target drafting for itself: every token is accepted
         assert spec[0][0].metrics.acceptance_rate == 1.0
         assert spec[0][0].metrics.tokens_per_cycle > 3
@@ -179,8 +183,8 @@ def _sampled_pairs(target, draft, prompt, dist, rule, n):
     held = PromptCache(target.model)
     held.layers = cache
     for _ in range(n):
-        decoder = SpeculativeDecoder(target.model, held, drafter, DraftLengthController("on", 1), dist,
-                                     rule=rule, max_tokens=2)
+        controller = SpeculationAutopilot("on", 1, has_draft=True, lookup=False)
+        decoder = SpeculativeDecoder(target.model, held, drafter, controller, dist, rule=rule, max_tokens=2)
         pair = tuple(t for t, _ in decoder.steps(prompt))
         counts[pair] = counts.get(pair, 0) + 1
         for layer in cache:  # back to the prompt for the next sample
@@ -267,7 +271,7 @@ def test_translating_drafter_keeps_draft_tokens_in_step_with_the_text(models):
     drafter.start(prompt)
     for piece in HARD_TEXT:
         for token in target.tokenizer.encode(piece):
-            drafter.observe_plain(token)
+            drafter.observe_tokens([token])
         answer = decode_text(target.tokenizer, drafter.target[drafter.answer_from:]).rstrip("\ufffd")
         assert decode_text(draft.tokenizer, drafter.answer_ids) == answer
         assert drafter.tc.tokens + drafter.pending == drafter.base + drafter.answer_ids
@@ -331,8 +335,9 @@ def test_auto_does_not_draft_when_the_draft_costs_as_much_as_the_target(models):
 def test_auto_skips_a_draft_that_would_read_a_long_prompt_for_a_short_answer(models):
     target, draft = models["llama"], models["llama-draft"]
     session = Session(target, settings(spec_decode="auto", max_tokens=2), draft=draft)
-    controller = DraftLengthController("auto", 3, cost_ratio=0.1)  # a cheap draft: it could pay
-    session.pair.controller, session.pair.controller_key = controller, ("auto", 3)
+    # a cheap draft: it could pay
+    controller = SpeculationAutopilot("auto", 3, has_draft=True, lookup=False, cost_ratio=0.1)
+    session.pair.controller, session.pair.controller_key = controller, ("auto", 3, False)
     done = chat(session, [PROMPTS[0] * 4])[0][0]
     assert done.metrics.spec_decode.startswith("off: the draft would first read")
     assert done.metrics.draft_prefill_s == 0 and session.pair.cache.tokens == []
@@ -384,7 +389,7 @@ def test_scout_scores_the_draft_on_the_targets_plain_tokens(models):
         drafter = SameTokenizerDrafter(draft, TokenDistribution(settings()), None, 64)
         drafter.start(prompt)
         for token in answer:
-            drafter.observe_plain(token)
+            drafter.observe_tokens([token])
         hits, positions = drafter.scout()
         assert positions == len(answer)
         assert (hits == positions) if expect_all else (hits < positions)
@@ -482,7 +487,7 @@ def test_only_a_same_tokenizer_draft_scouts(models):
                           ("cross", TranslatingDrafter(models["cross"], target.tokenizer, dist, None, 64))):
         cache = make_prompt_cache(target.model)
         target.model(mx.array(prompt[:-1])[None], cache=cache)
-        controller = DraftLengthController("auto", 3, cost_ratio=0.01)
+        controller = SpeculationAutopilot("auto", 3, has_draft=True, lookup=False, cost_ratio=0.01)
         held = PromptCache(target.model)
         held.layers = cache
         decoder = SpeculativeDecoder(target.model, held, drafter, controller, dist, rule="match", max_tokens=40)

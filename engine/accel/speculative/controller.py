@@ -264,6 +264,10 @@ class DraftLengthController:
         if drafted:
             self.t_draft.add(_clip(draft_s / drafted, self.t_draft.value))
             self.tokens_per_draft.add(proposed / drafted)
+        self.observe_verify(proposed, verify_s)
+
+    def observe_verify(self, proposed: int, verify_s: float) -> None:
+        """A target pass over `proposed` speculated tokens took `verify_s` (any source)."""
         if proposed:
             self.t_verify.setdefault(proposed, _Ema()).add(_clip(verify_s, self.verify_time(proposed)))
         self._remember_costs()

@@ -1,8 +1,9 @@
 """Speculative decoding with exact sampling (Leviathan et al. 2023; Chen et al. 2023).
 
-Each cycle a draft proposes tokens (drafters.py), the target scores all of them in
-one forward pass, and an acceptance rule keeps a prefix of them plus one token of the
-target's own, so the output has exactly the target's distribution:
+Each cycle a draft model (drafters.py) or the context itself (lookup.py) proposes tokens,
+the target scores all of them in one forward pass, and an acceptance rule keeps a prefix
+of them plus one token of the target's own, so the output has exactly the target's
+distribution:
 
 - `rejection` (same tokenizer): accept draft token x with probability min(1, p(x)/q(x));
   on the first rejection sample from normalize(max(p − q, 0)); when all are accepted take
@@ -10,12 +11,14 @@ target's own, so the output has exactly the target's distribution:
 - `match` (cross tokenizer, or by choice): sample the target's own token t ~ p at each
   position and accept the draft token while it equals t. Exact too, but acceptance is
   Σ p·q, lower than rejection's (mlx-lm's rule). Translated drafts have no q over the
-  target's vocabulary, so this is the rule that stays exact for them.
+  target's vocabulary, so this is the rule that stays exact for them. For a lookup
+  proposal (q one-hot) it is rejection sampling itself: x is kept with probability p(x),
+  and a rejected position's token is p with x removed, renormalized.
 
 p and q come after the same sampling transforms (engine/sampling.py). At temperature 0
 both rules reduce to greedy: the output is token for token the target's greedy output.
-The target's cache is rolled back after each cycle (engine/accel/speculative/rewind.py); the number of
-tokens drafted per cycle comes from engine/accel/speculative/controller.py.
+The target's cache is rolled back after each cycle (engine/accel/speculative/rewind.py); which
+source proposes, and how many tokens, comes from engine/accel/speculative/autopilot.py.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.accel.speculative.controller import DraftLengthController
+from engine.accel.speculative.autopilot import LOOKUP_MAX_K, SpeculationAutopilot
 from engine.accel.speculative.drafters import DraftUnavailable, Proposal
+from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 from engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
 from engine.events import EngineWarned
 from engine.sampling import TokenDistribution, sample
@@ -44,10 +48,13 @@ AUTO_MAX_CATCH_UP = 8
 
 @dataclass
 class SpecStats:
-    cycles: int = 0  # cycles that verified at least one draft token
+    cycles: int = 0  # cycles that verified at least one proposed token (either source)
     plain_steps: int = 0
-    draft_tokens: int = 0  # target tokens proposed for verification
-    accepted_tokens: int = 0
+    draft_cycles: int = 0
+    draft_tokens: int = 0  # target tokens the draft model proposed for verification
+    accepted_tokens: int = 0  # of those, kept
+    lookup_tokens: int = 0  # tokens the context lookup proposed
+    lookup_accepted: int = 0
     k_total: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -55,18 +62,22 @@ class SpecStats:
     draft_prefill_s: float = 0.0
     scouted: int = 0  # target tokens the draft scored between probes
     status: str = "off"
-    from_draft: list[bool] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)  # per yielded token: "draft", "lookup" or "" (the target's)
 
     def to_metrics(self) -> dict:
-        produced = len(self.from_draft)
+        produced = len(self.sources)
         busy = self.draft_s + self.verify_s + self.plain_s
         return {
             "spec_decode": self.status,
             "acceptance_rate": self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "lookup_tokens": self.lookup_tokens,
+            "lookup_accepted": self.lookup_accepted,
+            "lookup_acceptance": self.lookup_accepted / self.lookup_tokens if self.lookup_tokens else 0.0,
+            "mean_accepted_run": ((self.accepted_tokens + self.lookup_accepted) / self.cycles) if self.cycles else 0.0,
             "tokens_per_cycle": (produced / (self.cycles + self.plain_steps)) if produced else 0.0,
-            "mean_k": self.k_total / self.cycles if self.cycles else 0.0,
+            "mean_k": self.k_total / self.draft_cycles if self.draft_cycles else 0.0,
             "draft_time_share": self.draft_s / busy if busy else 0.0,
             "draft_prefill_s": self.draft_prefill_s,
         }
@@ -103,40 +114,48 @@ def accept_match(p: mx.array, tokens: list[int], greedy: bool) -> tuple[int, int
 
 
 class SpeculativeDecoder:
-    """Yields (token, from_draft) like mlx-lm's generate_step, and nothing else: when the
-    draft drops out, an EngineWarned goes to `warnings`, a side channel the session drains.
-    When the consumer stops, the target's cache holds every yielded token but the last,
-    and the decoder says so in `cache.tokens` itself (the next turn's prompt cache picks
-    up from there); a cache it cannot bring back is reset."""
+    """Yields (token, source) like mlx-lm's generate_step, source being "draft", "lookup" or
+    "" (the target's own token), and nothing else: when the draft drops out, an
+    EngineWarned goes to `warnings`, a side channel the session drains. When the consumer
+    stops, the target's cache holds every yielded token but the last, and the decoder says
+    so in `cache.tokens` itself (the next turn's prompt cache picks up from there); a cache
+    it cannot bring back is reset. `drafter` may be None (lookup only); `index` None turns
+    lookup off."""
 
-    def __init__(self, model, cache, drafter, controller: DraftLengthController, dist: TokenDistribution,
-                 *, rule: str = "rejection", max_tokens: int):
+    def __init__(self, model, cache, drafter, controller: SpeculationAutopilot, dist: TokenDistribution,
+                 *, rule: str = "rejection", max_tokens: int, index: ContextIndex | None = None):
         if rule not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}")
-        if rule == "rejection" and not drafter.same_tokenizer:
+        if rule == "rejection" and drafter is not None and not drafter.same_tokenizer:
             rule = "match"  # no q over the target's vocabulary: the exact rule across tokenizers
         # `cache` is the target's PromptCache; the decoder runs on its layers and leaves its
         # token list true when it stops. `model` is the cache's view (shifted positions).
         self.model, self.prompt_cache, self.cache, self.drafter = model, cache, cache.layers, drafter
         self.controller, self.dist, self.rule, self.max_tokens = controller, dist, rule, max_tokens
-        self.stats = SpecStats(status=f"{controller.mode} ({rule})")
+        self.index = index
+        how = {(True, False): "lookup", (False, True): rule, (True, True): f"lookup + draft, {rule}"}
+        self.stats = SpecStats(status=f"{controller.mode} ({how[index is not None, drafter is not None]})")
         self.consistent = True  # False: the cache could not be brought back; drop it
         self._draft_ready = False
-        self._draft_failed = False
+        self._draft_failed = drafter is None
+        self._offer_at, self._offer = -1, None
         self.warnings: list[EngineWarned] = []  # degradations, in order, for the caller to report
 
     def steps(self, prompt: list[int]) -> Iterator[object]:
         sequence = list(prompt)
         self._held = len(prompt) - 1  # tokens of `sequence` in the target's cache
+        if self.index is not None:
+            self.index.sync(prompt)  # the conversation so far; an edit or a regenerate trims it
         yielded = 0
         try:
             try:
                 CacheCheckpoint.check(self.cache)
             except CannotRewind as exc:
-                self._draft_failed = True
+                self._draft_failed, self.index = True, None
                 self.stats.status = f"off: {exc}"
-                self.warnings.append(EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}",
-                                                  "spec_decode"))
+                if self.drafter is not None or self.controller.mode == "on":  # asked for explicitly
+                    self.warnings.append(EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}",
+                                                      "spec_decode"))
             # The draft reads the prompt before the first token (like the target's prefill,
             # it counts in TTFT), unless `auto` already knows this draft cannot pay.
             if not self._draft_failed and (self.controller.mode == "on" or self._auto_worth_starting(prompt)):
@@ -150,19 +169,23 @@ class SpeculativeDecoder:
                 if (self._draft_ready and not self._draft_failed and self.drafter.same_tokenizer
                         and self.controller.scout_due()):
                     self._scout()
-                k = 0 if self._draft_failed else min(self.controller.choose(), left - 1)
-                if k > 0 and not self._draft_ready:
+                offer = self._lookup_offer()
+                source, k = self.controller.pick(offer, draft_usable=not self._draft_failed)
+                k = min(k, left - 1)
+                if source == "draft" and k > 0 and not self._draft_ready:
                     warning = self._start_draft(prompt, sequence)
                     if warning:
                         self.warnings.append(warning)
                         k = 0
-                if k > 0:
-                    steps = self._cycle(sequence, k)
+                if source == "lookup" and k > 0:
+                    steps = self._lookup_cycle(sequence, offer, k)
+                elif source == "draft" and k > 0:
+                    steps = self._draft_cycle(sequence, k)
                 else:
-                    steps = self._plain_run(sequence, left if self._draft_failed
-                                            else min(self.controller.plain_run(), left))
+                    steps = self._plain_run(sequence, min(self.controller.plain_run(
+                        draft_usable=not self._draft_failed, lookup=self.index is not None), left))
                 for token, drafted in steps:
-                    self.stats.from_draft.append(drafted)
+                    self.stats.sources.append(drafted)
                     yielded += 1
                     yield token, drafted
         finally:
@@ -173,6 +196,14 @@ class SpeculativeDecoder:
                 self.prompt_cache.reset()
             if self.controller.note():
                 self.stats.status += f": {self.controller.note()}"
+
+    def _lookup_offer(self) -> LookupOffer | None:
+        """What the context proposes after the current tokens (looked up once per length)."""
+        if self.index is None:
+            return None
+        if self._offer_at != len(self.index):
+            self._offer_at, self._offer = len(self.index), self.index.propose(LOOKUP_MAX_K)
+        return self._offer
 
     def _auto_worth_starting(self, prompt) -> bool:
         """`auto` skips a draft that cannot pay, or that would first have to read far more
@@ -191,8 +222,8 @@ class SpeculativeDecoder:
         started = time.perf_counter()
         try:
             self.drafter.start(prompt)
-            for token in sequence[len(prompt):]:
-                self.drafter.observe_plain(token)
+            if len(sequence) > len(prompt):
+                self.drafter.observe_tokens(sequence[len(prompt):])
             self._draft_ready = True
             return None
         except Exception as exc:
@@ -209,8 +240,8 @@ class SpeculativeDecoder:
             reason = f"the draft failed: {exc}"
         self._draft_failed, self._draft_ready = True, False
         self.drafter.tc.reset()  # it may hold half a proposal
-        self.stats.status = f"off: {reason}"
-        return EngineWarned(f"Speculative decoding is off for this turn: {reason}", "spec_decode")
+        self.stats.status = f"off: {reason}" if self.index is None else f"lookup only: {reason}"
+        return EngineWarned(f"The draft model is off for this turn: {reason}", "spec_decode")
 
     def _scout(self) -> None:
         """The draft reads the target's plain tokens it has not seen and says how many it
@@ -222,16 +253,20 @@ class SpeculativeDecoder:
             self.stats.scouted += scored[1]
             self.controller.observe_scout(*scored)
 
-    def _plain_run(self, sequence: list[int], count: int) -> Iterator[tuple[int, bool]]:
-        """`count` plain target steps. Without logits processors they are pipelined like
-        mlx-lm's generate_step: the next step is queued before this token is read back."""
+    def _plain_run(self, sequence: list[int], count: int) -> Iterator[tuple[int, str]]:
+        """Up to `count` plain target steps. Without logits processors they are pipelined like
+        mlx-lm's generate_step: the next step is queued before this token is read back. The
+        run ends early (after the step already queued) when a lookup offer would pay."""
         if count == 1 or self.dist.processors:
             for _ in range(count):
-                yield self._plain(sequence), False
+                yield self._plain(sequence), ""
+                if self.controller.lookup_pays(self._lookup_offer()):
+                    return
             return
         run_started = started = time.perf_counter()
         queued = self._queue_step(mx.array(sequence[-1:]))
-        for i in range(count):
+        i = 0
+        while i < count:
             current = queued
             if i + 1 < count:
                 queued = self._queue_step(current)
@@ -239,7 +274,10 @@ class SpeculativeDecoder:
             now = time.perf_counter()
             self._after_plain(sequence, token, now - started, timed=False)
             started = now
-            yield token, False
+            i += 1
+            yield token, ""
+            if i + 1 < count and self.controller.lookup_pays(self._lookup_offer()):
+                count = i + 1  # read the step already queued, queue no more
         # Reading a token back may wait for the step queued after it too, so single
         # intervals alternate between ~2 steps and ~0: the controller gets the run's mean.
         self.controller.observe_plain((started - run_started) / count, count)
@@ -261,13 +299,21 @@ class SpeculativeDecoder:
 
     def _after_plain(self, sequence, token: int, elapsed: float, *, tell_draft: bool = True,
                      timed: bool = True) -> None:
-        sequence.append(token)
+        offer = self._lookup_offer()
+        if offer is not None:  # would the lookup have proposed it? (α for free)
+            self.controller.observe_lookup_scout(offer, token)
+        self._extend(sequence, [token])
         self.stats.plain_steps += 1
         self.stats.plain_s += elapsed
         if timed:
             self.controller.observe_plain(elapsed)
         if tell_draft and self._draft_ready:
-            self._to_draft(self.drafter.observe_plain, token)
+            self._to_draft(self.drafter.observe_tokens, [token])
+
+    def _extend(self, sequence: list[int], tokens: list[int]) -> None:
+        sequence += tokens
+        if self.index is not None:
+            self.index.extend(tokens)
 
     def _to_draft(self, call, *args):
         try:
@@ -281,36 +327,61 @@ class SpeculativeDecoder:
             return int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1).item())
         return int(sample(self.dist.probs(logits, sequence, [])).item())
 
-    def _cycle(self, sequence: list[int], k: int) -> list[tuple[int, bool]]:
+    def _draft_cycle(self, sequence: list[int], k: int) -> list[tuple[int, str]]:
         started = time.perf_counter()
         proposal: Proposal | None = self._to_draft(self.drafter.propose, k, self.controller.stop_below())
         if proposal is None:
-            return [(self._plain(sequence), False)]
+            return [(self._plain(sequence), "")]
         drafted_at = time.perf_counter()
         self.stats.draft_s += drafted_at - started
-        candidates = proposal.tokens
-        if not candidates:  # absorbed by context or an immediate EOS: a plain step, no stall
+        if not proposal.tokens:  # absorbed by context or an immediate EOS: a plain step, no stall
             self._to_draft(self.drafter.commit, proposal, 0, self._plain(sequence, tell_draft=False))
-            return [(sequence[-1], False)]
+            return [(sequence[-1], "")]
+        n, token, verified = self._verify(sequence, proposal)
+        committed_at = time.perf_counter()
+        self._to_draft(self.drafter.commit, proposal, n, token)
+        # following the target (a trim, or re-tokenizing across tokenizers) is the draft's cost
+        draft_s = drafted_at - started + time.perf_counter() - committed_at
+        s = self.stats
+        s.draft_s += time.perf_counter() - committed_at
+        s.draft_cycles += 1
+        s.draft_tokens += len(proposal.tokens)
+        s.accepted_tokens += n
+        s.k_total += k
+        self.controller.observe_cycle(drafted=proposal.drafted, proposed=len(proposal.tokens), accepted=n,
+                                      draft_s=draft_s, verify_s=verified)
+        return [(t, "draft" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
+
+    def _lookup_cycle(self, sequence: list[int], offer: LookupOffer, k: int) -> list[tuple[int, str]]:
+        started = time.perf_counter()
+        proposal = Proposal(offer.tokens[:k], None, 0)
+        looked_up = time.perf_counter() - started
+        n, token, verified = self._verify(sequence, proposal)
+        if self._draft_ready:
+            followed_at = time.perf_counter()
+            self._to_draft(self.drafter.observe_tokens, proposal.tokens[:n] + [token])
+            self.stats.draft_s += time.perf_counter() - followed_at
+        self.stats.lookup_tokens += k
+        self.stats.lookup_accepted += n
+        self.controller.observe_lookup_cycle(offer, proposed=k, accepted=n, lookup_s=looked_up, verify_s=verified)
+        return [(t, "lookup" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
+
+    def _verify(self, sequence: list[int], proposal: Proposal) -> tuple[int, int, float]:
+        """One target pass over the proposal: (tokens kept, the target's next token, seconds).
+        `sequence` and the cache then hold the kept tokens and that token."""
+        started = time.perf_counter()
+        candidates = proposal.tokens
         feed = sequence[-1:] + candidates
         checkpoint = CacheCheckpoint(self.cache, len(feed))
         logits = self.model(mx.array(feed)[None], cache=self.cache)[0]  # (m+1, V)
         n, token = self._accept(logits, sequence, proposal)
         checkpoint.rewind(self.model, feed, 1 + n)
         self._held += 1 + n
-        accepted = candidates[:n] + [token]
-        sequence += accepted
-        self._to_draft(self.drafter.commit, proposal, n, token)
-        verified = time.perf_counter() - drafted_at
-        s = self.stats
-        s.cycles += 1
-        s.draft_tokens += len(candidates)
-        s.accepted_tokens += n
-        s.k_total += k
-        s.verify_s += verified
-        self.controller.observe_cycle(drafted=proposal.drafted, proposed=len(candidates), accepted=n,
-                                      draft_s=drafted_at - started, verify_s=verified)
-        return [(t, i < n) for i, t in enumerate(accepted)]
+        self._extend(sequence, candidates[:n] + [token])
+        verified = time.perf_counter() - started
+        self.stats.cycles += 1
+        self.stats.verify_s += verified
+        return n, token, verified
 
     def _accept(self, logits, sequence, proposal) -> tuple[int, int]:
         candidates = proposal.tokens
@@ -321,7 +392,7 @@ class SpeculativeDecoder:
                 n += 1
             return n, own[n]
         p = self.dist.probs(logits, sequence, candidates)
-        if self.rule == "match":
+        if self.rule == "match" or proposal.q is None:  # a lookup's q is one-hot: match is exact
             return accept_match(p, candidates, greedy=False)
         q = proposal.q
         if q.shape[-1] != p.shape[-1]:  # padded embedding tables differ in width

@@ -101,9 +101,9 @@ class _Drafter:
         self.target += proposal.tokens[:accepted] + [token]
         self._follow()
 
-    def observe_plain(self, token: int) -> None:
-        """The target decoded `token` without drafting."""
-        self.target.append(token)
+    def observe_tokens(self, tokens: list[int]) -> None:
+        """The target took `tokens` without this draft (plain steps, or a lookup's proposal)."""
+        self.target += tokens
         self._follow()
 
     def _rewind_to(self, keep: int) -> None:

@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from engine.accel.specprefill.scoring import DraftScorer
-from engine.accel.speculative.controller import DraftLengthController, PairCosts
+from engine.accel.speculative.autopilot import SpeculationAutopilot
+from engine.accel.speculative.controller import PairCosts
 from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
+from engine.accel.speculative.lookup import ContextIndex
 from engine.cache import PromptCache
 from engine.sampling import TokenDistribution
 from kernels.native_layers import verify_path
@@ -29,9 +31,9 @@ class DraftPair:
     # The draft's prompt cache serves SpecPrefill scoring and speculative drafting alike,
     # so a prompt is prefilled into the draft once per conversation.
     cache: PromptCache = field(repr=False)
-    # The k controller, kept across turns (acceptance and timings carry over) while the
-    # mode and k stay the same.
-    controller: DraftLengthController | None = field(default=None, repr=False)
+    # The autopilot, kept across turns (acceptance and timings carry over) while the
+    # mode, k and lookup setting stay the same.
+    controller: SpeculationAutopilot | None = field(default=None, repr=False)
     controller_key: tuple | None = None
 
     @classmethod
@@ -53,15 +55,40 @@ class DraftPair:
         return TranslatingDrafter(self.draft, self.target.tokenizer, dist, self.cache, settings.prefill_step_size,
                                   prefix=settings.translation_prefix)
 
-    def make_decoder(self, target_cache: PromptCache, settings, *, max_tokens: int,
-                     costs: PairCosts) -> SpeculativeDecoder:
-        """The speculative decoder for one turn over `target_cache`."""
+    def make_decoder(self, target_cache: PromptCache, settings, *, max_tokens: int, costs: PairCosts,
+                     index: ContextIndex | None) -> SpeculativeDecoder:
+        """The speculative decoder for one turn over `target_cache` (lookup too, with `index`)."""
         dist = TokenDistribution(settings)
-        key = (settings.spec_decode, settings.num_draft)
+        key = (settings.spec_decode, settings.num_draft, index is not None)
         if self.controller is None or self.controller_key != key:
-            self.controller = DraftLengthController(
-                settings.spec_decode, settings.num_draft, cost_ratio=cost_ratio(self.draft, self.target),
+            self.controller = SpeculationAutopilot(
+                settings.spec_decode, settings.num_draft, has_draft=True, lookup=index is not None,
+                cost_ratio=cost_ratio(self.draft, self.target),
                 pair=(self.target.id, self.draft.id, verify_path(self.target.model)), costs=costs)
             self.controller_key = key
         return SpeculativeDecoder(target_cache.model_view(), target_cache, self.make_drafter(dist, settings),
-                                  self.controller, dist, rule=settings.spec_rule, max_tokens=max_tokens)
+                                  self.controller, dist, rule=settings.spec_rule, max_tokens=max_tokens,
+                                  index=index)
+
+
+@dataclass
+class LookupOnly:
+    """Speculation with no draft model: the context's continuations only. Holds the
+    autopilot across turns like DraftPair does."""
+
+    target: object  # LoadedModel
+    controller: SpeculationAutopilot | None = field(default=None, repr=False)
+    controller_key: tuple | None = None
+
+    def make_decoder(self, target_cache: PromptCache, settings, *, max_tokens: int, costs: PairCosts,
+                     index: ContextIndex) -> SpeculativeDecoder:
+        key = (settings.spec_decode, settings.num_draft)
+        if self.controller is None or self.controller_key != key:
+            # verify costs are the target's: shared with every chat on this model
+            self.controller = SpeculationAutopilot(
+                settings.spec_decode, settings.num_draft, has_draft=False, lookup=True,
+                pair=(self.target.id, None, verify_path(self.target.model)), costs=costs)
+            self.controller_key = key
+        return SpeculativeDecoder(target_cache.model_view(), target_cache, None, self.controller,
+                                  TokenDistribution(settings), rule=settings.spec_rule, max_tokens=max_tokens,
+                                  index=index)

@@ -1,0 +1,118 @@
+"""One speculation autopilot: each cycle, plain decoding, a lookup proposal from the context
+(lookup.py), or the draft model (controller.py's k choice), whichever promises the most
+tokens per second.
+
+Both sources go through the same cost model: a cycle yields E[τ] = (1 − α^(k+1)) / (1 − α)
+tokens for a proposal cost plus a verify pass over k + 1 positions (measured per length,
+shared by the sources: it is the target's cost). A draft's proposal costs k draft steps; a
+lookup's costs microseconds, so it pays whenever its acceptance covers the verify pass's
+extra cost over a plain step.
+
+Lookup acceptance is measured per match-length class (a 16-token match is a quote in
+progress, a 2-token one often a coincidence), and for free: on every plain step the
+autopilot checks whether the lookup's first token would have been the target's, so prose
+where lookups miss never pays for a verify pass to find out.
+"""
+
+from __future__ import annotations
+
+from engine.accel.speculative.controller import (
+    MIN_GAIN,
+    PLAIN_SAMPLES_FIRST,
+    DraftLengthController,
+    _Ema,
+    expected_tokens,
+)
+from engine.accel.speculative.lookup import MATCH_CLASSES, LookupOffer, match_class
+
+LOOKUP_MAX_K = 12  # a quote or a copied file accepts long runs; verify cost bounds it
+# Per-token observations fade faster than the draft's per-cycle ones: the same match class
+# means "quoting" in one paragraph and "coincidence" in the next.
+LOOKUP_DECAY = 0.95
+# Acceptance before any observation, as (accepted, rejected) pseudo-counts per class: short
+# matches start pessimistic (most are "of the"), long ones at even odds.
+LOOKUP_PRIOR = ((0.5, 1.5), (0.8, 1.2), (1.0, 1.0), (1.2, 0.8))
+
+
+class SpeculationAutopilot(DraftLengthController):
+    """DraftLengthController (the draft's k, probes and scouts) plus the lookup arm."""
+
+    def __init__(self, mode: str, k: int, *, has_draft: bool, lookup: bool, **kw):
+        super().__init__(mode, k, **kw)
+        self.has_draft, self.lookup = has_draft, lookup
+        self.lookup_counts = [list(prior) for prior in LOOKUP_PRIOR]
+        self.t_lookup = _Ema()
+        assert len(LOOKUP_PRIOR) == len(MATCH_CLASSES)
+
+    def lookup_alpha(self, offer: LookupOffer) -> float:
+        accepted, rejected = self.lookup_counts[match_class(offer.match)]
+        return accepted / (accepted + rejected)
+
+    def pick(self, offer: LookupOffer | None, *, draft_usable: bool) -> tuple[str, int]:
+        """("lookup" | "draft" | "plain", k) for the next cycle."""
+        if offer is not None and self.lookup:
+            k, speed = self._best_lookup(offer)
+            if k and speed >= self._draft_speed(draft_usable):
+                return "lookup", k
+        if self.has_draft and draft_usable:
+            k = self.choose()
+            if k:
+                return "draft", k
+        return "plain", 0
+
+    def lookup_pays(self, offer: LookupOffer | None) -> bool:
+        """Would the autopilot verify this offer (ends a pipelined plain run)?"""
+        return offer is not None and self.lookup and self._best_lookup(offer)[0] > 0
+
+    def plain_run(self, *, draft_usable: bool, lookup: bool) -> int:
+        """Plain steps to take before asking again. A lookup offer that pays ends the run
+        early (the decoder asks after every token)."""
+        if self.has_draft and draft_usable:
+            return super().plain_run()
+        if lookup and self.plain_samples < PLAIN_SAMPLES_FIRST:
+            return PLAIN_SAMPLES_FIRST - self.plain_samples  # t_plain first: the lookup needs it
+        return 1 << 30
+
+    def scout_due(self) -> bool:
+        return self.has_draft and super().scout_due()
+
+    def _best_lookup(self, offer: LookupOffer) -> tuple[int, float]:
+        available = min(len(offer.tokens), LOOKUP_MAX_K)
+        if self.mode == "on":
+            return min(self.fixed_k, available), float("inf")
+        plain = self.t_plain.value
+        if plain is None or self.plain_samples < PLAIN_SAMPLES_FIRST:
+            return 0, 0.0
+        alpha, cost = self.lookup_alpha(offer), self.t_lookup.value or 0.0
+        best_k, best_speed = 0, MIN_GAIN / plain
+        for k in range(1, available + 1):
+            speed = expected_tokens(alpha, k) / (cost + self.verify_time(k))
+            if speed > best_speed:
+                best_k, best_speed = k, speed
+        return best_k, best_speed
+
+    def _draft_speed(self, draft_usable: bool) -> float:
+        """The draft's best expected tokens per second while it is known to pay, else 0."""
+        if self.mode == "on" or not (self.has_draft and draft_usable and self.drafting
+                                     and self.t_draft.value is not None):
+            return 0.0  # (`on` takes a lookup offer first, its draft otherwise)
+        return max(self.expected_speed(k) for k in range(1, self.k_cap + 1))
+
+    def observe_lookup_scout(self, offer: LookupOffer, token: int) -> None:
+        """A plain step chose `token` where the lookup would have proposed offer.tokens[0]."""
+        self._observe_lookup(offer, int(offer.tokens[0] == token), int(offer.tokens[0] != token))
+
+    def observe_lookup_cycle(self, offer: LookupOffer, *, proposed: int, accepted: int, lookup_s: float,
+                             verify_s: float) -> None:
+        self._observe_lookup(offer, accepted, 1 if accepted < proposed else 0)
+        self.t_lookup.add(lookup_s)
+        self.observe_verify(proposed, verify_s)
+
+    def _observe_lookup(self, offer: LookupOffer, accepted: int, rejected: int) -> None:
+        counts = self.lookup_counts[match_class(offer.match)]
+        fade = LOOKUP_DECAY ** (accepted + rejected)
+        counts[0] = fade * counts[0] + accepted
+        counts[1] = fade * counts[1] + rejected
+
+    def note(self) -> str:
+        return super().note() if self.has_draft else ""

@@ -1,0 +1,290 @@
+"""Lookup decoding: the context index (longest match, trimming), the decoder with lookup
+proposals (greedy exactness on every architecture, exact sampling by chi-square), the
+autopilot's choices between plain, lookup and the draft model, and the session keeping the
+index in step with the prompt cache."""
+
+import random
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from engine.accel.speculative import decoder as speculative
+from engine.accel.speculative.autopilot import SpeculationAutopilot
+from engine.accel.speculative.decoder import SpeculativeDecoder
+from engine.accel.speculative.lookup import ContextIndex, LookupOffer
+from engine.cache import PromptCache
+from engine.errors import InvalidSettings
+from engine.events import TokenEmitted
+from engine.models.loader import load_folder
+from engine.sampling import TokenDistribution
+from engine.session import Message, Session
+from engine.settings import ChatSettings
+from tests.engine.test_speculative import _chi2, _critical_chi2, _exact_pairs, chat
+from tests.tiny_models import make_tiny_model_by_key
+
+ARCHS = ["llama", "qwen2", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4"]
+PROMPT = "Tell me about the quick brown fox and the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lookup")
+    out = {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048))
+           for arch in ARCHS}
+    out["llama-draft"] = load_folder(make_tiny_model_by_key(root / "draft", "llama", seed=2, context_length=2048))
+    return out
+
+
+def settings(**kw):
+    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 40, "prefill_step_size": 64, **kw})
+
+
+# --- the index ------------------------------------------------------------------
+
+
+def test_proposes_what_followed_the_longest_earlier_match():
+    index = ContextIndex()
+    # "7 8 9" occurs twice; only the first occurrence also matches the "6" before it
+    index.extend([5, 6, 7, 8, 9, 10, 11, 12, 1, 7, 8, 9, 20, 21, 3, 6, 7, 8, 9])
+    offer = index.propose(3)
+    assert offer == LookupOffer([10, 11, 12], 4)
+
+
+def test_prefers_the_most_recent_of_equally_long_matches():
+    index = ContextIndex()
+    index.extend([1, 2, 3, 4, 50, 9, 2, 3, 4, 60, 9, 2, 3, 4])
+    assert index.propose(2) == LookupOffer([60, 9], 4)
+
+
+def test_a_single_shared_token_proposes_nothing():
+    index = ContextIndex()
+    index.extend([1, 2, 3, 4, 5, 6, 3])
+    assert index.propose(4) is None
+    assert ContextIndex().propose(4) is None
+
+
+def test_a_continuation_stops_at_the_end_of_the_context():
+    index = ContextIndex()
+    index.extend([1, 2, 1, 2, 1, 2])  # a loop: the match overlaps the suffix
+    assert index.propose(8) == LookupOffer([1, 2], 4)
+
+
+def _tables(index):
+    return {n: {k: list(v) for k, v in t.items()} for n, t in index._tables.items()}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_synced_index_equals_one_built_fresh(seed):
+    """An edit or a regenerate trims the index to the shared prefix and appends the rest:
+    nothing of the replaced tokens may stay behind to be proposed."""
+    rng = random.Random(seed)
+    first = [rng.randrange(6) for _ in range(300)]  # a small vocabulary: many repeated n-grams
+    second = first[:rng.randrange(300)] + [rng.randrange(6) for _ in range(rng.randrange(200))]
+    index = ContextIndex()
+    index.extend(first)
+    kept = index.sync(second)
+    fresh = ContextIndex()
+    fresh.extend(second)
+    assert index.tokens == second and kept >= 0
+    assert _tables(index) == _tables(fresh)
+    assert index.propose(8) == fresh.propose(8)
+
+
+# --- decoding with lookup proposals -----------------------------------------------
+
+
+class OracleIndex(ContextIndex):
+    """Proposes the plain answer's next tokens, every 7th one wrong: lookup cycles that are
+    mostly kept and sometimes rejected, on models too small to quote anything."""
+
+    def __init__(self, answer: list[int], vocab: int):
+        super().__init__()
+        self.answer, self.vocab, self.prompt_len, self.turns = answer, vocab, 0, 0
+
+    def sync(self, tokens):
+        self.prompt_len, self.turns = len(tokens), self.turns + 1
+        return super().sync(tokens)
+
+    def propose(self, k):
+        if self.turns > 1:  # it knows the first answer only
+            return None
+        at = len(self.tokens) - self.prompt_len
+        future = self.answer[at:at + k]
+        wrong = [(t + 1) % self.vocab if (at + i) % 7 == 3 else t for i, t in enumerate(future)]
+        return LookupOffer(wrong, 16) if wrong else None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("mode", ["on", "auto"])
+def test_greedy_lookup_decoding_equals_plain(models, arch, mode):
+    target = models[arch]
+    plain, plain_next = (done for done, _ in chat(Session(target, settings(spec_decode="off")), [PROMPT, "And then?"]))
+    session = Session(target, settings(spec_decode=mode, num_draft=4))
+    session.context_index = OracleIndex(plain.token_ids, target.model.args.vocab_size)
+    done, events = chat(session, [PROMPT])[0]
+    assert done.token_ids == plain.token_ids
+    m = done.metrics
+    assert m.spec_decode.startswith(f"{mode} (lookup)"), m.spec_decode
+    assert m.lookup_tokens > 0 and 0 < m.lookup_accepted < m.lookup_tokens  # kept and rejected both
+    assert m.sources.count("lookup") == m.lookup_accepted and m.draft_tokens == 0
+    assert [e.source for e in events if isinstance(e, TokenEmitted) and e.token_id >= 0] == m.sources
+    assert m.tokens_per_cycle > 1.2
+    # the decoder left the cache plain decoding leaves: the next turn reuses as much of it
+    again = chat(session, ["And then?"])[0][0]
+    assert again.metrics.cached_tokens == plain_next.metrics.cached_tokens
+    assert again.token_ids == plain_next.token_ids
+
+
+def test_lookup_and_draft_together_stay_exact(models):
+    target = models["llama"]
+    plain = chat(Session(target, settings(spec_decode="off")), [PROMPT, "More."])
+    session = Session(target, settings(spec_decode="on", num_draft=3), draft=models["llama-draft"])
+    session.context_index = OracleIndex(plain[0][0].token_ids, target.model.args.vocab_size)
+    both = chat(session, [PROMPT, "More."])
+    assert [b.token_ids for b, _ in both] == [p.token_ids for p, _ in plain]
+    first = both[0][0].metrics
+    assert first.spec_decode.startswith("on (lookup + draft")
+    assert first.lookup_accepted > 0
+    # the oracle offers nothing in the second turn: the draft proposes, in step with the lookups before
+    assert both[1][0].metrics.draft_tokens > 0
+
+
+class FixedIndex(ContextIndex):
+    def __init__(self, tokens):
+        super().__init__()
+        self.offer = tokens
+
+    def propose(self, k):
+        return LookupOffer(self.offer[:k], 16)
+
+
+def _lookup_sampled_pairs(target, prompt, dist, proposal, n):
+    cache = make_prompt_cache(target.model)
+    target.model(mx.array(prompt[:-1])[None], cache=cache)
+    held = PromptCache(target.model)
+    held.layers = cache
+    counts = {}
+    controller = SpeculationAutopilot("on", 2, has_draft=False, lookup=True)
+    for _ in range(n):
+        decoder = SpeculativeDecoder(target.model, held, None, controller, dist, rule="rejection", max_tokens=3,
+                                     index=FixedIndex(proposal))
+        steps = decoder.steps(prompt)
+        pair = (next(steps)[0], next(steps)[0])
+        steps.close()
+        counts[pair] = counts.get(pair, 0) + 1
+        for layer in cache:
+            layer.trim(layer.offset - (len(prompt) - 1))
+    return counts
+
+
+def test_sampled_lookup_tokens_follow_the_target_distribution(models, monkeypatch):
+    """A lookup proposal is one-hot: kept with probability p(x), else the target's own
+    token from p without x. Two proposed positions, checked against exact pair odds."""
+    target = models["llama"]
+    dist = TokenDistribution(settings(temperature=1.0, top_k=4))
+    prompt = target.tokenizer.encode(PROMPT)
+    exact = _exact_pairs(target, prompt, dist)
+    # propose the second most likely first token and its likeliest follower: kept and rejected often
+    by_first = {}
+    for (a, b), prob in exact.items():
+        by_first.setdefault(a, {})[b] = prob
+    firsts = sorted(by_first, key=lambda a: -sum(by_first[a].values()))
+    x1 = firsts[1]
+    x2 = max(by_first[x1], key=by_first[x1].get)
+    n = 1500
+    mx.random.seed(0)
+    counts = _lookup_sampled_pairs(target, prompt, dist, [x1, x2], n)
+    stat, df = _chi2(counts, exact, n)
+    assert stat < _critical_chi2(df), (stat, df)
+    assert 0.05 < counts.get((x1, x2), 0) / n < 0.95  # the proposal was both kept and rejected
+    # the same test catches a rule that keeps every proposal
+    monkeypatch.setattr(speculative, "accept_match", lambda p, toks, greedy: (len(toks), int(mx.argmax(p[-1]))))
+    mx.random.seed(0)
+    stat, df = _chi2(_lookup_sampled_pairs(target, prompt, dist, [x1, x2], n), exact, n)
+    assert stat > _critical_chi2(df)
+
+
+# --- the autopilot ----------------------------------------------------------------
+
+QUOTE, COINCIDENCE = LookupOffer(list(range(12)), 20), LookupOffer(list(range(12)), 2)
+
+
+def _warmed(**kw):
+    pilot = SpeculationAutopilot("auto", 3, **{"has_draft": False, "lookup": True, **kw})
+    pilot.observe_plain(0.1, 3)
+    return pilot
+
+
+def test_lookup_pays_where_the_target_keeps_choosing_what_it_proposes():
+    pilot = _warmed()
+    for _ in range(30):  # plain steps where the lookup's token was the target's (quote)
+        pilot.observe_lookup_scout(QUOTE, QUOTE.tokens[0])
+        pilot.observe_lookup_scout(COINCIDENCE, -1)  # ... and where it was not
+    for k in (1, 4, 8):
+        pilot.observe_verify(k, 0.1 + 0.01 * k)
+    source, k = pilot.pick(QUOTE, draft_usable=False)
+    assert source == "lookup" and k >= 8
+    assert pilot.pick(COINCIDENCE, draft_usable=False) == ("plain", 0)
+    assert pilot.lookup_pays(QUOTE) and not pilot.lookup_pays(COINCIDENCE) and not pilot.lookup_pays(None)
+
+
+def test_a_costly_verify_needs_more_acceptance():
+    """On a CPU where a verify pass costs 2 plain steps, 60% acceptance does not pay."""
+    pilot = _warmed()
+    for i in range(40):
+        pilot.observe_lookup_scout(QUOTE, QUOTE.tokens[0] if i % 5 < 3 else -1)
+    for k in (1, 4, 8):
+        pilot.observe_verify(k, 0.2 + 0.01 * k)
+    assert pilot.pick(QUOTE, draft_usable=False) == ("plain", 0)
+    for k in (1, 4, 8):
+        pilot.observe_verify(k, 0.1 + 0.001 * k)  # a cheap verify (the EMA moves towards it)
+        pilot.observe_verify(k, 0.1 + 0.001 * k)
+        pilot.observe_verify(k, 0.1 + 0.001 * k)
+    assert pilot.pick(QUOTE, draft_usable=False)[0] == "lookup"
+
+
+def test_a_faster_draft_wins_over_a_weak_lookup_and_loses_to_a_quote():
+    pilot = _warmed(has_draft=True, cost_ratio=0.05)
+    for _ in range(20):  # the draft keeps 90% of its tokens, at 5% of a target step
+        pilot.observe_cycle(drafted=4, proposed=4, accepted=4, draft_s=0.02, verify_s=0.11)
+        pilot.observe_cycle(drafted=4, proposed=4, accepted=3, draft_s=0.02, verify_s=0.11)
+    for _ in range(30):
+        pilot.observe_lookup_scout(QUOTE, QUOTE.tokens[0])
+        pilot.observe_lookup_scout(COINCIDENCE, QUOTE.tokens[0] if random.random() < 0.5 else -1)
+    assert pilot.pick(QUOTE, draft_usable=True)[0] == "lookup"
+    assert pilot.pick(COINCIDENCE, draft_usable=True)[0] == "draft"
+    assert pilot.pick(COINCIDENCE, draft_usable=False)[0] in ("plain", "lookup")  # the draft dropped out
+
+
+def test_on_mode_takes_every_offer():
+    pilot = SpeculationAutopilot("on", 5, has_draft=False, lookup=True)
+    assert pilot.pick(COINCIDENCE, draft_usable=False) == ("lookup", 5)
+    assert pilot.pick(None, draft_usable=False) == ("plain", 0)
+
+
+# --- the session ------------------------------------------------------------------
+
+
+def test_the_index_follows_edits_and_regenerates(models):
+    session = Session(models["qwen2"], settings(spec_decode="auto"))
+    chat(session, [PROMPT, "Tell me more about the dog."])
+    index = session.context_index
+    assert index.tokens[:len(session.cache.tokens)] == session.cache.tokens
+    list(session.answer([Message("user", "Something else entirely.")]))  # an edit of the first message
+    fresh = ContextIndex()
+    fresh.extend(index.tokens)
+    assert index.tokens[:len(session.cache.tokens)] == session.cache.tokens
+    assert _tables(index) == _tables(fresh)
+    assert len(index.tokens) <= len(session.cache.tokens) + 1
+
+
+def test_lookup_off_decodes_without_it(models):
+    done = chat(Session(models["llama"], settings(spec_decode="auto", lookup=False)), [PROMPT])[0][0]
+    assert done.metrics.spec_decode == "off" and done.metrics.lookup_tokens == 0
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_lookup_setting_must_be_a_boolean(bad):
+    with pytest.raises(InvalidSettings, match="lookup must be true or false"):
+        settings(lookup=bad).validate()
