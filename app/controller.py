@@ -267,7 +267,7 @@ class ChatController(QObject):
                 self._maybe_save(answer)
             if visible:
                 self.prefill_bar.finish()
-                self.chat_view.append_to_last(event.text, event.from_draft)
+                self.chat_view.append_to_last(event.text, event.source)
                 if answer is not None and not answer.get("first_at"):
                     answer["first_at"] = time.monotonic()  # live TTFT; the exact one comes with the metrics
                     self.dashboard.ttft.setText(f"{answer['first_at'] - answer['started']:.2f} s")

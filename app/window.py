@@ -43,7 +43,7 @@ class MainWindow(QMainWindow):
         self.settings_panel = SettingsPanel()
         self.settings_panel.set_models(models)
         self.dashboard = Dashboard(memory_probe=memory_probe, free_memory_probe=free_memory_probe)
-        self.tint = QCheckBox("Tint tokens from the draft model")
+        self.tint = QCheckBox("Tint speculated tokens: blue from the draft model, green looked up in the chat")
         self.tint.toggled.connect(self.chat_view.set_tint_draft)
 
         center = QWidget()

@@ -48,7 +48,10 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=int, default=ChatSettings.sparse_threshold,
                    help="new-token count from which `auto` sparse prefill acts")
     p.add_argument("--spec-decode", choices=SPEC_MODES, default=ChatSettings.spec_decode,
-                   help="speculative decoding with --draft: auto picks k per cycle and never drafts at a loss")
+                   help="speculative decoding: auto picks plain, lookup or --draft, and k, per cycle from "
+                        "measured costs; on always speculates")
+    p.add_argument("--no-lookup", dest="lookup", action="store_false",
+                   help="do not propose continuations found in the conversation (lookup decoding)")
     p.add_argument("--num-draft", type=int, default=ChatSettings.num_draft, help="draft tokens per cycle (on)")
     p.add_argument("--spec-rule", choices=SPEC_RULES, default=ChatSettings.spec_rule,
                    help="acceptance: exact rejection sampling, or match the target's own sample (mlx-lm's rule)")
@@ -75,7 +78,7 @@ def settings_from_args(args) -> ChatSettings:
         sparse_prefill=sparse, sparse_keep=args.keep, sparse_threshold=args.threshold,
         uniprefill=uni, uniprefill_p=args.top_p_mass, drop_layers=args.drop_layers,
         uniprefill_threshold=args.uniprefill_threshold,
-        spec_decode=args.spec_decode, num_draft=args.num_draft, spec_rule=args.spec_rule,
+        spec_decode=args.spec_decode, num_draft=args.num_draft, spec_rule=args.spec_rule, lookup=args.lookup,
     ).validate()
 
 
@@ -137,8 +140,9 @@ def cmd_run(args) -> int:
               f" · {m.generated_tokens} tokens · {m.finish_reason} · prefill {m.prefill_route}"
               + (f" (kept {', '.join(f'{k}/{n}@{layer}' for layer, n, k in m.drops)}, "
                  f"{m.flops_saved:.0%} of FLOPs saved)" if m.drops else "")
-              + (f" · spec {m.spec_decode}: acceptance {m.acceptance_rate:.0%}, {m.tokens_per_cycle:.2f} tokens/pass"
-                 if m.spec_decode != "off" else "") + "]",
+              + (f" · spec {m.spec_decode}: {m.tokens_per_cycle:.2f} tokens/pass" if m.spec_decode != "off" else "")
+              + (f", draft kept {m.accepted_tokens}/{m.draft_tokens}" if m.draft_tokens else "")
+              + (f", lookup kept {m.lookup_accepted}/{m.lookup_tokens}" if m.lookup_tokens else "") + "]",
               file=sys.stderr)
     return 0
 

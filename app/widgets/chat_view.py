@@ -73,6 +73,9 @@ class MessageBody(QTextBrowser):
         self._fit()
 
 
+# Speculated tokens the target kept, by who proposed them (the tint checkbox's legend).
+SOURCE_TINTS = {"draft": "rgba(80, 160, 255, 0.28)", "lookup": "rgba(63, 185, 80, 0.30)"}
+
 class MessageWidget(QFrame):
     copy_requested = Signal(str)
     edit_requested = Signal(int)
@@ -82,7 +85,8 @@ class MessageWidget(QFrame):
     def __init__(self, index: int, role: str, text: str = "", finish_reason: str | None = None, parent=None):
         super().__init__(parent)
         self.index, self.role = index, role
-        self.segments: list[tuple[str, bool]] = [(text, False)] if text else []
+        # (text, source): "" the target's own tokens, "draft" or "lookup" speculated ones it kept
+        self.segments: list[tuple[str, str]] = [(text, "")] if text else []
         self.tint_draft = False
         self.setObjectName(f"message-{role}")
         self.setProperty("role", role)
@@ -134,20 +138,20 @@ class MessageWidget(QFrame):
         blocks = re.findall(r"```[^\n]*\n(.*?)```", self.text, flags=re.S)
         return "\n".join(b.rstrip("\n") for b in blocks)
 
-    def append(self, delta: str, from_draft: bool) -> None:
-        if self.segments and self.segments[-1][1] == from_draft:
-            self.segments[-1] = (self.segments[-1][0] + delta, from_draft)
+    def append(self, delta: str, source: str = "") -> None:
+        if self.segments and self.segments[-1][1] == source:
+            self.segments[-1] = (self.segments[-1][0] + delta, source)
         else:
-            self.segments.append((delta, from_draft))
+            self.segments.append((delta, source))
 
     def set_finish(self, reason: str | None) -> None:
         self.status.setText(_finish_note(reason))
 
     def render(self) -> None:
         self.copy_code_button.setVisible("```" in self.text)
-        if self.tint_draft and any(d for _, d in self.segments):
-            parts = [f'<span style="background-color: rgba(80, 160, 255, 0.28)">{html.escape(t)}</span>' if d
-                     else html.escape(t) for t, d in self.segments]
+        if self.tint_draft and any(source for _, source in self.segments):
+            parts = [f'<span style="background-color: {SOURCE_TINTS[source]}">{html.escape(t)}</span>' if source
+                     else html.escape(t) for t, source in self.segments]
             self.body.setHtml(f'<div style="white-space: pre-wrap">{"".join(parts)}</div>')
         else:
             self.body.setMarkdown(self.text)
@@ -203,10 +207,10 @@ class ChatView(QScrollArea):
         QTimer.singleShot(0, self._scroll_to_end)
         return widget
 
-    def append_to_last(self, delta: str, from_draft: bool = False) -> None:
+    def append_to_last(self, delta: str, source: str = "") -> None:
         if not self.messages or self.messages[-1].role != "assistant":
             self.add_message("assistant")
-        self.messages[-1].append(delta, from_draft)
+        self.messages[-1].append(delta, source)
         self._dirty = self.messages[-1]
         if not self._timer.isActive():
             self._timer.start()

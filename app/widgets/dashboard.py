@@ -9,6 +9,7 @@ from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidg
 from app.widgets.gauges import LineChart, RingGauge
 
 RECENT_TURNS = 5
+SOURCE_COLORS = {"draft": "#58a6ff", "lookup": "#3fb950"}  # the chat's tints, opaque
 # A dense prefill at least this long measures a model's prefill rate well enough to price
 # what the prompt cache saves (a 1-token regenerate "measured" 1366 s saved once).
 MIN_RATE_TOKENS = 256
@@ -40,9 +41,10 @@ class Dashboard(QWidget):
                               "and answer tokens per second after the first (decode)")
         layout.addWidget(self.speed)
         gauges = QGridLayout()
-        self.acceptance = RingGauge("draft accepted")
-        self.acceptance.setToolTip("Share of the draft model's proposed tokens the target kept in the last turn "
-                                   "(exact speculative decoding: kept tokens are the target's own choice)")
+        self.acceptance = RingGauge("accepted")
+        self.acceptance.setToolTip("Share of proposed tokens the model kept in the last turn, per source: the "
+                                   "draft model's (blue) and continuations looked up in the chat (green). "
+                                   "Decoding is exact: kept tokens are the model's own choice")
         self.kv = RingGauge("KV cache")
         self.kv.setToolTip("KV cache of this chat now, against what it would take at the model's full context "
                            "(measured from the cache's arrays); free memory is shown beside it")
@@ -118,14 +120,7 @@ class Dashboard(QWidget):
         self.saved.setText("; ".join(notes))
         self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
         self.speed.setText(f"Last turn: prefill {rate:,.1f} tok/s · decode {m.get('decode_tps') or 0.0:,.1f} tok/s")
-        if m.get("draft_tokens"):
-            share = m.get("acceptance_rate", 0.0)
-            self.acceptance.set_value(share, f"{share:.0%}")
-            self.spec_note.setText(f"Speculative: {m.get('tokens_per_cycle', 0):.2f} tokens per target pass, "
-                                   f"mean k {m.get('mean_k', 0):.1f}")
-        else:
-            self.acceptance.set_value(0, "–")
-            self.spec_note.setText(f"Speculative decoding: {m.get('spec_decode', 'off')}")
+        self._show_speculation(m)
         used = m.get("kv_bytes", 0)
         held = m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)
         context = self._contexts.get(model, 0)
@@ -136,6 +131,23 @@ class Dashboard(QWidget):
         self.kv_note.setText(f"KV cache {_size(used)} at {m.get('kv_bits', 16)} bits"
                              + (f" of {_size(full)} at the full {context:,}-token context" if full else "")
                              + (f" · {_size(free)} memory free" if free else ""))
+
+    def _show_speculation(self, m: dict) -> None:
+        """The acceptance ring, an arc per source that proposed this turn, and how it went."""
+        sources = [(name, m[kept], m[proposed]) for name, kept, proposed in
+                   (("draft", "accepted_tokens", "draft_tokens"), ("lookup", "lookup_accepted", "lookup_tokens"))
+                   if m.get(proposed)]
+        if not sources:
+            self.acceptance.set_arcs([(0.0, None)], "–", "accepted")
+            self.spec_note.setText(f"Speculative decoding: {m.get('spec_decode', 'off')}")
+            return
+        self.acceptance.set_arcs([(kept / proposed, SOURCE_COLORS[name]) for name, kept, proposed in sources],
+                                 " · ".join(f"{kept / proposed:.0%}" for _, kept, proposed in sources),
+                                 " · ".join(name for name, _, _ in sources))
+        parts = [f"{name} kept {kept:,} of {proposed:,}" for name, kept, proposed in sources]
+        k = f", mean k {m['mean_k']:.1f}" if m.get("mean_k") else ""
+        self.spec_note.setText(f"Speculative: {m.get('tokens_per_cycle', 0):.2f} tokens per target pass, "
+                               f"{m.get('mean_accepted_run', 0):.1f} kept per verify{k} · " + " · ".join(parts))
 
     def refresh_memory(self) -> None:
         used = self._memory_probe()

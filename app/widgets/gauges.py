@@ -8,15 +8,26 @@ from PySide6.QtWidgets import QSizePolicy, QWidget
 
 
 class RingGauge(QWidget):
-    """A share in [0, 1] as an arc, with a caption under the number."""
+    """Shares in [0, 1] as concentric arcs (outermost first), with a caption under the number."""
 
     def __init__(self, caption: str, parent=None):
         super().__init__(parent)
-        self.caption, self.value, self.text = caption, 0.0, "–"
+        self.caption, self.text = caption, "–"
+        self.arcs: list[tuple[float, str | None]] = [(0.0, None)]  # (share, colour or None: by value)
         self.setMinimumSize(110, 110)
 
+    @property
+    def value(self) -> float:
+        return self.arcs[0][0]
+
     def set_value(self, share: float, text: str) -> None:
-        self.value, self.text = max(0.0, min(1.0, share)), text
+        self.set_arcs([(share, None)], text)
+
+    def set_arcs(self, arcs: list[tuple[float, str | None]], text: str, caption: str | None = None) -> None:
+        self.arcs = [(max(0.0, min(1.0, share)), color) for share, color in arcs] or [(0.0, None)]
+        self.text = text
+        if caption is not None:
+            self.caption = caption
         self.update()
 
     def paintEvent(self, _event) -> None:
@@ -25,11 +36,14 @@ class RingGauge(QWidget):
         side = min(self.width(), self.height()) - 12
         rect = QRectF((self.width() - side) / 2, 6, side, side)
         track = self.palette().mid().color()
-        p.setPen(QPen(track, 9, Qt.SolidLine, Qt.RoundCap))
-        p.drawArc(rect, 225 * 16, -270 * 16)
-        color = QColor("#3fb950") if self.value >= 0.5 else QColor("#d29922")
-        p.setPen(QPen(color, 9, Qt.SolidLine, Qt.RoundCap))
-        p.drawArc(rect, 225 * 16, int(-270 * 16 * self.value))
+        width = 9 if len(self.arcs) == 1 else 6
+        for i, (share, color) in enumerate(self.arcs):
+            ring = rect.adjusted(i * 9, i * 9, -i * 9, -i * 9)
+            p.setPen(QPen(track, width, Qt.SolidLine, Qt.RoundCap))
+            p.drawArc(ring, 225 * 16, -270 * 16)
+            shade = QColor(color) if color else QColor("#3fb950") if share >= 0.5 else QColor("#d29922")
+            p.setPen(QPen(shade, width, Qt.SolidLine, Qt.RoundCap))
+            p.drawArc(ring, 225 * 16, int(-270 * 16 * share))
         p.setPen(self.palette().text().color())
         p.drawText(rect.adjusted(0, -10, 0, -10), Qt.AlignCenter, self.text)
         p.drawText(rect.adjusted(0, 22, 0, 22), Qt.AlignCenter, self.caption)

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFormLayout,
@@ -61,6 +62,13 @@ class SettingsPanel(QWidget):
         self.mass.setToolTip("Attention mass kept at each drop layer: 1.00 drops nothing; lower is faster and "
                              "riskier (0.99 is the paper's setting)")
         self.spec = _combo(("off", "on", "auto"))
+        self.spec.setToolTip("auto: each cycle decodes plainly, verifies a continuation found in the chat, or "
+                             "drafts with the draft model, whichever is measured to be faster. The answer is the "
+                             "model's own either way")
+        self.lookup = QCheckBox("Look up continuations in the chat")
+        self.lookup.setToolTip("Quotes of an attached document, a code file being edited, an earlier answer being "
+                               "restated: tokens already in the conversation are proposed for free, no draft "
+                               "model needed")
         self.num_draft = QSpinBox()
         self.num_draft.setRange(1, 16)
         self.kv_bits = _combo(("16", "8", "4"))
@@ -75,7 +83,8 @@ class SettingsPanel(QWidget):
         for label, widget in (("Model", self.model), ("Draft model", self.draft), ("", self.badge),
                               ("SpecPrefill (draft)", self.sparse), ("Keep", self.keep), ("", self.keep_label),
                               ("UniPrefill (no draft)", self.uniprefill), ("Kept attention mass", self.mass),
-                              ("Speculative decoding", self.spec), ("Draft tokens (k)", self.num_draft),
+                              ("Speculative decoding", self.spec), ("", self.lookup),
+                              ("Draft tokens (k)", self.num_draft),
                               ("KV cache bits", self.kv_bits), ("System prompt", self.system),
                               ("Temperature", self.temperature), ("Top-p", self.top_p),
                               ("Max tokens", self.max_tokens), ("Context overflow", self.overflow)):
@@ -85,6 +94,7 @@ class SettingsPanel(QWidget):
         for spin in (self.num_draft, self.mass, self.temperature, self.top_p, self.max_tokens):
             spin.valueChanged.connect(self._emit)
         self.keep.valueChanged.connect(self._emit)
+        self.lookup.toggled.connect(self._emit)
         self.system.textChanged.connect(self._emit)
 
     def set_models(self, entries: list) -> None:
@@ -127,6 +137,7 @@ class SettingsPanel(QWidget):
         _select(self.uniprefill, settings.uniprefill)
         self.mass.setValue(settings.uniprefill_p if settings.uniprefill_p is not None else DEFAULT_P)
         _select(self.spec, settings.spec_decode)
+        self.lookup.setChecked(settings.lookup)
         self.num_draft.setValue(settings.num_draft)
         _select(self.kv_bits, str(settings.kv_bits))
         self.system.setPlainText(settings.system_prompt or "")
@@ -155,7 +166,7 @@ class SettingsPanel(QWidget):
             self._settings, model=model,
             draft=None if draft in ("", NO_DRAFT) else draft, sparse_prefill=self.sparse.currentText(),
             sparse_keep=self.keep.value() / 100, uniprefill=self.uniprefill.currentText(),
-            uniprefill_p=self._mass(), spec_decode=self.spec.currentText(),
+            uniprefill_p=self._mass(), spec_decode=self.spec.currentText(), lookup=self.lookup.isChecked(),
             num_draft=self.num_draft.value(), kv_bits=int(self.kv_bits.currentText()),
             system_prompt=self.system.toPlainText().strip() or None, temperature=round(self.temperature.value(), 2),
             top_p=round(self.top_p.value(), 2), max_tokens=self.max_tokens.value(),
@@ -175,12 +186,13 @@ class SettingsPanel(QWidget):
         self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
         self.num_draft.setEnabled(s.spec_decode == "on")
+        self.lookup.setEnabled(s.spec_decode != "off")
         target, draft = self._entries.get(s.model), self._entries.get(s.draft or "")
         if not s.draft and target is not None and not self.draft_choices(s.model):
             self.badge.setText(NO_USEFUL_DRAFT.format(model=s.model))
             self.badge.setProperty("kind", "none")
         elif not s.draft:
-            self.badge.setText("No draft: SpecPrefill and speculative decoding need one (UniPrefill does not)")
+            self.badge.setText("No draft: SpecPrefill needs one (UniPrefill and lookup decoding do not)")
             self.badge.setProperty("kind", "none")
         elif target is None or draft is None:
             self.badge.setText("Draft or target is not installed")

@@ -148,7 +148,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"],
                    help="free: structured,code,prose; grounded in the context: quote,summary,code-edit,follow-up")
     p.add_argument("--rules", type=lambda t: t.split(","), default=["rejection"], help="rejection,match")
-    p.add_argument("--mlx-lm", type=_ints, default=[2, 3], help="k values for mlx-lm's speculative decoding")
+    p.add_argument("--mlx-lm", type=lambda t: _ints(t) if t.strip() else [], default=[2, 3],
+                   help="k values for mlx-lm's speculative decoding ('' for none)")
     p.add_argument("--blas-verify", type=_ks, default=[], help="k values (or auto) also run with the few-row "
                    "native matmul off, e.g. 4,auto")
     p.add_argument("--gen", type=_positive, default=64)

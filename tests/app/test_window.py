@@ -28,7 +28,7 @@ def send(qtbot, window, text="Hello there"):
 
 
 def answer(engine, cid, pieces, m=None):
-    events = [ConversationEvent(cid, TokenEmitted(p, i, from_draft=i % 2 == 1)) for i, p in enumerate(pieces)]
+    events = [ConversationEvent(cid, TokenEmitted(p, i, source="draft" if i % 2 else "")) for i, p in enumerate(pieces)]
     events.append(ConversationEvent(cid, TurnFinished("".join(pieces), list(range(len(pieces))), m or metrics())))
     engine.play(*events)
 
@@ -96,6 +96,32 @@ def test_draft_toggle_updates_chat_view_tint(qtbot, make_window, engine):
     assert "background-color: rgba" not in w.chat_view.messages[-1].body.toHtml()
 
 
+def test_tint_tells_draft_tokens_from_looked_up_ones(qtbot, make_window, engine):
+    w = make_window()
+    cid = send(qtbot, w).conversation_id
+    engine.play(*[ConversationEvent(cid, TokenEmitted(text, i, source=source)) for i, (text, source) in
+                  enumerate([("own ", ""), ("quoted ", "lookup"), ("drafted", "draft")])],
+                ConversationEvent(cid, TurnFinished("own quoted drafted", [0, 1, 2], metrics())))
+    w.tint.setChecked(True)
+    html = w.chat_view.messages[-1].body.toHtml()
+    assert "rgba(63,185,80" in html.replace(" ", "") and "rgba(80,160,255" in html.replace(" ", "")
+    assert w.chat_view.messages[-1].segments == [("own ", ""), ("quoted ", "lookup"), ("drafted", "draft")]
+
+
+def test_acceptance_ring_has_an_arc_per_source(qtbot, make_window, engine):
+    w = make_window()
+    answer(engine, send(qtbot, w).conversation_id, ["ok"],
+           metrics(lookup_tokens=40, lookup_accepted=36, mean_accepted_run=3.2))
+    ring = w.dashboard.acceptance
+    assert [round(share, 2) for share, _ in ring.arcs] == [0.75, 0.9]
+    assert ring.text == "75% · 90%" and ring.caption == "draft · lookup"
+    assert "lookup kept 36 of 40" in w.dashboard.spec_note.text()
+    assert "draft kept 3 of 4" in w.dashboard.spec_note.text()
+    answer(engine, send(qtbot, w, "again").conversation_id, ["ok"],
+           metrics(draft_tokens=0, accepted_tokens=0, lookup_tokens=10, lookup_accepted=5))
+    assert ring.text == "50%" and ring.caption == "lookup" and len(ring.arcs) == 1
+
+
 def test_stop_and_escape_update_engine(qtbot, make_window, engine):
     w = make_window()
     send(qtbot, w)
@@ -114,11 +140,15 @@ def test_settings_change_persists_across_restart(qtbot, make_window, engine, db_
     panel.spec.setCurrentText("on")
     panel.kv_bits.setCurrentText("4")
     panel.draft.setCurrentText("small")
+    assert panel.lookup.isChecked() and panel.lookup.isEnabled()  # on by default
+    panel.lookup.setChecked(False)
     again = make_window(db_path)
     again.controller.open(cid)
     s = again.settings_panel.settings()
-    assert (s.spec_decode, s.kv_bits, s.draft) == ("on", 4, "small")
-    assert again.settings_panel.spec.currentText() == "on"
+    assert (s.spec_decode, s.kv_bits, s.draft, s.lookup) == ("on", 4, "small", False)
+    assert again.settings_panel.spec.currentText() == "on" and not again.settings_panel.lookup.isChecked()
+    again.settings_panel.spec.setCurrentText("off")
+    assert not again.settings_panel.lookup.isEnabled()  # nothing to look up for with decoding plain
 
 
 def test_draft_choice_updates_settings_badge(qtbot, make_window):

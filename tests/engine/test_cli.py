@@ -49,6 +49,12 @@ def test_run_json_prints_the_documented_object(cli_home):
     again = json.loads(brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox",
                              "--temp", "0", "--max-tokens", "8", "--json").stdout)
     assert again["token_ids"] == result["token_ids"]
+    # lookup decoding is on by default (auto, no draft); --no-lookup decodes plainly, same tokens
+    assert result["settings"]["lookup"] and result["metrics"]["spec_decode"] == "auto (lookup)"
+    plain = json.loads(brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox", "--temp", "0",
+                             "--max-tokens", "8", "--no-lookup", "--json").stdout)
+    assert not plain["settings"]["lookup"] and plain["metrics"]["spec_decode"] == "off"
+    assert plain["token_ids"] == result["token_ids"]
 
 
 def test_run_streams_text_and_reports_metrics(cli_home):
