@@ -36,15 +36,16 @@ def settings(**kw):
 
 @pytest.mark.parametrize("bits,group,ratio", [(4, 32, 5 / 32), (4, 64, 4.5 / 32), (8, 32, 9 / 32)])
 def test_kv_bytes_are_exact(lm, bits, group, ratio):
-    dense = finish(Session(lm, settings()).send(PROMPT)).metrics
+    dense_session = Session(lm, settings())
+    dense = finish(dense_session.send(PROMPT)).metrics
     packed_session = Session(lm, settings(kv_bits=bits, kv_group_size=group))
     packed = finish(packed_session.send(PROMPT)).metrics
     assert packed.kv_bytes == packed.kv_bytes_formula  # measured on the arrays == formula, to the byte
     assert dense.kv_bytes == dense.kv_bytes_formula
     assert packed.kv_bits == bits
     # same tokens held; int4/g32 with fp16 scale+bias = 5 bits = 5/32 of float32 (5/16 of fp16)
-    assert packed_session.cached_tokens == dense.prompt_tokens + dense.generated_tokens + (
-        dense.finish_reason == "stop")
+    held = packed_session.cached_tokens
+    assert held == dense_session.cached_tokens and held >= dense.prompt_tokens + dense.generated_tokens - 1
     assert packed.kv_bytes == dense.kv_bytes * ratio
 
 

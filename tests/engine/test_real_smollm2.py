@@ -134,11 +134,11 @@ def test_speculative_decoding_equals_plain_on_real_weights(smol, tmp_path):
 
     prompt = "List three facts about the Moon, one per line."
     plain = finished(Session(smol, greedy(spec_decode="off")).send(prompt))
-    same = finished(Session(smol, greedy(spec_decode="on", num_draft=4), draft=smol).send(prompt))
+    same = finished(Session(smol, greedy(spec_decode="on", num_draft=4, lookup=False), draft=smol).send(prompt))
     assert same.token_ids == plain.token_ids
     assert same.metrics.acceptance_rate > 0.95 and same.metrics.tokens_per_cycle > 3
     cross_draft = load_folder(make_tiny_model(tmp_path / "cross", "qwen2", seed=3, context_length=4096))
-    cross = finished(Session(smol, greedy(spec_decode="on"), draft=cross_draft).send(prompt))
+    cross = finished(Session(smol, greedy(spec_decode="on", lookup=False), draft=cross_draft).send(prompt))
     assert cross.text == plain.text and cross.metrics.spec_decode == "on (match)"
     assert cross.metrics.draft_tokens > 0
 
@@ -203,5 +203,8 @@ def test_lookup_decoding_quotes_the_prompt_exactly_in_fewer_passes(smol):
     assert plain.text.startswith("The lighthouse stood")  # the model does quote
     m = looked.metrics
     assert m.spec_decode == "auto (lookup)"
-    assert m.lookup_accepted >= len(looked.token_ids) // 2 and m.sources.count("lookup") == m.lookup_accepted
+    # (lookup_accepted may count tokens kept past the end of the answer: the quote's end
+    # token, then the chat template that followed the paragraph in the prompt)
+    assert m.sources.count("lookup") >= len(looked.token_ids) // 2
+    assert m.sources.count("lookup") <= m.lookup_accepted
     assert m.tokens_per_cycle > 2  # target passes per token: fewer than half of plain's

@@ -117,10 +117,10 @@ class SpeculativeDecoder:
     """Yields (token, source) like mlx-lm's generate_step, source being "draft", "lookup" or
     "" (the target's own token), and nothing else: when the draft drops out, an
     EngineWarned goes to `warnings`, a side channel the session drains. When the consumer
-    stops, the target's cache holds every yielded token but the last, and the decoder says
-    so in `cache.tokens` itself (the next turn's prompt cache picks up from there); a cache
-    it cannot bring back is reset. `drafter` may be None (lookup only); `index` None turns
-    lookup off."""
+    stops, the target's cache holds the yielded tokens (the last one only if a pipelined
+    step already read it), and the decoder says so in `cache.tokens` itself (the next
+    turn's prompt cache picks up from there); a cache it cannot bring back is reset.
+    `drafter` may be None (lookup only); `index` None turns lookup off."""
 
     def __init__(self, model, cache, drafter, controller: SpeculationAutopilot, dist: TokenDistribution,
                  *, rule: str = "rejection", max_tokens: int, index: ContextIndex | None = None):
@@ -189,9 +189,12 @@ class SpeculativeDecoder:
                     yielded += 1
                     yield token, drafted
         finally:
-            self._keep_yielded(len(prompt) + yielded - 1, self._held)
+            # Every yielded token but the last is in the cache, and the last too when a
+            # pipelined step already read it (as in mlx-lm's generate_step): keep those.
+            keep = min(self._held, len(prompt) + yielded)
+            self._keep_yielded(keep, self._held)
             if self.consistent:
-                self.prompt_cache.tokens = sequence[:len(prompt) + yielded - 1]
+                self.prompt_cache.tokens = sequence[:keep]
             else:
                 self.prompt_cache.reset()
             if self.controller.note():
