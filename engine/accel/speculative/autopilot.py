@@ -20,7 +20,7 @@ from engine.accel.speculative.controller import (
     MIN_GAIN,
     PLAIN_SAMPLES_FIRST,
     DraftLengthController,
-    _Ema,
+    Ema,
     expected_tokens,
 )
 from engine.accel.speculative.lookup import MATCH_CLASSES, LookupOffer, match_class
@@ -32,6 +32,7 @@ LOOKUP_DECAY = 0.95
 # Acceptance before any observation, as (accepted, rejected) pseudo-counts per class: short
 # matches start pessimistic (most are "of the"), long ones at even odds.
 LOOKUP_PRIOR = ((0.5, 1.5), (0.8, 1.2), (1.0, 1.0), (1.2, 0.8))
+assert len(LOOKUP_PRIOR) == len(MATCH_CLASSES)
 
 
 class SpeculationAutopilot(DraftLengthController):
@@ -41,8 +42,7 @@ class SpeculationAutopilot(DraftLengthController):
         super().__init__(mode, k, **kw)
         self.has_draft, self.lookup = has_draft, lookup
         self.lookup_counts = [list(prior) for prior in LOOKUP_PRIOR]
-        self.t_lookup = _Ema()
-        assert len(LOOKUP_PRIOR) == len(MATCH_CLASSES)
+        self.t_lookup = Ema()
 
     def lookup_alpha(self, offer: LookupOffer) -> float:
         accepted, rejected = self.lookup_counts[match_class(offer.match)]

@@ -50,7 +50,7 @@ PROBE_BACKOFF = 4  # a losing probe waits this many times longer for the next
 
 
 @dataclass
-class _Ema:
+class Ema:
     value: float | None = None
 
     def add(self, x: float, decay: float = 0.7) -> None:
@@ -101,9 +101,9 @@ class DraftLengthController:
         # acceptance as decayed counts, from a uniform prior (Laplace: one of each), so that
         # a scout that saw every token proposed can say so (8 of 8 reads as α ≈ 0.95)
         self.accepted, self.rejected = 1.0, 1.0
-        self.t_plain, self.t_draft = _Ema(), _Ema()
-        self.t_verify: dict[int, _Ema] = {}
-        self.tokens_per_draft = _Ema(1.0)  # target tokens per draft token (≠ 1 across tokenizers)
+        self.t_plain, self.t_draft = Ema(), Ema()
+        self.t_verify: dict[int, Ema] = {}
+        self.tokens_per_draft = Ema(1.0)  # target tokens per draft token (≠ 1 across tokenizers)
         self.plain_since_probe = 0
         self.probe_gap = FIRST_SCOUT_AFTER  # the first probe of a conversation comes sooner
         self.drafting = True
@@ -269,7 +269,7 @@ class DraftLengthController:
     def observe_verify(self, proposed: int, verify_s: float) -> None:
         """A target pass over `proposed` speculated tokens took `verify_s` (any source)."""
         if proposed:
-            self.t_verify.setdefault(proposed, _Ema()).add(_clip(verify_s, self.verify_time(proposed)))
+            self.t_verify.setdefault(proposed, Ema()).add(_clip(verify_s, self.verify_time(proposed)))
         self._remember_costs()
 
     def _remember_costs(self) -> None:
