@@ -23,11 +23,27 @@ def make_sampling(settings: ChatSettings):
     return sampler, _processors(settings)
 
 
+# Tokens a repetition penalty looks back over (mlx-lm's default): the history processors see.
+REPETITION_CONTEXT = 20
+
+
 def _processors(settings: ChatSettings) -> list:
     from mlx_lm.sample_utils import make_logits_processors
 
     return make_logits_processors(
-        repetition_penalty=settings.repetition_penalty if settings.repetition_penalty != 1.0 else None)
+        repetition_penalty=settings.repetition_penalty if settings.repetition_penalty != 1.0 else None,
+        repetition_context_size=REPETITION_CONTEXT)
+
+
+def with_prompt_history(processors: list, before: list[int]) -> list:
+    """Processors for a generate_step given only the prompt's last token (the rest is
+    already in the cache): they see the prompt's tail before it, as a penalty should, and as
+    the speculative decoder's processors do. Without it a repeated prompt word went unpenalized."""
+    if not processors or not before:
+        return processors
+    tail = mx.array(before[-REPETITION_CONTEXT:], dtype=mx.uint32)
+    return [lambda tokens, logits, p=p: p(mx.concatenate([tail, tokens.astype(mx.uint32)]), logits)
+            for p in processors]
 
 
 class TokenDistribution:
@@ -47,8 +63,9 @@ class TokenDistribution:
         if not self.processors:
             return logits
         rows = []
+        recent = history[-REPETITION_CONTEXT:]  # all a processor reads: no copy of a long chat per row
         for i in range(logits.shape[0]):
-            seen = mx.array(history + extra[:i], dtype=mx.uint32)
+            seen = mx.array((recent + extra[:i])[-REPETITION_CONTEXT:], dtype=mx.uint32)
             row = logits[i:i + 1]
             for processor in self.processors:
                 row = processor(seen, row)

@@ -31,7 +31,7 @@ from engine.kvcache import check_kv_packable, kv_shape
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
 from engine.prompt import render_prompt
-from engine.sampling import make_sampling
+from engine.sampling import make_sampling, with_prompt_history
 from engine.settings import ChatSettings
 from engine.turn_prefill import TurnPrefill
 
@@ -263,7 +263,7 @@ def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[t
 
     sampler, processors = make_sampling(settings)
     steps = generate_step(mx.array(tokens[-1:]), cache.model_view(), max_tokens=max_tokens, sampler=sampler,
-                          logits_processors=processors, prompt_cache=cache.layers,
+                          logits_processors=with_prompt_history(processors, tokens[:-1]), prompt_cache=cache.layers,
                           prefill_step_size=settings.prefill_step_size)
     cache.tokens = list(tokens)
     try:

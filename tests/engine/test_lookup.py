@@ -288,3 +288,16 @@ def test_lookup_off_decodes_without_it(models):
 def test_lookup_setting_must_be_a_boolean(bad):
     with pytest.raises(InvalidSettings, match="lookup must be true or false"):
         settings(lookup=bad).validate()
+
+
+@pytest.mark.parametrize("kw", [{"repetition_penalty": 1.3}, {"temperature": 0.8, "seed": 7, "top_k": 1}])
+def test_logits_processors_and_sampling_settings_see_the_same_history(models, kw):
+    """A repetition penalty reads the tokens before each verified position; top-k 1 at a
+    temperature is greedy through the sampling path: both must give plain's tokens."""
+    target = models["llama"]
+    plain = chat(Session(target, settings(spec_decode="off", **kw)), [PROMPT])[0][0]
+    session = Session(target, settings(spec_decode="on", num_draft=4, **kw))
+    session.context_index = OracleIndex(plain.token_ids, target.model.args.vocab_size)
+    done = chat(session, [PROMPT])[0][0]
+    assert done.token_ids == plain.token_ids
+    assert done.metrics.lookup_accepted > 0
