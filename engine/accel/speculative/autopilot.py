@@ -5,8 +5,9 @@ tokens per second.
 Both sources go through the same cost model: a cycle yields E[τ] = (1 − α^(k+1)) / (1 − α)
 tokens for a proposal cost plus a verify pass over k + 1 positions (measured per length,
 shared by the sources: it is the target's cost). A draft's proposal costs k draft steps; a
-lookup's costs microseconds, so it pays whenever its acceptance covers the verify pass's
-extra cost over a plain step.
+lookup's is counted as free (~7 µs, and the decoder looks it up on every plain step anyway,
+to scout), so it pays whenever its acceptance covers the verify pass's extra cost over a
+plain step.
 
 Lookup acceptance is measured per match-length class (a 16-token match is a quote in
 progress, a 2-token one often a coincidence), and for free: on every plain step the
@@ -20,7 +21,6 @@ from engine.accel.speculative.controller import (
     MIN_GAIN,
     PLAIN_SAMPLES_FIRST,
     DraftLengthController,
-    Ema,
     expected_tokens,
 )
 from engine.accel.speculative.lookup import MATCH_CLASSES, LookupOffer, match_class
@@ -42,7 +42,6 @@ class SpeculationAutopilot(DraftLengthController):
         super().__init__(mode, k, **kw)
         self.has_draft, self.lookup = has_draft, lookup
         self.lookup_counts = [list(prior) for prior in LOOKUP_PRIOR]
-        self.t_lookup = Ema()
 
     def lookup_alpha(self, offer: LookupOffer) -> float:
         accepted, rejected = self.lookup_counts[match_class(offer.match)]
@@ -83,10 +82,10 @@ class SpeculationAutopilot(DraftLengthController):
         plain = self.t_plain.value
         if plain is None or self.plain_samples < PLAIN_SAMPLES_FIRST:
             return 0, 0.0
-        alpha, cost = self.lookup_alpha(offer), self.t_lookup.value or 0.0
+        alpha = self.lookup_alpha(offer)
         best_k, best_speed = 0, MIN_GAIN / plain
         for k in range(1, available + 1):
-            speed = expected_tokens(alpha, k) / (cost + self.verify_time(k))
+            speed = expected_tokens(alpha, k) / self.verify_time(k)
             if speed > best_speed:
                 best_k, best_speed = k, speed
         return best_k, best_speed
@@ -102,10 +101,8 @@ class SpeculationAutopilot(DraftLengthController):
         """A plain step chose `token` where the lookup would have proposed offer.tokens[0]."""
         self._observe_lookup(offer, int(offer.tokens[0] == token), int(offer.tokens[0] != token))
 
-    def observe_lookup_cycle(self, offer: LookupOffer, *, proposed: int, accepted: int, lookup_s: float,
-                             verify_s: float) -> None:
+    def observe_lookup_cycle(self, offer: LookupOffer, *, proposed: int, accepted: int, verify_s: float) -> None:
         self._observe_lookup(offer, accepted, 1 if accepted < proposed else 0)
-        self.t_lookup.add(lookup_s)
         self.observe_verify(proposed, verify_s)
 
     def _observe_lookup(self, offer: LookupOffer, accepted: int, rejected: int) -> None:

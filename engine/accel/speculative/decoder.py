@@ -356,9 +356,7 @@ class SpeculativeDecoder:
         return [(t, "draft" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
 
     def _lookup_cycle(self, sequence: list[int], offer: LookupOffer, k: int) -> list[tuple[int, str]]:
-        started = time.perf_counter()
         proposal = Proposal(offer.tokens[:k], None, 0)
-        looked_up = time.perf_counter() - started
         n, token, verified = self._verify(sequence, proposal)
         if self._draft_ready:
             followed_at = time.perf_counter()
@@ -366,7 +364,7 @@ class SpeculativeDecoder:
             self.stats.draft_s += time.perf_counter() - followed_at
         self.stats.lookup_tokens += k
         self.stats.lookup_accepted += n
-        self.controller.observe_lookup_cycle(offer, proposed=k, accepted=n, lookup_s=looked_up, verify_s=verified)
+        self.controller.observe_lookup_cycle(offer, proposed=k, accepted=n, verify_s=verified)
         return [(t, "lookup" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
 
     def _verify(self, sequence: list[int], proposal: Proposal) -> tuple[int, int, float]:
