@@ -273,6 +273,8 @@ class ChatController(QObject):
                     self.dashboard.ttft.setText(f"{answer['first_at'] - answer['started']:.2f} s")
         elif isinstance(event, TurnFinished):
             metrics = event.metrics.to_dict()
+            if metrics.get("kv_check"):
+                self.settings_panel.refresh_kv()  # a first packed turn measured this model's KV fidelity
             if answer is not None:
                 self._finish_saved(answer["id"], event.text, metrics["finish_reason"], metrics)
                 self._end_answer()

@@ -29,8 +29,13 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="refuse",
                    help="when the conversation exceeds the context: refuse, or drop the oldest turns")
     p.add_argument("--prefill-step", type=int, default=ChatSettings.prefill_step_size)
-    p.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=ChatSettings.kv_bits,
-                   help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data")
+    p.add_argument("--kv-bits", type=kv_bits_choice, default=ChatSettings.kv_bits,
+                   help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data, auto = "
+                        "the smallest that passes this model's fidelity self-test (run once per model)")
+    p.add_argument("--k-bits", type=int, choices=(16, 8, 4),
+                   help="key precision (default: --kv-bits); keys are packed per channel")
+    p.add_argument("--v-bits", type=int, choices=(16, 8, 4),
+                   help="value precision (default: --kv-bits); values are packed per token")
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=ChatSettings.kv_group_size)
     p.add_argument("--draft", help="draft model id (SpecPrefill scoring and speculative decoding)")
     p.add_argument("--prefill", choices=PREFILL_CHOICES,
@@ -68,13 +73,24 @@ def prefill_modes(prefill: str | None, sparse_prefill: str | None) -> tuple[str,
     return (sparse_prefill or spec), uni
 
 
+def kv_bits_choice(text: str):
+    """16, 8, 4 or auto (an argparse type)."""
+    if text == "auto":
+        return text
+    if text in ("16", "8", "4"):
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected 16, 8, 4 or auto (got {text!r})")
+
+
 def settings_from_args(args) -> ChatSettings:
     sparse, uni = prefill_modes(args.prefill, args.sparse_prefill)
     return ChatSettings(
         model=args.model, system_prompt=args.system, max_tokens=args.max_tokens, temperature=args.temp,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
-        kv_bits=args.kv_bits, kv_group_size=args.kv_group_size, draft=args.draft,
+        kv_bits=16 if args.kv_bits == "auto" else args.kv_bits, kv_auto=args.kv_bits == "auto",
+        k_bits=args.k_bits, v_bits=args.v_bits, kv_group_size=args.kv_group_size,
+        draft=args.draft,
         sparse_prefill=sparse, sparse_keep=args.keep, sparse_threshold=args.threshold,
         uniprefill=uni, uniprefill_p=args.top_p_mass, drop_layers=args.drop_layers,
         uniprefill_threshold=args.uniprefill_threshold,
@@ -190,7 +206,10 @@ def cmd_info(args) -> int:
 
     info = engine_info()
     if args.model:
-        info["model"] = model_memory_info(args.model)
+        precision = None
+        if args.k_bits or args.v_bits:
+            precision = (args.k_bits or args.kv_bits, args.v_bits or args.kv_bits)
+        info["model"] = model_memory_info(args.model, precision=precision)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -200,9 +219,9 @@ def cmd_info(args) -> int:
     if model:
         print(f"\n{model['id']}: weights {model['weights_bytes'] / 2**30:.2f} GiB, context {model['context_length']}, "
               f"{model['free_bytes_beside_weights'] / 2**30:.1f} GiB free beside the weights")
-        print(f"{'kv bits':>8} {'bytes/token':>12} {'max context in free memory':>28}")
+        print(f"{'K bits':>7} {'V bits':>7} {'bytes/token':>12} {'max context in free memory':>28}")
         for row in model["kv"]:
-            print(f"{row['kv_bits']:>8} {row['bytes_per_token']:>12.0f} {row['max_context']:>28}")
+            print(f"{row['k_bits']:>7} {row['v_bits']:>7} {row['bytes_per_token']:>12.0f} {row['max_context']:>28}")
     return 0
 
 
@@ -228,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
 
     info = sub.add_parser("info", help="backend, BLAS, dtype, memory")
     info.add_argument("--model", help="also show KV bytes per token and context that fits")
+    info.add_argument("--kv-bits", type=int, choices=(16, 8, 4), default=16)
+    info.add_argument("--k-bits", type=int, choices=(16, 8, 4), help="add a row for these key bits")
+    info.add_argument("--v-bits", type=int, choices=(16, 8, 4), help="add a row for these value bits")
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
 

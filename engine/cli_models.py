@@ -104,6 +104,27 @@ def cmd_install_bundled(args) -> int:
     return 0
 
 
+def cmd_kv_check(args) -> int:
+    """Run the packed-KV fidelity self-test for every candidate precision; show what passed."""
+    from engine import kv_fidelity as fidelity
+    from engine.models.loader import load_model
+
+    lm = load_model(args.id)
+    store = fidelity.FidelityStore(lm.path)
+    results = fidelity.run_selftest(lm, store, fidelity.CANDIDATES, group_size=args.group_size,
+                                    progress=lambda m: print(m, file=sys.stderr))
+    auto = fidelity.auto_precision(results, args.group_size)
+    if args.json:
+        print(json.dumps({"id": lm.id, "results": results, "auto": list(auto)}, indent=2))
+        return 0
+    for k_bits, v_bits in fidelity.CANDIDATES:
+        result = results[fidelity.result_key(k_bits, v_bits, args.group_size)]
+        print(f"K{k_bits}/V{v_bits}: {'passed' if result['passed'] else 'FAILED'} - {result['why']} "
+              f"(top-1 {result['top1_agreement']:.3f}, mean KL {result['mean_kl']:.4f})")
+    print(f"auto uses K{auto[0]}/V{auto[1]}" if auto != (16, 16) else "auto uses 16-bit KV (nothing passed)")
+    return 0
+
+
 def add_models_parser(sub) -> None:
     models = sub.add_parser("models", help="manage installed models").add_subparsers(dest="models_cmd", required=True)
     p = models.add_parser("list", help="installed models")
@@ -136,6 +157,11 @@ def add_models_parser(sub) -> None:
     p.add_argument("--group-size", type=int, choices=(32, 64), default=32)
     p.add_argument("--id", dest="new_id", help="id of the new model (default: ID-q4 / ID-q8)")
     p.set_defaults(func=cmd_quantize)
+    p = models.add_parser("kv-check", help="how packed KV changes a model's answers (the self-test, stored)")
+    p.add_argument("id")
+    p.add_argument("--group-size", type=int, choices=(32, 64), default=32)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_kv_check)
 
 
 def _dtype_option(parser) -> None:

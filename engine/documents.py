@@ -124,14 +124,16 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
     shape = kv_shape(lm.config)
     layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
-    per_token = kv_bytes_per_token(layers, shape["kv_heads"], shape["head_dim"], bits=settings.kv_bits,
+    k_bits, v_bits = settings.kv_precision()
+    per_token = kv_bytes_per_token(layers, shape["kv_heads"], shape["head_dim"], k_bits=k_bits, v_bits=v_bits,
                                    group_size=settings.kv_group_size, itemsize=4) if shape else 0
     need = per_token * total
     if total > lm.context_length:
         reason = (f"{document.name} is {doc_tokens:,} tokens; with the conversation that is {total:,}, "
                   f"but {lm.id} holds {lm.context_length:,}")
     elif need > memory_available:
-        reason = (f"{document.name} needs {need / 2**30:.1f} GiB of KV cache at {settings.kv_bits} bits; "
+        precision = f"{k_bits} bits" if k_bits == v_bits else f"K {k_bits} / V {v_bits} bits"
+        reason = (f"{document.name} needs {need / 2**30:.1f} GiB of KV cache at {precision}; "
                   f"{memory_available / 2**30:.1f} GiB is free beside the weights (try 4-bit KV)")
     else:
         reason = ""

@@ -73,9 +73,10 @@ def engine_info() -> dict:
     }
 
 
-def model_memory_info(model_id: str, *, group_size: int = 32) -> dict:
-    """Weights, and per KV precision the bytes per token and the longest context that fits
-    in the memory available beside the weights (what Open-TQ-Metal reports as 73K -> 236K)."""
+def model_memory_info(model_id: str, *, group_size: int = 32, precision: tuple[int, int] | None = None) -> dict:
+    """Weights, and per KV precision (keys bits, values bits) the bytes per token and the
+    longest context that fits in the memory available beside the weights (what
+    Open-TQ-Metal reports as 73K -> 236K). `precision` adds a row for the chat's own choice."""
     from engine.kvcache import kv_bytes_per_token, kv_shape
     from engine.models.folder import read_config
     from engine.models.store import ModelStore
@@ -85,14 +86,18 @@ def model_memory_info(model_id: str, *, group_size: int = 32) -> dict:
     config = read_config(store.path(model_id))
     args = config.get("text_config") or config
     shape = kv_shape(config)
-    weights = entry.parameters * 4  # float32 compute on the CPU
+    weights = entry.memory_bytes or entry.parameters * 4
     free = max(0, _meminfo()["MemAvailable"] - weights)
     rows = []
-    for bits in (16, 8, 4):
-        if not shape or (bits < 16 and shape["head_dim"] % group_size):
+    choices = [(16, 16), (8, 8), (8, 4), (4, 4)]
+    if precision and tuple(precision) not in choices:
+        choices.append(tuple(precision))
+    for k_bits, v_bits in choices:
+        if not shape or (v_bits < 16 and shape["head_dim"] % group_size):
             continue
         per_token = kv_bytes_per_token(args["num_hidden_layers"], shape["kv_heads"], shape["head_dim"],
-                                       bits=bits, group_size=group_size, itemsize=4)
-        rows.append({"kv_bits": bits, "bytes_per_token": per_token, "max_context": int(free // per_token)})
+                                       k_bits=k_bits, v_bits=v_bits, group_size=group_size, itemsize=4)
+        rows.append({"k_bits": k_bits, "v_bits": v_bits, "kv_bits": min(k_bits, v_bits),
+                     "bytes_per_token": per_token, "max_context": int(free // per_token)})
     return {"id": model_id, "weights_bytes": weights, "context_length": entry.context_length,
             "free_bytes_beside_weights": free, "kv_group_size": group_size, "kv": rows}

@@ -1,19 +1,22 @@
-"""KV-cache modes per conversation: unquantized, or int8/int4 packed with attention on the
-packed data (Open-TQ-Metal, 2026: asymmetric int4 per group of 32 with fp16 scale and
-zero point, 5 bits per element, 3.2x smaller than fp16).
+"""KV-cache modes per conversation: unquantized, or K and V each packed at its own bits
+(16/8/4, as llama.cpp's -ctk/-ctv), with attention on the packed data.
 
-- `PackedKVCache` is mlx-lm's `QuantizedKVCache` storing scales and biases in float16
-  whatever the activation dtype (float32 on the CPU), so int4/group-32 costs exactly
-  4 + 2·16/32 = 5 bits per element. Trimming (prompt cache, speculative rollback) is
-  mlx-lm's: an offset change.
+- Keys are packed per channel over groups of 32 tokens (KIVI, Liu et al. 2024): Qwen2's
+  keys have outlier channels, and per-token groups smeared them over their neighbours
+  (top-1 agreement 0.95 at 2K and 0.76 at 8K on Qwen2.5-Coder-0.5B at int4). Tokens that
+  do not yet fill a group stay dense float16 (the recent window, 32 to 63 tokens once a
+  group has been packed, so a speculative rollback never reaches packed keys).
+- Values are packed per token in groups of `group_size` channels (Open-TQ-Metal, 2026:
+  asymmetric int4, fp16 scale and zero point, 5 bits per element at group 32).
+- Layouts and packing live in kernels/packed_kv.py; `PackedKVCache` stores them and
+  hands each attention call views of what it holds.
 - Layers start unquantized, so the first prefill chunk attends with plain SDPA, and are
   packed by `maybe_quantize_kv_cache` once they hold `start` tokens.
 - Sliding-window layers (RotatingKVCache) stay unquantized: they hold at most `window`
-  tokens, so packing them saves little, and mlx-lm cannot quantize them (it raises).
+  tokens, so packing them saves little.
 - mlx-lm's attention sends every cache with `bits` to `quantized_scaled_dot_product_attention`
-  in `mlx_lm.models.base`; `use_packed_attention()` points that name at
-  `kernels.quantized_attention`, which computes the same function (tests compare both
-  with the dequantize-then-attend reference) without materializing long score matrices.
+  in `mlx_lm.models.base`; `use_packed_attention()` points that name at Brisk's kernels
+  (kernels/kv_attention.py), which read the layouts this cache hands them.
 """
 
 from __future__ import annotations
@@ -25,64 +28,246 @@ from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from engine.errors import InvalidSettings
+from kernels.kv_attention import kv_attention
+from kernels.packed_kv import SCALE_DTYPE, TOKEN_GROUP, ChannelPacked, Dense, KVLayout, TokenPacked
 from kernels.quantized_attention import quantized_attention
 
 # Group 32 is Open-TQ-Metal's choice: finer groups, better int4 accuracy, 5 bits/element.
 DEFAULT_KV_GROUP_SIZE = 32
-SCALE_DTYPE = mx.float16
+KEY_LAYOUTS = ("channel", "token")  # "token" is the per-token key layout (kept for comparison)
 
 MLX_LM_QUANTIZED_SDPA = mlx_lm_base.quantized_scaled_dot_product_attention
 
 
 def _packed_sdpa(queries, q_keys, q_values, scale, mask, group_size=64, bits=8):
+    if isinstance(q_values, (Dense, TokenPacked)):  # a PackedKVCache's views
+        return kv_attention(queries, q_keys, q_values, scale=scale, mask=mask)
     return quantized_attention(queries, q_keys, q_values, scale=scale, mask=mask, group_size=group_size, bits=bits)
 
 
 def use_packed_attention() -> None:
-    """Route mlx-lm's quantized attention to Brisk's kernel (idempotent)."""
+    """Route mlx-lm's quantized attention to Brisk's kernels (idempotent)."""
     mlx_lm_base.quantized_scaled_dot_product_attention = _packed_sdpa
 
 
+class _Rows:
+    """Rows (B, H, capacity, ...) of values, or of keys in the per-token layout: dense, or
+    packed per token. Written in place at a position; capacity grows in steps."""
+
+    def __init__(self, bits: int, group: int):
+        self.bits, self.group, self.buffers = bits, group, None
+
+    def write(self, x: mx.array, start: int, step: int) -> None:
+        if self.bits >= 16:
+            parts = (x,)
+        else:
+            packed = TokenPacked.pack(x, bits=self.bits, group=self.group)
+            parts = (packed.data, packed.scales, packed.biases)
+        stop = start + x.shape[2]
+        if self.buffers is None or stop > self.buffers[0].shape[2]:
+            grow = (stop - start + step - 1) // step * step
+            held = [] if self.buffers is None else [b[..., :start, :] for b in self.buffers]
+            fresh = [mx.zeros((*p.shape[:2], grow, p.shape[3]), p.dtype) for p in parts]
+            self.buffers = [mx.concatenate([h, f], axis=2) for h, f in zip(held, fresh)] if held else fresh
+        for buffer, part in zip(self.buffers, parts):
+            buffer[..., start:stop, :] = part
+
+    def view(self, n: int) -> KVLayout:
+        held = [b[..., :n, :] for b in self.buffers]
+        return Dense(held[0]) if self.bits >= 16 else TokenPacked(*held, self.bits, self.group)
+
+    def arrays(self, n: int) -> list:
+        return [] if self.buffers is None or not n else [b[..., :n, :] for b in self.buffers]
+
+    def adopt(self, arrays: list) -> None:
+        self.buffers = list(arrays) or None
+
+
+def decode_packed_limit(position: int) -> int:
+    """How many keys a one-token step at `position` reads packed: whole groups, all but
+    the last 32 to 63 tokens (those stay dense so a rollback never reaches packed keys)."""
+    return max(0, position // TOKEN_GROUP * TOKEN_GROUP - TOKEN_GROUP)
+
+
+# Steps of at most this many tokens (decode, speculative verify) read each key exactly as
+# one-token steps would; longer ones (prefill chunks) read keys alike in every row.
+PER_ROW_LIMITS_MAX = TOKEN_GROUP
+
+
+class _Channels:
+    """Keys packed per channel (channel-major buffers growing along the token axis) for the
+    first `packed` tokens; dense float16 rows from `recent_from` (<= packed) on. A step at
+    position p reads keys before decode_packed_limit(p) packed, so which keys a token sees
+    packed depends on its position only, never on how steps were batched: greedy
+    speculative decoding stays equal to plain decoding."""
+
+    def __init__(self, bits: int):
+        self.bits, self.buffers, self.packed, self.recent_from, self.recent = bits, None, 0, 0, None
+        self.limits: tuple[int, ...] | None = None  # the current step's rows
+
+    def begin(self, start: int, steps: int, step: int) -> None:
+        """Before writing `steps` tokens at `start`: pack what their rows read packed, and
+        drop dense rows no later step reads."""
+        clip = lambda p: min(max(decode_packed_limit(p), self.recent_from), start // TOKEN_GROUP * TOKEN_GROUP)  # noqa: E731
+        if steps <= PER_ROW_LIMITS_MAX:
+            self.limits = tuple(clip(start + i) for i in range(steps))
+        else:
+            self.limits = (clip(start),) * steps
+        if self.limits[-1] > self.packed:
+            dense = self.recent[..., self.packed - self.recent_from:self.limits[-1] - self.recent_from, :]
+            self._store(ChannelPacked.pack(dense, bits=self.bits), step)
+        drop = self.limits[0] - self.recent_from
+        if drop:
+            self.recent, self.recent_from = self.recent[..., drop:, :], self.limits[0]
+
+    def append(self, keys: mx.array) -> None:
+        new = keys.astype(SCALE_DTYPE)
+        self.recent = new if self.recent is None else mx.concatenate([self.recent, new], axis=2)
+
+    def _store(self, packed: ChannelPacked, step: int) -> None:
+        per, start, stop = 32 // self.bits, self.packed, self.packed + packed.packed
+        parts = (packed.data, packed.scales, packed.biases)
+        if self.buffers is None or stop // per > self.buffers[0].shape[-1]:
+            grow = (stop - start + step - 1) // step * step
+            cols = [start // per, start // TOKEN_GROUP, start // TOKEN_GROUP]
+            fresh = [mx.zeros((*p.shape[:3], w), p.dtype) for p, w in zip(parts, (grow // per, grow // TOKEN_GROUP,
+                                                                               grow // TOKEN_GROUP))]
+            self.buffers = fresh if self.buffers is None else [
+                mx.concatenate([b[..., :c], f], axis=-1) for b, c, f in zip(self.buffers, cols, fresh)]
+        self.buffers[0][..., start // per:stop // per] = parts[0]
+        for buffer, part in zip(self.buffers[1:], parts[1:]):
+            buffer[..., start // TOKEN_GROUP:stop // TOKEN_GROUP] = part
+        self.packed = stop
+
+    def truncate(self, keep: int) -> None:
+        """Hold only the first `keep` tokens. A rollback stays within the dense rows; an edit
+        further back turns the cut group's kept tokens back into dense rows (as read)."""
+        self.limits = None
+        if keep >= self.recent_from:
+            self.recent = None if self.recent is None else self.recent[..., :keep - self.recent_from, :]
+            self.packed = min(self.packed, keep // TOKEN_GROUP * TOKEN_GROUP)
+            return
+        start = keep // TOKEN_GROUP * TOKEN_GROUP
+        self.recent = self.view().dequantize_packed(SCALE_DTYPE)[..., start:keep, :]
+        self.packed = self.recent_from = start
+
+    def view(self) -> ChannelPacked:
+        per, groups = 32 // self.bits, self.packed // TOKEN_GROUP
+        data, scales, biases = (self.buffers or [mx.zeros((0, 0, 0, 0), mx.uint32)] * 3)
+        return ChannelPacked(data[..., :self.packed // per], scales[..., :groups], biases[..., :groups], self.bits,
+                             self.recent, self.recent_from, self.limits)
+
+    def dense_rows(self) -> int:
+        return 0 if self.recent is None else self.recent.shape[2]
+
+    def arrays(self) -> list:
+        view = self.view()
+        held = [view.data, view.scales, view.biases] if self.packed else []
+        return held + ([self.recent] if self.dense_rows() else [])
+
+
 class PackedKVCache(QuantizedKVCache):
-    """QuantizedKVCache with float16 scales/biases (see module docstring)."""
+    """K and V each dense or packed at its own bits: keys per channel, values per token."""
+
+    step = 256  # a multiple of TOKEN_GROUP
+
+    def __init__(self, *, k_bits: int = 4, v_bits: int = 4, group_size: int = DEFAULT_KV_GROUP_SIZE,
+                 key_layout: str = "channel"):
+        if key_layout not in KEY_LAYOUTS:
+            raise ValueError(f"key_layout must be one of {KEY_LAYOUTS}")
+        self.k_bits, self.v_bits, self.group_size, self.key_layout = k_bits, v_bits, group_size, key_layout
+        self.bits = min(k_bits, v_bits)  # mlx-lm sends any cache with `bits` to the packed attention
+        self.offset = 0
+        self._reset_stores()
+
+    def _reset_stores(self) -> None:
+        by_channel = self.k_bits < 16 and self.key_layout == "channel"
+        self.k = _Channels(self.k_bits) if by_channel else _Rows(self.k_bits, self.group_size)
+        self.v = _Rows(self.v_bits, self.group_size)
+
+    @property
+    def keys(self) -> KVLayout | None:  # None when empty, as mlx-lm's caches say it
+        return self.views()[0] if self.offset else None
+
+    @property
+    def values(self) -> KVLayout | None:
+        return self.views()[1] if self.offset else None
 
     def update_and_fetch(self, keys, values):
-        b, n_kv, steps, k_dim = keys.shape
-        prev = self.offset
-        if self.keys is None or prev + steps > self.keys[0].shape[-2]:
-            self._grow(b, n_kv, steps, k_dim, values.shape[-1], keys.dtype)
-        self.offset += steps
-        for stored, new in ((self.keys, keys), (self.values, values)):
-            packed = mx.quantize(new, group_size=self.group_size, bits=self.bits)
-            for buffer, part in zip(stored, packed):
-                buffer[..., prev:self.offset, :] = part  # scales/biases cast to float16 here
-        return self.keys_and_values()
+        start = self.offset
+        if isinstance(self.k, _Channels):
+            self.k.begin(start, keys.shape[2], self.step)
+            self.k.append(keys)
+        else:
+            self.k.write(keys, start, self.step)
+        self.v.write(values, start, self.step)
+        self.offset += keys.shape[2]
+        return self.views()
 
-    def _grow(self, b, n_kv, steps, k_dim, v_dim, dtype):
-        per_word = 32 // self.bits
-        new_steps = (self.step + steps - 1) // self.step * self.step
+    def views(self) -> tuple[KVLayout, KVLayout]:
+        keys = self.k.view() if isinstance(self.k, _Channels) else self.k.view(self.offset)
+        return keys, self.v.view(self.offset)
 
-        def empty(dim):  # (B, Hkv, S, D/per_word) packed + (B, Hkv, S, D/group) scales, biases
-            return (mx.zeros((b, n_kv, new_steps, dim // per_word), mx.uint32),
-                    mx.zeros((b, n_kv, new_steps, dim // self.group_size), SCALE_DTYPE),
-                    mx.zeros((b, n_kv, new_steps, dim // self.group_size), SCALE_DTYPE))
-
-        if self.keys is None:
-            self.keys, self.values = empty(k_dim), empty(v_dim)
-            return
-        keep = self.offset
-        self.keys = tuple(mx.concatenate([x[..., :keep, :], e], axis=2) for x, e in zip(self.keys, empty(k_dim)))
-        self.values = tuple(mx.concatenate([x[..., :keep, :], e], axis=2) for x, e in zip(self.values, empty(v_dim)))
+    def keys_and_values(self):
+        return self.views()
 
     def size(self) -> int:
         return self.offset
 
+    def empty(self) -> bool:
+        return self.offset == 0
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        self.offset -= n
+        if isinstance(self.k, _Channels):
+            self.k.truncate(self.offset)
+        return n
+
+    def held_arrays(self) -> list:
+        keys = self.k.arrays() if isinstance(self.k, _Channels) else self.k.arrays(self.offset)
+        return keys + self.v.arrays(self.offset)
+
+    @property
+    def nbytes(self) -> int:  # what the buffers reserve (they grow in steps of 256 tokens)
+        buffers = (self.k.buffers or []) + (self.v.buffers or [])
+        recent = getattr(self.k, "recent", None)
+        return sum(a.nbytes for a in buffers) + (recent.nbytes if recent is not None else 0)
+
+    @property
+    def state(self):
+        channels = isinstance(self.k, _Channels)
+        meta = [self.offset, self.k_bits, self.v_bits, self.group_size, self.key_layout,
+                self.k.packed if channels else 0, self.k.recent_from if channels else 0]
+        return {"meta": meta, "k": self.k.arrays() if channels else self.k.arrays(self.offset),
+                "v": self.v.arrays(self.offset)}
+
+    @state.setter
+    def state(self, state):
+        offset, self.k_bits, self.v_bits, self.group_size, self.key_layout, packed, recent_from = state["meta"]
+        self.bits, self.offset = min(self.k_bits, self.v_bits), 0
+        self._reset_stores()
+        keys, values = state.get("k") or [], state.get("v") or []
+        self.v.adopt(values)
+        if isinstance(self.k, _Channels):
+            self.k.packed, self.k.recent_from = packed, recent_from
+            self.k.buffers = list(keys[:3]) if packed else None
+            self.k.recent = keys[-1] if len(keys) in (1, 4) else None
+        else:
+            self.k.adopt(keys)
+        self.offset = offset
+
+    @property
+    def meta_state(self):
+        return ""
+
     @classmethod
-    def from_dense(cls, dense: KVCache, *, bits: int, group_size: int) -> "PackedKVCache":
-        packed = cls(group_size=group_size, bits=bits)
+    def from_dense(cls, dense: KVCache, *, k_bits: int, v_bits: int, group_size: int,
+                   key_layout: str = "channel") -> "PackedKVCache":
+        packed = cls(k_bits=k_bits, v_bits=v_bits, group_size=group_size, key_layout=key_layout)
         if dense.keys is not None:
-            keys, values = dense.keys_and_values()
-            packed.update_and_fetch(keys, values)
+            held = dense.offset
+            packed.update_and_fetch(dense.keys[..., :held, :], dense.values[..., :held, :])
         return packed
 
 
@@ -90,18 +275,22 @@ class PackedKVCache(QuantizedKVCache):
 mlx_lm_cache.PackedKVCache = PackedKVCache
 
 
-def maybe_quantize_kv_cache(cache: list, *, bits: int, group_size: int, start: int) -> None:
+def maybe_quantize_kv_cache(cache: list, *, k_bits: int, v_bits: int, group_size: int, start: int,
+                            key_layout: str = "channel") -> None:
     """Pack each plain KVCache layer holding at least `start` tokens (in place)."""
-    if bits >= 16:
+    if k_bits >= 16 and v_bits >= 16:
         return
     use_packed_attention()
     for i, layer in enumerate(cache):
         if type(layer) is KVCache and layer.offset >= max(start, 1):
-            cache[i] = PackedKVCache.from_dense(layer, bits=bits, group_size=group_size)
+            cache[i] = PackedKVCache.from_dense(layer, k_bits=k_bits, v_bits=v_bits, group_size=group_size,
+                                                key_layout=key_layout)
 
 
 def held_arrays(layer) -> list:
     """The arrays a layer cache uses for the tokens it holds (its buffers may be larger)."""
+    if isinstance(layer, PackedKVCache):
+        return layer.held_arrays()
     if not hasattr(layer, "keys"):  # e.g. recurrent state: all of it is held
         return [a for _, a in tree_flatten(layer.state) if a is not None]
     if layer.keys is None:
@@ -110,30 +299,50 @@ def held_arrays(layer) -> list:
     return [a[..., :held, :] for _, a in tree_flatten([layer.keys, layer.values])]
 
 
+def _packed_row_bytes(head_dim: int, bits: int, group: int) -> float:
+    """One token of one head packed in groups of `group`: bits per value plus a float16
+    scale and bias per group."""
+    return head_dim * bits / 8 + head_dim / group * 2 * SCALE_DTYPE.size
+
+
 def layer_bytes_formula(layer, *, kv_heads: int, head_dim: int, itemsize: int) -> int:
     """2·kv_heads·tokens·(head_dim·bytes), or for packed layers head_dim·bits/8 plus the
-    float16 scale and bias of each group."""
+    float16 scale and bias of each group (keys per channel: the recent tokens dense float16)."""
     if not hasattr(layer, "keys"):  # recurrent state has a fixed size, no per-token formula
         return sum(a.nbytes for a in held_arrays(layer))
     tokens = layer.size()
-    if isinstance(layer, QuantizedKVCache):
-        per_head = head_dim * layer.bits // 8 + (head_dim // layer.group_size) * 2 * SCALE_DTYPE.size
-        return 2 * kv_heads * tokens * per_head
-    return 2 * kv_heads * head_dim * tokens * itemsize
+    if not isinstance(layer, PackedKVCache):
+        return 2 * kv_heads * head_dim * tokens * itemsize
+    if layer.v_bits >= 16:
+        values = head_dim * itemsize * tokens
+    else:
+        values = _packed_row_bytes(head_dim, layer.v_bits, layer.group_size) * tokens
+    if layer.k_bits >= 16:
+        keys = head_dim * itemsize * tokens
+    elif layer.key_layout == "token":
+        keys = _packed_row_bytes(head_dim, layer.k_bits, layer.group_size) * tokens
+    else:
+        dense = tokens - layer.k.recent_from  # the recent keys, float16 (the newest packed group may be both)
+        keys = _packed_row_bytes(head_dim, layer.k_bits, TOKEN_GROUP) * layer.k.packed + head_dim * 2 * dense
+    return int(kv_heads * (keys + values))
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, *, bits: int, group_size: int,
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, *, k_bits: int, v_bits: int, group_size: int,
                        itemsize: int) -> float:
-    if bits >= 16:
-        return 2 * layers * kv_heads * head_dim * itemsize
-    return 2 * layers * kv_heads * (head_dim * bits / 8 + head_dim / group_size * 2 * SCALE_DTYPE.size)
+    """Bytes a token adds to the cache (the recent window of at most 63 dense keys per
+    layer is a constant, not per token)."""
+    def per_head(bits: int, group: int) -> float:
+        return head_dim * itemsize if bits >= 16 else _packed_row_bytes(head_dim, bits, group)
+
+    return layers * kv_heads * (per_head(k_bits, TOKEN_GROUP) + per_head(v_bits, group_size))
 
 
-def check_kv_packable(config: dict, group_size: int) -> None:
+def check_kv_packable(config: dict, *, v_bits: int, group_size: int) -> None:
+    """Packed values need groups that divide the head dimension (keys are grouped by token)."""
     shape = kv_shape(config)
-    if shape and shape["head_dim"] % group_size:
+    if v_bits < 16 and shape and shape["head_dim"] % group_size:
         raise InvalidSettings(f"A {group_size}-wide quantization group does not divide this model's head "
-                              f"dimension ({shape['head_dim']}); use kv_bits 16 or a smaller group")
+                              f"dimension ({shape['head_dim']}); use v_bits 16 or a smaller group")
 
 
 def kv_shape(config: dict) -> dict | None:

@@ -31,7 +31,7 @@ class Hook:
 
 HOOKS = (
     Hook("mlx_lm.models.base:quantized_scaled_dot_product_attention", "rebound", "engine.kvcache",
-         "packed KV attention goes to Brisk's kernel (kernels/quantized_attention.py)",
+         "packed KV attention goes to Brisk's kernels (kernels/kv_attention.py), which read PackedKVCache's layouts",
          ("queries", "q_keys", "q_values", "scale", "mask", "group_size", "bits")),
     Hook("mlx_lm.models.base:scaled_dot_product_attention", "rebound", "engine.accel.attention_capture",
          "SpecPrefill's lookahead and UniPrefill's drop layers capture queries and keys, rebound in each model "
@@ -41,7 +41,7 @@ HOOKS = (
          "float attention on the CPU goes to the fused kernel, rebound in each loaded model's modules",
          ("queries", "keys", "values", "cache", "scale", "mask", "sinks")),
     Hook("mlx_lm.models.cache:QuantizedKVCache", "subclassed", "engine.kvcache",
-         "PackedKVCache stores float16 scales whatever the activation dtype",
+         "PackedKVCache: keys per channel, values per token, each at its own bits; float16 scales",
          ("update_and_fetch", "state", "trim", "is_trimmable", "group_size", "bits", "step", "offset")),
     Hook("mlx_lm.models.cache:load_prompt_cache", "injected", "engine.kvcache",
          "PackedKVCache is set on mlx_lm.models.cache, where load_prompt_cache looks classes up by name"),

@@ -114,7 +114,8 @@ class Session:
 
     def _turn(self, cancel: CancelToken) -> Iterator[object]:
         answer = Message("assistant", "")
-        metrics = TurnMetrics(kv_bits=self.settings.kv_bits)
+        k_bits, v_bits = self.settings.kv_precision()
+        metrics = TurnMetrics(kv_bits=self.settings.kv_bits, k_bits=k_bits, v_bits=v_bits)
         try:
             yield from self._run_turn(cancel, answer, metrics)
         except TurnCancelled:
@@ -134,6 +135,43 @@ class Session:
         if metrics.finish_reason != "error":
             yield TurnFinished(answer.content, list(answer.token_ids), metrics)
 
+    def _checked_kv(self, settings: ChatSettings, metrics: TurnMetrics, cancel: CancelToken):
+        """Packed KV is used only as far as this model's fidelity self-test allows: `auto`
+        takes the smallest precision that passed; a fixed one that failed is warned about.
+        The test runs once per model and precision (engine/kv_fidelity.py)."""
+        from dataclasses import replace
+
+        from engine import kv_fidelity as fidelity
+
+        precision = settings.kv_precision()
+        if not settings.kv_auto and precision == (16, 16):
+            return settings
+        group = settings.kv_group_size
+        wanted = fidelity.CANDIDATES if settings.kv_auto else [precision]
+        store = fidelity.FidelityStore(self.lm.path)
+        if fidelity.needs_measuring(store.load(), wanted, group, until_pass=settings.kv_auto):
+            yield EngineWarned(f"Checking how packed KV changes {self.lm.id}'s answers (once per model, about "
+                               f"{fidelity.POSITIONS} tokens)…", kind="notice")
+        try:
+            results = fidelity.run_selftest(self.lm, store, wanted, group_size=group, until_pass=settings.kv_auto,
+                                            cancelled=lambda: cancel.cancelled)
+        except InterruptedError:
+            raise TurnCancelled() from None
+        if settings.kv_auto:
+            precision = fidelity.auto_precision(results, group)
+            settings = replace(settings, k_bits=precision[0], v_bits=precision[1], kv_auto=False)
+        result = results.get(fidelity.result_key(*precision, group))
+        if result is None:
+            metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV"
+            return settings
+        metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: " \
+                           f"{result['why']}"
+        if not result["passed"]:
+            yield EngineWarned(f"{precision[0]}-bit keys / {precision[1]}-bit values on {self.lm.id}: the self-test "
+                               f"{result['why']}. Answers may differ from 16-bit KV; `auto` picks a precision that "
+                               "keeps them.")
+        return settings
+
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
         settings = self.settings.validate()
         start = time.perf_counter()
@@ -147,11 +185,13 @@ class Session:
             raise ContextOverflow(len(tokens) + 1, self.lm.context_length, self.lm.id)
         max_tokens = min(settings.max_tokens, budget)
 
-        if settings.kv_bits < 16:
-            check_kv_packable(self.lm.config, settings.kv_group_size)
-        self.cache.ensure_mode((settings.kv_bits, settings.kv_group_size))
+        settings = yield from self._checked_kv(settings, metrics, cancel)
+        k_bits, v_bits = settings.kv_precision()
+        metrics.k_bits, metrics.v_bits = k_bits, v_bits
+        check_kv_packable(self.lm.config, v_bits=v_bits, group_size=settings.kv_group_size)
+        self.cache.ensure_mode(settings.kv_mode())
         pack = lambda: self.cache.pack(  # noqa: E731
-            bits=settings.kv_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
+            k_bits=k_bits, v_bits=v_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
         if settings.sparse_prefill == "off" and settings.uniprefill == "off":
             self.cache.drop_sparse()  # off means every token read densely, earlier turns' too ("Read it all")
         cached = self.cache.reuse(tokens)

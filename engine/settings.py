@@ -38,8 +38,13 @@ class ChatSettings:
     # What to do when the conversation no longer fits the context window.
     context_overflow: OverflowPolicy = "refuse"
     prefill_step_size: int = DEFAULT_PREFILL_STEP
-    # KV cache: 16 keeps the compute dtype; 8/4 packs K and V (engine/kvcache.py).
+    # KV cache: 16 keeps the compute dtype; 8/4 packs (engine/kvcache.py). kv_bits is the
+    # shorthand for both; k_bits / v_bits, when set, choose keys and values separately.
     kv_bits: int = 16
+    k_bits: int | None = None
+    v_bits: int | None = None
+    # auto: the smallest precision that passed this model's fidelity self-test (engine/kv_fidelity.py)
+    kv_auto: bool = False
     kv_group_size: int = 32
     kv_quant_start: int = 0  # tokens held before a layer is packed
     # SpecPrefill (engine/accel/specprefill/scoring.py): the draft scores, the target prefills the kept part.
@@ -84,8 +89,9 @@ class ChatSettings:
             problems.append(f"context_overflow must be one of {OVERFLOW_POLICIES}")
         if self.prefill_step_size < 1:
             problems.append("prefill_step_size must be >= 1")
-        if self.kv_bits not in (16, 8, 4):
-            problems.append(f"kv_bits must be 16, 8 or 4 (got {self.kv_bits})")
+        for name in ("kv_bits", "k_bits", "v_bits"):
+            if getattr(self, name) not in (16, 8, 4) and not (name != "kv_bits" and getattr(self, name) is None):
+                problems.append(f"{name} must be 16, 8 or 4 (got {getattr(self, name)})")
         if self.kv_group_size not in (32, 64):
             problems.append(f"kv_group_size must be 32 or 64 (got {self.kv_group_size})")
         if self.kv_quant_start < 0:
@@ -120,6 +126,15 @@ class ChatSettings:
         if problems:
             raise InvalidSettings("Invalid chat settings: " + "; ".join(problems))
         return self
+
+    def kv_precision(self) -> tuple[int, int]:
+        """(key bits, value bits): each its own setting when given, else kv_bits."""
+        return (self.kv_bits if self.k_bits is None else self.k_bits,
+                self.kv_bits if self.v_bits is None else self.v_bits)
+
+    def kv_mode(self) -> tuple[int, int, int]:
+        """What a prompt cache was built with: another mode cannot reuse it."""
+        return (*self.kv_precision(), self.kv_group_size)
 
     def _type_problems(self) -> list[str]:
         problems = []
@@ -163,9 +178,10 @@ _NUMBER = (int, float)
 FIELD_TYPES = {
     "model": str, "system_prompt": str, "temperature": _NUMBER, "top_p": _NUMBER, "top_k": int, "min_p": _NUMBER,
     "repetition_penalty": _NUMBER, "max_tokens": int, "seed": int, "context_overflow": str,
-    "prefill_step_size": int, "kv_bits": int, "kv_group_size": int, "kv_quant_start": int, "draft": str,
+    "prefill_step_size": int, "kv_bits": int, "k_bits": int, "v_bits": int, "kv_auto": bool, "kv_group_size": int,
+    "kv_quant_start": int, "draft": str,
     "sparse_prefill": str, "sparse_keep": _NUMBER, "sparse_threshold": int, "spec_decode": str, "num_draft": int,
     "spec_rule": str, "translation_prefix": int, "uniprefill": str, "uniprefill_p": _NUMBER, "drop_layers": list,
     "uniprefill_threshold": int, "lookup": bool,
 }
-OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers"}
+OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers", "k_bits", "v_bits"}

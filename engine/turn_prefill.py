@@ -104,6 +104,6 @@ class TurnPrefill:
     def _restart_cache(self, tokens, settings, metrics) -> None:
         """Start the cache over after a sparse prefill half-filled it."""
         self.cache.reset()
-        self.cache.ensure_mode((settings.kv_bits, settings.kv_group_size))
+        self.cache.ensure_mode(settings.kv_mode())
         metrics.cached_tokens = self.cache.reuse(tokens)
         metrics.prefilled_tokens = len(tokens) - metrics.cached_tokens

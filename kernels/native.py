@@ -31,7 +31,7 @@ from pathlib import Path
 CSRC = Path(__file__).with_name("csrc")
 # Each source's version function and the version this Python side speaks.
 SOURCES = {
-    CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 2),
+    CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 3),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
     CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 1),
 }
@@ -175,8 +175,8 @@ def open_library(path: Path) -> ctypes.CDLL:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.brisk_packed_attention.restype = ctypes.c_int
-    lib.brisk_packed_attention.argtypes = [p, p] + [i] * 10 + [f, i] + [p] * 12
+    lib.brisk_kv_attention.restype = ctypes.c_int
+    lib.brisk_kv_attention.argtypes = [p, p] + [i] * 7 + [f, i, p, p]
     lib.brisk_skinny_matmul.restype = ctypes.c_int
     lib.brisk_skinny_matmul.argtypes = [p] * 4 + [i] * 4
     lib.brisk_quantized_matmul_rows.restype = ctypes.c_int

@@ -128,7 +128,10 @@ class Dashboard(QWidget):
         full = used / held * context if used and held and context else 0
         self.kv.set_value(min(used / full, 1.0) if full else 0.0, _size(used))
         free = self._free_memory_probe()
-        self.kv_note.setText(f"KV cache {_size(used)} at {m.get('kv_bits', 16)} bits"
+        k_bits, v_bits = m.get("k_bits", m.get("kv_bits", 16)), m.get("v_bits", m.get("kv_bits", 16))
+        precision = f"{k_bits} bits" if k_bits == v_bits else f"K{k_bits}/V{v_bits} bits"
+        self.kv_note.setToolTip(m.get("kv_check") or "")
+        self.kv_note.setText(f"KV cache {_size(used)} at {precision}"
                              + (f" of {_size(full)} at the full {context:,}-token context" if full else "")
                              + (f" · {_size(free)} memory free" if free else ""))
 

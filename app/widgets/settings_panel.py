@@ -23,6 +23,28 @@ from engine.accel.uniprefill.plan import DEFAULT_P
 from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"
+# KV cache choices: label -> (kv_bits, k_bits, v_bits, kv_auto), smallest packed last.
+KV_CHOICES = {"auto": (16, None, None, True), "16": (16, None, None, False), "8": (8, None, None, False),
+              "K8/V4": (4, 8, 4, False), "4": (4, None, None, False)}
+KV_PRECISION = {"8": (8, 8), "K8/V4": (8, 4), "4": (4, 4)}
+
+
+def kv_label(settings: ChatSettings) -> str:
+    if settings.kv_auto:
+        return "auto"
+    k_bits, v_bits = settings.kv_precision()
+    return str(k_bits) if k_bits == v_bits else f"K{k_bits}/V{v_bits}"
+
+
+def stored_kv_results(model_id: str) -> dict:
+    """What this model's packed-KV self-test said (engine/kv_fidelity.py); {} if never run."""
+    from engine.kv_fidelity import FidelityStore
+    from engine.models.store import ModelStore
+
+    try:
+        return FidelityStore(ModelStore().path(model_id)).load()
+    except Exception:  # not installed, unreadable: nothing measured to show
+        return {}
 # Drafting pays only when a draft step costs well under a target step (about a third at
 # the acceptance our pairs reach); the hint says so when no installed model is that small.
 NO_USEFUL_DRAFT = ("No installed model can speed up {model}: drafting pays when the draft's step costs less than "
@@ -71,7 +93,8 @@ class SettingsPanel(QWidget):
                                "model needed")
         self.num_draft = QSpinBox()
         self.num_draft.setRange(1, 16)
-        self.kv_bits = _combo(("16", "8", "4"))
+        self.kv_bits = _combo(KV_CHOICES)
+        self.kv_results = stored_kv_results  # model id -> self-test results (replaceable in tests)
         self.system = QPlainTextEdit()
         self.system.setPlaceholderText("System prompt (optional)")
         self.system.setFixedHeight(64)
@@ -139,7 +162,7 @@ class SettingsPanel(QWidget):
         _select(self.spec, settings.spec_decode)
         self.lookup.setChecked(settings.lookup)
         self.num_draft.setValue(settings.num_draft)
-        _select(self.kv_bits, str(settings.kv_bits))
+        _select(self.kv_bits, kv_label(settings))
         self.system.setPlainText(settings.system_prompt or "")
         self.temperature.setValue(settings.temperature)
         self.top_p.setValue(settings.top_p)
@@ -167,12 +190,42 @@ class SettingsPanel(QWidget):
             draft=None if draft in ("", NO_DRAFT) else draft, sparse_prefill=self.sparse.currentText(),
             sparse_keep=self.keep.value() / 100, uniprefill=self.uniprefill.currentText(),
             uniprefill_p=self._mass(), spec_decode=self.spec.currentText(), lookup=self.lookup.isChecked(),
-            num_draft=self.num_draft.value(), kv_bits=int(self.kv_bits.currentText()),
+            num_draft=self.num_draft.value(), **self._kv_fields(),
             system_prompt=self.system.toPlainText().strip() or None, temperature=round(self.temperature.value(), 2),
             top_p=round(self.top_p.value(), 2), max_tokens=self.max_tokens.value(),
             context_overflow=self.overflow.currentText())
         self._refresh()
         self.changed.emit(self._settings)
+
+    def _kv_fields(self) -> dict:
+        kv_bits, k_bits, v_bits, auto = KV_CHOICES.get(self.kv_bits.currentText(), KV_CHOICES["16"])
+        return {"kv_bits": kv_bits, "k_bits": k_bits, "v_bits": v_bits, "kv_auto": auto}
+
+    def refresh_kv(self) -> None:
+        """Mark each packed precision with what this model's self-test said (after a turn
+        measured it, the marks appear)."""
+        from engine.kv_fidelity import auto_precision, result_key
+
+        results = self.kv_results(self._settings.model)
+        group = self._settings.kv_group_size
+        for i in range(self.kv_bits.count()):
+            label = self.kv_bits.itemText(i)
+            if label == "auto":
+                k_bits, v_bits = auto_precision(results, group) if results else (None, None)
+                tip = (f"The smallest precision that passed this model's self-test: K{k_bits}/V{v_bits}"
+                       if k_bits and k_bits < 16 else "Packed KV only where this model's self-test says it "
+                       "keeps the answers (the test runs once, on the first packed turn)")
+                if results and k_bits == 16:
+                    tip = "No packed precision kept this model's answers: auto uses 16-bit KV"
+            elif label in KV_PRECISION:
+                result = results.get(result_key(*KV_PRECISION[label], group))
+                tip = ("Not tested on this model yet: the first packed turn runs a short self-test" if result is None
+                       else f"{'Passed' if result['passed'] else 'FAILED'} on this model: {result['why']}")
+                self.kv_bits.setItemData(i, _mark(result), Qt.DecorationRole)
+            else:
+                tip = "Unquantized KV: exact, 3.2x the memory of 4-bit"
+            self.kv_bits.setItemData(i, tip, Qt.ToolTipRole)
+        self.kv_bits.setToolTip(self.kv_bits.itemData(self.kv_bits.currentIndex(), Qt.ToolTipRole) or "")
 
     def _mass(self) -> float | None:
         """The spin's p, or None (the model's default) while it shows the default untouched."""
@@ -186,6 +239,7 @@ class SettingsPanel(QWidget):
         self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
         self.num_draft.setEnabled(s.spec_decode == "on")
+        self.refresh_kv()
         self.lookup.setEnabled(s.spec_decode != "off")
         target, draft = self._entries.get(s.model), self._entries.get(s.draft or "")
         if not s.draft and target is not None and not self.draft_choices(s.model):
@@ -203,6 +257,13 @@ class SettingsPanel(QWidget):
             self.badge.setProperty("kind", kind.split()[0])
         self.badge.style().unpolish(self.badge)
         self.badge.style().polish(self.badge)
+
+
+def _mark(result: dict | None):
+    """A green or red dot for a passed or failed self-test; nothing when untested."""
+    from PySide6.QtGui import QColor
+
+    return None if result is None else QColor("#2e9d57" if result["passed"] else "#d0453a")
 
 
 def _combo(items) -> QComboBox:

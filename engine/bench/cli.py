@@ -79,6 +79,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192])
     p.add_argument("--gen", type=_positive, default=256)
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
+    p.add_argument("--k-bits", type=_ints, default=[4], help="key bits to try, e.g. 4,8")
+    p.add_argument("--v-bits", type=_ints, default=[4], help="value bits to try, e.g. 4,8")
+    p.add_argument("--key-layouts", default="channel",
+                   help="channel (per-channel keys), token (per-token keys, as before), or both: token,channel")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _kv_quality(a))
     p = bench.add_parser("specprefill", help="TTFT full vs SpecPrefill: speedup, r, 1/(r+k), G")
@@ -206,8 +210,18 @@ def _kv(args) -> int:
 
 def _kv_quality(args) -> int:
     from engine.bench.kv_quality import run_kv_quality
+    from engine.kv_fidelity import PackedMode
+    from engine.kvcache import KEY_LAYOUTS
 
-    run_kv_quality(args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json)
+    layouts = [x.strip() for x in args.key_layouts.split(",") if x.strip()]
+    bad = [x for x in layouts if x not in KEY_LAYOUTS] + [b for b in args.k_bits + args.v_bits if b not in (4, 8, 16)]
+    if bad or not layouts:
+        raise SystemExit(f"brisk bench kv-quality: unknown key layout or bits {bad}; layouts are {KEY_LAYOUTS}, "
+                         "bits 4, 8 or 16")
+    modes = [PackedMode(k, v, layout) for layout in layouts for k in args.k_bits for v in args.v_bits
+             if (k, v) != (16, 16) and not (layout == "token" and k == 16 and "channel" in layouts)]
+    run_kv_quality(args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json,
+                   modes=modes)
     return 0
 
 

@@ -2,9 +2,9 @@
 
 Per context length, with the model's attention shapes:
 - one decode step of attention (one layer): dequantize-then-attend, mlx-lm's
-  `quantized_scaled_dot_product_attention`, Brisk's dispatcher (the native CPU kernel
-  when it could be built), Brisk's portable MLX path, and fp32 SDPA on the unquantized
-  cache for scale;
+  `quantized_scaled_dot_product_attention` (its own per-token layout), Brisk's dispatcher
+  (the native CPU kernel when it could be built) on per-channel keys and on per-token
+  keys, Brisk's portable MLX path, and fp32 SDPA on the unquantized cache for scale;
 - end-to-end decode tok/s of the real model with an unquantized and an int4 cache of that
   length (filled with random K/V: decode cost does not depend on the values);
 - KV bytes of both caches, measured and by formula;
@@ -31,27 +31,31 @@ def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, ru
     import mlx.core as mx
 
     from engine.kvcache import MLX_LM_QUANTIZED_SDPA
-    from kernels.quantized_attention import quantized_attention
+    from kernels.kv_attention import kv_attention
+    from kernels.packed_kv import ChannelPacked, TokenPacked
 
     bits, scale = 4, head_dim ** -0.5
     q = mx.random.normal((1, n_q, 1, head_dim))
     k = mx.random.normal((1, n_kv, context, head_dim))
     v = mx.random.normal((1, n_kv, context, head_dim))
-    qk = mx.quantize(k, group_size=group_size, bits=bits)
-    qv = mx.quantize(v, group_size=group_size, bits=bits)
-    mx.eval(q, k, v, qk, qv)
+    packed = context - 32  # what a decode step reads packed; the newest 32 keys dense
+    keys = ChannelPacked.pack(k[:, :, :packed], bits=bits, recent=k[:, :, packed:].astype(mx.float16))
+    token_keys = TokenPacked.pack(k, bits=bits, group=group_size)
+    values = TokenPacked.pack(v, bits=bits, group=group_size)
+    qk, qv = (mx.quantize(x, group_size=group_size, bits=bits) for x in (k, v))  # mlx-lm's own layout
+    mx.eval(q, k, v, keys, token_keys, values, qk, qv)
     q_args = dict(group_size=group_size, bits=bits)
 
     def dequant_then_attend():
-        kd, vd = mx.dequantize(*qk, **q_args), mx.dequantize(*qv, **q_args)
-        return mx.fast.scaled_dot_product_attention(q, kd, vd, scale=scale)
+        return mx.fast.scaled_dot_product_attention(q, keys.dequantize(), values.dequantize(), scale=scale)
 
     variants = {
         "dequant_then_attend": lambda: _timed(dequant_then_attend),
         # mlx-lm scales its queries argument in place: hand it a copy
         "mlx_lm_quantized": lambda: _timed(lambda: MLX_LM_QUANTIZED_SDPA(q * 1, qk, qv, scale, None, **q_args)),
-        "brisk_packed": lambda: _timed(lambda: quantized_attention(q, qk, qv, scale=scale, **q_args)),
-        "brisk_portable": lambda: _timed(lambda: quantized_attention(q, qk, qv, scale=scale, native=False, **q_args)),
+        "brisk_packed": lambda: _timed(lambda: kv_attention(q, keys, values, scale=scale)),
+        "brisk_token_keys": lambda: _timed(lambda: kv_attention(q, token_keys, values, scale=scale)),
+        "brisk_portable": lambda: _timed(lambda: kv_attention(q, keys, values, scale=scale, native=False)),
         "fp32_unquantized": lambda: _timed(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)),
     }
     for fn in variants.values():
@@ -62,7 +66,7 @@ def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, ru
 
 def _filled_cache(lm, context: int, bits: int, group_size: int):
     import mlx.core as mx
-    from mlx_lm.models.cache import KVCache, make_prompt_cache
+    from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
     from engine.kvcache import kv_shape, maybe_quantize_kv_cache
 
@@ -72,7 +76,9 @@ def _filled_cache(lm, context: int, bits: int, group_size: int):
         n = context if type(layer) is KVCache else min(context, getattr(layer, "max_size", context))
         keys = mx.random.normal((1, shape["kv_heads"], n, shape["head_dim"]))
         layer.update_and_fetch(keys, mx.random.normal(keys.shape))
-    maybe_quantize_kv_cache(cache, bits=bits, group_size=group_size, start=0)
+    maybe_quantize_kv_cache(cache, k_bits=bits, v_bits=bits, group_size=group_size, start=0)
+    lm.model(mx.array([[lm.tokenizer.encode("the")[-1]]]), cache=cache)  # a decode step packs what it reads
+    trim_prompt_cache(cache, 1)
     mx.eval([c.state for c in cache])
     return cache
 
@@ -116,7 +122,7 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
     from kernels import native
 
     lm = load_model(model_id)
-    check_kv_packable(lm.config, group_size)
+    check_kv_packable(lm.config, v_bits=4, group_size=group_size)
     shape = kv_shape(lm.config)
     n_q = (lm.config.get("text_config") or lm.config)["num_attention_heads"]
     payload = {"model": model_id, "group_size": group_size, "runs": runs, "decode_steps": steps,
@@ -134,6 +140,7 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
             "context": context, "attention_step_s": attn,
             "brisk_vs_mlx_lm": attn["mlx_lm_quantized"] / attn["brisk_packed"],
             "brisk_vs_dequant": attn["dequant_then_attend"] / attn["brisk_packed"],
+            "channel_vs_token_keys": attn["brisk_token_keys"] / attn["brisk_packed"],
             "decode_tps_16": median(tps[16], "tps"), "decode_tps_4": median(tps[4], "tps"),
             "kv_bytes_16": sizes[16][0], "kv_bytes_4": sizes[4][0],
             "kv_formula_matches": all(measured == formula for measured, formula in sizes.values()),
@@ -143,16 +150,19 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
         del caches
         mx.clear_cache()
         rows.append([context, attn["dequant_then_attend"] * 1e3, attn["mlx_lm_quantized"] * 1e3,
-                     attn["brisk_packed"] * 1e3, attn["brisk_portable"] * 1e3, attn["fp32_unquantized"] * 1e3,
+                     attn["brisk_packed"] * 1e3, attn["brisk_token_keys"] * 1e3, attn["brisk_portable"] * 1e3,
+                     attn["fp32_unquantized"] * 1e3,
                      entry["brisk_vs_mlx_lm"],
                      entry["brisk_vs_dequant"], entry["decode_tps_16"], entry["decode_tps_4"],
                      entry["kv_bytes_16"] / 2**20, entry["kv_bytes_4"] / 2**20, entry["kv_ratio_4_vs_16"]])
     if prefill_tokens:
         payload["prefill_peak"] = {bits: prefill_peak_memory(lm, prefill_tokens, bits, group_size) for bits in (16, 4)}
     print_table(
-        f"brisk bench kv: {model_id}, int4 group {group_size}, medians of {runs} interleaved rounds "
-        f"(attention ms per layer per decode step); brisk path: {payload['brisk_path']}",
-        ["context", "deq+attn ms", "mlx-lm q ms", "brisk ms", "portable ms", "fp32 ms", "vs mlx-lm", "vs deq",
+        f"brisk bench kv: {model_id}, int4 (keys per channel, values per token, group {group_size}), "
+        f"medians of {runs} interleaved rounds (attention ms per layer per decode step); "
+        f"brisk path: {payload['brisk_path']}",
+        ["context", "deq+attn ms", "mlx-lm q ms", "brisk ms", "token-K ms", "portable ms", "fp32 ms", "vs mlx-lm",
+         "vs deq",
          "tok/s kv16", "tok/s kv4", "KV16 MiB", "KV4 MiB", "4/16"], rows, payload, as_json)
     if not as_json and prefill_tokens:
         for bits, p in payload["prefill_peak"].items():

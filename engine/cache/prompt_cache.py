@@ -5,7 +5,7 @@ which precision, at which RoPE positions after a sparse prefill) used to be trac
 them in three places. Here it lives with the layers:
 
 - `tokens`: the tokens the layers hold, in order.
-- `mode`: (kv_bits, kv_group_size) the layers were built with; another mode starts over.
+- `mode`: (k_bits, v_bits, kv_group_size) the layers were built with; another mode starts over.
 - the position map of a sparse prefill: from token `dense_from` on, RoPE position =
   cache slot + `shift` (+ `layer_shifts[i]` in layer i, after UniPrefill, whose later
   layers hold fewer slots than its earlier ones); no rewinding into the sparse region.
@@ -136,11 +136,11 @@ class PromptCache:
 
     # --- packing, size, saving ---------------------------------------------------------
 
-    def pack(self, *, bits: int, group_size: int, start: int) -> None:
+    def pack(self, *, k_bits: int, v_bits: int, group_size: int, start: int) -> None:
         from engine.kvcache import maybe_quantize_kv_cache
 
         if self.layers is not None:
-            maybe_quantize_kv_cache(self.layers, bits=bits, group_size=group_size, start=start)
+            maybe_quantize_kv_cache(self.layers, k_bits=k_bits, v_bits=v_bits, group_size=group_size, start=start)
 
     def save(self, path, identity: dict) -> None:
         """Write layers and state; `identity` (model id, tokenizer) is stored to be checked on load."""

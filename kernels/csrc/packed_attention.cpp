@@ -8,8 +8,10 @@
 // with the log-sum-exp rule. It is built on first use by kernels/native.py and called
 // through ctypes with raw pointers and element strides, so it needs no MLX headers.
 //
-// Dequantization is w = scale * q + bias per group, as mx.quantize packs it: a uint32 holds
-// 32/bits values, lowest bits first.
+// K and V are each dense, packed per token (groups of channels), or, for keys, packed per
+// channel (KIVI: groups of 32 tokens, so an outlier channel gets its own scale) followed by
+// dense recent rows. Dequantization is w = scale * q + bias per group, as mx.quantize packs
+// it: a uint32 holds 32/bits values, lowest bits first.
 
 #include <algorithm>
 #include <atomic>
@@ -41,6 +43,7 @@ inline float hsum(v8f v) {
 
 constexpr int kMaxRows = 64;
 constexpr int kTile = 32;  // keys scored before their values are accumulated
+constexpr int kTokenGroup = 32;  // tokens per group of a CHANNEL_PACKED source (one tile)
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 inline float half_to_float(uint16_t h) {
@@ -67,20 +70,33 @@ inline float half_to_float(uint16_t h) {
 #endif
 }
 
-struct Packed {
+// Where one of K or V comes from. Positions [0, packed) of a CHANNEL_PACKED source are
+// packed per channel in groups of kTokenGroup tokens, stored channel-major as mx.quantize
+// packs a (D, tokens) matrix; positions from `dense_from` (<= packed) on are dense rows (the
+// recent tokens). Query row l reads key j packed when j < limits[l] (all rows: dense_from
+// when limits is null), so each row of a verify pass sees the keys as a one-token decode
+// step at its position would. Other sources are dense rows or rows packed per token in
+// groups of `group` channels.
+enum Layout : int32_t { DENSE = 0, TOKEN_PACKED = 1, CHANNEL_PACKED = 2 };
+
+struct Source {  // mirrored by kernels/native_attention.py (_Source): keep the field order
+  int32_t layout, bits, group, packed, dense_from, scales_half, dense_half;
   const uint32_t* data;
   const void* scales;
   const void* biases;
-  const int64_t* data_strides;   // batch, head, position (elements); the last axis is contiguous
-  const int64_t* scale_strides;
-  const int64_t* bias_strides;
+  const void* dense;
+  const int32_t* limits;     // per query position (L), or null
+  int64_t data_strides[3];   // batch, head, then position (rows) or channel (CHANNEL_PACKED)
+  int64_t scale_strides[3];  // the last axis is contiguous in every array
+  int64_t bias_strides[3];
+  int64_t dense_strides[3];  // batch, head, position
 };
 
 struct Problem {
   const float* q;
-  int B, Hq, Hkv, L, S, D, causal, half;  // head dim, group and bits are template parameters
+  int B, Hq, Hkv, L, S, D, causal;  // head dim is a template parameter
   float scale;
-  Packed k, v;
+  Source k, v;
 };
 
 struct Partial {  // one block of keys for one (batch, KV head): per row max, sum, weighted values
@@ -106,64 +122,104 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-// One packed row (D values) to floats, eight at a time: w = scale * q + bias per group of G.
-template <int BITS, int D, int G>
-inline void dequantize_row(const uint32_t* words, const float* s, const float* z, v8f* out) {
-  constexpr int per = 32 / BITS;  // values per uint32
-  constexpr int words_per_vec = 8 / per;  // 1 at 4 bits, 2 at 8 bits
-  const v8u shifts = BITS == 4 ? v8u{0, 4, 8, 12, 16, 20, 24, 28} : v8u{0, 8, 16, 24, 0, 8, 16, 24};
-  const v8u mask = v8u{} + ((1u << BITS) - 1);
-  for (int c = 0; c < D / 8; ++c) {
-    const int g = c * 8 / G;
-    v8u word;
-    if (words_per_vec == 1) {
-      word = v8u{} + words[c];
+inline v8f unpack8(const uint32_t* words, int bits) {  // eight values, lowest bits first
+  const v8u shifts4 = v8u{0, 4, 8, 12, 16, 20, 24, 28}, shifts8 = v8u{0, 8, 16, 24, 0, 8, 16, 24};
+  if (bits == 4) return __builtin_convertvector(((v8u{} + words[0]) >> shifts4) & 15u, v8f);
+  const uint32_t a = words[0], b = words[1];
+  return __builtin_convertvector((v8u{a, a, a, a, b, b, b, b} >> shifts8) & 255u, v8f);
+}
+
+inline float load_affine_value(const void* base, int64_t index, bool half) {
+  return half ? half_to_float(static_cast<const uint16_t*>(base)[index]) : static_cast<const float*>(base)[index];
+}
+
+inline int64_t offset3(const int64_t* strides, int64_t b, int64_t h, int64_t j) {
+  return b * strides[0] + h * strides[1] + j * strides[2];
+}
+
+// Row j of a DENSE or TOKEN_PACKED source (or a CHANNEL_PACKED one past `packed`) as D floats.
+template <int D>
+inline void load_row(const Source& src, int b, int h, int j, v8f* out) {
+  constexpr int C = D / 8;
+  if (src.layout != TOKEN_PACKED) {  // dense rows: float32 or float16
+    const int64_t at = offset3(src.dense_strides, b, h, j - src.dense_from);
+    if (src.dense_half) {
+      const uint16_t* row = static_cast<const uint16_t*>(src.dense) + at;
+      for (int c = 0; c < C; ++c)
+        for (int i = 0; i < 8; ++i) out[c][i] = half_to_float(row[c * 8 + i]);
     } else {
-      const uint32_t a = words[2 * c], b = words[2 * c + 1];
-      word = v8u{a, a, a, a, b, b, b, b};
+      std::memcpy(out, static_cast<const float*>(src.dense) + at, sizeof(float) * D);
     }
-    const v8f values = __builtin_convertvector((word >> shifts) & mask, v8f);
-    out[c] = values * s[g] + z[g];
+    return;
+  }
+  const uint32_t* words = src.data + offset3(src.data_strides, b, h, j);
+  const int64_t so = offset3(src.scale_strides, b, h, j), bo = offset3(src.bias_strides, b, h, j);
+  const bool half = src.scales_half != 0;
+  const int words_per_vec = src.bits / 4;  // 1 at 4 bits, 2 at 8 bits
+  for (int c = 0; c < C; ++c) {
+    const int g = c * 8 / src.group;
+    const float s = load_affine_value(src.scales, so + g, half), z = load_affine_value(src.biases, bo + g, half);
+    out[c] = unpack8(words + c * words_per_vec, src.bits) * s + z;
   }
 }
 
-inline void load_affine(const Packed& p, int64_t b, int64_t h, int64_t j, int groups, bool half, float* s,
-                        float* z) {
-  const int64_t so = b * p.scale_strides[0] + h * p.scale_strides[1] + j * p.scale_strides[2];
-  const int64_t bo = b * p.bias_strides[0] + h * p.bias_strides[1] + j * p.bias_strides[2];
-  if (half) {
-    auto sp = static_cast<const uint16_t*>(p.scales) + so;
-    auto bp = static_cast<const uint16_t*>(p.biases) + bo;
-    for (int g = 0; g < groups; ++g) { s[g] = half_to_float(sp[g]); z[g] = half_to_float(bp[g]); }
-  } else {
-    auto sp = static_cast<const float*>(p.scales) + so;
-    auto bp = static_cast<const float*>(p.biases) + bo;
-    for (int g = 0; g < groups; ++g) { s[g] = sp[g]; z[g] = bp[g]; }
+// Scores of one tile of kTile keys of a CHANNEL_PACKED source against every query row:
+// q·k = Σ_d (q_d·s_d)·k_int + Σ_d q_d·z_d, with the packed integers of a channel read as
+// vectors along tokens (eight tokens per vector), so nothing is transposed.
+template <int D>
+void score_channel_tile(const Source& k, int b, int h, int t0, int rows, const v8f (*qs)[D / 8],
+                        float (*scores)[kTile]) {
+  constexpr int V = kTile / 8, C = D / 8;  // vectors of eight tokens per tile; of eight channels per row
+  v8f tile[D][V];
+  v8f s[C], z[C];
+  const int per = 32 / k.bits, group = t0 / kTokenGroup, words = k.bits / 4;
+  const bool half = k.scales_half != 0;
+  for (int d = 0; d < D; ++d) {
+    const uint32_t* w = k.data + offset3(k.data_strides, b, h, d) + t0 / per;
+    for (int v = 0; v < V; ++v) tile[d][v] = unpack8(w + v * words, k.bits);
+    s[d / 8][d % 8] = load_affine_value(k.scales, offset3(k.scale_strides, b, h, d) + group, half);
+    z[d / 8][d % 8] = load_affine_value(k.biases, offset3(k.bias_strides, b, h, d) + group, half);
+  }
+  for (int r = 0; r < rows; ++r) {
+    v8f scaled[C], shift = v8f{};  // q·s per channel, and Σ q·z, eight channels at a time
+    for (int c = 0; c < C; ++c) {
+      scaled[c] = qs[r][c] * s[c];
+      shift += qs[r][c] * z[c];
+    }
+    v8f even[V] = {}, odd[V] = {};  // two chains: FMA latency
+    for (int c = 0; c < C; ++c) {
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i += 2) {
+        const float a = scaled[c][i], e = scaled[c][i + 1];
+        for (int v = 0; v < V; ++v) {
+          even[v] += a * tile[c * 8 + i][v];
+          odd[v] += e * tile[c * 8 + i + 1][v];
+        }
+      }
+    }
+    const float offset = hsum(shift);
+    for (int v = 0; v < V; ++v) {
+      const v8f total = even[v] + odd[v] + offset;
+      for (int i = 0; i < 8; ++i) scores[r][v * 8 + i] = total[i];
+    }
   }
 }
 
-template <int BITS, int D, int G>
-inline void load_row(const Packed& p, int b, int h, int j, bool half, v8f* out) {
-  float s[D / G], z[D / G];
-  load_affine(p, b, h, j, D / G, half, s, z);
-  dequantize_row<BITS, D, G>(p.data + b * p.data_strides[0] + h * p.data_strides[1] + j * p.data_strides[2], s, z,
-                             out);
-}
-
-template <int BITS, int D, int G>
+template <int D>
 void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out) {
   constexpr int C = D / 8;  // vectors per row
-  constexpr int kRegisterBlock = C % 8 == 0 ? 8 : 4;  // vectors of a row's sums held in registers
+  constexpr int kRegisterBlock = C % 8 == 0 ? 8 : (C % 4 == 0 ? 4 : (C % 2 == 0 ? 2 : 1));
   const int rep = pr.Hq / pr.Hkv, rows = rep * pr.L;
-  const bool half = pr.half != 0;
   v8f qs[kMaxRows][C];  // this KV head's query rows, pre-scaled
   int limit[kMaxRows];  // keys at or past this are masked for the row
+  int packed_limit[kMaxRows];  // channel-packed keys: read packed before this, dense after
   for (int r = 0; r < rows; ++r) {
     const int qh = h * rep + r / pr.L, l = r % pr.L;
     const float* src = pr.q + ((int64_t(b) * pr.Hq + qh) * pr.L + l) * D;
     for (int c = 0; c < C; ++c)
       for (int i = 0; i < 8; ++i) qs[r][c][i] = src[c * 8 + i] * pr.scale;
     limit[r] = pr.causal ? pr.S - pr.L + l + 1 : pr.S;
+    packed_limit[r] = pr.k.limits ? pr.k.limits[l] : pr.k.dense_from;
   }
   out.max.assign(rows, kNegInf);
   out.sum.assign(rows, 0.f);
@@ -172,19 +228,34 @@ void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out)
   // A tile of keys is dequantized once into L1, then read by every row.
   v8f tile[kTile][C];
   alignas(32) float scores[kMaxRows][kTile];
+  alignas(32) float packed_scores[kMaxRows][kTile];
+  const bool channel = pr.k.layout == CHANNEL_PACKED;
   for (int t0 = k0; t0 < k1; t0 += kTile) {
     const int n = std::min(kTile, k1 - t0);
-    for (int j = 0; j < n; ++j) load_row<BITS, D, G>(pr.k, b, h, t0 + j, half, tile[j]);
-    for (int r = 0; r < rows; ++r) {
-      for (int j = 0; j < n; ++j) {
-        v8f even = qs[r][0] * tile[j][0], odd = v8f{};  // two chains: FMA latency
-        for (int c = 1; c < C; ++c) (c & 1 ? odd : even) += qs[r][c] * tile[j][c];
-        scores[r][j] = t0 + j < limit[r] ? hsum(even + odd) : kNegInf;
+    // Blocks start on tile bounds, so a packed tile is a whole group. Below dense_from the
+    // keys exist only packed; from `packed` on only dense; between, both (rows choose).
+    const bool has_packed = channel && t0 < pr.k.packed, has_dense = !channel || t0 >= pr.k.dense_from;
+    if (has_packed) score_channel_tile<D>(pr.k, b, h, t0, rows, qs, has_dense ? packed_scores : scores);
+    if (has_dense) {
+      for (int j = 0; j < n; ++j) load_row<D>(pr.k, b, h, t0 + j, tile[j]);
+      for (int r = 0; r < rows; ++r) {
+        if (has_packed && t0 < packed_limit[r]) {  // this row reads the group packed
+          std::memcpy(scores[r], packed_scores[r], sizeof(float) * n);
+          continue;
+        }
+        for (int j = 0; j < n; ++j) {
+          v8f even = qs[r][0] * tile[j][0], odd = v8f{};  // two chains: FMA latency
+          for (int c = 1; c < C; ++c) (c & 1 ? odd : even) += qs[r][c] * tile[j][c];
+          scores[r][j] = hsum(even + odd);
+        }
       }
     }
     for (int r = 0; r < rows; ++r) {  // online softmax: fold the tile into the running max and sum
       float tile_max = kNegInf;
-      for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, scores[r][j]);
+      for (int j = 0; j < n; ++j) {
+        if (t0 + j >= limit[r]) scores[r][j] = kNegInf;
+        tile_max = std::max(tile_max, scores[r][j]);
+      }
       if (tile_max == kNegInf) {  // every key of the tile is masked for this row
         std::fill(scores[r], scores[r] + n, 0.f);
         continue;
@@ -201,7 +272,7 @@ void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out)
       out.sum[r] += total;
       out.max[r] = new_max;
     }
-    for (int j = 0; j < n; ++j) load_row<BITS, D, G>(pr.v, b, h, t0 + j, half, tile[j]);
+    for (int j = 0; j < n; ++j) load_row<D>(pr.v, b, h, t0 + j, tile[j]);
     for (int r = 0; r < rows; ++r) {  // values: acc += p * v, a block of the row's sums in registers
       float* saved = out.acc.data() + size_t(r) * D;  // not 32-byte aligned: memcpy in and out
       for (int c0 = 0; c0 < C; c0 += kRegisterBlock) {
@@ -222,32 +293,25 @@ void attend_block(const Problem& pr, int b, int h, int k0, int k1, Partial& out)
 
 using BlockFn = void (*)(const Problem&, int, int, int, int, Partial&);
 
-template <int BITS>
-BlockFn pick_for_bits(int D, int G) {
-  if (G == 32) {
-    switch (D) {
-      case 64: return attend_block<BITS, 64, 32>;
-      case 96: return attend_block<BITS, 96, 32>;
-      case 128: return attend_block<BITS, 128, 32>;
-      case 256: return attend_block<BITS, 256, 32>;
-    }
-  } else if (G == 64) {
-    switch (D) {
-      case 64: return attend_block<BITS, 64, 64>;
-      case 128: return attend_block<BITS, 128, 64>;
-      case 256: return attend_block<BITS, 256, 64>;
-    }
+BlockFn pick(int D) {
+  switch (D) {
+    case 64: return attend_block<64>;
+    case 80: return attend_block<80>;
+    case 96: return attend_block<96>;
+    case 128: return attend_block<128>;
+    case 256: return attend_block<256>;
   }
   return nullptr;
 }
 
 void run(const Problem& pr, BlockFn attend, float* out, int threads) {
   const int rows = (pr.Hq / pr.Hkv) * pr.L, D = pr.D;
-  // Enough blocks per head to keep every thread busy, but none shorter than 256 keys.
+  // Enough blocks per head to keep every thread busy, but none shorter than 256 keys;
+  // blocks start on tile bounds (a packed group of tokens is never split).
   const int heads = pr.B * pr.Hkv;
   int splits = std::max(1, (2 * threads + heads - 1) / heads);
   splits = std::min(splits, std::max(1, pr.S / 256));
-  const int block = (pr.S + splits - 1) / splits;
+  const int block = ((pr.S + splits - 1) / splits + kTile - 1) / kTile * kTile;
   std::vector<Partial> partials(size_t(heads) * splits);
   std::atomic<int> next{0};
   auto worker = [&]() {
@@ -288,31 +352,38 @@ void run(const Problem& pr, BlockFn attend, float* out, int threads) {
   }
 }
 
+// 0 when `src` is a layout this kernel reads for head dim D, else the caller's error code.
+int check_source(const Source& src, int D, int S, int L, bool is_key) {
+  if (src.layout == DENSE) return 0;
+  if (src.bits != 4 && src.bits != 8) return 1;
+  if (src.layout == TOKEN_PACKED) return (src.group == 32 || src.group == 64) && D % src.group == 0 ? 0 : 2;
+  if (src.layout != CHANNEL_PACKED || !is_key) return 6;
+  if (src.packed % kTokenGroup || src.packed > S || src.dense_from % kTokenGroup || src.dense_from > src.packed)
+    return 2;
+  for (int l = 0; src.limits && l < L; ++l)
+    if (src.limits[l] < src.dense_from || src.limits[l] > src.packed || src.limits[l] % kTokenGroup) return 7;
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
 
-// Returns 0 on success, or a positive code for an unsupported shape (the caller falls back):
-// 1 bits, 2 group size, 3 head dim, 4 too many rows per KV head, 5 heads not divisible.
-int brisk_packed_attention(const float* q, float* out, int B, int Hq, int Hkv, int L, int S, int D, int group,
-                           int bits, int causal, int half, float scale, int threads,
-                           const uint32_t* k_data, const void* k_scales, const void* k_biases,
-                           const int64_t* k_data_strides, const int64_t* k_scale_strides,
-                           const int64_t* k_bias_strides, const uint32_t* v_data, const void* v_scales,
-                           const void* v_biases, const int64_t* v_data_strides, const int64_t* v_scale_strides,
-                           const int64_t* v_bias_strides) {
-  if (bits != 4 && bits != 8) return 1;
-  if (group != 32 && group != 64) return 2;
-  const BlockFn attend = bits == 4 ? pick_for_bits<4>(D, group) : pick_for_bits<8>(D, group);
-  if (attend == nullptr) return 3;  // head dims 64, 96 (group 32), 128, 256
+// Returns 0 on success, or a positive code for an unsupported call (the caller falls back):
+// 1 bits, 2 group size, 3 head dim, 4 too many rows per KV head, 5 heads not divisible,
+// 6 layout, 7 a row's packed limit.
+int brisk_kv_attention(const float* q, float* out, int B, int Hq, int Hkv, int L, int S, int D, int causal,
+                       float scale, int threads, const Source* k, const Source* v) {
+  const BlockFn attend = pick(D);
+  if (attend == nullptr) return 3;  // head dims 64, 80, 96, 128, 256
+  if (const int code = check_source(*k, D, S, L, true)) return code;
+  if (const int code = check_source(*v, D, S, L, false)) return code;
   if (Hkv <= 0 || Hq % Hkv != 0) return 5;
   if ((Hq / Hkv) * L > kMaxRows) return 4;
-  Problem pr{q, B, Hq, Hkv, L, S, D, causal, half, scale,
-             {k_data, k_scales, k_biases, k_data_strides, k_scale_strides, k_bias_strides},
-             {v_data, v_scales, v_biases, v_data_strides, v_scale_strides, v_bias_strides}};
+  Problem pr{q, B, Hq, Hkv, L, S, D, causal, scale, *k, *v};
   run(pr, attend, out, std::max(1, threads));
   return 0;
 }
 
-int brisk_packed_attention_version() { return 2; }
+int brisk_packed_attention_version() { return 3; }
 }

@@ -13,7 +13,8 @@ from engine.worker import Answer, CheckDocument, ConversationEvent, DocumentChec
 
 def metrics(**kw):
     base = dict(ttft_s=1.25, prompt_tokens=900, cached_tokens=400, prefilled_tokens=100, prefill_tps=80.0,
-                generated_tokens=3, decode_tps=12.5, kv_bytes=3 * 2**20, kv_bits=4, finish_reason="stop",
+                generated_tokens=3, decode_tps=12.5, kv_bytes=3 * 2**20, kv_bits=4, k_bits=4, v_bits=4,
+                finish_reason="stop",
                 sparse_prefill="used: kept 100 of 500 new tokens", sparse_outcome="used", kept_tokens=100,
                 scoring_s=0.4,
                 spec_decode="auto (rejection)", acceptance_rate=0.75, draft_tokens=4, accepted_tokens=3,
@@ -306,3 +307,31 @@ def test_the_chat_follows_new_content_at_the_bottom_but_not_a_reader_above(qtbot
     cover = w.chat_view.messages[-1].coverage
     qtbot.waitUntil(lambda: bar.value() == bar.maximum())
     assert cover.geometry().bottom() <= w.chat_view.widget().height()
+
+
+def test_kv_choices_show_this_models_self_test_and_map_to_settings(qtbot, make_window, engine, db_path):
+    """Each packed precision carries what the model's fidelity self-test said; auto and
+    K8/V4 become the settings they name, and survive a restart."""
+    from PySide6.QtCore import Qt
+
+    w = make_window()
+    cid = w.controller.current
+    panel = w.settings_panel
+    results = {"K4/V4 g32": {"top1_agreement": 0.86, "mean_kl": 0.3, "generated": 64, "passed": False,
+                             "why": "changed 9 of 64 next-token choices"},
+               "K8/V4 g32": {"top1_agreement": 1.0, "mean_kl": 0.01, "generated": 64, "passed": True,
+                             "why": "kept 64 of 64 next-token choices (KL 0.010)"}}
+    panel.kv_results = lambda model_id: results
+    panel.refresh_kv()
+    tip = lambda label: panel.kv_bits.itemData(panel.kv_bits.findText(label), Qt.ToolTipRole)  # noqa: E731
+    assert tip("4").startswith("FAILED") and "changed 9 of 64" in tip("4")
+    assert tip("K8/V4").startswith("Passed") and tip("8").startswith("Not tested")
+    assert "K8/V4" in tip("auto")
+    panel.kv_bits.setCurrentText("K8/V4")
+    s = panel.settings()
+    assert (s.kv_precision(), s.kv_auto) == ((8, 4), False)
+    panel.kv_bits.setCurrentText("auto")
+    assert panel.settings().kv_auto
+    again = make_window(db_path)
+    again.controller.open(cid)
+    assert again.settings_panel.settings().kv_auto and again.settings_panel.kv_bits.currentText() == "auto"

@@ -104,8 +104,19 @@ def test_info_reports_blas_and_dtype(cli_home):
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         assert info["blas"] == "mkl" and info["sgemm_gflops"] > 20  # the reference BLAS gives ~4
     # tiny: 2 layers, 2 kv heads, head_dim 16 (not divisible by group 32: no packed rows)
-    assert info["model"]["kv"] == [{"kv_bits": 16, "bytes_per_token": 2 * 2 * 2 * 16 * 4,
+    assert info["model"]["kv"] == [{"k_bits": 16, "v_bits": 16, "kv_bits": 16, "bytes_per_token": 2 * 2 * 2 * 16 * 4,
                                     "max_context": info["model"]["free_bytes_beside_weights"] // 512}]
+
+
+def test_info_plans_memory_with_the_chosen_key_and_value_bits(cli_home):
+    """Keys are packed per channel (any head dim); values per token need the group to divide it."""
+    out = brisk(cli_home, "info", "--json", "--model", "tiny", "--k-bits", "4", "--v-bits", "16")
+    rows = json.loads(out.stdout)["model"]["kv"]
+    # 2 layers, 2 kv heads: keys 16·4/8 bytes + a float16 scale and bias per 32 tokens, values float32
+    assert rows[-1]["k_bits"] == 4 and rows[-1]["v_bits"] == 16
+    assert rows[-1]["bytes_per_token"] == 2 * 2 * (16 * 4 / 8 + 16 / 32 * 4 + 16 * 4)
+    text = brisk(cli_home, "info", "--model", "tiny", "--k-bits", "4", "--v-bits", "16").stdout
+    assert "K bits" in text and "V bits" in text
 
 
 def test_models_list_and_rm(cli_home, tiny_llama_dir):

@@ -7,10 +7,11 @@ from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from engine.events import EngineErrored, TurnFinished
-from engine.kvcache import MLX_LM_QUANTIZED_SDPA, PackedKVCache, maybe_quantize_kv_cache
+from engine.kvcache import PackedKVCache, decode_packed_limit, maybe_quantize_kv_cache
 from engine.models.loader import load_folder
 from engine.session import Session
 from engine.settings import ChatSettings
+from kernels.kv_attention import kv_attention_reference
 from tests.tiny_models import make_tiny_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
@@ -42,28 +43,44 @@ def test_kv_bytes_are_exact(lm, bits, group, ratio):
     packed = finish(packed_session.send(PROMPT)).metrics
     assert packed.kv_bytes == packed.kv_bytes_formula  # measured on the arrays == formula, to the byte
     assert dense.kv_bytes == dense.kv_bytes_formula
-    assert packed.kv_bits == bits
-    # same tokens held; int4/g32 with fp16 scale+bias = 5 bits = 5/32 of float32 (5/16 of fp16)
+    assert packed.kv_bits == packed.k_bits == packed.v_bits == bits
     held = packed_session.cached_tokens
     assert held == dense_session.cached_tokens and held >= dense.prompt_tokens + dense.generated_tokens - 1
-    assert packed.kv_bytes == dense.kv_bytes * ratio
+    # Values: int4/g32 with fp16 scale+bias = 5 bits = 5/32 of float32 (5/16 of fp16). Keys:
+    # per channel in groups of 32 tokens (also 5 bits at int4), except the 32-63 most recent
+    # tokens, which stay float16 until their group fills.
+    head_dim, kv_heads = 64, lm.config["num_key_value_heads"]
+    layers = packed_session.cache.layers
+    recent = [layer.offset - layer.k.packed for layer in layers]
+    assert all(32 <= r < 64 for r in recent)
+    key_row = head_dim * bits / 8 + head_dim / 32 * 4
+    dense_share = sum(r * kv_heads * (head_dim * 2 - key_row) for r in recent)
+    assert packed.kv_bytes == dense.kv_bytes / 2 * ratio + dense.kv_bytes / 2 * (5 if bits == 4 else 9) / 32 \
+        + dense_share
 
 
-def test_packed_attention_inside_the_model_matches_mlx_lms(lm):
-    """The same packed cache, attended by Brisk's kernel and by mlx-lm's: same logits."""
+def reference_sdpa(queries, keys, values, scale, mask, group_size=64, bits=8):
+    return kv_attention_reference(queries, keys, values, scale=scale, mask=mask)
+
+
+@pytest.mark.parametrize("k_bits,v_bits", [(4, 4), (8, 4), (16, 4), (4, 16)])
+def test_packed_attention_inside_the_model_matches_the_reference(lm, k_bits, v_bits):
+    """The same packed cache, attended by Brisk's dispatcher and by dequantize-then-attend:
+    same logits, for a multi-token causal step and a decode step."""
     tokens = mx.array(lm.tokenizer.encode(PROMPT))[None]
     logits = {}
-    for name, fn in (("mlx_lm", MLX_LM_QUANTIZED_SDPA), ("brisk", None)):
+    for name, fn in (("reference", reference_sdpa), ("brisk", None)):
         cache = make_prompt_cache(lm.model)
-        lm.model(tokens[:, :64], cache=cache)
-        maybe_quantize_kv_cache(cache, bits=4, group_size=32, start=0)  # installs Brisk's kernel
+        lm.model(tokens[:, :70], cache=cache)
+        maybe_quantize_kv_cache(cache, k_bits=k_bits, v_bits=v_bits, group_size=32, start=0)  # installs Brisk's
         if fn is not None:
             mlx_lm_base.quantized_scaled_dot_product_attention = fn
         try:
-            logits[name] = lm.model(tokens[:, 64:], cache=cache)  # multi-token, causal, on packed data
+            logits[name] = [lm.model(tokens[:, 70:100], cache=cache), lm.model(tokens[:, 100:101], cache=cache)]
         finally:
-            maybe_quantize_kv_cache([], bits=4, group_size=32, start=0)  # restore Brisk's routing
-    assert mx.allclose(logits["brisk"], logits["mlx_lm"], atol=1e-3, rtol=1e-3).item()
+            maybe_quantize_kv_cache([], k_bits=4, v_bits=4, group_size=32, start=0)  # restore Brisk's routing
+    for brisk, reference in zip(logits["brisk"], logits["reference"]):
+        assert mx.allclose(brisk, reference, atol=1e-3, rtol=1e-3).item()
 
 
 def test_trim_and_append_equal_a_fresh_packed_cache(lm):
@@ -71,13 +88,13 @@ def test_trim_and_append_equal_a_fresh_packed_cache(lm):
     tokens = lm.tokenizer.encode(PROMPT)
     a = make_prompt_cache(lm.model)
     lm.model(mx.array(tokens[:80])[None], cache=a)
-    maybe_quantize_kv_cache(a, bits=4, group_size=32, start=0)
+    maybe_quantize_kv_cache(a, k_bits=4, v_bits=4, group_size=32, start=0)
     lm.model(mx.array(tokens[80:90])[None], cache=a)
     trim_prompt_cache(a, 10)
     out_a = lm.model(mx.array(tokens[80:85])[None], cache=a)
     b = make_prompt_cache(lm.model)
     lm.model(mx.array(tokens[:80])[None], cache=b)
-    maybe_quantize_kv_cache(b, bits=4, group_size=32, start=0)
+    maybe_quantize_kv_cache(b, k_bits=4, v_bits=4, group_size=32, start=0)
     out_b = lm.model(mx.array(tokens[80:85])[None], cache=b)
     assert mx.array_equal(out_a, out_b).item()
 
@@ -151,3 +168,60 @@ def test_saved_cache_of_another_model_or_corrupt_file_is_refused(lm, tiny_llama,
     (tmp_path / "bad.safetensors").write_bytes(b"garbage")
     with pytest.raises(BriskError, match="Cannot read saved cache"):
         Session(lm, settings()).load_cache(tmp_path / "bad.safetensors")
+
+
+def test_a_rollback_never_reaches_packed_keys_and_a_deep_trim_unpacks_the_cut_group(tmp_path):
+    """A step at position p reads keys before decode_packed_limit(p) packed, the rest dense.
+    Rollbacks stay within the dense rows, so nothing is quantized twice; an edit far back
+    cuts a packed group, whose kept tokens go back to dense rows (as they were read)."""
+    from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
+
+    mx.random.seed(7)
+    keys, values = mx.random.normal((1, 2, 400, 64)), mx.random.normal((1, 2, 400, 64))
+    cache = PackedKVCache(k_bits=4, v_bits=4, group_size=32)
+    step = lambda a, b: cache.update_and_fetch(keys[:, :, a:b], values[:, :, a:b])  # noqa: E731
+    step(0, 200)  # a prefill chunk: every row reads the same keys; packing waits for the next step
+    assert (cache.k.packed, cache.offset) == (0, 200)
+    step(200, 201)
+    assert (cache.k.packed, cache.k.recent_from) == (decode_packed_limit(200), 160)
+    step(201, 213)  # a verify of 12 tokens, 11 rejected
+    cache.trim(11)
+    assert (cache.k.packed, cache.offset) == (160, 202)
+    step(202, 220)
+    keys_view, _ = step(220, 228)  # a verify across the boundary at 224: the rows differ
+    assert keys_view.limits == (160,) * 4 + (192,) * 4 and cache.k.packed == 192
+    before = cache.keys.dequantize()
+    cache.trim(228 - 150)  # an edit: back into the packed groups
+    assert (cache.k.packed, cache.k.recent_from, cache.offset) == (128, 128, 150)
+    assert mx.allclose(cache.keys.dequantize(), before[:, :, :150], atol=1e-2).item()  # dense rows in float16
+    step(150, 250)
+    step(250, 251)
+    assert cache.offset == 251 and cache.k.packed == 192 and cache.values.length == 251
+    save_prompt_cache(str(tmp_path / "c.safetensors"), [cache])
+    [loaded] = load_prompt_cache(str(tmp_path / "c.safetensors"))
+    assert (loaded.offset, loaded.k.packed, loaded.k.recent_from, loaded.k_bits) == (251, 192, 192, 4)
+    assert mx.array_equal(loaded.keys.dequantize(), cache.keys.dequantize()).item()
+    assert mx.array_equal(loaded.values.dequantize(), cache.values.dequantize()).item()
+    loaded.update_and_fetch(keys[:, :, :40], values[:, :, :40])  # and it keeps growing
+    loaded.update_and_fetch(keys[:, :, :1], values[:, :, :1])
+    assert loaded.offset == 292 and loaded.k.packed == decode_packed_limit(291) == 256
+
+
+@pytest.mark.parametrize("start", [100, 220])  # 220: the verify rows cross the group boundary at 224
+def test_a_verify_pass_reads_keys_as_one_token_steps_do(lm, start):
+    """Exact speculative decoding with packed keys: the logits of 8 tokens in one pass equal
+    those of 8 one-token steps, whichever keys were packed in between."""
+    tokens = mx.array((lm.tokenizer.encode(PROMPT) * 3)[:start + 8])[None]
+    logits = []
+    for one_by_one in (False, True):
+        cache = make_prompt_cache(lm.model)
+        lm.model(tokens[:, :64], cache=cache)
+        maybe_quantize_kv_cache(cache, k_bits=4, v_bits=4, group_size=32, start=0)
+        for i in range(64, start):
+            lm.model(tokens[:, i:i + 1], cache=cache)
+        if one_by_one:
+            logits.append(mx.concatenate([lm.model(tokens[:, i:i + 1], cache=cache)
+                                          for i in range(start, start + 8)], axis=1))
+        else:
+            logits.append(lm.model(tokens[:, start:start + 8], cache=cache))
+    assert mx.allclose(logits[0], logits[1], atol=1e-4, rtol=1e-4).item()

@@ -246,8 +246,8 @@ def spans_prompt(layer_cache) -> bool:
 
 
 def _float_keys(keys, layer_cache) -> mx.array:
-    """The keys the attention read: packed layers (the int4/int8 KV cache) hand over
-    (weights, scales, biases), dequantized here."""
+    """The keys the attention read: packed layers (the int4/int8 KV cache) hand over a
+    layout (kernels/packed_kv.py), dequantized here."""
     if isinstance(keys, mx.array):
         return keys
-    return mx.dequantize(*keys, group_size=layer_cache.group_size, bits=layer_cache.bits)
+    return keys.dequantize(mx.float32)
