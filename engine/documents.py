@@ -124,7 +124,7 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
     shape = kv_shape(lm.config)
     layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
-    k_bits, v_bits = settings.kv_precision()
+    k_bits, v_bits = planned_kv_precision(lm, settings)
     per_token = kv_bytes_per_token(layers, shape["kv_heads"], shape["head_dim"], k_bits=k_bits, v_bits=v_bits,
                                    group_size=settings.kv_group_size, itemsize=4) if shape else 0
     need = per_token * total
@@ -138,6 +138,16 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     else:
         reason = ""
     return Fit(doc_tokens, total, lm.context_length, need, memory_available, not reason, reason)
+
+
+def planned_kv_precision(lm, settings) -> tuple[int, int]:
+    """The K and V bits a turn will use: under `auto`, what the model's self-test chose
+    (16-bit until it has run, the safe assumption)."""
+    if not settings.kv_auto:
+        return settings.kv_precision()
+    from engine.kv_fidelity import FidelityStore, auto_precision
+
+    return auto_precision(FidelityStore(lm.path).load(), settings.kv_group_size)
 
 
 def _too_long(document: Document, lm, tokens: int) -> Fit:

@@ -72,3 +72,24 @@ def test_fit_reports_tokens_context_and_memory(tiny_llama, tmp_path):
     long.write_text("The quick brown fox. " * 4000)
     over = check_fit(tiny_llama, [], read_document(long), settings, memory_available=2**40)
     assert not over.fits and f"holds {tiny_llama.context_length:,}" in over.reason
+
+
+def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
+    """K8/V4 needs (8/8 + 4/32 + 4/8 + 4/32) / (2·4) of float32 KV per token; `auto` plans
+    with what the model's self-test chose, and with 16 bits before it has run."""
+    from engine import kv_fidelity as fidelity
+    from engine.models.loader import load_folder
+    from tests.tiny_models import make_tiny_model
+
+    lm = load_folder(make_tiny_model(tmp_path / "m", "llama", hidden_size=256))  # head_dim 64
+    (tmp_path / "d.txt").write_text("The quick brown fox. " * 40)
+    doc = read_document(tmp_path / "d.txt")
+    need = lambda **kw: check_fit(lm, [], doc, ChatSettings(model="m", **kw), memory_available=2**40).kv_bytes  # noqa: E731
+    dense = need()
+    assert need(k_bits=8, v_bits=4) == pytest.approx(dense * (1 + 0.125 + 0.5 + 0.125) / 8)
+    assert need(kv_auto=True) == dense
+    fidelity.FidelityStore(lm.path).save({"K4/V4 g32": {"top1_agreement": 0.9, "mean_kl": 0.2, "generated": 64,
+                                                       "passed": False, "why": "-"},
+                                         "K8/V4 g32": {"top1_agreement": 1.0, "mean_kl": 0.0, "generated": 64,
+                                                       "passed": True, "why": "-"}})
+    assert need(kv_auto=True) == need(k_bits=8, v_bits=4)
