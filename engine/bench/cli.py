@@ -99,6 +99,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--tokens", type=_positive, default=4096)
     p.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9])
     p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--k-bits", type=int, choices=(16, 8, 4), default=16, help="KV key precision of both runs")
+    p.add_argument("--v-bits", type=int, choices=(16, 8, 4), default=16, help="KV value precision of both runs")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _needle(a))
     p = bench.add_parser("counting", help="list and count entries spread over a log: full vs fixed keep vs auto")
@@ -235,7 +237,8 @@ def _specprefill(args) -> int:
 def _needle(args) -> int:
     from engine.bench.specprefill import run_needle
 
-    run_needle(args.target, args.draft, args.tokens, args.depths, args.keep, as_json=args.json)
+    run_needle(args.target, args.draft, args.tokens, args.depths, args.keep, as_json=args.json, k_bits=args.k_bits,
+               v_bits=args.v_bits)
     return 0
 
 

@@ -70,7 +70,7 @@ ASK = "\n\nWhat is the secret passcode of the {name} vault? Answer with the numb
 
 
 def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], keep: float, *,
-               as_json: bool) -> dict:
+               as_json: bool, k_bits: int = 16, v_bits: int = 16) -> dict:
     from engine.events import TurnFinished
     from engine.models.loader import load_model
     from engine.session import Session
@@ -78,7 +78,8 @@ def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], 
 
     target, draft = load_model(target_id), load_model(draft_id)
     filler = filler_text(target.tokenizer, tokens)
-    payload = {"target": target_id, "draft": draft_id, "tokens": tokens, "keep": keep, "rows": []}
+    payload = {"target": target_id, "draft": draft_id, "tokens": tokens, "keep": keep, "k_bits": k_bits,
+               "v_bits": v_bits, "rows": []}
     rows = []
     for i, depth in enumerate(depths):
         name, code = ["Aurora", "Basalt", "Cedar", "Delta", "Ember"][i % 5], str(48213 + 1111 * i)
@@ -87,7 +88,7 @@ def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], 
         result = {"depth": depth}
         for mode in ("off", "on"):
             settings = ChatSettings(model=target_id, temperature=0.0, max_tokens=16, sparse_prefill=mode,
-                                    sparse_keep=keep, draft=draft_id)
+                                    sparse_keep=keep, draft=draft_id, k_bits=k_bits, v_bits=v_bits)
             for event in Session(target, settings, draft=draft).send(text):
                 if isinstance(event, TurnFinished):
                     result[mode] = {"answer": event.text.strip(), "found": code in event.text,
@@ -95,7 +96,8 @@ def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], 
         payload["rows"].append(result)
         rows.append([depth, result["off"]["found"], result["on"]["found"], result["on"]["kept"],
                      result["off"]["ttft_s"], result["on"]["ttft_s"], result["on"]["answer"][:24]])
-    print_table(f"brisk bench needle: {target_id} (draft {draft_id}), ~{tokens}-token document, keep {keep}",
+    print_table(f"brisk bench needle: {target_id} (draft {draft_id}), ~{tokens}-token document, keep {keep}, "
+                f"KV K{k_bits}/V{v_bits}",
                 ["depth", "full found", "sparse found", "kept", "full ttft s", "sparse ttft s", "sparse answer"],
                 rows, payload, as_json)
     return payload
