@@ -118,7 +118,11 @@ def cmd_kv_check(args) -> int:
         print(json.dumps({"id": lm.id, "results": results, "auto": list(auto)}, indent=2))
         return 0
     for k_bits, v_bits in fidelity.CANDIDATES:
-        result = results[fidelity.result_key(k_bits, v_bits, args.group_size)]
+        result = results.get(fidelity.result_key(k_bits, v_bits, args.group_size))
+        if result is None:
+            print(f"K{k_bits}/V{v_bits}: not possible - value groups of {args.group_size} do not divide this "
+                  "model's head dimension")
+            continue
         print(f"K{k_bits}/V{v_bits}: {'passed' if result['passed'] else 'FAILED'} - {result['why']} "
               f"(top-1 {result['top1_agreement']:.3f}, mean KL {result['mean_kl']:.4f})")
     print(f"auto uses K{auto[0]}/V{auto[1]}" if auto != (16, 16) else "auto uses 16-bit KV (nothing passed)")

@@ -185,14 +185,11 @@ def run_selftest(lm, store: FidelityStore, precisions, *, group_size: int, until
                  cancelled: Callable[[], bool] = lambda: False) -> dict:
     """Measure each precision not measured yet (in order; with `until_pass`, stop at the
     first that passes), store and return every result."""
-    from engine.kvcache import check_kv_packable
-
     results = store.load()
     reference = None
-    for k_bits, v_bits in precisions:
+    for k_bits, v_bits in packable(lm.config, precisions, group_size):
         key = result_key(k_bits, v_bits, group_size)
         if key not in results:
-            check_kv_packable(lm.config, v_bits=v_bits, group_size=group_size)
             progress(f"Checking {k_bits}-bit keys / {v_bits}-bit values on {lm.id} (once per model)…")
             tokens = selftest_tokens(lm)
             reference = reference or reference_run(lm, tokens, POSITIONS, group_size)
@@ -204,6 +201,22 @@ def run_selftest(lm, store: FidelityStore, precisions, *, group_size: int, until
         if until_pass and results[key]["passed"]:
             break
     return results
+
+
+def packable(config: dict, precisions, group_size: int) -> list[tuple[int, int]]:
+    """The precisions this model can hold at all (packed values need groups dividing the
+    head dimension): the others are never measured nor chosen."""
+    from engine.errors import InvalidSettings
+    from engine.kvcache import check_kv_packable
+
+    fits = []
+    for k_bits, v_bits in precisions:
+        try:
+            check_kv_packable(config, v_bits=v_bits, group_size=group_size)
+        except InvalidSettings:
+            continue
+        fits.append((k_bits, v_bits))
+    return fits
 
 
 def needs_measuring(results: dict, precisions, group_size: int, until_pass: bool) -> bool:

@@ -143,26 +143,26 @@ class Session:
 
         from engine import kv_fidelity as fidelity
 
-        precision = settings.kv_precision()
-        if not settings.kv_auto and precision == (16, 16):
+        precision, auto = settings.kv_precision(), settings.kv_auto
+        if not auto and precision == (16, 16):
             return settings
         group = settings.kv_group_size
-        wanted = fidelity.CANDIDATES if settings.kv_auto else [precision]
+        wanted = fidelity.packable(self.lm.config, fidelity.CANDIDATES if auto else [precision], group)
         store = fidelity.FidelityStore(self.lm.path)
-        if fidelity.needs_measuring(store.load(), wanted, group, until_pass=settings.kv_auto):
+        if fidelity.needs_measuring(store.load(), wanted, group, until_pass=auto):
             yield EngineWarned(f"Checking how packed KV changes {self.lm.id}'s answers (once per model, about "
                                f"{fidelity.POSITIONS} tokens)…", kind="notice")
         try:
-            results = fidelity.run_selftest(self.lm, store, wanted, group_size=group, until_pass=settings.kv_auto,
+            results = fidelity.run_selftest(self.lm, store, wanted, group_size=group, until_pass=auto,
                                             cancelled=lambda: cancel.cancelled)
         except InterruptedError:
             raise TurnCancelled() from None
-        if settings.kv_auto:
+        if auto:
             precision = fidelity.auto_precision(results, group)
             settings = replace(settings, k_bits=precision[0], v_bits=precision[1], kv_auto=False)
         result = results.get(fidelity.result_key(*precision, group))
-        if result is None:
-            metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV"
+        if result is None:  # auto found nothing that passed, or this model cannot pack that precision
+            metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
             return settings
         metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: " \
                            f"{result['why']}"

@@ -107,3 +107,13 @@ def test_verdict_explains_both_ways():
     assert ok and "kept 64 of 64" in why
     bad, why = fidelity.verdict({"top1_agreement": 56 / 64, "mean_kl": 0.3, "generated": 64})
     assert not bad and "changed 8 of 64" in why and "KL 0.300" in why
+
+
+def test_a_model_that_cannot_pack_values_is_never_measured_and_auto_stays_16_bit(tiny_llama, monkeypatch):
+    """tiny_llama's head dimension (16) takes no value group of 32: nothing to test, no notice."""
+    monkeypatch.setattr(fidelity, "compare", lambda *a, **k: pytest.fail("measured"))
+    session = Session(tiny_llama, ChatSettings(model="tiny-llama", temperature=0.0, max_tokens=4, kv_auto=True))
+    events = list(session.send("hello there"))
+    done = [e for e in events if isinstance(e, TurnFinished)][0]
+    assert (done.metrics.k_bits, done.metrics.v_bits) == (16, 16)
+    assert not [e for e in events if isinstance(e, EngineWarned)]
