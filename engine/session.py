@@ -174,6 +174,7 @@ class Session:
 
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
         settings = self.settings.validate()
+        settings = yield from self._checked_kv(settings, metrics, cancel)  # before the clock: not the prompt's time
         start = time.perf_counter()
         mx.reset_peak_memory()
         rendered = render_prompt(self.lm, self.messages, settings, cancelled=lambda: cancel.cancelled)
@@ -185,7 +186,6 @@ class Session:
             raise ContextOverflow(len(tokens) + 1, self.lm.context_length, self.lm.id)
         max_tokens = min(settings.max_tokens, budget)
 
-        settings = yield from self._checked_kv(settings, metrics, cancel)
         k_bits, v_bits = settings.kv_precision()
         metrics.k_bits, metrics.v_bits = k_bits, v_bits
         check_kv_packable(self.lm.config, v_bits=v_bits, group_size=settings.kv_group_size)

@@ -93,7 +93,9 @@ class SettingsPanel(QWidget):
                                "model needed")
         self.num_draft = QSpinBox()
         self.num_draft.setRange(1, 16)
-        self.kv_bits = _combo(KV_CHOICES)
+        self.kv_bits = QComboBox()
+        for key in KV_CHOICES:  # the item's data is the choice; its text adds what the self-test said
+            self.kv_bits.addItem(key, key)
         self.kv_results = stored_kv_results  # model id -> self-test results (replaceable in tests)
         self.system = QPlainTextEdit()
         self.system.setPlaceholderText("System prompt (optional)")
@@ -162,7 +164,7 @@ class SettingsPanel(QWidget):
         _select(self.spec, settings.spec_decode)
         self.lookup.setChecked(settings.lookup)
         self.num_draft.setValue(settings.num_draft)
-        _select(self.kv_bits, kv_label(settings))
+        self.kv_bits.setCurrentIndex(max(0, self.kv_bits.findData(kv_label(settings))))
         self.system.setPlainText(settings.system_prompt or "")
         self.temperature.setValue(settings.temperature)
         self.top_p.setValue(settings.top_p)
@@ -198,7 +200,7 @@ class SettingsPanel(QWidget):
         self.changed.emit(self._settings)
 
     def _kv_fields(self) -> dict:
-        kv_bits, k_bits, v_bits, auto = KV_CHOICES.get(self.kv_bits.currentText(), KV_CHOICES["16"])
+        kv_bits, k_bits, v_bits, auto = KV_CHOICES.get(self.kv_bits.currentData(), KV_CHOICES["16"])
         return {"kv_bits": kv_bits, "k_bits": k_bits, "v_bits": v_bits, "kv_auto": auto}
 
     def refresh_kv(self) -> None:
@@ -209,21 +211,25 @@ class SettingsPanel(QWidget):
         results = self.kv_results(self._settings.model)
         group = self._settings.kv_group_size
         for i in range(self.kv_bits.count()):
-            label = self.kv_bits.itemText(i)
+            label, text = self.kv_bits.itemData(i), self.kv_bits.itemData(i)
             if label == "auto":
                 k_bits, v_bits = auto_precision(results, group) if results else (None, None)
-                tip = (f"The smallest precision that passed this model's self-test: K{k_bits}/V{v_bits}"
-                       if k_bits and k_bits < 16 else "Packed KV only where this model's self-test says it "
-                       "keeps the answers (the test runs once, on the first packed turn)")
-                if results and k_bits == 16:
-                    tip = "No packed precision kept this model's answers: auto uses 16-bit KV"
+                tip = ("Packed KV only where this model's self-test says it keeps the answers (the test runs "
+                       "once, on the first packed turn)")
+                if k_bits and k_bits < 16:
+                    text, tip = f"auto: K{k_bits}/V{v_bits}", f"The smallest precision that passed: K{k_bits}/V{v_bits}"
+                elif results:
+                    text, tip = "auto: 16", "No packed precision kept this model's answers: auto uses 16-bit KV"
             elif label in KV_PRECISION:
                 result = results.get(result_key(*KV_PRECISION[label], group))
                 tip = ("Not tested on this model yet: the first packed turn runs a short self-test" if result is None
                        else f"{'Passed' if result['passed'] else 'FAILED'} on this model: {result['why']}")
+                if result is not None:
+                    text = f"{label}: {'keeps answers' if result['passed'] else 'changes answers'}"
                 self.kv_bits.setItemData(i, _mark(result), Qt.DecorationRole)
             else:
                 tip = "Unquantized KV: exact, 3.2x the memory of 4-bit"
+            self.kv_bits.setItemText(i, text)
             self.kv_bits.setItemData(i, tip, Qt.ToolTipRole)
         self.kv_bits.setToolTip(self.kv_bits.itemData(self.kv_bits.currentIndex(), Qt.ToolTipRole) or "")
 

@@ -139,7 +139,7 @@ def test_settings_change_persists_across_restart(qtbot, make_window, engine, db_
     cid = w.controller.current
     panel = w.settings_panel
     panel.spec.setCurrentText("on")
-    panel.kv_bits.setCurrentText("4")
+    panel.kv_bits.setCurrentIndex(panel.kv_bits.findData("4"))
     panel.draft.setCurrentText("small")
     assert panel.lookup.isChecked() and panel.lookup.isEnabled()  # on by default
     panel.lookup.setChecked(False)
@@ -323,15 +323,18 @@ def test_kv_choices_show_this_models_self_test_and_map_to_settings(qtbot, make_w
                              "why": "kept 64 of 64 next-token choices (KL 0.010)"}}
     panel.kv_results = lambda model_id: results
     panel.refresh_kv()
-    tip = lambda label: panel.kv_bits.itemData(panel.kv_bits.findText(label), Qt.ToolTipRole)  # noqa: E731
-    assert tip("4").startswith("FAILED") and "changed 9 of 64" in tip("4")
-    assert tip("K8/V4").startswith("Passed") and tip("8").startswith("Not tested")
-    assert "K8/V4" in tip("auto")
-    panel.kv_bits.setCurrentText("K8/V4")
+    index = lambda label: panel.kv_bits.findData(label)  # noqa: E731
+    tip = lambda label: panel.kv_bits.itemData(index(label), Qt.ToolTipRole)  # noqa: E731
+    text = lambda label: panel.kv_bits.itemText(index(label))  # noqa: E731
+    assert tip("4").startswith("FAILED") and "changed 9 of 64" in tip("4") and text("4") == "4: changes answers"
+    assert tip("K8/V4").startswith("Passed") and text("K8/V4") == "K8/V4: keeps answers"
+    assert tip("8").startswith("Not tested") and text("8") == "8"
+    assert "K8/V4" in tip("auto") and text("auto") == "auto: K8/V4"
+    panel.kv_bits.setCurrentIndex(index("K8/V4"))
     s = panel.settings()
     assert (s.kv_precision(), s.kv_auto) == ((8, 4), False)
-    panel.kv_bits.setCurrentText("auto")
+    panel.kv_bits.setCurrentIndex(index("auto"))
     assert panel.settings().kv_auto
     again = make_window(db_path)
     again.controller.open(cid)
-    assert again.settings_panel.settings().kv_auto and again.settings_panel.kv_bits.currentText() == "auto"
+    assert again.settings_panel.settings().kv_auto and again.settings_panel.kv_bits.currentData() == "auto"
