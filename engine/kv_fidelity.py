@@ -237,3 +237,41 @@ def auto_precision(results: dict, group_size: int) -> tuple[int, int]:
         if result and result.get("passed"):
             return k_bits, v_bits
     return 16, 16
+
+
+def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
+    """A turn's settings with packed KV as far as the model's self-test allows (a generator
+    of events; returns the settings): `auto` takes the smallest precision that passed; a
+    fixed one that failed is used and warned about. Records what the test said in `metrics`."""
+    from dataclasses import replace
+
+    from engine.errors import TurnCancelled
+    from engine.events import EngineWarned
+
+    precision, auto = settings.kv_precision(), settings.kv_auto
+    if not auto and precision == (16, 16):
+        return settings
+    group = settings.kv_group_size
+    wanted = packable(lm.config, CANDIDATES if auto else [precision], group)
+    store = FidelityStore(lm.path)
+    if needs_measuring(store.load(), wanted, group, until_pass=auto):
+        yield EngineWarned(f"Checking how packed KV changes {lm.id}'s answers (once per model, about "
+                           f"{POSITIONS} tokens)…", kind="notice")
+    try:
+        results = run_selftest(lm, store, wanted, group_size=group, until_pass=auto, cancelled=cancelled)
+    except InterruptedError:
+        raise TurnCancelled() from None
+    if auto:
+        precision = auto_precision(results, group)
+        settings = replace(settings, k_bits=precision[0], v_bits=precision[1], kv_auto=False)
+    result = results.get(result_key(*precision, group))
+    if result is None:  # auto found nothing that passed, or this model cannot pack that precision
+        metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
+        return settings
+    metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: " \
+                       f"{result['why']}"
+    if not result["passed"]:
+        yield EngineWarned(f"{precision[0]}-bit keys / {precision[1]}-bit values on {lm.id}: the self-test "
+                           f"{result['why']}. Answers may differ from 16-bit KV; `auto` picks a precision that "
+                           "keeps them.")
+    return settings

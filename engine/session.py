@@ -27,6 +27,7 @@ from engine.crash_log import user_message
 from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.kv_fidelity import checked_kv_settings
 from engine.kvcache import check_kv_packable, kv_shape
 from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
 from engine.models.loader import LoadedModel
@@ -135,46 +136,10 @@ class Session:
         if metrics.finish_reason != "error":
             yield TurnFinished(answer.content, list(answer.token_ids), metrics)
 
-    def _checked_kv(self, settings: ChatSettings, metrics: TurnMetrics, cancel: CancelToken):
-        """Packed KV is used only as far as this model's fidelity self-test allows: `auto`
-        takes the smallest precision that passed; a fixed one that failed is warned about.
-        The test runs once per model and precision (engine/kv_fidelity.py)."""
-        from dataclasses import replace
-
-        from engine import kv_fidelity as fidelity
-
-        precision, auto = settings.kv_precision(), settings.kv_auto
-        if not auto and precision == (16, 16):
-            return settings
-        group = settings.kv_group_size
-        wanted = fidelity.packable(self.lm.config, fidelity.CANDIDATES if auto else [precision], group)
-        store = fidelity.FidelityStore(self.lm.path)
-        if fidelity.needs_measuring(store.load(), wanted, group, until_pass=auto):
-            yield EngineWarned(f"Checking how packed KV changes {self.lm.id}'s answers (once per model, about "
-                               f"{fidelity.POSITIONS} tokens)…", kind="notice")
-        try:
-            results = fidelity.run_selftest(self.lm, store, wanted, group_size=group, until_pass=auto,
-                                            cancelled=lambda: cancel.cancelled)
-        except InterruptedError:
-            raise TurnCancelled() from None
-        if auto:
-            precision = fidelity.auto_precision(results, group)
-            settings = replace(settings, k_bits=precision[0], v_bits=precision[1], kv_auto=False)
-        result = results.get(fidelity.result_key(*precision, group))
-        if result is None:  # auto found nothing that passed, or this model cannot pack that precision
-            metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
-            return settings
-        metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: " \
-                           f"{result['why']}"
-        if not result["passed"]:
-            yield EngineWarned(f"{precision[0]}-bit keys / {precision[1]}-bit values on {self.lm.id}: the self-test "
-                               f"{result['why']}. Answers may differ from 16-bit KV; `auto` picks a precision that "
-                               "keeps them.")
-        return settings
-
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
         settings = self.settings.validate()
-        settings = yield from self._checked_kv(settings, metrics, cancel)  # before the clock: not the prompt's time
+        # the KV self-test (once per model) runs before the clock: it is not the prompt's time
+        settings = yield from checked_kv_settings(self.lm, settings, metrics, lambda: cancel.cancelled)
         start = time.perf_counter()
         mx.reset_peak_memory()
         rendered = render_prompt(self.lm, self.messages, settings, cancelled=lambda: cancel.cancelled)

@@ -7,7 +7,8 @@ from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from engine.events import EngineErrored, TurnFinished
-from engine.kvcache import PackedKVCache, decode_packed_limit, maybe_quantize_kv_cache
+from engine.kv_stores import decode_packed_limit
+from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
 from engine.models.loader import load_folder
 from engine.session import Session
 from engine.settings import ChatSettings
