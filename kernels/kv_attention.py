@@ -68,7 +68,7 @@ def _folded_limits(keys: KVLayout, rep: int, length: int) -> list[int] | None:
 
 def kv_attention_reference(queries, keys: KVLayout, values: KVLayout, *, scale: float, mask=None) -> mx.array:
     b, hq, length, _ = queries.shape
-    n_kv = _heads(values)
+    n_kv = values.heads
     v = mx.repeat(values.dequantize(), hq // n_kv, axis=1)
     outputs = []
     for head in range(hq):  # plainly, one query head at a time against its KV head
@@ -98,7 +98,7 @@ def _weighted_values(probs: mx.array, values: KVLayout) -> mx.array:
 
 def kv_attention_fused(queries, keys: KVLayout, values: KVLayout, *, scale: float, mask=None) -> mx.array:
     b, hq, length, _ = queries.shape
-    n_kv = _heads(values)
+    n_kv = values.heads
     rows = _fold(queries.astype(mx.float32) * scale, n_kv)
     scores = _scores(rows, keys, _folded_limits(keys, hq // n_kv, length))
     additive = _folded_mask(mask, queries, scores.shape[-1], n_kv, scores.dtype)
@@ -121,15 +121,12 @@ def kv_attention_dequantized(queries, keys: KVLayout, values: KVLayout, *, scale
     return mx.fast.scaled_dot_product_attention(queries, k, v, scale=scale, mask=mask)
 
 
-def _heads(layout: KVLayout) -> int:
-    return (layout.array if isinstance(layout, Dense) else layout.data).shape[1]
-
 
 def kv_attention(queries, keys: KVLayout, values: KVLayout, *, scale: float, mask=None,
                  native: bool = True) -> mx.array:
     """The native kernel for decode-like steps on the CPU; fused matmuls for a few rows
     elsewhere; dequantize + SDPA for many rows."""
-    rows = queries.shape[1] // _heads(values) * queries.shape[2]
+    rows = queries.shape[1] // values.heads * queries.shape[2]
     if native and rows <= NATIVE_MAX_ROWS and mx.default_device() == mx.cpu and native_available():
         try:
             return kv_attention_native(queries, keys, values, scale=scale, mask=mask)

@@ -110,7 +110,7 @@ def kv_attention_native(queries, keys: KVLayout, values: KVLayout, *, scale: flo
     if mask is not None and not (isinstance(mask, str) and mask == "causal"):
         raise NativeUnsupported("the native kernel takes no mask array")
     b, hq, length, d = queries.shape
-    n_kv, k_len = _heads(values), values.length
+    n_kv, k_len = values.heads, values.length
     q32 = queries.astype(mx.float32)
     arrays = [a for layout in (keys, values) for a in vars(layout).values() if isinstance(a, mx.array)]
     mx.eval(q32, *arrays)
@@ -124,9 +124,6 @@ def kv_attention_native(queries, keys: KVLayout, values: KVLayout, *, scale: flo
         raise NativeUnsupported(f"the native kernel declined this shape (code {code})")
     return mx.array(out).astype(queries.dtype)
 
-
-def _heads(layout: KVLayout) -> int:
-    return (layout.array if isinstance(layout, Dense) else layout.data).shape[1]
 
 
 def quantized_attention_native(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,

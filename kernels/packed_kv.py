@@ -23,7 +23,6 @@ import mlx.core as mx
 
 TOKEN_GROUP = 32  # tokens per group of a channel-packed key (one tile of the native kernel)
 SCALE_DTYPE = mx.float16
-BITS = (4, 8)
 
 
 def _pack(x: mx.array, group: int, bits: int) -> tuple[mx.array, mx.array, mx.array]:
@@ -45,6 +44,10 @@ class Dense:
     def length(self) -> int:
         return self.array.shape[2]
 
+    @property
+    def heads(self) -> int:
+        return self.array.shape[1]
+
     def dequantize(self, dtype=mx.float32) -> mx.array:
         return self.array.astype(dtype)
 
@@ -64,6 +67,10 @@ class TokenPacked:
     @property
     def length(self) -> int:
         return self.data.shape[2]
+
+    @property
+    def heads(self) -> int:
+        return self.data.shape[1]
 
     def dequantize(self, dtype=mx.float32) -> mx.array:
         return _unpack(self.data, self.scales, self.biases, self.group, self.bits, dtype)
@@ -94,6 +101,10 @@ class ChannelPacked:
     @property
     def length(self) -> int:
         return self.recent_from + (0 if self.recent is None else self.recent.shape[2])
+
+    @property
+    def heads(self) -> int:
+        return self.data.shape[1]
 
     def row_limits(self, rows: int) -> list[int]:
         return list(self.limits) if self.limits is not None else [self.recent_from] * rows

@@ -26,7 +26,8 @@ NO_DRAFT = "(none)"
 # KV cache choices: label -> (kv_bits, k_bits, v_bits, kv_auto), smallest packed last.
 KV_CHOICES = {"auto": (16, None, None, True), "16": (16, None, None, False), "8": (8, None, None, False),
               "K8/V4": (4, 8, 4, False), "4": (4, None, None, False)}
-KV_PRECISION = {"8": (8, 8), "K8/V4": (8, 4), "4": (4, 4)}
+# The packed choices' (key bits, value bits), as the self-test keys its results.
+KV_PRECISION = {label: (k or kv, v or kv) for label, (kv, k, v, auto) in KV_CHOICES.items() if not auto and kv < 16}
 
 
 def kv_label(settings: ChatSettings) -> str:

@@ -221,7 +221,7 @@ def _kv_quality(args) -> int:
         raise SystemExit(f"brisk bench kv-quality: unknown key layout or bits {bad}; layouts are {KEY_LAYOUTS}, "
                          "bits 4, 8 or 16")
     modes = [PackedMode(k, v, layout) for layout in layouts for k in args.k_bits for v in args.v_bits
-             if (k, v) != (16, 16) and not (layout == "token" and k == 16 and "channel" in layouts)]
+             if (k, v) != (16, 16) and not (layout == "token" and k == 16)]  # 16-bit keys have no layout
     run_kv_quality(args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json,
                    modes=modes)
     return 0
