@@ -277,19 +277,12 @@ def safe_file_name(title: str) -> str:
 
 def about_text() -> str:
     """Brisk's version and what it runs on, for bug reports."""
-    from importlib.metadata import PackageNotFoundError, version
-
     import PySide6
     from PySide6.QtCore import qVersion
 
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
+    from engine.version import runtime_versions
 
-    from engine.blas import blas_state
-
-    return (f"Brisk {installed('brisk')}\nFast local LLM chat on MLX.\n\n"
-            f"MLX {installed('mlx')} · mlx-lm {installed('mlx-lm')}\n"
-            f"Qt {qVersion()} · PySide6 {PySide6.__version__}\nBLAS: {blas_state().name}")
+    found = runtime_versions()
+    return (f"Brisk {found['brisk']}\nFast local LLM chat on MLX.\n\n"
+            f"MLX {found['mlx']} · mlx-lm {found['mlx-lm']}\n"
+            f"Qt {qVersion()} · PySide6 {PySide6.__version__}\nBLAS: {found['blas']}")

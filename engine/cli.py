@@ -225,12 +225,26 @@ def cmd_info(args) -> int:
     return 0
 
 
+class VersionAction(argparse.Action):
+    """--version: computed only when asked (it imports MLX to name its version)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from engine.version import version_line
+
+        print(version_line())
+        parser.exit()
+
+
 def main(argv: list[str] | None = None) -> int:
     from engine.bench.cli import add_bench_parser
     from engine.cli_models import add_models_parser
 
     parser = argparse.ArgumentParser(prog="brisk", description="Fast local LLM chat on MLX")
     parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--version", action=VersionAction, help="Brisk's version and MLX's, mlx-lm's and the BLAS")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="one turn: print the answer (or JSON with metrics)")
@@ -279,7 +293,9 @@ def console_main() -> None:
     """Entry point: re-exec once with malloc tunables (glibc reads them only at start)."""
     if sys.platform.startswith("linux") and "GLIBC_TUNABLES" not in os.environ:
         os.environ["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-        os.execv(sys.executable, [sys.executable, "-m", "engine.cli", *sys.argv[1:]])
+        # a frozen bundle's executable is Brisk itself, not a Python that takes -m
+        entry = [] if getattr(sys, "frozen", False) else ["-m", "engine.cli"]
+        os.execv(sys.executable, [sys.executable, *entry, *sys.argv[1:]])
     sys.exit(main())
 
 

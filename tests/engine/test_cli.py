@@ -218,3 +218,24 @@ def test_bench_uniprefill_and_its_quality_run_end_to_end(cli_home, tmp_path):
     quality = json.loads(out.stdout)
     assert len(quality["needle"]) == 1 and len(quality["counting"]) == 1
     assert quality["ppl"][0]["ppl_dense"] > 1 and quality["ppl"][0]["ratio"] > 0
+
+
+def test_version_names_brisk_mlx_mlx_lm_and_the_blas(tmp_path):
+    import mlx.core as mx
+    import mlx_lm
+
+    from engine.version import __version__
+
+    out = brisk(tmp_path, "--version")
+    assert out.returncode == 0, out.stderr
+    line = out.stdout.strip()
+    assert line.startswith(f"Brisk {__version__} ")
+    assert f"mlx {mx.__version__}" in line and f"mlx-lm {mlx_lm.__version__}" in line and "BLAS: " in line
+
+
+def test_the_package_version_is_the_one_in_engine_version():
+    from importlib.metadata import version
+
+    from engine.version import __version__
+
+    assert version("brisk") == __version__
