@@ -7,15 +7,25 @@ import argparse
 import sys
 from pathlib import Path
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+import resources
 
 
 def apply_theme(app) -> None:
     from PySide6.QtCore import Qt
 
     dark = app.styleHints().colorScheme() == Qt.ColorScheme.Dark
-    qss = RESOURCES / "styles" / ("dark.qss" if dark else "light.qss")
+    qss = resources.path("styles", "dark.qss" if dark else "light.qss")
     app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
+
+
+def check_report(app, window) -> list[str]:
+    """What `--check` prints: the model's state, and whether the icons and stylesheet
+    were found (an install that lost its package data still opens, unstyled)."""
+    lost = resources.missing()
+    return [window.dashboard.model_state.text(),
+            f"resources: {'all found' if not lost else 'missing ' + ', '.join(lost)} ({resources.path()})",
+            f"stylesheet: {len(app.styleSheet())} characters",
+            f"window icon: {'loaded' if not app.windowIcon().isNull() else 'missing'}"]
 
 
 def default_database() -> Path:
@@ -89,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Brisk")
-    app.setWindowIcon(QIcon(str(RESOURCES / "icons" / "brisk.svg")))
+    app.setWindowIcon(QIcon(str(resources.path("icons", "brisk.svg"))))
     apply_theme(app)
     app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app))
     try:
@@ -106,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         _quit_when_loaded(app, window)
     code = app.exec()
     if args.check:
-        print(window.dashboard.model_state.text())
-        code = 0 if "loaded" in window.dashboard.model_state.text() else 1
+        print("\n".join(check_report(app, window)))
+        healthy = "loaded" in window.dashboard.model_state.text() and not resources.missing()
+        code = 0 if healthy else 1
     window.engine.shutdown(timeout=30)  # it saves open chats' prompt caches first
     window.store.close()
     return code

@@ -23,9 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import resources
+
 log = logging.getLogger(__name__)
 
-SELFTEST_TEXT = Path(__file__).resolve().parent.parent / "resources" / "text" / "kv_selftest.txt"
+SELFTEST_TEXT = ("text", "kv_selftest.txt")  # in the resources package
 POSITIONS = 64
 TOP1_MIN = 0.99
 KL_MAX = 0.05
@@ -176,7 +178,7 @@ def _well_formed(result: dict) -> bool:
 
 
 def selftest_tokens(lm) -> list[int]:
-    tokens = lm.tokenizer.encode(SELFTEST_TEXT.read_text(encoding="utf-8"))
+    tokens = lm.tokenizer.encode(resources.read_text(*SELFTEST_TEXT))
     return tokens[:max(2, lm.context_length - POSITIONS - 1)]
 
 

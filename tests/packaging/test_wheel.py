@@ -1,0 +1,86 @@
+"""The wheel carries everything: built with `python -m build`, installed with its
+dependencies into a fresh virtualenv outside the source tree, the app finds its icons
+and stylesheet and `brisk info` runs (the kernels compile from the wheel's sources)."""
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*cmd, **kwargs):
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=900, **kwargs)
+    assert done.returncode == 0, f"{cmd}: {done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    out = tmp_path_factory.mktemp("dist")
+    run(sys.executable, "-m", "build", "--outdir", out, ROOT)  # the sdist, then the wheel built from it
+    return out
+
+
+@pytest.fixture(scope="module")
+def wheel(dist):
+    (found,) = dist.glob("brisk-*.whl")
+    return found
+
+
+def test_build_makes_an_sdist_and_a_wheel(dist):
+    assert len(list(dist.glob("brisk-*.tar.gz"))) == 1
+    assert len(list(dist.glob("brisk-*-py3-none-any.whl"))) == 1
+
+
+def test_the_wheel_holds_the_package_data_and_kernel_sources(wheel):
+    import resources
+
+    names = set(zipfile.ZipFile(wheel).namelist())
+    wanted = {f"resources/icons/{icon}.svg" for icon in resources.ICON_NAMES}
+    wanted |= {f"resources/styles/{style}" for style in resources.STYLES}
+    wanted |= {"resources/text/kv_selftest.txt", "kernels/csrc/packed_attention.cpp",
+               "kernels/csrc/mlx_primitives/primitives.cpp"}
+    assert wanted <= names
+    assert not [n for n in names if "screenshots" in n]  # README material, not the app's
+
+
+@pytest.fixture(scope="module")
+def venv(wheel, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fresh") / "venv"
+    run(sys.executable, "-m", "venv", folder)
+    python = folder / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", f"{wheel}[gui]")
+    return folder
+
+
+def clean_env(home: Path) -> dict:
+    """No path back into the source tree: only the venv's own site-packages count."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "BRISK_KERNEL_CACHE")}
+    return dict(env, BRISK_HOME=str(home), QT_QPA_PLATFORM="offscreen")
+
+
+def test_the_installed_app_finds_its_icons_and_stylesheet(venv, tmp_path, tiny_llama_dir):
+    from engine.models.store import ModelStore
+
+    ModelStore(tmp_path / "home").install_folder(tiny_llama_dir, model_id="tiny", source="test")
+    done = run(venv / "bin" / "brisk-app", "--check", "--model", "tiny", cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    lines = done.stdout.splitlines()
+    assert "resources: all found" in done.stdout, done.stdout
+    assert str(venv) in next(line for line in lines if line.startswith("resources:"))  # the wheel's, not ours
+    stylesheet = int(next(line for line in lines if line.startswith("stylesheet:")).split()[1])
+    assert stylesheet == len((ROOT / "resources" / "styles" / "light.qss").read_text())
+    assert "window icon: loaded" in lines
+
+
+def test_the_installed_brisk_info_runs_and_builds_the_kernels(venv, tmp_path):
+    done = run(venv / "bin" / "brisk", "info", cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    assert "native CPU kernel" in done.stdout, done.stdout
+    version = run(venv / "bin" / "brisk", "--version", cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    from engine.version import __version__
+
+    assert version.stdout.startswith(f"Brisk {__version__}")
