@@ -46,6 +46,21 @@ def _native_kernel_path() -> str:  # one library holds both CPU kernels
     return "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})"
 
 
+def describe_kernels(loaded) -> str:
+    """One line: where a native library came from, and why when not prebuilt."""
+    where = f" ({loaded.path})" if loaded.path else ""
+    why = f"; {loaded.note}" if loaded.note else ""
+    return f"{loaded.origin}{where}{why}"
+
+
+def kernel_origins() -> dict[str, str]:
+    """Which native libraries are prebuilt (a bundle's), built locally or fell back, and why."""
+    from kernels import mlx_extension, native
+
+    return {"kernels_ctypes": describe_kernels(native.status()),
+            "kernels_mlx_ops": describe_kernels(mlx_extension.status())}
+
+
 def engine_info() -> dict:
     import mlx.core as mx
 
@@ -67,6 +82,7 @@ def engine_info() -> dict:
         "packed_kv_attention": _native_kernel_path(),
         "few_row_matmul": (_native_kernel_path() if compute_dtype_name() == "float32"
                            else "MLX (the native kernel takes float32 on the CPU)"),
+        **kernel_origins(),
         "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
         "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",
         "brisk_home": str(brisk_home()),

@@ -28,7 +28,7 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from types import ModuleType
 
-from kernels import native
+from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 # attention.cpp is built only here: it has no ctypes path (MLX's own attention is the fallback).
@@ -47,7 +47,17 @@ def _package_dir(name: str) -> Path:
     return Path(list(module.submodule_search_locations)[0])
 
 
-def compile_command(cxx: str, output: Path) -> list[str]:
+def all_sources() -> list[Path]:
+    return [SOURCE, *KERNELS]
+
+
+def suffix() -> str:
+    return sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+
+
+def compile_command(cxx: str, output: Path, *, rpath: bool = True) -> list[str]:
+    """`rpath`: find libmlx where it was built against. A prebuilt module has none and
+    binds to the libmlx that `import mlx.core` already loaded (same soname)."""
     mlx_dir, nb_dir = _package_dir("mlx"), _package_dir("nanobind")
     python_include = Path(sysconfig.get_paths()["include"])
     if not (python_include / "Python.h").exists():
@@ -56,12 +66,12 @@ def compile_command(cxx: str, output: Path) -> list[str]:
         raise RuntimeError(f"the mlx package at {mlx_dir} ships no C++ headers")
     # Python's own symbols resolve at import (macOS's linker must be told so)
     platform_flags = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
+    search = [f"-Wl,-rpath,{mlx_dir / 'lib'}"] if rpath else []
     return [cxx, *native.compiler_flags("c++20"), "-fvisibility=hidden", "-fno-strict-aliasing", "-DNB_DOMAIN=mlx",
             "-DNDEBUG", f"-I{mlx_dir / 'include'}", f"-I{nb_dir / 'include'}",
             f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}", f"-I{python_include}", str(SOURCE), *map(str, KERNELS),
-            str(nb_dir / "src" / "nb_combined.cpp"), f"-L{mlx_dir / 'lib'}", "-lmlx", f"-Wl,-rpath,{mlx_dir / 'lib'}",
-            *platform_flags, *native.link_flags(),
-            "-o", str(output)]
+            str(nb_dir / "src" / "nb_combined.cpp"), f"-L{mlx_dir / 'lib'}", "-lmlx", *search,
+            *platform_flags, *native.link_flags(), "-o", str(output)]
 
 
 def _versions() -> str:
@@ -75,45 +85,60 @@ def _versions() -> str:
 
 
 def module_path(cxx: str) -> Path:
-    key = hashlib.sha256(b"".join(p.read_bytes() for p in (SOURCE, *KERNELS)))
+    key = hashlib.sha256(b"".join(p.read_bytes() for p in all_sources()))
     key.update(" ".join(compile_command(cxx, Path("out"))).encode())
     key.update(f"{_versions()} {sys.implementation.cache_tag}-{platform.machine()}".encode())
-    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
-    return native.cache_dir() / f"brisk_mlx_ops-{key.hexdigest()[:16]}{suffix}"
+    return native.cache_dir() / f"brisk_mlx_ops-{key.hexdigest()[:16]}{suffix()}"
 
 
-def _build() -> ModuleType:
+def open_module(path: Path) -> ModuleType:
     import mlx.core  # noqa: F401  (the module's functions take mlx.core.array: MLX registers it first)
 
-    cxx = native.find_compiler()
-    target = module_path(cxx)
-    native.build_verified(target, compile_command(cxx, target), "the MLX primitives")
-    spec = importlib.util.spec_from_file_location(MODULE, target,
-                                                  loader=importlib.machinery.ExtensionFileLoader(MODULE, str(target)))
+    spec = importlib.util.spec_from_file_location(MODULE, path,
+                                                  loader=importlib.machinery.ExtensionFileLoader(MODULE, str(path)))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if module.version() != VERSION:
-        raise RuntimeError(f"{target}: version() is not {VERSION}")
+        raise RuntimeError(f"{path}: version() is not {VERSION}")
     return module
 
 
+def _build() -> tuple[ModuleType, Path]:
+    cxx = native.find_compiler()
+    target = module_path(cxx)
+    native.build_verified(target, compile_command(cxx, target), "the MLX primitives")
+    return open_module(target), target
+
+
+def _mlx_version() -> str:
+    try:
+        return package_version("mlx")
+    except PackageNotFoundError:
+        return "?"
+
+
 def load() -> ModuleType | None:
-    """The primitives module, building it on first use; None when it cannot be had."""
+    """The primitives module: the bundle's prebuilt one, else built on first use; None
+    when it cannot be had."""
+    return status().value
+
+
+def status() -> prebuilt.Loaded:
+    """Which module is in use and where it came from (`brisk info` reports it)."""
     with _lock:
-        if "module" not in _state:
-            _state["module"], _state["reason"] = None, None
-            if os.environ.get("BRISK_NATIVE_KERNELS", "1") == "0":
-                _state["reason"] = "turned off by BRISK_NATIVE_KERNELS=0"
-            elif os.environ.get("BRISK_MLX_PRIMITIVES", "1") == "0":
-                _state["reason"] = "turned off by BRISK_MLX_PRIMITIVES=0"
+        if "loaded" not in _state:
+            off = [name for name in ("BRISK_NATIVE_KERNELS", "BRISK_MLX_PRIMITIVES") if os.environ.get(name) == "0"]
+            if off:
+                _state["loaded"] = prebuilt.Loaded(None, "off", note=f"turned off by {off[0]}=0")
             else:
-                try:
-                    _state["module"] = _build()
-                except (OSError, RuntimeError, ImportError, subprocess.SubprocessError) as error:
-                    _state["reason"] = str(error)
-        return _state["module"]
+                requires = {"platform": prebuilt.platform_tag(), "mlx": _mlx_version()}
+                found = prebuilt.lookup("mlx_primitives", all_sources(), requires, native.cpu_features())
+                _state["loaded"] = prebuilt.load_first(
+                    "mlx_primitives", prebuilt=found, open_file=open_module, build=_build,
+                    errors=(OSError, RuntimeError, ImportError, subprocess.SubprocessError))
+        return _state["loaded"]
 
 
 def unavailable_reason() -> str | None:
-    load()
-    return _state["reason"]
+    loaded = status()
+    return None if loaded.value is not None else loaded.note

@@ -3,8 +3,9 @@
 All sources there go into one shared library, compiled once per set of sources, compiler
 flags and Python version into Brisk's cache folder (`BRISK_KERNEL_CACHE` overrides it)
 with the system C++ compiler (`CXX`, else `c++`), and loaded through ctypes: no MLX
-headers, nanobind or build step at install time. When no compiler is found or the build fails, `load()` returns None and
-`unavailable_reason()` says why; callers keep MLX's portable paths. `BRISK_NATIVE_KERNELS=0`
+headers, nanobind or build step at install time. A bundle ships the library prebuilt (kernels/prebuilt.py), used
+first when it fits. When no compiler is found or the build fails, `load()` returns None
+and `unavailable_reason()` says why; callers keep MLX's portable paths. `BRISK_NATIVE_KERNELS=0`
 turns the native path off.
 
 Loading a shared library runs its constructors, so the cache is guarded: the folder is
@@ -28,6 +29,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from kernels import prebuilt
+
 CSRC = Path(__file__).with_name("csrc")
 # Each source's version function and the version this Python side speaks.
 SOURCES = {
@@ -41,8 +44,9 @@ _lock = threading.Lock()
 _state: dict = {}
 
 
-def _cpu_flags() -> list[str]:
-    """SIMD flags this CPU has (the library is built for the machine that runs it)."""
+def cpu_features() -> list[str]:
+    """The SIMD features the kernels use that this CPU has (a local build targets the
+    machine that runs it; a prebuilt one records those it was built with)."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return []  # arm64: NEON is the baseline
     try:
@@ -50,7 +54,11 @@ def _cpu_flags() -> list[str]:
     except OSError:
         return []
     have = set(info.split())
-    return [f"-m{f}" for f in ("avx2", "fma", "f16c") if f in have]
+    return [f for f in ("avx2", "fma", "f16c") if f in have]
+
+
+def _cpu_flags() -> list[str]:
+    return [f"-m{feature}" for feature in cpu_features()]
 
 
 def compiler_flags(standard: str = "c++17") -> list[str]:
@@ -72,6 +80,8 @@ def find_compiler() -> str:
     cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     if not cxx:
         raise RuntimeError("no C++ compiler found (set CXX or install one)")
+    if not shutil.which(cxx):
+        raise RuntimeError(f"the C++ compiler CXX={cxx} is not an executable program")
     return cxx
 
 
@@ -157,11 +167,11 @@ def build_verified(target: Path, command: list[str], what: str) -> None:
         raise RuntimeError(f"{target} changed while it was being installed; not loading it")
 
 
-def _build() -> ctypes.CDLL:
+def _build() -> tuple[ctypes.CDLL, Path]:
     cxx = find_compiler()
     target = library_path(cxx)
     build_verified(target, compile_command(cxx, target), f"the kernels in {CSRC}")
-    return open_library(target)
+    return open_library(target), target
 
 
 def open_library(path: Path) -> ctypes.CDLL:
@@ -188,20 +198,25 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 
 def load() -> ctypes.CDLL | None:
-    """The native library, building it on first use; None when it cannot be had."""
+    """The native library: the bundle's prebuilt one, else built on first use; None when
+    it cannot be had."""
+    return status().value
+
+
+def status() -> prebuilt.Loaded:
+    """Which library is in use and where it came from (`brisk info` reports it)."""
     with _lock:
-        if "lib" not in _state:
-            _state["lib"], _state["reason"] = None, None
+        if "loaded" not in _state:
             if os.environ.get("BRISK_NATIVE_KERNELS", "1") == "0":
-                _state["reason"] = "turned off by BRISK_NATIVE_KERNELS=0"
+                _state["loaded"] = prebuilt.Loaded(None, "off", note="turned off by BRISK_NATIVE_KERNELS=0")
             else:
-                try:
-                    _state["lib"] = _build()
-                except (OSError, RuntimeError, subprocess.SubprocessError, AttributeError) as error:
-                    _state["reason"] = str(error)
-        return _state["lib"]
+                found = prebuilt.lookup("ctypes", SOURCES, {"platform": prebuilt.platform_tag()}, cpu_features())
+                _state["loaded"] = prebuilt.load_first("ctypes", prebuilt=found, open_file=open_library, build=_build,
+                                                       errors=(OSError, RuntimeError, subprocess.SubprocessError,
+                                                               AttributeError))
+        return _state["loaded"]
 
 
 def unavailable_reason() -> str | None:
-    load()
-    return _state["reason"]
+    loaded = status()
+    return None if loaded.value is not None else loaded.note

@@ -5,12 +5,14 @@ Tests that use `kernel_path` run once on each."""
 import pytest
 
 from kernels import mlx_extension
+from kernels.prebuilt import Loaded
 
 
 @pytest.fixture(params=["mlx-primitive", "ctypes"])
 def kernel_path(request, monkeypatch):
     if request.param == "ctypes":
-        monkeypatch.setattr(mlx_extension, "_state", {"module": None, "reason": "the ctypes path under test"})
+        off = Loaded(None, "off", note="the ctypes path under test")
+        monkeypatch.setattr(mlx_extension, "_state", {"loaded": off})
     elif mlx_extension.load() is None:
         pytest.skip(f"the MLX primitives cannot be built here: {mlx_extension.unavailable_reason()}")
     return request.param

@@ -15,6 +15,7 @@ from kernels.fused_attention import (
     use_fused_attention,
 )
 from kernels.native_attention import NativeUnsupported
+from kernels.prebuilt import Loaded
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the MLX primitives")
@@ -151,7 +152,7 @@ def test_without_the_primitives_nothing_is_rebound(tmp_path, monkeypatch):
 
     from tests.tiny_models import make_tiny_model
 
-    monkeypatch.setattr(mlx_extension, "_state", {"module": None, "reason": "turned off for the test"})
+    monkeypatch.setattr(mlx_extension, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
     monkeypatch.setattr(llama, "scaled_dot_product_attention", fused_attention.MLX_LM_SDPA)
     from engine.models.loader import load_folder
 

@@ -9,6 +9,7 @@ import pytest
 from kernels import native, quantized_matmul
 from kernels.native_attention import NativeUnsupported
 from kernels.native_layers import blas_only, use_native_layers
+from kernels.prebuilt import Loaded
 from kernels.quantized_matmul import (
     NativeQuantizedEmbedding,
     NativeQuantizedLinear,
@@ -134,7 +135,7 @@ def test_swapped_quantized_layers_run_natively_and_keep_the_function(monkeypatch
 
 
 def test_without_the_native_library_mlx_runs_the_quantized_layers(monkeypatch):
-    monkeypatch.setattr(native, "_state", {"lib": None, "reason": "turned off for the test"})
+    monkeypatch.setattr(native, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
     net = _TinyNet()
     nn.quantize(net, group_size=32, bits=8)
     assert use_native_layers(net) == 0 and type(net.proj) is nn.QuantizedLinear

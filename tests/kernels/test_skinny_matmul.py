@@ -10,6 +10,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from kernels import native, skinny_matmul
 from kernels.native_attention import NativeUnsupported
 from kernels.native_layers import blas_only, use_native_layers, verify_path
+from kernels.prebuilt import Loaded
 from kernels.quantized_matmul import NativeQuantizedLinear
 from kernels.skinny_matmul import (
     SkinnyEmbedding,
@@ -118,7 +119,7 @@ def test_quantized_and_half_precision_layers_stay_with_mlx(monkeypatch):
 
 
 def test_without_the_native_library_nothing_is_swapped(monkeypatch):
-    monkeypatch.setattr(native, "_state", {"lib": None, "reason": "turned off for the test"})
+    monkeypatch.setattr(native, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
     net = _tiny_net()
     assert use_native_layers(net) == 0 and type(net.proj) is nn.Linear
     assert verify_path(net) == "blas"

@@ -1,0 +1,146 @@
+"""Native kernels built ahead of time and shipped in a bundle (`kernels/prebuilt/`).
+
+Most desktop users have no C++ compiler, so a bundle carries both native libraries
+already built: the ctypes one (kernels/native.py) and the MLX primitives
+(kernels/mlx_extension.py). `packaging/build_kernels.py` compiles them into the folder
+with `build_into` and writes a manifest that records, per file, its sha256, the digest
+of the sources it was built from, the CPU features it was compiled for, and what it
+must run beside (Python's ABI, and for the primitives the exact mlx).
+
+A prebuilt file is loaded only when all of these hold on this machine, and only from a
+folder and file no one else can write (the same rule as the kernel cache). Otherwise
+`lookup` says why not; the caller then builds locally (source installs) or keeps the
+portable path, and `brisk info` reports which happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import stat
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+FOLDER = Path(__file__).with_name("prebuilt")
+MANIFEST = "manifest.json"
+
+
+def folder() -> Path:
+    """Where prebuilt kernels are looked for (`BRISK_PREBUILT_KERNELS` overrides it)."""
+    return Path(os.environ.get("BRISK_PREBUILT_KERNELS") or FOLDER)
+
+
+def sources_digest(sources: Iterable[Path]) -> str:
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(source.name.encode() + b"\0" + source.read_bytes())
+    return digest.hexdigest()
+
+
+def platform_tag() -> str:
+    return f"{sys.platform}-{platform.machine().lower()}-{sys.implementation.cache_tag}"
+
+
+def check_shipped(path: Path) -> None:
+    """PermissionError unless `path` is owned by this user or root and writable by no
+    one else: a library anyone could swap must never be loaded."""
+    info = path.stat()
+    if hasattr(os, "getuid") and info.st_uid not in (0, os.getuid()):
+        raise PermissionError(f"{path} belongs to another user")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise PermissionError(f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def lookup(kind: str, sources: Iterable[Path], requires: dict[str, str], cpu: Iterable[str]) -> tuple[Path | None, str]:
+    """(the prebuilt file for `kind`, "") when it can be trusted and fits this machine;
+    (None, why not) otherwise. `requires` are the facts it must have been built for;
+    `cpu` the features this CPU has."""
+    where = folder()
+    manifest = where / MANIFEST
+    if not manifest.is_file():
+        return None, "no prebuilt kernels in this install"
+    try:
+        check_shipped(where)
+        check_shipped(manifest)
+        entry = json.loads(manifest.read_text())["libraries"][kind]
+        path = where / entry["file"]
+        check_shipped(path)
+        if _sha256(path) != entry["sha256"]:
+            return None, f"prebuilt {path.name} does not match its recorded sha256"
+    except (OSError, KeyError, ValueError, TypeError) as error:
+        return None, f"prebuilt kernels unusable: {error}"
+    if entry.get("sources") != sources_digest(sources):
+        return None, f"prebuilt {path.name} was built from other kernel sources"
+    for name, value in requires.items():
+        if entry.get("requires", {}).get(name) != value:
+            return None, f"prebuilt {path.name} was built for {name} {entry.get('requires', {}).get(name)}, not {value}"
+    lacking = sorted(set(entry.get("cpu", ())) - set(cpu))
+    if lacking:
+        return None, f"prebuilt {path.name} needs CPU features this machine lacks: {', '.join(lacking)}"
+    return path, ""
+
+
+@dataclass
+class Loaded:
+    """What a loader got: the object (None: portable path), where it came from, and why."""
+    value: object
+    origin: str  # "prebuilt", "built locally", "fallback" or "off"
+    path: str = ""
+    note: str = ""
+
+
+def load_first(kind: str, *, prebuilt: tuple[Path | None, str], open_file: Callable[[Path], object],
+               build: Callable[[], tuple[object, Path]], errors: tuple[type[BaseException], ...]) -> Loaded:
+    """The prebuilt file when `lookup` found one that opens, else a local build, else the
+    portable fallback; the note keeps every reason along the way."""
+    path, why_not = prebuilt
+    if path is not None:
+        try:
+            return Loaded(open_file(path), "prebuilt", str(path))
+        except errors as error:
+            why_not = f"prebuilt {path.name} did not load: {error}"
+    try:
+        value, built = build()
+        return Loaded(value, "built locally", str(built), why_not)
+    except errors as error:
+        return Loaded(None, "fallback", "", f"{why_not}; building locally failed: {error}")
+
+
+def build_into(target: Path) -> dict:
+    """Compile both native libraries into `target` and write its manifest (the packaging
+    step; needs the compiler, Python headers, nanobind and mlx that the bundle ships with)."""
+    from importlib.metadata import version
+
+    from kernels import mlx_extension, native
+
+    target.mkdir(parents=True, exist_ok=True)
+    cxx = native.find_compiler()
+    suffix = ".dylib" if sys.platform == "darwin" else ".so"
+    builds = {
+        "ctypes": (f"brisk_kernels{suffix}", native.compile_command, list(native.SOURCES),
+                   {"platform": platform_tag()}),
+        "mlx_primitives": (f"brisk_mlx_ops{mlx_extension.suffix()}",
+                           lambda c, out: mlx_extension.compile_command(c, out, rpath=False),
+                           mlx_extension.all_sources(), {"platform": platform_tag(), "mlx": version("mlx")}),
+    }
+    libraries = {}
+    for kind, (name, command, sources, requires) in builds.items():
+        out = target / name
+        done = subprocess.run(command(cxx, out), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {kind} failed: {done.stderr.strip()[-2000:]}")
+        os.chmod(out, 0o755)
+        libraries[kind] = {"file": name, "sha256": _sha256(out), "sources": sources_digest(sources),
+                           "requires": requires, "cpu": native.cpu_features()}
+    manifest = {"libraries": libraries, "compiler": cxx}
+    (target / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
