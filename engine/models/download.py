@@ -37,10 +37,12 @@ TRANSFER_RETRIES = 5
 CHUNK_BYTES = 1 << 20
 
 
-def fetch_resumable(url: str, dest: Path, size: int, on_progress: Callable[[int], None]) -> None:
+def fetch_resumable(url: str, dest: Path, size: int, on_progress: Callable[[int], None],
+                    headers: dict[str, str] | None = None) -> None:
     """Download `url` to `dest`, continuing a `dest.part` left by an earlier attempt.
 
     `on_progress` receives the bytes of this file on disk so far (it may raise to cancel).
+    `headers` replace the hub's own (a Hugging Face token must never go to another host).
     """
     import httpx2
     from huggingface_hub import get_session
@@ -49,11 +51,11 @@ def fetch_resumable(url: str, dest: Path, size: int, on_progress: Callable[[int]
     part = dest.with_name(dest.name + ".part")
     for attempt in range(TRANSFER_RETRIES + 1):
         have = part.stat().st_size if part.exists() else 0
-        headers = build_hf_headers()
+        sent = dict(headers) if headers is not None else build_hf_headers()
         if have:
-            headers["Range"] = f"bytes={have}-"
+            sent["Range"] = f"bytes={have}-"
         try:
-            with get_session().stream("GET", url, headers=headers, follow_redirects=True, timeout=30) as response:
+            with get_session().stream("GET", url, headers=sent, follow_redirects=True, timeout=30) as response:
                 if response.status_code == 416 and have == size:
                     break  # the part file is already complete
                 response.raise_for_status()
