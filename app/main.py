@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import resources
@@ -65,9 +66,13 @@ def _refresh_models(window, event) -> None:
 
 
 def _quit_when_loaded(app, window) -> None:
-    from engine.events import EngineErrored, ModelLoaded
+    """--check: print the model's progress as it comes (a first run says what it
+    downloads, and how much, before it starts), and quit once it loaded or failed."""
+    from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed
 
     def done(event):
+        if isinstance(event, ModelLoadProgressed):
+            print(f"{event.model_id}: {event.message}", flush=True)
         if isinstance(event, (ModelLoaded, EngineErrored)):
             if isinstance(event, EngineErrored):
                 window.dashboard.set_model_state(f"failed: {event.message}")
@@ -76,6 +81,7 @@ def _quit_when_loaded(app, window) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.excepthook = lambda kind, exc, tb: _report_bug(window, exc)
     window.show()
     if args.check:
+        app.processEvents()
+        print(f"first window after {time.perf_counter() - started:.1f} s", flush=True)
         _quit_when_loaded(app, window)
     code = app.exec()
     if args.check:

@@ -293,9 +293,11 @@ def console_main() -> None:
     """Entry point: re-exec once with malloc tunables (glibc reads them only at start)."""
     if sys.platform.startswith("linux") and "GLIBC_TUNABLES" not in os.environ:
         os.environ["GLIBC_TUNABLES"] = MALLOC_TUNABLES
-        # a frozen bundle's executable is Brisk itself, not a Python that takes -m
-        entry = [] if getattr(sys, "frozen", False) else ["-m", "engine.cli"]
-        os.execv(sys.executable, [sys.executable, *entry, *sys.argv[1:]])
+        # A frozen bundle's executable is Brisk itself, not a Python that takes -m; it
+        # tells the app from the CLI by argv[0], which must stay `brisk`.
+        if getattr(sys, "frozen", False):
+            os.execv(sys.executable, [sys.argv[0], *sys.argv[1:]])
+        os.execv(sys.executable, [sys.executable, "-m", "engine.cli", *sys.argv[1:]])
     sys.exit(main())
 
 
