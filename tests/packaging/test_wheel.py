@@ -49,6 +49,13 @@ def test_the_wheel_holds_the_package_data_and_kernel_sources(wheel):
     assert not [n for n in names if "screenshots" in n]  # README material, not the app's
 
 
+def test_the_wheel_holds_every_python_module_of_the_tree(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = ("engine", "kernels", "app", "resources")
+    tree = {str(p.relative_to(ROOT)) for top in packages for p in (ROOT / top).rglob("*.py")}
+    assert tree - names == set()
+
+
 @pytest.fixture(scope="module")
 def venv(wheel, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fresh") / "venv"
