@@ -241,6 +241,7 @@ class VersionAction(argparse.Action):
 def main(argv: list[str] | None = None) -> int:
     from engine.bench.cli import add_bench_parser
     from engine.cli_models import add_models_parser
+    from engine.serve.cli import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="brisk", description="Fast local LLM chat on MLX")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -269,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
 
     add_models_parser(sub)
     add_bench_parser(sub)
+    add_serve_parser(sub)
 
     args = parser.parse_args(argv)
     from engine.crash_log import configure_console_logging

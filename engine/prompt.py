@@ -18,12 +18,12 @@ class RenderedPrompt:
     dropped_messages: int  # oldest turns left out under the truncate_oldest policy
 
 
-def encode_messages(lm, messages, *, cancelled=lambda: False) -> list[int]:
+def encode_messages(lm, messages, *, cancelled=lambda: False, template: bool = True) -> list[int]:
     """Prompt tokens for `messages`: the chat template (rendered under limits, see
-    engine/chat_template.py), or plain paragraphs for base models."""
+    engine/chat_template.py), or plain paragraphs for base models and raw completions."""
     tokenizer = lm.tokenizer
     dicts = [{"role": m.role, "content": m.content} for m in messages]
-    if tokenizer.chat_template:
+    if tokenizer.chat_template and template:
         text = render_guarded(lambda: _render(lm, dicts), model_id=lm.id, max_chars=max_template_chars(dicts),
                               cancelled=cancelled)
         return list(tokenizer.encode(text, add_special_tokens=False))
@@ -48,7 +48,7 @@ def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> Rendere
     system = [Message("system", settings.system_prompt)] if settings.system_prompt else []
     history = list(messages)
     history, dropped = _fit_characters(lm, system, history, settings)
-    tokens = encode_messages(lm, system + history, cancelled=cancelled)
+    tokens = encode_messages(lm, system + history, cancelled=cancelled, template=settings.chat_template)
     limit = lm.context_length - 1  # room for at least one answer token
     if len(tokens) <= limit:
         return RenderedPrompt(tokens, dropped)
@@ -56,7 +56,7 @@ def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> Rendere
         raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)
     while len(history) > 1:
         dropped += _drop_oldest_turn(history)
-        tokens = encode_messages(lm, system + history, cancelled=cancelled)
+        tokens = encode_messages(lm, system + history, cancelled=cancelled, template=settings.chat_template)
         if len(tokens) <= limit:
             return RenderedPrompt(tokens, dropped)
     raise ContextOverflow(len(tokens) + 1, lm.context_length, lm.id)

@@ -68,6 +68,9 @@ class ChatSettings:
     lookup: bool = True
     spec_rule: SpecRule = "rejection"  # same tokenizer: rejection sampling, or `match` (mlx-lm's rule)
     translation_prefix: int = 4  # cross tokenizer: tokens of context re-encoded with a draft
+    # False: the messages' text goes to the model as is (the server's /v1/completions), not
+    # through the model's chat template.
+    chat_template: bool = True
 
     def validate(self) -> "ChatSettings":
         problems = self._type_problems()
@@ -182,6 +185,6 @@ FIELD_TYPES = {
     "kv_quant_start": int, "draft": str,
     "sparse_prefill": str, "sparse_keep": _NUMBER, "sparse_threshold": int, "spec_decode": str, "num_draft": int,
     "spec_rule": str, "translation_prefix": int, "uniprefill": str, "uniprefill_p": _NUMBER, "drop_layers": list,
-    "uniprefill_threshold": int, "lookup": bool,
+    "uniprefill_threshold": int, "lookup": bool, "chat_template": bool,
 }
 OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers", "k_bits", "v_bits"}

@@ -171,6 +171,10 @@ class EngineWorker:
             self._save(evicted, old)
         return session
 
+    def forget(self, cid: int) -> None:
+        """Drop a conversation's session and its prompt cache (the server's LRU by bytes)."""
+        self._sessions.pop(cid, None)
+
     def close(self) -> None:
         """Before the app exits (on the engine thread): keep every open chat's prompt cache."""
         for cid, session in self._sessions.items():

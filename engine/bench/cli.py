@@ -65,6 +65,13 @@ def add_bench_parser(sub) -> None:
                         "takes minutes at 2K tokens)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _peers(a))
+    p = bench.add_parser("serve", help="brisk serve over HTTP vs the engine in process: latency, TTFT, tok/s")
+    p.add_argument("--model", required=True)
+    p.add_argument("--clients", type=_ints, default=[1, 4])
+    p.add_argument("--requests", type=_positive, default=20)
+    p.add_argument("--gen-tokens", type=_positive, default=64)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _serve(a))
     p = bench.add_parser("kv", help="int4 KV cache: attention step time, decode tok/s, bytes, prefill peak")
     p.add_argument("--model", required=True)
     p.add_argument("--context", type=_ints, default=[2048, 8192, 32768])
@@ -191,6 +198,14 @@ def _overhead(args) -> int:
 
     run_overhead(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens,
                  step=args.prefill_step, as_json=args.json)
+    return 0
+
+
+def _serve(args) -> int:
+    from engine.bench.serve import run_serve_bench
+
+    run_serve_bench(args.model, clients=args.clients, requests=args.requests, gen_tokens=args.gen_tokens,
+                    as_json=args.json)
     return 0
 
 

@@ -1,0 +1,268 @@
+"""The OpenAI-compatible HTTP API (Starlette, served by uvicorn): `brisk serve`.
+
+Each completion request becomes a job on the one engine thread (scheduler.py); its events
+come back through an asyncio queue. A client that goes away cancels its job: the engine
+checks the cancel flag between prefill chunks and tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from typing import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from engine.events import EngineErrored, TokenEmitted, TurnFinished
+from engine.serve.requests import ApiError, Completion, parse
+from engine.serve.scheduler import DONE, EngineQueue, Job
+from engine.serve.stops import StopScanner
+
+MAX_BODY_BYTES = 8 << 20  # a long document pasted into a chat fits; a runaway upload does not
+POLL_S = 0.05  # how often a waiting request looks for its client having gone
+FINISH = {"stop": "stop", "length": "length", "context": "length"}
+# Engine error kinds and the HTTP status a client should see for them.
+STATUS = {"context_overflow": 400, "invalid_settings": 400, "model_not_found": 404, "unsupported_model": 400,
+          "chat_template": 400, "out_of_memory": 507, "download": 502}
+CODES = {"context_overflow": "context_length_exceeded"}  # OpenAI's own name for it
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+class Server:
+    def __init__(self, queue: EngineQueue, *, default_model: str, api_key: str | None = None,
+                 max_body: int = MAX_BODY_BYTES, known_model=None):
+        self.queue, self.default_model, self.api_key, self.max_body = queue, default_model, api_key, max_body
+        self.known_model = known_model or _installed_or_default
+        self.started = int(time.time())
+
+    def app(self) -> Starlette:
+        routes = [Route("/health", self.health), Route("/v1/models", self.models),
+                  Route("/v1/chat/completions", self.chat, methods=["POST"]),
+                  Route("/v1/completions", self.completions, methods=["POST"])]
+        return Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+
+    # --- small endpoints ----------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.default_model, **self.queue.stats()})
+
+    async def models(self, request: Request) -> Response:
+        if (denied := self._denied(request)) is not None:
+            return denied
+        from engine.models.store import ModelStore
+
+        entries = await asyncio.to_thread(ModelStore().list)
+        data = [{"id": e.id, "object": "model", "created": self.started, "owned_by": "brisk",
+                 "brisk": {"architecture": e.architecture, "context_length": e.context_length, "dtype": e.dtype}}
+                for e in entries]
+        return JSONResponse({"object": "list", "data": data, "brisk": self.queue.stats()})
+
+    # --- completions --------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request) -> Response:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, *, chat: bool) -> Response:
+        try:
+            if (denied := self._denied(request)) is not None:
+                return denied
+            completion = parse(await self._json(request), chat=chat, default_model=self.default_model)
+            for param, model in (("model", completion.settings.model), ("brisk.draft", completion.settings.draft)):
+                if model and not self.known_model(model):
+                    raise ApiError(404, f"The model '{model}' does not exist (GET /v1/models lists them)",
+                                   param=param, code="model_not_found")
+        except ApiError as error:
+            return error_response(error)
+        turn = Turn(self, request, completion, chat=chat)
+        return await (turn.stream() if completion.stream else turn.whole())
+
+    async def _json(self, request: Request):
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body:
+            raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > self.max_body:
+                raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"The request body is not valid JSON: {exc}") from exc
+
+    def _denied(self, request: Request) -> Response | None:
+        if self.api_key is None:
+            return None
+        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            return error_response(ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                                           code="invalid_api_key"))
+        return None
+
+
+class Turn:
+    """One request on the engine thread, and its answer back to the client."""
+
+    def __init__(self, server: Server, request: Request, completion: Completion, *, chat: bool):
+        self.server, self.request, self.completion, self.chat = server, request, completion, chat
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+        self.events: asyncio.Queue = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        client = request.client.host if request.client else "?"
+        self.depth_at_submit = server.queue.depth()
+        self.submitted = time.perf_counter()
+        self.started_at: float | None = None
+        self.job = server.queue.submit(Job(client, completion.messages, completion.settings,
+                                           lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)))
+        self.scanner = StopScanner(completion.stops)
+
+    async def _next(self):
+        """The job's next event; cancels the job (and returns DONE) if the client went away."""
+        while True:
+            try:
+                event = await asyncio.wait_for(self.events.get(), POLL_S)
+                if self.started_at is None:
+                    self.started_at = time.perf_counter()
+                return event
+            except asyncio.TimeoutError:
+                if await self.request.is_disconnected():
+                    self.job.cancel.cancel()
+                    return DONE
+
+    async def _pieces(self) -> AsyncIterator[tuple[str, object]]:
+        """("text", str) pieces, then ("done", TurnFinished) or ("error", ApiError)."""
+        finished, error = None, None
+        while (event := await self._next()) is not DONE:
+            if isinstance(event, TokenEmitted):
+                text = self.scanner.feed(event.text)
+                if self.scanner.stopped:
+                    self.job.cancel.cancel()  # the rest of the answer is not wanted
+                if text:
+                    yield "text", text
+            elif isinstance(event, TurnFinished):
+                finished = event
+            elif isinstance(event, EngineErrored):
+                client_side = STATUS.get(event.kind, 500) < 500
+                error = ApiError(STATUS.get(event.kind, 500), event.message, code=CODES.get(event.kind, event.kind),
+                                 kind="invalid_request_error" if client_side else "server_error")
+        if (tail := self.scanner.flush()):
+            yield "text", tail
+        if error is not None:
+            yield "error", error
+        elif finished is not None:
+            yield "done", finished
+
+    def finish_reason(self, finished: TurnFinished) -> str:
+        if self.scanner.stopped:
+            return "stop"
+        return FINISH.get(finished.metrics.finish_reason, finished.metrics.finish_reason)
+
+    def usage(self, finished: TurnFinished) -> dict:
+        m = finished.metrics
+        return {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.generated_tokens,
+                "total_tokens": m.prompt_tokens + m.generated_tokens,
+                "prompt_tokens_details": {"cached_tokens": m.cached_tokens}}
+
+    def brisk(self, finished: TurnFinished) -> dict:
+        metrics = finished.metrics.to_dict()
+        for bulky in ("sources", "coverage"):
+            metrics.pop(bulky, None)
+        waited = (self.started_at or self.submitted) - self.submitted
+        return {"metrics": metrics, "controls": self.completion.brisk,
+                "queue": {"depth_at_submit": self.depth_at_submit, "waited_s": round(waited, 4)},
+                "prompt_cache": {"reused_conversation": self.job.reused_slot}}
+
+    # --- whole answers ------------------------------------------------------------------
+
+    async def whole(self) -> Response:
+        text = []
+        async for kind, value in self._pieces():
+            if kind == "text":
+                text.append(value)
+            elif kind == "error":
+                return error_response(value)
+            else:
+                return JSONResponse(self._whole_body("".join(text), value))
+        return Response(status_code=499)  # the client went away: nobody reads this
+
+    def _whole_body(self, text: str, finished: TurnFinished) -> dict:
+        reason = self.finish_reason(finished)
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.completion.settings.model, "choices": [choice],
+                "usage": self.usage(finished), "brisk": self.brisk(finished)}
+
+    # --- streaming (server-sent events) -------------------------------------------------
+
+    async def stream(self) -> Response:
+        pieces = self._pieces()
+        first = await anext(pieces, None)
+        if first is not None and first[0] == "error":  # nothing sent yet: a proper HTTP error
+            return error_response(first[1])
+        return StreamingResponse(self._events(first, pieces), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    def _chunk(self, text: str | None, reason: str | None = None, *, first: bool = False) -> dict:
+        if self.chat:
+            delta = ({"role": "assistant", "content": text or ""} if first else
+                     ({"content": text} if text is not None else {}))
+            choice = {"index": 0, "delta": delta, "finish_reason": reason}
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
+        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.completion.settings.model, "choices": [choice]}
+
+    async def _events(self, first, pieces) -> AsyncIterator[str]:
+        try:
+            if self.chat:
+                yield _sse(self._chunk("", first=True))
+            item = first
+            while item is not None:
+                kind, value = item
+                if kind == "text":
+                    yield _sse(self._chunk(value))
+                elif kind == "error":
+                    yield _sse(value.body())
+                else:
+                    yield _sse(self._chunk(None, self.finish_reason(value)))
+                    if self.completion.include_usage:
+                        yield _sse({**self._chunk(None), "choices": [], "usage": self.usage(value),
+                                    "brisk": self.brisk(value)})
+                item = await anext(pieces, None)
+            yield "data: [DONE]\n\n"
+        finally:  # the client went away mid-answer (Starlette cancels this generator)
+            self.job.cancel.cancel()
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def _not_found(request: Request, exc) -> Response:
+    return error_response(ApiError(404, f"No such endpoint: {request.method} {request.url.path}",
+                                   code="unknown_url"))
+
+
+async def _not_allowed(request: Request, exc) -> Response:
+    return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
+                                   code="method_not_allowed"))
+
+
+def _installed_or_default(model_id: str) -> bool:
+    """Installed, or the embedded default (installed on first use)."""
+    from engine.models.bundled import BUNDLED
+    from engine.models.store import ModelStore
+
+    return ModelStore().has(model_id) or (model_id in BUNDLED and BUNDLED[model_id].default)

@@ -1,0 +1,29 @@
+"""A real uvicorn serving Brisk's API on a free loopback port, in a thread of this process
+(the benchmark and the tests use it; `brisk serve` runs uvicorn in the foreground)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+
+class LocalServer:
+    def __init__(self, app, *, host: str = "127.0.0.1"):
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.uvicorn.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the local server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(10)

@@ -1,0 +1,173 @@
+"""The server's one engine thread: requests queue here and run one at a time.
+
+Requests are taken fairly across clients (the one served longest ago first), so one
+client's burst cannot starve the others; the queue depth is reported. Each request is a
+worker `Answer` on a conversation slot: a request whose messages continue an earlier
+one's (an editor or agent re-sending a growing chat) lands on that slot, and the
+session's prompt cache reads only what is new.
+Slots are kept least-recently-used first, bounded by the bytes their prompt caches hold.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from engine.conversation import CancelToken, Message
+from engine.events import TurnFinished
+from engine.worker import Answer, ConversationEvent, EngineWorker
+
+log = logging.getLogger(__name__)
+DEFAULT_CACHE_BYTES = 2 << 30
+MAX_CLIENTS = 256  # idle clients remembered beyond this are forgotten
+DONE = object()  # after a job's last event
+
+
+@dataclass
+class Job:
+    client: str
+    messages: list[Message]
+    settings: object  # ChatSettings
+    deliver: Callable[[object], None]  # called on the engine thread with each event, then DONE
+    cancel: CancelToken = field(default_factory=CancelToken)
+    slot: int = 0
+    reused_slot: bool = False
+    seq: int = 0  # submission order
+
+
+@dataclass
+class Slot:
+    model: str
+    history: list[tuple[str, str]]  # (role, content) of the messages its cache holds, answer included
+    kv_bytes: int = 0
+
+
+def _shared_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class EngineQueue:
+    def __init__(self, worker: EngineWorker | None = None, *, cache_bytes: int = DEFAULT_CACHE_BYTES):
+        self.worker = worker or EngineWorker()
+        self.cache_bytes = cache_bytes
+        self._queues: dict[str, deque[Job]] = {}  # waiting requests per client
+        self._slots: OrderedDict[int, Slot] = OrderedDict()
+        self._ids = itertools.count(1)
+        self._ticks = itertools.count()  # orders submissions and services
+        self._served_at: dict[str, int] = {}
+        self._lock = threading.Condition()
+        self._running: Job | None = None
+        self._closed = False
+        self.served = 0
+        self.finished: Counter[str] = Counter()  # requests by how they ended (stop, length, cancelled, ...)
+        self._thread = threading.Thread(target=self._loop, name="brisk-serve-engine", daemon=True)
+        self._thread.start()
+
+    # --- the HTTP side ------------------------------------------------------------------
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if len(self._queues) > MAX_CLIENTS:  # forget idle clients
+                for idle in [c for c, q in self._queues.items() if not q]:
+                    del self._queues[idle]
+                    self._served_at.pop(idle, None)
+            job.seq = next(self._ticks)
+            self._queues.setdefault(job.client, deque()).append(job)
+            self._lock.notify()
+        return job
+
+    def depth(self) -> int:
+        """Requests waiting, not counting the one running."""
+        with self._lock:
+            return sum(len(q) for q in self._queues.values())
+
+    def stats(self) -> dict:
+        with self._lock:
+            cached = sum(s.kv_bytes for s in self._slots.values())
+            return {"queued": sum(len(q) for q in self._queues.values()), "running": self._running is not None,
+                    "served": self.served, "cached_conversations": len(self._slots), "cached_bytes": cached,
+                    "cache_limit_bytes": self.cache_bytes, "finished": dict(self.finished)}
+
+    def close(self, timeout: float = 30) -> None:
+        with self._lock:
+            self._closed = True
+            for queue in self._queues.values():
+                for job in queue:
+                    job.cancel.cancel()
+            if self._running is not None:
+                self._running.cancel.cancel()
+            self._lock.notify()
+        self._thread.join(timeout)
+
+    # --- the engine thread --------------------------------------------------------------
+
+    def _next(self) -> Job | None:
+        with self._lock:
+            while not self._closed and not any(self._queues.values()):
+                self._lock.wait()
+            if self._closed and not any(self._queues.values()):
+                return None
+            # Fair: the client served longest ago goes first (never served: first of all),
+            # then the earliest request; one client's burst waits behind everyone else's.
+            client = min((c for c, q in self._queues.items() if q),
+                         key=lambda c: (self._served_at.get(c, -1), self._queues[c][0].seq))
+            job = self._queues[client].popleft()
+            self._served_at[client] = next(self._ticks)
+            self._running = job
+            return job
+
+    def _loop(self) -> None:
+        while (job := self._next()) is not None:
+            try:
+                self._run(job)
+            except Exception:  # the thread must outlive any bug; the worker reports its own
+                log.exception("serving a request failed")
+            finally:
+                job.deliver(DONE)
+                with self._lock:
+                    self._running = None
+                    self.served += 1
+
+    def _run(self, job: Job) -> None:
+        key = [(m.role, m.content) for m in job.messages]
+        job.slot, job.reused_slot = self._slot_for(job.settings.model, key)
+        finished = None
+        for event in self.worker.handle(Answer(job.slot, job.settings, job.messages), job.cancel):
+            inner = event.event if isinstance(event, ConversationEvent) else event
+            if isinstance(inner, TurnFinished):
+                finished = inner
+            job.deliver(inner)
+        with self._lock:
+            self.finished[finished.metrics.finish_reason if finished else "error"] += 1
+        self._remember(job, key, finished)
+
+    def _slot_for(self, model: str, key: list) -> tuple[int, bool]:
+        """The slot whose history this request continues the furthest, else a new one."""
+        best, shared = None, 0
+        for slot_id, slot in self._slots.items():
+            n = _shared_prefix(slot.history, key)
+            if slot.model == model and n > shared:
+                best, shared = slot_id, n
+        if best is not None:
+            return best, True
+        return next(self._ids), False
+
+    def _remember(self, job: Job, key: list, finished: TurnFinished | None) -> None:
+        if finished is None or finished.metrics.finish_reason in ("cancelled", "error"):
+            return  # the session's cache still holds the earlier turns; keep the old history
+        history = key + [("assistant", finished.text)]
+        with self._lock:
+            self._slots[job.slot] = Slot(job.settings.model, history, finished.metrics.kv_bytes)
+            self._slots.move_to_end(job.slot)
+            while len(self._slots) > 1 and sum(s.kv_bytes for s in self._slots.values()) > self.cache_bytes:
+                dropped, _ = self._slots.popitem(last=False)
+                self.worker.forget(dropped)

@@ -1,0 +1,93 @@
+"""The server's engine queue and stop sequences, without HTTP: fairness across clients,
+prompt-cache slots for growing conversations, the byte bound, and held-back stop text."""
+
+import threading
+
+from engine.conversation import Message
+from engine.events import TokenEmitted, TurnFinished
+from engine.metrics import TurnMetrics
+from engine.serve.scheduler import DONE, EngineQueue, Job
+from engine.serve.stops import StopScanner
+from engine.settings import ChatSettings
+from engine.worker import ConversationEvent
+
+
+class FakeWorker:
+    """Answers "ok" at once, except that the first answer waits for `release`."""
+
+    def __init__(self, kv_bytes=100):
+        self.release, self.entered = threading.Event(), threading.Event()
+        self.order, self.forgotten, self.kv_bytes = [], [], kv_bytes
+
+    def handle(self, command, cancel):
+        if not self.order:
+            self.entered.set()
+            self.release.wait(10)
+        self.order.append(command.messages[-1].content)
+        yield ConversationEvent(command.conversation_id, TokenEmitted(1, "ok"))
+        yield ConversationEvent(command.conversation_id, TurnFinished(
+            "ok", [1], TurnMetrics(finish_reason="stop", kv_bytes=self.kv_bytes)))
+
+    def forget(self, cid):
+        self.forgotten.append(cid)
+
+
+def job(client, *texts, done=None):
+    messages = [Message("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(texts)]
+    return Job(client, messages, ChatSettings(model="m"), lambda e: done and e is DONE and done.release())
+
+
+def test_clients_take_turns_so_one_burst_cannot_starve_another():
+    worker = FakeWorker()
+    queue = EngineQueue(worker)
+    finished = threading.Semaphore(0)
+    queue.submit(job("a", "a1", done=finished))
+    assert worker.entered.wait(10)  # a1 runs; the rest queue behind it
+    for text in ("a2", "a3", "a4"):
+        queue.submit(job("a", text, done=finished))
+    queue.submit(job("b", "b1", done=finished))
+    queue.submit(job("c", "c1", done=finished))
+    assert queue.depth() >= 4
+    worker.release.set()
+    for _ in range(6):
+        assert finished.acquire(timeout=10)
+    queue.close()
+    assert worker.order == ["a1", "b1", "c1", "a2", "a3", "a4"]
+
+
+def test_a_conversation_that_grows_returns_to_its_slot_and_others_get_new_ones():
+    worker = FakeWorker()
+    worker.release.set()
+    queue = EngineQueue(worker)
+    jobs = [job("x", "hello"), job("x", "hello", "ok", "more"), job("x", "unrelated")]
+    for j in jobs:
+        done = threading.Event()
+        j.deliver = lambda e, done=done: e is DONE and done.set()
+        queue.submit(j)
+        assert done.wait(10)
+    queue.close()
+    assert jobs[1].slot == jobs[0].slot and jobs[1].reused_slot
+    assert jobs[2].slot != jobs[0].slot and not jobs[2].reused_slot
+
+
+def test_slots_beyond_the_byte_bound_are_forgotten_oldest_first():
+    worker = FakeWorker(kv_bytes=100)
+    worker.release.set()
+    queue = EngineQueue(worker, cache_bytes=250)
+    for text in ("one", "two", "three", "four"):
+        done = threading.Event()
+        queue.submit(Job("x", [Message("user", text)], ChatSettings(model="m"),
+                         lambda e, done=done: e is DONE and done.set()))
+        assert done.wait(10)
+    queue.close()
+    assert len(worker.forgotten) == 2 and queue.stats()["cached_bytes"] == 200
+
+
+def test_stop_text_is_held_back_until_it_is_decided():
+    scanner = StopScanner(["END"])
+    assert scanner.feed("abc E") == "abc "  # "E" may begin END
+    assert scanner.feed("N") == ""
+    assert scanner.feed("Dxyz") == "" and scanner.stopped
+    other = StopScanner(["END"])
+    assert other.feed("abc E") == "abc " and other.feed("ast") == "East" and other.flush() == ""
+    assert StopScanner(["\n\n"]).feed("one\n") == "one"
