@@ -237,6 +237,14 @@ class ChatController(QObject):
         self.dashboard.set_model_state(f"Loading {model_id}…")
         self.engine.submit(LoadModel(model_id))
 
+    def _server_event(self, event) -> None:
+        if isinstance(event, TurnFinished):
+            metrics = event.metrics.to_dict()
+            self.dashboard.show_turn(metrics, model=self.default_settings.model)
+            self.dashboard.chat_model.setText(f"Last turn: an API request ({self.default_settings.model})")
+        elif isinstance(event, EngineErrored):
+            self.notice.emit(f"API request failed: {event.message}")
+
     # --- engine events ---------------------------------------------------------------
 
     def on_event(self, item) -> None:
@@ -259,6 +267,9 @@ class ChatController(QObject):
             self.notice.emit(item.message)
 
     def _conversation_event(self, cid: int, event) -> None:
+        if cid < 0:  # an API server request (app/api_server.py): the dashboard shows its turns too
+            self._server_event(event)
+            return
         visible = cid == self.current
         answer = self._answer if self._answer and self._answer["cid"] == cid else None
         if isinstance(event, PrefillProgressed) and visible:

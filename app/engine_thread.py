@@ -30,10 +30,12 @@ class Job:
 
     _ids = itertools.count(1)
 
-    def __init__(self, command):
+    def __init__(self, command, *, cancel_token: CancelToken | None = None, on_event=None, on_done=None):
         self.id = next(self._ids)
         self.command = command
-        self.cancel_token = CancelToken()
+        self.cancel_token = cancel_token or CancelToken()
+        # Called on the engine thread itself (no Qt in between): the API server's bridge.
+        self.on_event, self.on_done = on_event, on_done
 
     def cancel(self) -> None:
         self.cancel_token.cancel()
@@ -59,8 +61,8 @@ class EngineThread(QObject):
         self._thread = threading.Thread(target=self._run, name="brisk-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, command) -> Job:
-        job = Job(command)
+    def submit(self, command, **callbacks) -> Job:
+        job = Job(command, **callbacks)
         with self._lock:
             self._jobs.append(job)
         self._queue.put(job)
@@ -89,6 +91,8 @@ class EngineThread(QObject):
                 for event in self._worker.handle(job.command, job.cancel_token):
                     self.event.emit(event)
                     self.job_event.emit(job.id, event)
+                    if job.on_event is not None:
+                        job.on_event(event)
             except Exception as exc:  # a worker that breaks its promise still must not kill the thread
                 from engine.crash_log import user_message
 
@@ -96,7 +100,11 @@ class EngineThread(QObject):
                 failure = EngineErrored(user_message(exc, context="The engine"), "internal")
                 self.event.emit(failure)
                 self.job_event.emit(job.id, failure)
+                if job.on_event is not None:
+                    job.on_event(failure)
             finally:
                 with self._lock:
                     self._jobs.remove(job)
+                if job.on_done is not None:
+                    job.on_done()
                 self.busy_changed.emit(False)

@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
     QInputDialog,
+    QLabel,
     QMainWindow,
     QMessageBox,
     QPushButton,
@@ -20,6 +21,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.api_server import HOST as API_HOST
+from app.api_server import PORT as API_PORT
 from app.controller import ChatController
 from app.store import StoreError, export_markdown
 from app.widgets.chat_view import ChatView
@@ -75,6 +78,9 @@ class MainWindow(QMainWindow):
         self.sidebar.delete_requested.connect(self.delete_with_undo)
         self.sidebar.search_changed.connect(c.search)
         self.chat_view.edit_requested.connect(self.edit_message)
+        self.api_server = None  # app/api_server.py, made when first switched on
+        self.api_status = QLabel("")
+        self.statusBar().addPermanentWidget(self.api_status)
         self.undo_button = QPushButton("Undo")
         self.undo_button.hide()
         self.statusBar().addPermanentWidget(self.undo_button)
@@ -109,7 +115,8 @@ class MainWindow(QMainWindow):
                       ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus)),
             "&View": (("Chat settings", QKeySequence("Ctrl+,"), self.show_settings),
                       ("Show dashboard", QKeySequence("Ctrl+D"), self.toggle_dashboard)),
-            "&Models": (("Models…", QKeySequence("Ctrl+M"), self.show_models),),
+            "&Models": (("Models…", QKeySequence("Ctrl+M"), self.show_models),
+                        ("Serve OpenAI-compatible API", QKeySequence(), self.toggle_api_server)),
             "&Help": (("About Brisk", QKeySequence(), self.show_about),),
         }
         self.actions_by_text = {}
@@ -130,6 +137,9 @@ class MainWindow(QMainWindow):
         dashboard = self.actions_by_text["Show dashboard"]
         dashboard.setCheckable(True)
         dashboard.setChecked(True)
+        serving = self.actions_by_text["Serve OpenAI-compatible API"]
+        serving.setCheckable(True)
+        serving.setToolTip(f"Answer OpenAI API requests at http://{API_HOST}:{API_PORT}/v1 with this app's engine")
 
     def _watch_models(self) -> None:
         """Models installed or removed elsewhere (the CLI, another window) appear at once."""
@@ -161,6 +171,24 @@ class MainWindow(QMainWindow):
         self.about_box = QMessageBox(QMessageBox.Information, "About Brisk", about_text(), parent=self)
         self.about_box.open()
         return self.about_box
+
+    def toggle_api_server(self) -> None:
+        """Start or stop the API server on this window's engine thread (Models menu)."""
+        from app.api_server import ApiServer
+
+        action = self.actions_by_text["Serve OpenAI-compatible API"]
+        if self.api_server is None:
+            self.api_server = ApiServer(self.controller.engine, parent=self)
+            self.api_server.status_changed.connect(self.api_status.setText)
+        if self.api_server.running:
+            self.api_server.stop()
+        else:
+            try:
+                url = self.api_server.start(self.controller.default_settings.model)
+                self.statusBar().showMessage(f"Serving the OpenAI-compatible API at {url}", 10000)
+            except OSError as exc:
+                self.statusBar().showMessage(str(exc), 15000)
+        action.setChecked(self.api_server.running)
 
     def show_models(self):
         from app.widgets.model_manager import ModelManager
@@ -256,6 +284,8 @@ class MainWindow(QMainWindow):
         self.refresh_sidebar()
 
     def closeEvent(self, event) -> None:
+        if self.api_server is not None:
+            self.api_server.stop()
         try:
             self.store.purge_deleted()  # what was deleted can no longer be undone
         except Exception:  # noqa: BLE001  closing must never fail

@@ -51,6 +51,13 @@ class Answer:
 
 
 @dataclass(frozen=True)
+class ForgetConversation:
+    """Drop a conversation's session and prompt cache (the server's LRU by bytes)."""
+
+    conversation_id: int
+
+
+@dataclass(frozen=True)
 class CheckDocument:
     conversation_id: int
     path: str
@@ -126,6 +133,8 @@ class EngineWorker:
                                            session.answer(command.messages, cancel=cancel))
         elif isinstance(command, CheckDocument):
             yield self._check_document(command)
+        elif isinstance(command, ForgetConversation):
+            self._sessions.pop(command.conversation_id, None)
         elif isinstance(command, MODEL_COMMANDS):
             if isinstance(command, RemoveModel):  # a loaded model's files are about to go
                 self._models.pop(command.model_id, None)
@@ -171,17 +180,13 @@ class EngineWorker:
             self._save(evicted, old)
         return session
 
-    def forget(self, cid: int) -> None:
-        """Drop a conversation's session and its prompt cache (the server's LRU by bytes)."""
-        self._sessions.pop(cid, None)
-
     def close(self) -> None:
         """Before the app exits (on the engine thread): keep every open chat's prompt cache."""
         for cid, session in self._sessions.items():
             self._save(cid, session)
 
     def _save(self, cid: int, session: Session) -> None:
-        if self._saved is not None:
+        if self._saved is not None and cid > 0:  # negative ids are the API server's requests
             self._saved.save(cid, session)
 
     def _check_document(self, command: CheckDocument) -> DocumentChecked:

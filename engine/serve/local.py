@@ -1,5 +1,6 @@
-"""A real uvicorn serving Brisk's API on a free loopback port, in a thread of this process
-(the benchmark and the tests use it; `brisk serve` runs uvicorn in the foreground)."""
+"""A real uvicorn serving Brisk's API on a loopback port, in a thread of this process (the
+app's server toggle, the benchmark and the tests use it; `brisk serve` runs uvicorn in the
+foreground)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,14 @@ import time
 
 
 class LocalServer:
-    def __init__(self, app, *, host: str = "127.0.0.1"):
+    """`port=0`: any free port (`url` names the one it got)."""
+
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0):
         import uvicorn
 
         self.sock = socket.socket()
-        self.sock.bind((host, 0))
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -19,7 +19,7 @@ from typing import Callable
 
 from engine.conversation import CancelToken, Message
 from engine.events import TurnFinished
-from engine.worker import Answer, ConversationEvent, EngineWorker
+from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
 
 log = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 2 << 30
@@ -55,13 +55,25 @@ def _shared_prefix(a: list, b: list) -> int:
     return n
 
 
+# Runs one worker command to its end, handing each event to the callback. By default on the
+# queue's own thread; the app runs it on its engine thread (app/api_server.py).
+Execute = Callable[[object, CancelToken, Callable[[object], None]], None]
+
+
 class EngineQueue:
-    def __init__(self, worker: EngineWorker | None = None, *, cache_bytes: int = DEFAULT_CACHE_BYTES):
-        self.worker = worker or EngineWorker()
+    def __init__(self, worker: EngineWorker | None = None, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
+                 execute: Execute | None = None):
+        if execute is None:
+            own = worker or EngineWorker()
+
+            def execute(command, cancel, deliver):
+                for event in own.handle(command, cancel):
+                    deliver(event)
+        self.execute = execute
         self.cache_bytes = cache_bytes
         self._queues: dict[str, deque[Job]] = {}  # waiting requests per client
         self._slots: OrderedDict[int, Slot] = OrderedDict()
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(-1, -1)  # negative: never an app chat's id
         self._ticks = itertools.count()  # orders submissions and services
         self._served_at: dict[str, int] = {}
         self._lock = threading.Condition()
@@ -140,12 +152,16 @@ class EngineQueue:
     def _run(self, job: Job) -> None:
         key = [(m.role, m.content) for m in job.messages]
         job.slot, job.reused_slot = self._slot_for(job.settings.model, key)
-        finished = None
-        for event in self.worker.handle(Answer(job.slot, job.settings, job.messages), job.cancel):
+        outcome: list[TurnFinished] = []
+
+        def deliver(event) -> None:
             inner = event.event if isinstance(event, ConversationEvent) else event
             if isinstance(inner, TurnFinished):
-                finished = inner
+                outcome.append(inner)
             job.deliver(inner)
+
+        self.execute(Answer(job.slot, job.settings, job.messages), job.cancel, deliver)
+        finished = outcome[-1] if outcome else None
         with self._lock:
             self.finished[finished.metrics.finish_reason if finished else "error"] += 1
         self._remember(job, key, finished)
@@ -168,6 +184,8 @@ class EngineQueue:
         with self._lock:
             self._slots[job.slot] = Slot(job.settings.model, history, finished.metrics.kv_bytes)
             self._slots.move_to_end(job.slot)
+            dropped = []
             while len(self._slots) > 1 and sum(s.kv_bytes for s in self._slots.values()) > self.cache_bytes:
-                dropped, _ = self._slots.popitem(last=False)
-                self.worker.forget(dropped)
+                dropped.append(self._slots.popitem(last=False)[0])
+        for slot in dropped:
+            self.execute(ForgetConversation(slot), CancelToken(), lambda event: None)

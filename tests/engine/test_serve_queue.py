@@ -9,7 +9,7 @@ from engine.metrics import TurnMetrics
 from engine.serve.scheduler import DONE, EngineQueue, Job
 from engine.serve.stops import StopScanner
 from engine.settings import ChatSettings
-from engine.worker import ConversationEvent
+from engine.worker import ConversationEvent, ForgetConversation
 
 
 class FakeWorker:
@@ -20,6 +20,9 @@ class FakeWorker:
         self.order, self.forgotten, self.kv_bytes = [], [], kv_bytes
 
     def handle(self, command, cancel):
+        if isinstance(command, ForgetConversation):
+            self.forgotten.append(command.conversation_id)
+            return
         if not self.order:
             self.entered.set()
             self.release.wait(10)
@@ -28,8 +31,6 @@ class FakeWorker:
         yield ConversationEvent(command.conversation_id, TurnFinished(
             "ok", [1], TurnMetrics(finish_reason="stop", kv_bytes=self.kv_bytes)))
 
-    def forget(self, cid):
-        self.forgotten.append(cid)
 
 
 def job(client, *texts, done=None):
