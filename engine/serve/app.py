@@ -126,19 +126,27 @@ class Turn:
         self.job = server.queue.submit(Job(client, completion.messages, completion.settings,
                                            lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)))
         self.scanner = StopScanner(completion.stops)
+        self.checked = time.perf_counter()  # when the connection was last checked
 
     async def _next(self):
-        """The job's next event; cancels the job (and returns DONE) if the client went away."""
+        """The job's next event; cancels the job (and returns DONE) if the client went away.
+
+        The connection is checked every POLL_S even while tokens keep coming: a client
+        waiting for a whole answer sends nothing else, so a steady stream of events must
+        not hide that it left."""
         while True:
-            try:
-                event = await asyncio.wait_for(self.events.get(), POLL_S)
-                if self.started_at is None:
-                    self.started_at = time.perf_counter()
-                return event
-            except asyncio.TimeoutError:
+            if time.perf_counter() - self.checked >= POLL_S:
+                self.checked = time.perf_counter()
                 if await self.request.is_disconnected():
                     self.job.cancel.cancel()
                     return DONE
+            try:
+                event = await asyncio.wait_for(self.events.get(), POLL_S)
+            except asyncio.TimeoutError:
+                continue
+            if self.started_at is None:
+                self.started_at = time.perf_counter()
+            return event
 
     async def _pieces(self) -> AsyncIterator[tuple[str, object]]:
         """("text", str) pieces, then ("done", TurnFinished) or ("error", ApiError)."""

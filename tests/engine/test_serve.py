@@ -185,6 +185,28 @@ def test_a_client_that_disconnects_cancels_its_request(served):
     assert quick.choices
 
 
+def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it(served):
+    """Non-streaming: the server notices the closed connection while tokens keep coming."""
+    for seed in range(20):  # a seed whose answer runs to max_tokens, timed whole
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "Go on"}], "max_tokens": 480,
+                "temperature": 1.0, "seed": seed, "brisk": {"spec_decode": "off"}}
+        started = time.monotonic()
+        whole = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60).json()
+        took = time.monotonic() - started
+        if whole["choices"][0]["finish_reason"] == "length":
+            break
+    else:
+        pytest.fail("no seed ran the tiny model to max_tokens")
+    cancelled_before = served.queue.stats()["finished"].get("cancelled", 0)
+    with pytest.raises(httpx.TimeoutException):  # the same answer again; leave a quarter of the way in
+        httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=took / 4)
+    gave_up = time.monotonic()
+    while served.queue.stats()["finished"].get("cancelled", 0) == cancelled_before:
+        assert time.monotonic() - gave_up < 10, "the request kept running after its client left"
+        time.sleep(0.02)
+    assert served.queue.stats()["finished"]["cancelled"] == cancelled_before + 1
+
+
 def _rss() -> int:
     with open(f"/proc/{os.getpid()}/status") as fh:
         return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS"))
