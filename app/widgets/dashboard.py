@@ -63,6 +63,7 @@ class Dashboard(QWidget):
         self.chat_model.setObjectName("chatModel")
         self.chat_model.setWordWrap(True)
         for w in (self.chat_model, self.spec_note, self.kv_note, self.memory, self.model_state):
+            w.setWordWrap(True)  # a long line must not widen the column while a turn runs
             layout.addWidget(w)
         layout.addStretch()
         self._ttfts: list[float] = []
@@ -77,13 +78,17 @@ class Dashboard(QWidget):
 
     def reset(self) -> None:
         self._ttfts = []
-        self.chart.series = {n: [] for n in self.chart.names}
-        self.chart.update()
+        self.chart.clear()
         for w in (self.saved, self.recent, self.spec_note, self.kv_note, self.speed):
             w.setText("")
         self.ttft.setText("–")
         self.acceptance.set_value(0, "–")
         self.kv.set_value(0, "–")
+
+    def waiting(self) -> None:
+        """A turn started: the big number waits, and a small line says for what."""
+        self.ttft.setText("…")
+        self.saved.setText("Waiting for the first token…")
 
     def set_model_state(self, text: str) -> None:
         self.model_state.setText(text)

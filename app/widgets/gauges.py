@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QPainter, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
@@ -50,40 +52,88 @@ class RingGauge(QWidget):
 
 
 class LineChart(QWidget):
-    """Series of values over turns (e.g. prefill and decode tok/s), newest on the right."""
+    """Series of values over turns (e.g. prefill and decode tok/s): a y axis with round ticks
+    and grid lines, turns numbered along x, oldest on the left."""
 
     COLORS = ("#58a6ff", "#f778ba", "#3fb950")
+    MIN_SLOTS = 5  # a few turns are spread over this many slots, not stretched edge to edge
 
-    def __init__(self, names: list[str], *, keep: int = 30, parent=None):
+    def __init__(self, names: list[str], *, keep: int = 30, unit: str = "", parent=None):
         super().__init__(parent)
-        self.names, self.keep = names, keep
+        self.names, self.keep, self.unit = names, keep, unit
         self.series: dict[str, list[float]] = {n: [] for n in names}
-        self.setMinimumHeight(120)
+        self.first_turn = 1  # the turn number of the oldest point shown
+        self.setMinimumHeight(150)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
+
+    def clear(self) -> None:
+        self.series = {n: [] for n in self.names}
+        self.first_turn = 1
+        self.update()
 
     def add(self, **values: float) -> None:
         for name in self.names:
-            self.series[name] = (self.series[name] + [values.get(name, 0.0)])[-self.keep:]
+            self.series[name] = self.series[name] + [values.get(name, 0.0)]
+        overflow = len(self.series[self.names[0]]) - self.keep
+        if overflow > 0:
+            self.series = {n: s[overflow:] for n, s in self.series.items()}
+            self.first_turn += overflow
         self.update()
+
+    def count(self) -> int:
+        return len(self.series[self.names[0]]) if self.names else 0
+
+    def y_ticks(self) -> list[float]:
+        return nice_ticks(max((v for s in self.series.values() for v in s), default=0.0))
+
+    def x_labels(self) -> list[tuple[int, int]]:
+        """(index of the point, turn number) to print under the axis: at most six, evenly spaced."""
+        n = self.count()
+        every = max(1, -(-n // 6))
+        return [(i, self.first_turn + i) for i in range(0, n, every)]
 
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
         p.setRenderHint(QPainter.Antialiasing)
-        area = QRectF(34, 8, self.width() - 42, self.height() - 30)
-        p.setPen(self.palette().mid().color())
-        p.drawRect(area)
-        top = max((v for s in self.series.values() for v in s), default=0.0) or 1.0
-        p.setPen(self.palette().text().color())
-        p.drawText(QRectF(0, area.top() - 6, 32, 14), Qt.AlignRight, f"{top:.0f}")
+        area = QRectF(40, 8, self.width() - 48, self.height() - 50)
+        ticks = self.y_ticks()
+        top = ticks[-1]
+        text, grid = self.palette().text().color(), self.palette().mid().color()
+        for tick in ticks:
+            y = area.bottom() - tick / top * area.height()
+            p.setPen(QPen(grid, 1, Qt.DotLine if tick else Qt.SolidLine))
+            p.drawLine(QPointF(area.left(), y), QPointF(area.right(), y))
+            p.setPen(text)
+            p.drawText(QRectF(0, y - 7, 36, 14), Qt.AlignRight | Qt.AlignVCenter, _tick_text(tick))
+        step = area.width() / max(self.MIN_SLOTS, self.count()) if self.count() else 0
+        x_of = [area.left() + (j + 0.5) * step for j in range(self.count())]
+        p.setPen(text)
+        for j, turn in self.x_labels():
+            p.drawText(QRectF(x_of[j] - 20, area.bottom() + 2, 40, 14), Qt.AlignCenter, str(turn))
+        p.drawText(QRectF(area.left(), area.bottom() + 16, area.width(), 14), Qt.AlignCenter, "turn")
         for i, name in enumerate(self.names):
-            values = self.series[name]
             color = QColor(self.COLORS[i % len(self.COLORS)])
             p.setPen(QPen(color, 2))
-            step = area.width() / max(1, self.keep - 1)
-            points = [QPointF(area.right() - (len(values) - 1 - j) * step, area.bottom() - v / top * area.height())
-                      for j, v in enumerate(values)]
+            points = [QPointF(x, area.bottom() - v / top * area.height()) for x, v in zip(x_of, self.series[name])]
             for a, b in zip(points, points[1:]):
                 p.drawLine(a, b)
             for point in points:
                 p.drawEllipse(point, 2.5, 2.5)
-            p.drawText(QRectF(area.left() + 4 + i * 110, area.bottom() + 4, 110, 16), Qt.AlignLeft, f"● {name}")
+            p.drawText(QRectF(area.left() + i * 90, area.bottom() + 30, 90, 14), Qt.AlignLeft, f"● {name}")
+
+
+def nice_ticks(top: float, most: int = 4) -> list[float]:
+    """0 up to a round number at or above `top` (1, 2 or 5 times a power of ten per step)."""
+    if top <= 0:
+        return [0.0, 1.0]
+    raw = top / most
+    power = 10 ** math.floor(math.log10(raw))
+    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    count = math.ceil(top / step - 1e-9)
+    return [round(i * step, 10) for i in range(count + 1)]
+
+
+def _tick_text(value: float) -> str:
+    if value >= 1000:
+        return f"{value / 1000:g}k"
+    return f"{value:g}"

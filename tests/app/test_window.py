@@ -338,3 +338,20 @@ def test_kv_choices_show_this_models_self_test_and_map_to_settings(qtbot, make_w
     again = make_window(db_path)
     again.controller.open(cid)
     assert again.settings_panel.settings().kv_auto and again.settings_panel.kv_bits.currentData() == "auto"
+
+
+def test_the_dashboard_keeps_its_width_through_a_turn(qtbot, make_window, engine):
+    """Long status lines and the wait for the first token wrap instead of widening the
+    column (it grew from 382 to 579 px and squeezed the chat)."""
+    w = make_window()
+    width = w.tabs.width()
+    w.dashboard.set_model_state("qwen2.5-coder-1.5b-instruct loaded (qwen2, 32,768 tokens of context) after a "
+                                "first-run download and conversion")
+    cid = send(qtbot, w).conversation_id
+    assert w.dashboard.ttft.text() == "…" and "Waiting for the first token" in w.dashboard.saved.text()
+    engine.play(ConversationEvent(cid, PrefillProgressed(0, 900, "draft")))
+    qtbot.wait(20)
+    assert w.tabs.width() == width
+    answer(engine, cid, ["x" * 10])
+    qtbot.wait(20)
+    assert w.tabs.width() == width and w.dashboard.ttft.text() == "1.25 s"
