@@ -273,7 +273,7 @@ class ChatController(QObject):
         visible = cid == self.current
         answer = self._answer if self._answer and self._answer["cid"] == cid else None
         if isinstance(event, PrefillProgressed) and visible:
-            self.prefill_bar.progress(event.done, event.total)
+            self.prefill_bar.progress(event.done, event.total, event.phase)
         elif isinstance(event, TokenEmitted):
             if answer is not None:
                 answer["text"] += event.text
@@ -326,7 +326,7 @@ class ChatController(QObject):
     def _start_answer(self, cid: int, answer_id: int, *, shown: bool = False) -> None:
         now = time.monotonic()
         self._answer = {"cid": cid, "id": answer_id, "text": "", "saved_at": now, "started": now}
-        self.dashboard.ttft.setText("waiting for the first token…")
+        self.dashboard.waiting()
         if not (shown and self.chat_view.messages and self.chat_view.messages[-1].role == "assistant"):
             self.chat_view.add_message("assistant")
         self.prefill_bar.start()

@@ -10,6 +10,7 @@ from typing import Any, Union
 class PrefillProgressed:
     done: int
     total: int
+    phase: str = "prompt"  # a PrefillPhase (engine/vocabulary.py): what `done` of `total` counts
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,13 @@ class ModelLoadProgressed:
 # Everything a turn or a model operation reports, as one declared type.
 EngineEvent = Union[PrefillProgressed, TokenEmitted, ContextTruncated, TurnFinished, EngineErrored, EngineWarned,
                     DownloadProgressed, ModelLoaded, ModelLoadProgressed]
+
+
+def result_of(steps):
+    """Run a generator of events to its end, dropping the events: its return value (for
+    callers that do not show progress, such as benches)."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value

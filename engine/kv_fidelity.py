@@ -248,7 +248,7 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
     from dataclasses import replace
 
     from engine.errors import TurnCancelled
-    from engine.events import EngineWarned
+    from engine.events import EngineWarned, PrefillProgressed
 
     precision, auto = settings.kv_precision(), settings.kv_auto
     if not auto and precision == (16, 16):
@@ -259,6 +259,7 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
     if needs_measuring(store.load(), wanted, group, until_pass=auto):
         yield EngineWarned(f"Checking how packed KV changes {lm.id}'s answers (once per model, about "
                            f"{POSITIONS} tokens)…", kind="notice")
+        yield PrefillProgressed(0, POSITIONS, "kv_check")
     try:
         results = run_selftest(lm, store, wanted, group_size=group, until_pass=auto, cancelled=cancelled)
     except InterruptedError:

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import engine.info
 from engine.accel.coverage import coverage_map
-from engine.accel.router import route_prefill
+from engine.accel.router import route_prefill_steps
 from engine.accel.specprefill.scoring import sparse_prefill
 from engine.accel.uniprefill.flops import flops_saved
 from engine.accel.uniprefill.plan import make_uniprefill
@@ -29,7 +29,7 @@ class TurnPrefill:
         router picks (engine/accel/router.py)."""
         step = min(settings.prefill_step_size, max(len(tokens) - cached - 1, 1))
         check_prefill_memory(self.lm, step, len(tokens), engine.info.memory_available())
-        route = route_prefill(self.pair, self.lm, self.cache.layers, tokens, cached, settings)
+        route = yield from route_prefill_steps(self.pair, self.lm, self.cache.layers, tokens, cached, settings)
         plan = route.spec
         metrics.sparse_prefill, metrics.sparse_outcome, metrics.scoring_s = plan.note, plan.outcome, plan.scoring_s
         metrics.prefill_method, metrics.prefill_route = route.method, route.reason
@@ -55,11 +55,12 @@ class TurnPrefill:
         suffix = tokens[cached:]
         started = time.perf_counter()
         runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
+        yield PrefillProgressed(0, selection.kept, "kept")
         try:
             for done in sparse_prefill(self.lm.model, self.cache.layers, suffix, runs, base=cached,
                                        step=settings.prefill_step_size):
                 pack()
-                yield PrefillProgressed(done, selection.kept)
+                yield PrefillProgressed(done, selection.kept, "kept")
                 cancel.check()
         except BaseException:
             self.cache.reset()  # a half-built sparse cache has no consistent prefix to keep

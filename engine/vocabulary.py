@@ -22,3 +22,9 @@ SPEC_RULES: tuple[str, ...] = get_args(SpecRule)
 
 OverflowPolicy = Literal["refuse", "truncate_oldest"]
 OVERFLOW_POLICIES: tuple[str, ...] = get_args(OverflowPolicy)
+
+# What a turn is doing before its first token: the KV self-test (once per model), a
+# draft reading the prompt for SpecPrefill, the draft choosing what to keep, the model
+# reading the kept part, or the model reading the prompt (dense or UniPrefill).
+PrefillPhase = Literal["kv_check", "draft", "select", "kept", "prompt"]
+PREFILL_PHASES: tuple[str, ...] = get_args(PrefillPhase)

@@ -17,6 +17,7 @@ from typing import Literal
 
 from engine.accel.specprefill.plan import SparsePlan, plan_sparse_prefill
 from engine.accel.uniprefill.plan import worth_dropping
+from engine.events import result_of
 
 PrefillMethod = Literal["dense", "specprefill", "uniprefill"]
 
@@ -29,7 +30,13 @@ class PrefillRoute:
 
 
 def route_prefill(pair, target, layers, tokens: list[int], cached: int, settings) -> PrefillRoute:
-    spec = plan_sparse_prefill(pair, target, layers, tokens, cached, settings)
+    """The route, without the progress of SpecPrefill's scoring (see route_prefill_steps)."""
+    return result_of(route_prefill_steps(pair, target, layers, tokens, cached, settings))
+
+
+def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, settings):
+    """A generator of SpecPrefill's scoring progress (when a draft scores); returns the PrefillRoute."""
+    spec = yield from plan_sparse_prefill(pair, target, layers, tokens, cached, settings)
     if spec.selection is not None:
         return PrefillRoute("specprefill", f"specprefill: {spec.note}", spec)
     if spec.flat:

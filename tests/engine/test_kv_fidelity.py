@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine import kv_fidelity as fidelity
-from engine.events import EngineWarned, TurnFinished
+from engine.events import EngineWarned, PrefillProgressed, TurnFinished
 from engine.kvcache import PackedKVCache
 from engine.models.loader import load_folder
 from engine.session import Session
@@ -79,9 +79,12 @@ def test_first_use_runs_the_check_and_says_so(lm):
     _, events, done = turn(lm, kv_bits=8)
     notices = [e for e in events if isinstance(e, EngineWarned) and e.kind == "notice"]
     assert notices and "once per model" in notices[0].message
+    phases = [e.phase for e in events if isinstance(e, PrefillProgressed)]
+    assert phases[0] == "kv_check" and phases[-1] == "prompt"  # the window says what the wait is
     assert "K8/V8 g32" in fidelity.FidelityStore(lm.path).load()
     _, again, _ = turn(lm, kv_bits=8)
     assert not [e for e in again if isinstance(e, EngineWarned) and e.kind == "notice"]
+    assert "kv_check" not in [e.phase for e in again if isinstance(e, PrefillProgressed)]
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"method": "old-packing", "results": {

@@ -14,7 +14,7 @@ from engine.accel.specprefill.scoring import (
     select_chunks,
     sparse_prefill,
 )
-from engine.events import EngineWarned, TurnFinished
+from engine.events import EngineWarned, PrefillProgressed, TurnFinished
 from engine.models.loader import load_folder
 from engine.session import Session
 from engine.settings import ChatSettings
@@ -149,12 +149,28 @@ def test_failure_falls_back_to_full_prefill_with_a_warning(models, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("simulated scoring failure")
 
-    monkeypatch.setattr(DraftScorer, "importance", broken)
+    monkeypatch.setattr(DraftScorer, "importance_steps", broken)
     events, done = turn(Session(lm, greedy(sparse_prefill="on"), draft=lm), DOC)
     warnings = [e for e in events if isinstance(e, EngineWarned)]
     assert warnings and "simulated scoring failure" in warnings[0].message
     assert done.metrics.sparse_prefill.startswith("fallback")
     assert done.token_ids == reference.token_ids
+
+
+def test_a_sparse_turn_reports_each_phase_in_order_with_its_own_count(models):
+    """The draft reads the prompt, chooses what to keep, then the model reads the kept part:
+    each phase counts its own tokens, so the window can show each with its own progress."""
+    lm = models["llama"]
+    events, done = turn(Session(lm, greedy(sparse_prefill="on", sparse_keep=0.3), draft=lm), DOC)
+    progress = [e for e in events if isinstance(e, PrefillProgressed)]
+    phases = [p.phase for p in progress]
+    order = [phase for i, phase in enumerate(phases) if i == 0 or phases[i - 1] != phase]
+    assert order == ["prompt", "draft", "select", "kept", "prompt"]
+    draft = [p for p in progress if p.phase == "draft"]
+    assert draft[0].done == 0 and draft[-1].done == draft[-1].total == done.metrics.prompt_tokens - 1
+    assert [p.done for p in draft] == sorted(p.done for p in draft)
+    kept = [p for p in progress if p.phase == "kept"]
+    assert kept[-1].total == done.metrics.kept_tokens < done.metrics.prompt_tokens
 
 
 def test_auto_respects_the_threshold(models):

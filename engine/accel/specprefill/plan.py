@@ -30,8 +30,9 @@ class SparsePlan:
     flat: bool = False  # declined by the guard against exhaustive tasks
 
 
-def plan_sparse_prefill(pair, target, layers, tokens: list[int], cached: int, settings) -> SparsePlan:
-    """The plan for prefilling `tokens[cached:]` with `pair` (a DraftPair, or None)."""
+def plan_sparse_prefill(pair, target, layers, tokens: list[int], cached: int, settings):
+    """The plan for prefilling `tokens[cached:]` with `pair` (a DraftPair, or None): a
+    generator of the draft's progress events that returns the SparsePlan."""
     mode, new = settings.sparse_prefill, len(tokens) - cached
     if mode == "off":
         return SparsePlan(None, "off", "off")
@@ -43,7 +44,7 @@ def plan_sparse_prefill(pair, target, layers, tokens: list[int], cached: int, se
         return SparsePlan(None, "off", "off: too few new tokens")
     started = time.perf_counter()
     try:
-        importance = pair.importance(tokens, cached, settings.prefill_step_size)
+        importance = yield from pair.importance_steps(tokens, cached, settings.prefill_step_size)
         window = max((c.max_size for c in layers if isinstance(c, RotatingKVCache)), default=None)
         selection = select_chunks(importance, keep=None if mode == "auto" else settings.sparse_keep, window=window)
         install_position_shift(target.model)

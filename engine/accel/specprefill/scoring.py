@@ -30,6 +30,7 @@ import mlx.core as mx
 
 from engine.accel.attention_capture import capture_attention
 from engine.accel.positions import install_position_shift, position_shift
+from engine.events import PrefillProgressed, result_of
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 CHUNK = 32  # selection granularity (tokens)
@@ -182,26 +183,37 @@ class DraftScorer:
         self.cache = cache or PromptCache(draft.model)
 
     def importance_across(self, target_tokenizer, tokens: list[int], start: int, step: int) -> mx.array:
+        return result_of(self.importance_across_steps(target_tokenizer, tokens, start, step))
+
+    def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
+        return result_of(self.importance_steps(tokens, start, step))
+
+    def importance_across_steps(self, target_tokenizer, tokens: list[int], start: int, step: int):
         """Importance of target tokens[start:] scored by a draft with another tokenizer:
         the draft reads the same text, and each target token takes the highest importance
-        of the draft tokens sharing its characters (engine/accel/translate.py)."""
+        of the draft tokens sharing its characters (engine/accel/translate.py). A generator
+        of progress events; returns the scores."""
         from engine.accel.translate import encode_with_spans, project, text_and_spans
 
         text, target_spans = text_and_spans(target_tokenizer, tokens)
         draft_ids, draft_spans = encode_with_spans(self.draft.tokenizer, text)
         char_start = target_spans[start][0]
         draft_start = next(i for i, (_, e) in enumerate(draft_spans) if e > char_start)
-        scores = self.importance(draft_ids, draft_start, step).tolist()
+        scores = (yield from self.importance_steps(draft_ids, draft_start, step)).tolist()
         return mx.array(project(scores, draft_spans[draft_start:], target_spans[start:]))
 
-    def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
-        """Importance of tokens[start:], in the draft's own token ids."""
+    def importance_steps(self, tokens: list[int], start: int, step: int):
+        """Importance of tokens[start:], in the draft's own token ids. A generator of progress
+        events (the draft reading the prompt, then choosing); returns the scores."""
         from mlx_lm.models.cache import can_trim_prompt_cache
 
         if len(tokens) > self.draft.context_length:
             raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
-        for _ in self.cache.sync(tokens[:-1], step):
-            pass
+        to_read = len(tokens) - 1 - self.cache.reuse(tokens[:-1], keep_last=False)
+        yield PrefillProgressed(0, to_read, "draft")
+        for done in self.cache.sync(tokens[:-1], step):
+            yield PrefillProgressed(done, to_read, "draft")
+        yield PrefillProgressed(0, len(tokens) - start, "select")
         logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self.cache.layers)
         self.cache.tokens = list(tokens)
         first = int(mx.argmax(logits[0, -1]).item())

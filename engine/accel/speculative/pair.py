@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import mlx.core as mx
-
 from engine.accel.specprefill.scoring import DraftScorer
 from engine.accel.speculative.autopilot import SpeculationAutopilot
 from engine.accel.speculative.controller import PairCosts
@@ -41,12 +39,13 @@ class DraftPair:
         same = draft.info.tokenizer_fingerprint == target.info.tokenizer_fingerprint
         return cls(target, draft, same, PromptCache(draft.model))
 
-    def importance(self, tokens: list[int], start: int, step: int) -> mx.array:
-        """SpecPrefill importance of target `tokens[start:]`, in the target's token positions."""
+    def importance_steps(self, tokens: list[int], start: int, step: int):
+        """SpecPrefill importance of target `tokens[start:]`, in the target's token positions:
+        a generator of the draft's progress events that returns the scores."""
         scorer = DraftScorer(self.draft, self.cache)
         if self.same_tokenizer:
-            return scorer.importance(tokens, start, step)
-        return scorer.importance_across(self.target.tokenizer, tokens, start, step)
+            return (yield from scorer.importance_steps(tokens, start, step))
+        return (yield from scorer.importance_across_steps(self.target.tokenizer, tokens, start, step))
 
     def make_drafter(self, dist, settings):
         """The drafter for speculative decoding with this pair."""
