@@ -150,7 +150,8 @@ class ChatController(QObject):
         documents = self._documents.get(cid, [])
         too_big = [fit for _, fit in documents if not fit.fits]
         if too_big and settings.context_overflow != "truncate_oldest":
-            self.composer.show_message(too_big[0].reason + ". Remove it, or set context overflow to truncate_oldest.")
+            self.composer.show_message(too_big[0].reason + ". Remove it, or set context overflow to truncate_oldest.",
+                                       error=True)
             return
         content = "\n\n".join([d.as_prompt() for d, _ in documents] + ([text] if text else []))
         history = self._history(cid)
@@ -164,7 +165,8 @@ class ChatController(QObject):
                 self.store.add_message(cid, "user", content)
                 answer_id = self.store.begin_answer(cid)
         except StoreError as exc:
-            self.composer.show_message(f"{exc}. Your message is still here: send it again once that is fixed.")
+            self.composer.show_message(f"{exc}. Your message is still here: send it again once that is fixed.",
+                                       error=True)
             self.notice.emit(str(exc))
             return
         self._documents.pop(cid, None)
@@ -262,7 +264,7 @@ class ChatController(QObject):
                                            f"{item.info.get('context_length', 0):,} tokens of context)")
         elif isinstance(item, EngineErrored):
             self.notice.emit(item.message)
-            self.composer.show_message(item.message)
+            self.composer.show_message(item.message, error=True)
         elif isinstance(item, EngineWarned):
             self.notice.emit(item.message)
 
@@ -307,7 +309,7 @@ class ChatController(QObject):
                 self.chat_view.flush()
                 if self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
                     self.chat_view.messages[-1].set_finish("error")
-                self.composer.show_message(event.message)
+                self.composer.show_message(event.message, error=True)
             self.notice.emit(event.message)
         elif isinstance(event, EngineWarned):
             self.notice.emit(event.message)
@@ -319,7 +321,7 @@ class ChatController(QObject):
         self._documents.setdefault(item.conversation_id, []).append((doc, fit))
         if item.conversation_id == self.current:
             self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
-            self.composer.show_message("" if fit.fits else fit.reason)
+            self.composer.show_message("" if fit.fits else fit.reason, error=not fit.fits)
 
     # --- helpers ----------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 """`brisk-app`: the desktop app. Builds the QApplication, the store, the engine thread and
-the main window, and follows the system's light or dark theme."""
+the main window, in the theme the user chose (app/theme.py)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,6 @@ import time
 from pathlib import Path
 
 import resources
-
-
-def apply_theme(app) -> None:
-    from PySide6.QtCore import Qt
-
-    dark = app.styleHints().colorScheme() == Qt.ColorScheme.Dark
-    qss = resources.path("styles", "dark.qss" if dark else "light.qss")
-    app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
 
 
 def check_report(app, window) -> list[str]:
@@ -106,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Brisk")
     app.setWindowIcon(QIcon(str(resources.path("icons", "brisk.svg"))))
-    apply_theme(app)
-    app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app))
+    from app.theme import apply_theme, saved_theme
+
+    apply_theme(app, saved_theme())
+    app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app, saved_theme()))
     try:
         window = build_window(model_id=args.model, store_path=args.database or default_database())
     except StoreUnavailable as exc:  # a folder, locked, or a newer schema: nothing was touched

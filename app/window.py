@@ -137,9 +137,36 @@ class MainWindow(QMainWindow):
         dashboard = self.actions_by_text["Show dashboard"]
         dashboard.setCheckable(True)
         dashboard.setChecked(True)
+        self._build_theme_menu(self.menuBar().actions()[2].menu())
         serving = self.actions_by_text["Serve OpenAI-compatible API"]
         serving.setCheckable(True)
         serving.setToolTip(f"Answer OpenAI API requests at http://{API_HOST}:{API_PORT}/v1 with this app's engine")
+
+    def _build_theme_menu(self, view_menu) -> None:
+        """View > Theme: System, Light or Dark, kept across launches."""
+        from PySide6.QtGui import QActionGroup
+
+        from app.theme import THEMES, saved_theme
+
+        menu = view_menu.addMenu("Theme")
+        group = QActionGroup(self)
+        chosen = saved_theme()
+        self.theme_actions = {}
+        for choice in THEMES:
+            action = QAction(choice.capitalize(), self, checkable=True, checked=choice == chosen)
+            action.triggered.connect(lambda _checked=False, choice=choice: self.set_theme(choice))
+            group.addAction(action)
+            menu.addAction(action)
+            self.theme_actions[choice] = action
+
+    def set_theme(self, choice: str) -> None:
+        from PySide6.QtWidgets import QApplication
+
+        from app.theme import apply_theme, save_theme
+
+        apply_theme(QApplication.instance(), choice)
+        save_theme(choice)
+        self.theme_actions[choice].setChecked(True)
 
     def _watch_models(self) -> None:
         """Models installed or removed elsewhere (the CLI, another window) appear at once."""

@@ -35,7 +35,10 @@ class AttachmentChip(QWidget):
         layout = QHBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         note = "fits" if fits else "does not fit"
-        self.label = QLabel(f"📄 {name} · {tokens:,} tokens · {note}")
+        glyph = QLabel()
+        glyph.setPixmap(icon("document").pixmap(16, 16))  # an SVG: an emoji has no glyph on a bare Linux
+        layout.addWidget(glyph)
+        self.label = QLabel(f"{name} · {tokens:,} tokens · {note}")
         self.label.setObjectName("attachmentOk" if fits else "attachmentTooBig")
         self.label.setToolTip(reason or f"{name} fits the context at this chat's KV setting")
         layout.addWidget(self.label)
@@ -89,8 +92,12 @@ class Composer(QWidget):
         self.send_button.setVisible(not busy)
         self.stop_button.setVisible(busy)
 
-    def show_message(self, text: str) -> None:
+    def show_message(self, text: str, *, error: bool = False) -> None:
+        """A line above the box: a notice (muted), or an error (in the error colour)."""
         self.message.setText(text)
+        self.message.setProperty("error", error)
+        self.message.style().unpolish(self.message)  # the stylesheet reads the property again
+        self.message.style().polish(self.message)
         self.message.setVisible(bool(text))
 
     def add_attachment(self, name: str, tokens: int, fits: bool, reason: str = "") -> AttachmentChip:

@@ -1,0 +1,66 @@
+"""Light, dark, or the system's choice. Colours come from a QPalette on Qt's Fusion style,
+so every stock widget (check boxes, spin arrows, disabled fields) is drawn for the theme;
+the stylesheets only add Brisk's accents. The choice is kept in BRISK_HOME/app.ini."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings, Qt
+from PySide6.QtGui import QColor, QPalette
+
+import resources
+
+THEMES = ("system", "light", "dark")
+# (role, colour) of the dark palette; disabled text is dimmed separately below
+DARK = {
+    QPalette.Window: "#0d1117", QPalette.WindowText: "#e6edf3", QPalette.Base: "#010409",
+    QPalette.AlternateBase: "#161b22", QPalette.ToolTipBase: "#161b22", QPalette.ToolTipText: "#e6edf3",
+    QPalette.Text: "#e6edf3", QPalette.Button: "#21262d", QPalette.ButtonText: "#e6edf3",
+    QPalette.BrightText: "#ff7b72", QPalette.Highlight: "#1f6feb", QPalette.HighlightedText: "#ffffff",
+    QPalette.Link: "#58a6ff", QPalette.PlaceholderText: "#8b949e", QPalette.Mid: "#30363d",
+    QPalette.Dark: "#010409", QPalette.Light: "#30363d", QPalette.Midlight: "#21262d", QPalette.Shadow: "#000000",
+}
+DISABLED_DARK = {QPalette.WindowText: "#6e7681", QPalette.Text: "#6e7681", QPalette.ButtonText: "#6e7681",
+                 QPalette.Base: "#161b22", QPalette.Button: "#161b22"}
+
+
+def is_dark(app, choice: str) -> bool:
+    if choice == "system":
+        return app.styleHints().colorScheme() == Qt.ColorScheme.Dark
+    return choice == "dark"
+
+
+def dark_palette() -> QPalette:
+    palette = QPalette()
+    for role, colour in DARK.items():
+        palette.setColor(role, QColor(colour))
+    for role, colour in DISABLED_DARK.items():
+        palette.setColor(QPalette.Disabled, role, QColor(colour))
+    return palette
+
+
+def apply_theme(app, choice: str = "system") -> bool:
+    """Apply `choice` (one of THEMES); returns whether the result is dark."""
+    dark = is_dark(app, choice if choice in THEMES else "system")
+    app.setStyle("Fusion")
+    app.setPalette(dark_palette() if dark else app.style().standardPalette())
+    qss = resources.path("styles", "dark.qss" if dark else "light.qss")
+    app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
+    app.setProperty("briskDark", dark)
+    return dark
+
+
+def _settings() -> QSettings:
+    from engine.models.store import brisk_home
+
+    return QSettings(str(brisk_home() / "app.ini"), QSettings.IniFormat)
+
+
+def saved_theme() -> str:
+    choice = _settings().value("theme", "system")
+    return choice if choice in THEMES else "system"
+
+
+def save_theme(choice: str) -> None:
+    settings = _settings()
+    settings.setValue("theme", choice)
+    settings.sync()
