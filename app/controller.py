@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.store import StoreError
 from engine.conversation import Message
+from engine.documents import join_attached
 from engine.errors import InvalidSettings
 from engine.events import (
     ContextTruncated,
@@ -93,11 +94,15 @@ class ChatController(QObject):
         self.chat_view.clear()
         self.dashboard.reset()
         last_metrics = None
-        for m in self.store.messages(cid):
-            self.chat_view.add_message(m.role, m.content, m.finish_reason,
+        documents = {a["name"]: a for a in self.store.attachments(cid)}
+        stored = self.store.messages(cid)
+        for m in stored:
+            self.chat_view.add_message(m.role, m.content, m.finish_reason, documents=documents,
                                        coverage=(m.metrics or {}).get("coverage") if m.role == "assistant" else None)
             if m.metrics:
                 last_metrics = m.metrics
+        if stored and stored[-1].role == "assistant":  # only the last answer pages: later turns built on it
+            self.chat_view.messages[-1].set_versions(*self.store.versions(cid, len(stored) - 1))
         if last_metrics:
             self.dashboard.show_turn(last_metrics, model=conv.settings.get("model", ""))
         try:
@@ -153,7 +158,7 @@ class ChatController(QObject):
             self.composer.show_message(too_big[0].reason + ". Remove it, or set context overflow to truncate_oldest.",
                                        error=True)
             return
-        content = "\n\n".join([d.as_prompt() for d, _ in documents] + ([text] if text else []))
+        content = join_attached([(d.name, d.text) for d, _ in documents], text)
         history = self._history(cid)
         try:  # one transaction: a refused write leaves the message in the box and nothing half-saved
             with self.store._transaction():
@@ -173,7 +178,8 @@ class ChatController(QObject):
         self.composer.clear_attachments()
         self.composer.edit.clear()
         self.composer.show_message("")
-        self.chat_view.add_message("user", content)
+        self.chat_view.add_message("user", content, documents={d.name: {"kind": d.kind, "tokens": fit.tokens}
+                                                               for d, fit in documents})
         self._start_answer(cid, answer_id)
         self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()
@@ -190,9 +196,8 @@ class ChatController(QObject):
         last_user = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
         if last_user is None:
             return
-        try:
-            self.store.truncate(cid, last_user + 1)
-            answer_id = self.store.begin_answer(cid)
+        try:  # the answer there is kept as an earlier version ("< 1/2 >")
+            answer_id = self.store.regenerate_at(cid, last_user + 1)
         except StoreError as exc:
             self.notice.emit(f"Cannot regenerate: {exc}")
             return
@@ -203,9 +208,24 @@ class ChatController(QObject):
             settings = replace(settings, sparse_prefill="off", uniprefill="off")
         self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
 
-    def edit(self, index: int, text: str) -> None:
+    def show_version(self, step: int) -> None:
+        """Page the last answer through the versions Regenerate kept (-1 older, +1 newer);
+        the conversation goes on from the one shown."""
         cid = self.current
         if cid is None or self.busy:
+            return
+        messages = self.store.messages(cid)
+        if not messages or messages[-1].role != "assistant":
+            return
+        if self._saved("Cannot switch answers", self.store.show_version, cid, len(messages) - 1, step):
+            self.open(cid)
+
+    def edit(self, index: int, text: str) -> None:
+        cid = self.current
+        if cid is None:
+            return
+        if self.busy:
+            self.notice.emit("Brisk is still answering: stop it (Esc), then edit")
             return
         stored = self.store.messages(cid)
         if not 0 <= index < len(stored) or stored[index].role != "user":

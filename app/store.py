@@ -26,7 +26,7 @@ from urllib.parse import quote
 from engine.models.store import lock_file
 from engine.vocabulary import FINISH_REASONS
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS = {
     1: """
     CREATE TABLE conversations (
@@ -44,6 +44,16 @@ MIGRATIONS = {
         name TEXT NOT NULL, kind TEXT NOT NULL, tokens INTEGER NOT NULL, text TEXT NOT NULL,
         created REAL NOT NULL);
     """,
+    # Earlier answers kept by Regenerate, by the position of the answer they stand beside;
+    # the messages row at that position is the version shown (and sent on).
+    2: """
+    CREATE TABLE answer_versions (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        position INTEGER NOT NULL, content TEXT NOT NULL, finish_reason TEXT, metrics TEXT,
+        created REAL NOT NULL);
+    CREATE INDEX versions_by_answer ON answer_versions(conversation_id, position);
+    """,
 }
 
 
@@ -60,7 +70,7 @@ APPLICATION_ID = 0x4252534B
 SQLITE_HEADER = b"SQLite format 3\x00"
 # How long to wait for another program's lock before saying the database is in use.
 LOCK_TIMEOUT_S = 5.0
-TABLES = ("conversations", "messages", "attachments")
+TABLES = ("conversations", "messages", "attachments", "answer_versions")
 
 
 class _Corrupt(Exception):
@@ -226,7 +236,7 @@ class Store:
         missing = [t for t in TABLES if t not in present]
         if not missing:
             return
-        for statement in _statements(MIGRATIONS[1]):
+        for statement in (s for v in sorted(MIGRATIONS) for s in _statements(MIGRATIONS[v])):
             db.execute(statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
                        .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS "))
         self.problems.append(f"The chat database lacked its {', '.join(missing)} table(s); they were recreated "
@@ -385,8 +395,59 @@ class Store:
                         (content, finish_reason, json.dumps(metrics) if metrics else None, message_id))
 
     def truncate(self, conversation_id: int, keep: int) -> None:
-        """Keep the first `keep` messages (edit and regenerate drop what follows)."""
-        self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
+        """Keep the first `keep` messages and the versions beside them (an edit drops what follows)."""
+        with self._transaction():
+            self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
+            self._write("DELETE FROM answer_versions WHERE conversation_id = ? AND position >= ?",
+                        (conversation_id, keep))
+
+    # --- answer versions (Regenerate keeps the earlier answers) ---------------------------
+
+    def regenerate_at(self, conversation_id: int, position: int) -> int:
+        """Keep the answer at `position` as an earlier version, drop it and what follows, and
+        begin the new answer there; returns its message id."""
+        with self._transaction():
+            row = self.db.execute("SELECT content, finish_reason, metrics, created FROM messages WHERE"
+                                  " conversation_id = ? AND position = ? AND role = 'assistant'",
+                                  (conversation_id, position)).fetchone()
+            if row and row[0]:
+                self._write("INSERT INTO answer_versions (conversation_id, position, content, finish_reason, metrics,"
+                            " created) VALUES (?, ?, ?, ?, ?, ?)", (conversation_id, position, *row))
+            self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, position))
+            self._write("DELETE FROM answer_versions WHERE conversation_id = ? AND position > ?",
+                        (conversation_id, position))
+            return self.begin_answer(conversation_id)
+
+    def versions(self, conversation_id: int, position: int) -> tuple[int, int]:
+        """(index of the shown answer, how many) among the answers kept at `position`, oldest first."""
+        shown = self.db.execute("SELECT created FROM messages WHERE conversation_id = ? AND position = ?",
+                                (conversation_id, position)).fetchone()
+        if shown is None or "answer_versions" not in self._tables():
+            return 0, 1
+        created = [r[0] for r in self.db.execute("SELECT created FROM answer_versions WHERE conversation_id = ?"
+                                                 " AND position = ?", (conversation_id, position))]
+        return sum(c < shown[0] for c in created), len(created) + 1
+
+    def show_version(self, conversation_id: int, position: int, step: int) -> bool:
+        """Show the answer `step` places older (-1) or newer (+1) at `position`: it swaps places
+        with the shown one, so the conversation goes on from it. False when there is none."""
+        shown, count = self.versions(conversation_id, position)
+        target = shown + step
+        if not 0 <= target < count:
+            return False
+        with self._transaction():
+            message = self.db.execute("SELECT id, content, finish_reason, metrics, created FROM messages WHERE"
+                                      " conversation_id = ? AND position = ?", (conversation_id, position)).fetchone()
+            others = self.db.execute("SELECT id, content, finish_reason, metrics, created FROM answer_versions WHERE"
+                                     " conversation_id = ? AND position = ? ORDER BY created",
+                                     (conversation_id, position)).fetchall()
+            chosen = others[target if target < shown else target - 1]
+            self._write("UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, created = ? WHERE id = ?",
+                        (*chosen[1:], message[0]))
+            self._write("UPDATE answer_versions SET content = ?, finish_reason = ?, metrics = ?, created = ?"
+                        " WHERE id = ?", (*message[1:], chosen[0]))
+            self._touch(conversation_id)
+        return True
 
     # --- attachments -----------------------------------------------------------------
 

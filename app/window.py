@@ -10,7 +10,6 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
-    QInputDialog,
     QLabel,
     QMainWindow,
     QMessageBox,
@@ -77,7 +76,8 @@ class MainWindow(QMainWindow):
         self.sidebar.rename_requested.connect(c.rename)
         self.sidebar.delete_requested.connect(self.delete_with_undo)
         self.sidebar.search_changed.connect(c.search)
-        self.chat_view.edit_requested.connect(self.edit_message)
+        self.chat_view.edit_submitted.connect(self.controller.edit)
+        self.chat_view.version_requested.connect(self.controller.show_version)
         self.api_server = None  # app/api_server.py, made when first switched on
         self.api_status = QLabel("")
         self.statusBar().addPermanentWidget(self.api_status)
@@ -274,12 +274,6 @@ class MainWindow(QMainWindow):
         self.refresh_sidebar()
         self.undo_button.hide()
         self.statusBar().showMessage("Restored", 3000)
-
-    def edit_message(self, index: int) -> None:
-        current = self.chat_view.messages[index].text
-        text, ok = QInputDialog.getMultiLineText(self, "Edit message", "Your message:", current)
-        if ok and text.strip():
-            self.controller.edit(index, text.strip())
 
     def export(self, kind: str, path: str | None = None) -> None:
         cid = self.controller.current

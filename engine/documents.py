@@ -7,6 +7,7 @@ large) is a DocumentError whose message says what is wrong with that file.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,10 +36,31 @@ class Document:
     size_bytes: int
 
     def as_prompt(self) -> str:
-        """How the document enters the conversation: named and fenced, so the model sees
-        where it starts and ends."""
-        fence = "```" if "```" not in self.text else "~~~~"
-        return f"[Attached document: {self.name}]\n{fence}\n{self.text}\n{fence}"
+        return attached_block(self.name, self.text)
+
+
+def attached_block(name: str, text: str) -> str:
+    """How a document enters the conversation: named and fenced, so the model sees where it
+    starts and ends (with a fence the text does not hold: ```, else a run of ~ longer than any in it)."""
+    fence = "```" if "```" not in text else "~" * max(4, 1 + max(len(r) for r in re.findall("~+", text + "~")))
+    return f"[Attached document: {name}]\n{fence}\n{text}\n{fence}"
+
+
+_ATTACHED = re.compile(r"\[Attached document: ([^\]\n]+)\]\n(```|~{4,})\n(.*?)\n\2(?:\n\n|\Z)", re.S)
+
+
+def split_attached(content: str) -> tuple[list[tuple[str, str]], str]:
+    """A user message's leading attached documents as (name, text), and the typed rest:
+    the inverse of joining `attached_block`s and the text with blank lines."""
+    documents, at = [], 0
+    while (match := _ATTACHED.match(content, at)):
+        documents.append((match.group(1), match.group(3)))
+        at = match.end()
+    return documents, content[at:]
+
+
+def join_attached(documents: list[tuple[str, str]], text: str) -> str:
+    return "\n\n".join([attached_block(name, body) for name, body in documents] + ([text] if text else []))
 
 
 def read_document(path) -> Document:

@@ -8,9 +8,12 @@ import re
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QGuiApplication, QSyntaxHighlighter, QTextCharFormat, QTextFormat
 from PySide6.QtWidgets import (
+    QDialog,
+    QDialogButtonBox,
     QFrame,
     QHBoxLayout,
     QLabel,
+    QPlainTextEdit,
     QPushButton,
     QScrollArea,
     QSizePolicy,
@@ -19,7 +22,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.icons import icon
 from app.widgets.coverage import CoverageMap
+from engine.documents import join_attached, split_attached
 
 KEYWORDS = re.compile(r"\b(def|class|return|if|elif|else|for|while|in|import|from|as|with|try|except|finally|raise|"
                       r"lambda|yield|async|await|fn|let|mut|const|var|function|struct|impl|pub|use|match|new|"
@@ -76,15 +81,61 @@ class MessageBody(QTextBrowser):
 # Speculated tokens the target kept, by who proposed them (the tint checkbox's legend).
 SOURCE_TINTS = {"draft": "rgba(80, 160, 255, 0.28)", "lookup": "rgba(63, 185, 80, 0.30)"}
 
+class DocumentChip(QFrame):
+    """A document sent with a message: name, type and tokens; Preview opens its text.
+    The model received the whole text; the bubble shows it as a chip, not a code block."""
+
+    def __init__(self, name: str, text: str, info: dict | None = None, parent=None):
+        super().__init__(parent)
+        self.setObjectName("documentChip")
+        self.name, self.text = name, text
+        info = info or {}
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(6, 3, 6, 3)
+        glyph = QLabel()
+        glyph.setPixmap(icon("document").pixmap(16, 16))
+        layout.addWidget(glyph)
+        facts = [name, info.get("kind") or "text"]
+        if info.get("tokens"):
+            facts.append(f"{info['tokens']:,} tokens")
+        facts.append(f"{len(text.split()):,} words")
+        self.label = QLabel(" · ".join(facts))
+        layout.addWidget(self.label, 1)
+        self.preview_button = QPushButton("Preview")
+        self.preview_button.clicked.connect(self.preview)
+        layout.addWidget(self.preview_button)
+        self.dialog: QDialog | None = None
+
+    def preview(self) -> QDialog:
+        self.dialog = dialog = QDialog(self.window())
+        dialog.setWindowTitle(self.name)
+        dialog.resize(720, 560)
+        layout = QVBoxLayout(dialog)
+        view = QPlainTextEdit(self.text)
+        view.setReadOnly(True)
+        view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        layout.addWidget(view)
+        buttons = QDialogButtonBox(QDialogButtonBox.Close)
+        buttons.rejected.connect(dialog.reject)
+        layout.addWidget(buttons)
+        dialog.open()
+        return dialog
+
+
 class MessageWidget(QFrame):
     copy_requested = Signal(str)
     edit_requested = Signal(int)
+    edit_submitted = Signal(int, str)  # index, the whole new content (documents kept)
     regenerate_requested = Signal()
     read_all_requested = Signal()
+    version_requested = Signal(int)  # -1 older, +1 newer
 
-    def __init__(self, index: int, role: str, text: str = "", finish_reason: str | None = None, parent=None):
+    def __init__(self, index: int, role: str, text: str = "", finish_reason: str | None = None, parent=None,
+                 *, documents: dict | None = None):
         super().__init__(parent)
         self.index, self.role = index, role
+        # A user message's attached documents show as chips; its text is what was typed.
+        self.documents, text = split_attached(text) if role == "user" else ([], text)
         # (text, source): "" the target's own tokens, "draft" or "lookup" speculated ones it kept
         self.segments: list[tuple[str, str]] = [(text, "")] if text else []
         self.tint_draft = False
@@ -110,14 +161,74 @@ class MessageWidget(QFrame):
             self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.index))
             header.addWidget(self.edit_button)
         else:
+            self.older = QPushButton("<")
+            self.version_label = QLabel("")
+            self.version_label.setObjectName("versionLabel")
+            self.newer = QPushButton(">")
+            for button, step, tip in ((self.older, -1, "The previous answer"), (self.newer, 1, "The next answer")):
+                button.setFixedWidth(28)
+                button.setToolTip(tip)
+                button.clicked.connect(lambda _checked=False, step=step: self.version_requested.emit(step))
+            for w in (self.older, self.version_label, self.newer):
+                header.addWidget(w)
             self.regenerate_button = QPushButton("Regenerate")
             self.regenerate_button.clicked.connect(self.regenerate_requested.emit)
             header.addWidget(self.regenerate_button)
+            self.set_versions(0, 1)
         layout.addLayout(header)
+        self.chips = [DocumentChip(name, body, (documents or {}).get(name)) for name, body in self.documents]
+        for chip in self.chips:
+            layout.addWidget(chip)
         self.body = MessageBody()
         layout.addWidget(self.body)
+        self.editor: QPlainTextEdit | None = None
         self.coverage: CoverageMap | None = None
         self.render()
+
+    def set_versions(self, shown: int, count: int) -> None:
+        """Answer `shown` (0-based) of `count` kept by regenerating: "< 2/3 >" when there are several."""
+        for w in (self.older, self.version_label, self.newer):
+            w.setVisible(count > 1)
+        self.version_label.setText(f"{shown + 1}/{count}")
+        self.older.setEnabled(shown > 0)
+        self.newer.setEnabled(shown < count - 1)
+
+    # --- editing in place ---------------------------------------------------------------
+
+    def start_editing(self) -> QPlainTextEdit:
+        """Swap the text for an editor in the bubble (documents stay attached)."""
+        if self.editor is not None:
+            return self.editor
+        self.editor = QPlainTextEdit(self.text)
+        self.editor.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        self.editor.setMinimumHeight(min(max(80, self.body.height() + 24), 320))
+        buttons = QDialogButtonBox()
+        self.save_button = buttons.addButton("Save and send", QDialogButtonBox.AcceptRole)
+        buttons.addButton(QDialogButtonBox.Cancel)
+        buttons.accepted.connect(self._submit_edit)
+        buttons.rejected.connect(self.stop_editing)
+        self.edit_buttons = buttons
+        self.body.hide()
+        self.layout().addWidget(self.editor)
+        self.layout().addWidget(buttons)
+        self.editor.setFocus()
+        return self.editor
+
+    def stop_editing(self) -> None:
+        if self.editor is None:
+            return
+        for w in (self.editor, self.edit_buttons):
+            w.setParent(None)
+            w.deleteLater()
+        self.editor = None
+        self.body.show()
+
+    def _submit_edit(self) -> None:
+        text = self.editor.toPlainText().strip()
+        if not text and not self.documents:
+            return
+        self.stop_editing()
+        self.edit_submitted.emit(self.index, join_attached(self.documents, text))
 
     def set_coverage(self, coverage: dict | None) -> None:
         """Show what a sparse prefill read for this answer (nothing for a dense one)."""
@@ -163,7 +274,8 @@ def _finish_note(reason: str | None) -> str:
 
 
 class ChatView(QScrollArea):
-    edit_requested = Signal(int)
+    edit_submitted = Signal(int, str)  # index, new content
+    version_requested = Signal(int)  # -1 older, +1 newer answer
     regenerate_requested = Signal()
     read_all_requested = Signal()
 
@@ -194,12 +306,14 @@ class ChatView(QScrollArea):
         self.messages = []
 
     def add_message(self, role: str, text: str = "", finish_reason: str | None = None,
-                    coverage: dict | None = None) -> MessageWidget:
-        widget = MessageWidget(len(self.messages), role, text, finish_reason)
+                    coverage: dict | None = None, documents: dict | None = None) -> MessageWidget:
+        widget = MessageWidget(len(self.messages), role, text, finish_reason, documents=documents)
         widget.set_coverage(coverage)
         widget.tint_draft = self.tint_draft
         widget.copy_requested.connect(lambda t: QGuiApplication.clipboard().setText(t))
-        widget.edit_requested.connect(self.edit_requested.emit)
+        widget.edit_requested.connect(lambda index: self.messages[index].start_editing())
+        widget.edit_submitted.connect(self.edit_submitted.emit)
+        widget.version_requested.connect(self.version_requested.emit)
         widget.regenerate_requested.connect(self.regenerate_requested.emit)
         widget.read_all_requested.connect(self.read_all_requested.emit)
         self.column.insertWidget(self.column.count() - 1, widget)

@@ -93,3 +93,14 @@ def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
                                          "K8/V4 g32": {"top1_agreement": 1.0, "mean_kl": 0.0, "generated": 64,
                                                        "passed": True, "why": "-"}})
     assert need(kv_auto=True) == need(k_bits=8, v_bits=4)
+
+
+def test_attached_documents_split_back_out_of_a_message_exactly():
+    """The bubble shows a sent message's documents as chips: the split must invert the join,
+    whatever fences the documents themselves hold."""
+    from engine.documents import join_attached, split_attached
+
+    documents = [("a.txt", "one\n\ntwo"), ("b.md", "has ``` inside\n~~~~\nand tildes"), ("c.py", "x = 1")]
+    for text in ("What changed?", "", "Line one\n\n[Attached document: fake] in my own words"):
+        assert split_attached(join_attached(documents, text)) == (documents, text)
+    assert split_attached("No documents here.") == ([], "No documents here.")

@@ -1,0 +1,100 @@
+"""A sent document is a chip in the bubble; Regenerate keeps earlier answers to page
+through; Edit opens in the bubble. All through the real buttons."""
+
+import sqlite3
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QDialog, QPlainTextEdit
+
+from app.store import MIGRATIONS, Store
+from app.widgets.chat_view import DocumentChip
+from engine.documents import Document, Fit
+from engine.worker import Answer, DocumentChecked
+from tests.app.test_window import answer, send
+
+REPORT = "Water use rose 12% in the north.\n\n```\nnot code, just a fence in the text\n```\nThe vote is on 14 March."
+
+
+def attach(w, engine, cid, text=REPORT):
+    engine.play(DocumentChecked(cid, Document("report.md", "markdown", text, len(text)),
+                                Fit(37, 60, 8192, 0, 0, True)))
+
+
+def test_a_sent_document_is_a_chip_that_opens_to_its_text(qtbot, make_window, engine):
+    w = make_window()
+    cid = w.controller.current
+    attach(w, engine, cid)
+    command = send(qtbot, w, "When is the vote?")
+    assert REPORT in command.messages[-1].content  # the model still gets the whole text
+    bubble = w.chat_view.messages[0]
+    assert bubble.text == "When is the vote?" and "Attached document" not in bubble.body.toPlainText()
+    assert not bubble.copy_code_button.isVisibleTo(bubble)  # the user's own words hold no code
+    chip = bubble.findChild(DocumentChip)
+    assert chip.label.text() == "report.md · markdown · 37 tokens · 23 words"
+    qtbot.mouseClick(chip.preview_button, Qt.LeftButton)
+    assert isinstance(chip.dialog, QDialog) and chip.dialog.isVisible()
+    assert chip.dialog.findChild(QPlainTextEdit).toPlainText() == REPORT
+    w.controller.open(cid)  # reopened from the store: the chip keeps its facts
+    assert w.chat_view.messages[0].findChild(DocumentChip).label.text().startswith("report.md · markdown · 37 tokens")
+
+
+def test_regenerate_keeps_earlier_answers_to_page_through_and_the_chat_goes_on_from_the_shown_one(
+        qtbot, make_window, engine, db_path):
+    w = make_window()
+    cid = send(qtbot, w, "Name a colour").conversation_id
+    answer(engine, cid, ["Red"])
+    for colour in ("Blue", "Green"):
+        qtbot.mouseClick(w.chat_view.messages[-1].regenerate_button, Qt.LeftButton)
+        answer(engine, cid, [colour])
+    last = w.chat_view.messages[-1]
+    assert last.version_label.isVisibleTo(last) and last.version_label.text() == "3/3"
+    assert last.older.isEnabled() and not last.newer.isEnabled()
+    qtbot.mouseClick(last.older, Qt.LeftButton)
+    qtbot.mouseClick(w.chat_view.messages[-1].older, Qt.LeftButton)
+    last = w.chat_view.messages[-1]
+    assert last.text == "Red" and last.version_label.text() == "1/3" and not last.older.isEnabled()
+    command = send(qtbot, w, "Another?")
+    assert [m.content for m in command.messages] == ["Name a colour", "Red", "Another?"]
+    w.store.close()
+    reopened = Store(db_path)
+    assert reopened.versions(cid, 1) == (0, 3)
+    assert sorted(reopened.db.execute("SELECT content FROM answer_versions").fetchall()) == [("Blue",), ("Green",)]
+    reopened.close()
+
+
+def test_edit_opens_in_the_bubble_and_keeps_the_documents(qtbot, make_window, engine):
+    w = make_window()
+    cid = w.controller.current
+    attach(w, engine, cid)
+    first = send(qtbot, w, "When is the vote?")
+    answer(engine, first.conversation_id, ["14 March."])
+    bubble = w.chat_view.messages[0]
+    qtbot.mouseClick(bubble.edit_button, Qt.LeftButton)
+    editor = bubble.editor
+    assert editor is not None and editor.toPlainText() == "When is the vote?" and not bubble.body.isVisibleTo(bubble)
+    assert editor.lineWrapMode() == QPlainTextEdit.WidgetWidth
+    editor.setPlainText("Who votes?")
+    qtbot.mouseClick(bubble.save_button, Qt.LeftButton)
+    command = engine.commands[-1]
+    assert isinstance(command, Answer) and len(command.messages) == 1
+    assert REPORT in command.messages[0].content and command.messages[0].content.endswith("Who votes?")
+    assert w.chat_view.messages[0].text == "Who votes?" and w.chat_view.messages[0].findChild(DocumentChip)
+
+
+def test_a_database_from_before_answer_versions_is_migrated_and_keeps_its_chats(tmp_path):
+    path = tmp_path / "old.db"
+    db = sqlite3.connect(path)
+    db.executescript(MIGRATIONS[1])
+    db.execute("INSERT INTO conversations (title, created, updated) VALUES ('Old chat', 0, 0)")
+    db.execute("INSERT INTO messages (conversation_id, position, role, content, created)"
+               " VALUES (1, 0, 'user', 'Hi', 0)")
+    db.execute("INSERT INTO messages (conversation_id, position, role, content, created) VALUES (1, 1, 'assistant',"
+               " 'Hello', 1)")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    store = Store(path)
+    assert [m.content for m in store.messages(1)] == ["Hi", "Hello"]
+    store.regenerate_at(1, 1)
+    assert store.versions(1, 1) == (1, 2)
+    store.close()
