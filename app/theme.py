@@ -16,7 +16,7 @@ DARK = {
     QPalette.AlternateBase: "#161b22", QPalette.ToolTipBase: "#161b22", QPalette.ToolTipText: "#e6edf3",
     QPalette.Text: "#e6edf3", QPalette.Button: "#21262d", QPalette.ButtonText: "#e6edf3",
     QPalette.BrightText: "#ff7b72", QPalette.Highlight: "#1f6feb", QPalette.HighlightedText: "#ffffff",
-    QPalette.Link: "#58a6ff", QPalette.PlaceholderText: "#8b949e", QPalette.Mid: "#30363d",
+    QPalette.Link: "#58a6ff", QPalette.PlaceholderText: "#8b949e", QPalette.Mid: "#484f58",
     QPalette.Dark: "#010409", QPalette.Light: "#30363d", QPalette.Midlight: "#21262d", QPalette.Shadow: "#000000",
 }
 DISABLED_DARK = {QPalette.WindowText: "#6e7681", QPalette.Text: "#6e7681", QPalette.ButtonText: "#6e7681",
@@ -44,7 +44,9 @@ def apply_theme(app, choice: str = "system") -> bool:
     app.setStyle("Fusion")
     app.setPalette(dark_palette() if dark else app.style().standardPalette())
     qss = resources.path("styles", "dark.qss" if dark else "light.qss")
-    app.setStyleSheet(qss.read_text(encoding="utf-8") if qss.is_file() else "")
+    # url({icons}/x.svg): Qt resolves a stylesheet's relative urls against the working folder
+    icons = resources.path("icons").as_posix()
+    app.setStyleSheet(qss.read_text(encoding="utf-8").replace("{icons}", icons) if qss.is_file() else "")
     app.setProperty("briskDark", dark)
     return dark
 

@@ -10,7 +10,7 @@ from importlib.resources import files
 from pathlib import Path
 
 # What the app needs; `brisk-app --check` reports any that is missing.
-ICON_NAMES = ("brisk", "new", "send", "stop", "attach", "document")
+ICON_NAMES = ("brisk", "new", "send", "stop", "attach", "document", "check")
 STYLES = ("light.qss", "dark.qss")
 
 

@@ -201,7 +201,7 @@ class MessageWidget(QFrame):
             return self.editor
         self.editor = QPlainTextEdit(self.text)
         self.editor.setLineWrapMode(QPlainTextEdit.WidgetWidth)
-        self.editor.setMinimumHeight(min(max(80, self.body.height() + 24), 320))
+        self.editor.setFixedHeight(min(max(72, self.body.height() + 24), 320))
         buttons = QDialogButtonBox()
         self.save_button = buttons.addButton("Save and send", QDialogButtonBox.AcceptRole)
         buttons.addButton(QDialogButtonBox.Cancel)

@@ -95,7 +95,7 @@ class LineChart(QWidget):
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
         p.setRenderHint(QPainter.Antialiasing)
-        area = QRectF(40, 8, self.width() - 48, self.height() - 50)
+        area = QRectF(40, 8, self.width() - 48, self.height() - 44)  # below: turn numbers, then the legend
         ticks = self.y_ticks()
         top = ticks[-1]
         text, grid = self.palette().text().color(), self.palette().mid().color()
@@ -110,7 +110,7 @@ class LineChart(QWidget):
         p.setPen(text)
         for j, turn in self.x_labels():
             p.drawText(QRectF(x_of[j] - 20, area.bottom() + 2, 40, 14), Qt.AlignCenter, str(turn))
-        p.drawText(QRectF(area.left(), area.bottom() + 16, area.width(), 14), Qt.AlignCenter, "turn")
+        p.drawText(QRectF(area.left(), area.bottom() + 18, area.width(), 14), Qt.AlignRight, "turn")
         for i, name in enumerate(self.names):
             color = QColor(self.COLORS[i % len(self.COLORS)])
             p.setPen(QPen(color, 2))
@@ -119,7 +119,7 @@ class LineChart(QWidget):
                 p.drawLine(a, b)
             for point in points:
                 p.drawEllipse(point, 2.5, 2.5)
-            p.drawText(QRectF(area.left() + i * 90, area.bottom() + 30, 90, 14), Qt.AlignLeft, f"● {name}")
+            p.drawText(QRectF(area.left() + i * 90, area.bottom() + 18, 90, 14), Qt.AlignLeft, f"● {name}")
 
 
 def nice_ticks(top: float, most: int = 4) -> list[float]:

@@ -54,3 +54,15 @@ def test_a_notice_is_not_drawn_as_an_error(qtbot, make_window, engine, tmp_path)
     assert w.composer.message.text() == "Reading the document…" and w.composer.message.property("error") is False
     w.composer.show_message("That file is binary", error=True)
     assert w.composer.message.property("error") is True
+
+
+def test_every_url_in_either_stylesheet_names_a_file_that_exists(light_after):
+    import re
+    from pathlib import Path
+
+    for choice in ("dark", "light"):
+        apply_theme(QApplication.instance(), choice)
+        urls = re.findall(r"url\(([^)]*)\)", QApplication.instance().styleSheet())
+        assert all(Path(url).is_file() for url in urls), urls
+        if choice == "dark":
+            assert urls  # the check box's tick
