@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.preferences import record_draft_cost
 from app.store import StoreError
 from engine.conversation import Message
 from engine.documents import join_attached
@@ -310,6 +311,7 @@ class ChatController(QObject):
             metrics = event.metrics.to_dict()
             if metrics.get("kv_check"):
                 self.settings_panel.refresh_kv()  # a first packed turn measured this model's KV fidelity
+            self._remember_draft_cost(cid, metrics)
             if answer is not None:
                 self._finish_saved(answer["id"], event.text, metrics["finish_reason"], metrics)
                 self._end_answer()
@@ -335,6 +337,14 @@ class ChatController(QObject):
             self.notice.emit(event.message)
         elif isinstance(event, ContextTruncated):
             self.notice.emit(f"The {event.dropped_messages} oldest messages no longer fit and were left out")
+
+    def _remember_draft_cost(self, cid: int, metrics: dict) -> None:
+        """A turn that drafted measured its draft's step cost: drafts are ranked by it from now on."""
+        ratio = metrics.get("draft_cost_ratio") or 0.0
+        settings = self.settings_panel.settings() if cid == self.current else None
+        if ratio > 0 and settings is not None and settings.draft:
+            record_draft_cost(settings.model, settings.draft, ratio)
+            self.settings_panel.set_settings(settings)  # re-ranks the draft list
 
     def _document_checked(self, item: DocumentChecked) -> None:
         doc, fit = item.document, item.fit

@@ -1,13 +1,14 @@
 """Light, dark, or the system's choice. Colours come from a QPalette on Qt's Fusion style,
 so every stock widget (check boxes, spin arrows, disabled fields) is drawn for the theme;
-the stylesheets only add Brisk's accents. The choice is kept in BRISK_HOME/app.ini."""
+the stylesheets only add Brisk's accents. The choice is kept in BRISK_HOME/app.ini (app/preferences.py)."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 
 import resources
+from app.preferences import preferences
 
 THEMES = ("system", "light", "dark")
 # (role, colour) of the dark palette; disabled text is dimmed separately below
@@ -51,18 +52,12 @@ def apply_theme(app, choice: str = "system") -> bool:
     return dark
 
 
-def _settings() -> QSettings:
-    from engine.models.store import brisk_home
-
-    return QSettings(str(brisk_home() / "app.ini"), QSettings.IniFormat)
-
-
 def saved_theme() -> str:
-    choice = _settings().value("theme", "system")
+    choice = preferences().value("theme", "system")
     return choice if choice in THEMES else "system"
 
 
 def save_theme(choice: str) -> None:
-    settings = _settings()
+    settings = preferences()
     settings.setValue("theme", choice)
     settings.sync()

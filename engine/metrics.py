@@ -55,6 +55,7 @@ class TurnMetrics:
     mean_k: float = 0.0  # draft tokens per drafting cycle
     draft_time_share: float = 0.0  # share of decode time spent in the draft
     draft_prefill_s: float = 0.0  # bringing the draft's cache up to the prompt
+    draft_cost_ratio: float = 0.0  # a draft step's measured cost in target steps (0: not measured)
     sources: list = field(default_factory=list)  # per generated token: "draft", "lookup" or "" (the target's)
     extra: dict = field(default_factory=dict)
 

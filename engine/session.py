@@ -195,7 +195,7 @@ class Session:
         finally:
             steps.close()
             if decoder is not None:
-                for name, value in decoder.stats.to_metrics().items():
+                for name, value in decoder.metrics().items():
                     setattr(metrics, name, value)
                 metrics.sources = decoder.stats.sources[:len(answer.token_ids)]
             tail = text.flush()

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.preferences import measured_draft_cost
 from engine.accel.speculative.drafters import draft_compatibility
 from engine.accel.uniprefill.plan import DEFAULT_P
 from engine.settings import ChatSettings
@@ -69,7 +70,8 @@ class SettingsPanel(QWidget):
         self.model = QComboBox()
         self.draft = QComboBox()
         self.draft.setToolTip("Only models that can speed this chat's model up are offered: smaller than it, "
-                              "cheapest step first (by weight bytes, the cost of a decode step on this machine)")
+                              "cheapest step first (as measured on this machine once a turn drafted with the "
+                              "pair, else by parameter count)")
         self.badge = QLabel("")
         self.badge.setObjectName("draftBadge")
         self.badge.setWordWrap(True)
@@ -98,6 +100,7 @@ class SettingsPanel(QWidget):
         for key in KV_CHOICES:  # the item's data is the choice; its text adds what the self-test said
             self.kv_bits.addItem(key, key)
         self.kv_results = stored_kv_results  # model id -> self-test results (replaceable in tests)
+        self.measured_costs = measured_draft_cost  # (target, draft) -> measured step cost ratio or None
         self.system = QPlainTextEdit()
         self.system.setPlaceholderText("System prompt (optional)")
         self.system.setFixedHeight(64)
@@ -115,6 +118,7 @@ class SettingsPanel(QWidget):
                               ("Temperature", self.temperature), ("Top-p", self.top_p),
                               ("Max tokens", self.max_tokens), ("Context overflow", self.overflow)):
             form.addRow(label, widget)
+        self._explain()
         for combo in (self.model, self.draft, self.sparse, self.uniprefill, self.spec, self.kv_bits, self.overflow):
             combo.currentIndexChanged.connect(self._emit)
         for spin in (self.num_draft, self.mass, self.temperature, self.top_p, self.max_tokens):
@@ -122,6 +126,36 @@ class SettingsPanel(QWidget):
         self.keep.valueChanged.connect(self._emit)
         self.lookup.toggled.connect(self._emit)
         self.system.textChanged.connect(self._emit)
+
+    def _explain(self) -> None:
+        """A tooltip on every setting (and on its label): what it does and what it costs."""
+        tips = {
+            self.model: "The model that answers in this chat. Changing it starts its prompt cache afresh",
+            self.badge: "Whether the draft shares the model's tokenizer (drafts exactly) or is translated",
+            self.sparse: "SpecPrefill: the draft reads a long prompt and the model reads only the chunks the draft "
+                         "found important. auto: prompts past the threshold, when importance is not flat",
+            self.keep: "With SpecPrefill on: the share of the prompt's 32-token chunks the model reads",
+            self.keep_label: "With SpecPrefill on: the share of the prompt's 32-token chunks the model reads",
+            self.num_draft: "Tokens the draft proposes per cycle when speculative decoding is on (auto adapts it)",
+            self.system: "Instructions the model sees before the conversation, in every turn",
+            self.temperature: "0 always takes the likeliest token (repeatable answers); higher is more varied",
+            self.top_p: "Sample only from the likeliest tokens holding this share of probability (1.00: all)",
+            self.max_tokens: "The longest answer, in tokens; the context's free room may stop it sooner",
+            self.overflow: "When the conversation outgrows the model's context: refuse with a message, or leave "
+                           "out the oldest messages",
+        }
+        for widget, tip in tips.items():
+            if not widget.toolTip():
+                widget.setToolTip(tip)
+        if not self.kv_bits.toolTip():
+            self.kv_bits.setToolTip("Bits per key and value in the KV cache: fewer hold longer contexts in less "
+                                    "memory. auto picks the fewest that passed this model's self-test")
+        form = self.layout().itemAt(0).layout()
+        for row in range(form.rowCount()):
+            label = form.itemAt(row, QFormLayout.LabelRole)
+            field = form.itemAt(row, QFormLayout.FieldRole)
+            if label is not None and field is not None and field.widget() is not None:
+                label.widget().setToolTip(field.widget().toolTip())
 
     def set_models(self, entries: list) -> None:
         """Installed models (catalog entries): the choices for target and draft."""
@@ -139,18 +173,28 @@ class SettingsPanel(QWidget):
         if target is None:
             return []
         useful = [e for e in self._entries.values() if draft_compatibility(target, e)[0] != "incompatible"]
-        useful.sort(key=lambda e: (e.parameters / target.parameters,
+        useful.sort(key=lambda e: (self.draft_cost(model_id, e.id)[0],
                                    e.tokenizer_fingerprint != target.tokenizer_fingerprint))
         return [e.id for e in useful]
+
+    def draft_cost(self, model_id: str, draft_id: str) -> tuple[float, bool]:
+        """(a draft step's cost in target steps, whether measured): measured on this machine
+        when a turn drafted with the pair, else estimated from the parameter counts (decode
+        streams the weights)."""
+        measured = self.measured_costs(model_id, draft_id)
+        if measured is not None:
+            return measured, True
+        return self._entries[draft_id].parameters / self._entries[model_id].parameters, False
 
     def _fill_drafts(self, model_id: str) -> None:
         choices = self.draft_choices(model_id)
         self.draft.clear()
         self.draft.addItems([NO_DRAFT, *choices])
-        target = self._entries.get(model_id)
         for i, draft_id in enumerate(choices, start=1):
-            ratio = self._entries[draft_id].parameters / target.parameters
-            self.draft.setItemData(i, f"{ratio:.0%} of {model_id}'s parameters", Qt.ToolTipRole)
+            cost, measured = self.draft_cost(model_id, draft_id)
+            self.draft.setItemData(i, f"a draft step measured at {cost:.0%} of a {model_id} step on this machine"
+                                   if measured else f"{cost:.0%} of {model_id}'s parameters (not measured yet: "
+                                   "a turn that drafts with it measures it)", Qt.ToolTipRole)
 
     def set_settings(self, settings: ChatSettings) -> None:
         self._loading = True

@@ -102,3 +102,13 @@ def make_window(qtbot, engine, db_path):
     yield make
     for w in made:
         w.store.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_preferences():
+    """Each test starts with no saved theme or measured draft costs (app/preferences.py)."""
+    from engine.models.store import brisk_home
+
+    (brisk_home() / "app.ini").unlink(missing_ok=True)
+    yield
+    (brisk_home() / "app.ini").unlink(missing_ok=True)

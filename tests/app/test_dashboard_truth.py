@@ -112,3 +112,44 @@ def test_long_dashboard_lines_wrap_instead_of_widening_it(qtbot, make_window):
     dashboard = make_window().dashboard
     labels = [dashboard.kv_note, dashboard.speed, dashboard.chat_model, dashboard.spec_note]
     assert all(label.wordWrap() for label in labels)
+
+
+def test_drafts_are_ranked_by_the_step_cost_measured_on_this_machine(qtbot, make_window, engine):
+    """By parameters tiny (9%) comes before small (33%); once turns drafting with each have
+    measured small's step at 5% of big's and tiny's at 20% (a slow architecture), small comes first."""
+    from dataclasses import replace
+
+    from PySide6.QtCore import Qt
+
+    from app.preferences import measured_draft_cost
+    from tests.app.test_window import answer, metrics, send
+
+    w = make_window()
+    panel = w.settings_panel
+    assert panel.draft_choices("big") == ["tiny", "small"]
+    assert "not measured yet" in panel.draft.itemData(1, Qt.ToolTipRole)
+    for draft, ratio in (("small", 0.05), ("tiny", 0.2)):
+        panel.set_settings(replace(panel.settings(), model="big", draft=draft))
+        panel._emit()
+        answer(engine, send(qtbot, w, f"Draft with {draft}").conversation_id, ["ok"], metrics(draft_cost_ratio=ratio))
+    assert measured_draft_cost("big", "small") == 0.05 and measured_draft_cost("big", "tiny") == 0.2
+    assert panel.draft_choices("big") == ["small", "tiny"]
+    offered = [panel.draft.itemText(i) for i in range(panel.draft.count())]
+    assert offered == ["(none)", "small", "tiny"] and panel.draft.currentText() == "tiny"  # the chat's draft stays
+    assert panel.draft.itemData(1, Qt.ToolTipRole) == "a draft step measured at 5% of a big step on this machine"
+
+
+def test_every_setting_and_its_label_says_what_it_does(qtbot, make_window):
+    from PySide6.QtWidgets import QFormLayout
+
+    panel = make_window().settings_panel
+    form = panel.layout().itemAt(0).layout()
+    rows = 0
+    for row in range(form.rowCount()):
+        field = form.itemAt(row, QFormLayout.FieldRole).widget()
+        assert field.toolTip(), f"row {row} ({type(field).__name__}) has no tooltip"
+        label = form.itemAt(row, QFormLayout.LabelRole)
+        if label is not None and label.widget().text():
+            assert label.widget().toolTip()
+        rows += 1
+    assert rows == 17

@@ -495,3 +495,14 @@ def test_only_a_same_tokenizer_draft_scouts(models):
         scouted[name] = decoder.stats.scouted
         assert decoder.stats.cycles > 0  # both drafted
     assert scouted["same"] > 0 and scouted["cross"] == 0
+
+
+def test_a_drafting_turn_reports_the_draft_steps_measured_cost(models):
+    """The app ranks drafts by this: a draft step's time over a target step's, both measured."""
+    target, draft = models["qwen2"], models["qwen2-draft"]
+    events = list(Session(target, settings(spec_decode="on", max_tokens=40, num_draft=4), draft=draft).send(
+        PROMPTS[0]))
+    done = next(e for e in events if isinstance(e, TurnFinished))
+    assert done.metrics.draft_tokens and 0.0 < done.metrics.draft_cost_ratio < 10.0
+    plain = list(Session(target, settings(spec_decode="off", max_tokens=8)).send(PROMPTS[0]))
+    assert next(e for e in plain if isinstance(e, TurnFinished)).metrics.draft_cost_ratio == 0.0

@@ -141,6 +141,12 @@ class SpeculativeDecoder:
         self._offer_at, self._offer = -1, None
         self.warnings: list[EngineWarned] = []  # degradations, in order, for the caller to report
 
+    def metrics(self) -> dict:
+        """The turn's speculation metrics, with the draft step's cost in target steps when
+        both were measured (the app ranks drafts by it; 0.0 when not measured)."""
+        draft, plain = self.controller.t_draft.value, self.controller.t_plain.value
+        return {**self.stats.to_metrics(), "draft_cost_ratio": draft / plain if draft and plain else 0.0}
+
     def steps(self, prompt: list[int]) -> Iterator[object]:
         sequence = list(prompt)
         self._held = len(prompt) - 1  # tokens of `sequence` in the target's cache

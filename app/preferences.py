@@ -1,0 +1,33 @@
+"""The app's own preferences, kept in BRISK_HOME/app.ini: the theme, and the draft step
+costs measured on this machine (the settings panel ranks drafts by them)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSettings
+
+
+def preferences() -> QSettings:
+    from engine.models.store import brisk_home
+
+    return QSettings(str(brisk_home() / "app.ini"), QSettings.IniFormat)
+
+
+def _cost_key(target: str, draft: str) -> str:
+    # QSettings reads "/" as a group separator: ids like "org/model" must not split
+    return "draft_costs/" + f"{target}|{draft}".replace("/", "%2F")
+
+
+def measured_draft_cost(target: str, draft: str) -> float | None:
+    """A draft step's cost in target steps, as last measured for this pair, or None."""
+    try:
+        value = float(preferences().value(_cost_key(target, draft), 0.0))
+    except (TypeError, ValueError):  # a hand-edited file
+        return None
+    return value if value > 0 else None
+
+
+def record_draft_cost(target: str, draft: str, ratio: float) -> None:
+    if ratio > 0:
+        settings = preferences()
+        settings.setValue(_cost_key(target, draft), round(ratio, 4))
+        settings.sync()
