@@ -1,5 +1,6 @@
-"""Screenshots of the real app on a demo conversation: a document loaded, sparse prefill on,
-a draft model set. Runs offscreen (or under Xvfb when DISPLAY is set) and writes PNGs.
+"""Screenshots of the real app on a demo conversation: a document attached, sparse prefill
+on, a draft model set; mid-prefill, answered, its settings, and in dark mode. Runs under
+Xvfb when DISPLAY is set (else offscreen) and writes PNGs.
 
     python packaging/screenshot.py --target qwen2.5-coder-0.5b-instruct --draft smollm2-135m-instruct --out docs/
 """
@@ -19,7 +20,7 @@ DOCUMENT = ("Quarterly water report.\n\n" + (
     "The northern districts used 12% more water than last year, mostly for irrigation. "
     "The southern reservoirs stayed full after a wet spring. Engineers proposed replacing "
     "the oldest pipes on Harbour Street, where leaks cost an estimated 40,000 litres a day. "
-    "The council will vote on the pipe budget on 14 March. ") * 12)
+    "The council will vote on the pipe budget on 14 March. ") * 40)
 QUESTION = "When will the council vote on the pipe budget, and why are new pipes needed?"
 
 
@@ -48,7 +49,8 @@ def main() -> int:
     from app.theme import apply_theme
 
     app = QApplication(sys.argv[:1])
-    apply_theme(app)
+    apply_theme(app, "light")
+    args.out.mkdir(parents=True, exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="brisk-shot-"))
     window = build_window(model_id=args.target, store_path=workdir / "demo.db")
     window.resize(1400, 860)
@@ -63,18 +65,30 @@ def main() -> int:
     window.controller.attach(str(doc))
     wait(app, lambda: window.composer.attachments, 300)
     window.composer.edit.setPlainText(QUESTION)
-    window.composer._submit()
+    window.composer.send_button.click()
+    # mid-prefill: the bar names the phase (the draft reading the prompt, step 1 of 3)
+    wait(app, lambda: window.prefill_bar.isVisible() and window.prefill_bar.format().startswith("Step 1")
+         and window.prefill_bar.value() > 0, 600)
+    shots = [_save(window, args.out / "brisk-prefill.png")]
     wait(app, lambda: not window.controller.busy, 900)
     window.tint.setChecked(True)
     app.processEvents()
-    args.out.mkdir(parents=True, exist_ok=True)
-    window.grab().save(str(args.out / "brisk-chat.png"))
+    shots.append(_save(window, args.out / "brisk-chat.png"))
     window.show_settings()
     app.processEvents()
-    window.grab().save(str(args.out / "brisk-settings.png"))
+    shots.append(_save(window, args.out / "brisk-settings.png"))
+    window.tabs.setCurrentIndex(0)
+    apply_theme(app, "dark")
+    app.processEvents()
+    shots.append(_save(window, args.out / "brisk-dark.png"))
     window.engine.shutdown()
-    print(f"wrote {args.out / 'brisk-chat.png'} and {args.out / 'brisk-settings.png'}")
+    print("wrote " + ", ".join(str(s) for s in shots))
     return 0
+
+
+def _save(window, path: Path) -> Path:
+    window.grab().save(str(path))
+    return path
 
 
 if __name__ == "__main__":
