@@ -164,7 +164,7 @@ class ChatController(QObject):
         try:  # one transaction: a refused write leaves the message in the box and nothing half-saved
             with self.store._transaction():
                 for doc, fit in documents:
-                    self.store.add_attachment(cid, doc.name, doc.kind, fit.tokens, doc.text)
+                    self.store.add_attachment(cid, doc.name, doc.kind, fit.tokens, doc.text, doc.pages)
                 if not history:
                     taken = {c.title for c in self.store.conversations() if c.id != cid}
                     self.store.rename(cid, _unique(_title(text or documents[0][0].name), taken))
@@ -179,8 +179,8 @@ class ChatController(QObject):
         self.composer.clear_attachments()
         self.composer.edit.clear()
         self.composer.show_message("")
-        self.chat_view.add_message("user", content, documents={d.name: {"kind": d.kind, "tokens": fit.tokens}
-                                                               for d, fit in documents})
+        self.chat_view.add_message("user", content, documents={
+            d.name: {"kind": d.kind, "tokens": fit.tokens, "pages": d.pages} for d, fit in documents})
         self._start_answer(cid, answer_id)
         self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()

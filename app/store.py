@@ -53,6 +53,7 @@ MIGRATIONS = {
         position INTEGER NOT NULL, content TEXT NOT NULL, finish_reason TEXT, metrics TEXT,
         created REAL NOT NULL);
     CREATE INDEX versions_by_answer ON answer_versions(conversation_id, position);
+    ALTER TABLE attachments ADD COLUMN pages INTEGER;
     """,
 }
 
@@ -237,6 +238,8 @@ class Store:
         if not missing:
             return
         for statement in (s for v in sorted(MIGRATIONS) for s in _statements(MIGRATIONS[v])):
+            if statement.startswith("ALTER TABLE") and not _adds_a_missing_column(db, statement):
+                continue
             db.execute(statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
                        .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS "))
         self.problems.append(f"The chat database lacked its {', '.join(missing)} table(s); they were recreated "
@@ -451,17 +454,20 @@ class Store:
 
     # --- attachments -----------------------------------------------------------------
 
-    def add_attachment(self, conversation_id: int, name: str, kind: str, tokens: int, text: str) -> int:
-        cur = self._write("INSERT INTO attachments (conversation_id, name, kind, tokens, text, created)"
-                              " VALUES (?, ?, ?, ?, ?, ?)", (conversation_id, name, kind, tokens, text, time.time()))
+    def add_attachment(self, conversation_id: int, name: str, kind: str, tokens: int, text: str,
+                       pages: int | None = None) -> int:
+        cur = self._write("INSERT INTO attachments (conversation_id, name, kind, tokens, text, created, pages)"
+                          " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          (conversation_id, name, kind, tokens, text, time.time(), pages))
         return cur.lastrowid
 
     def attachments(self, conversation_id: int) -> list[dict]:
         if "attachments" not in self._tables():
             return []
-        rows = self.db.execute("SELECT id, name, kind, tokens FROM attachments WHERE conversation_id = ? ORDER BY id",
-                               (conversation_id,)).fetchall()
-        return [{"id": i, "name": n, "kind": k, "tokens": t} for i, n, k, t in rows]
+        pages = "pages" if "pages" in {r[1] for r in self.db.execute("PRAGMA table_info(attachments)")} else "NULL"
+        rows = self.db.execute(f"SELECT id, name, kind, tokens, {pages} FROM attachments WHERE conversation_id = ?"
+                               " ORDER BY id", (conversation_id,)).fetchall()
+        return [{"id": i, "name": n, "kind": k, "tokens": t, "pages": p} for i, n, k, t, p in rows]
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -556,6 +562,13 @@ def _application_id(path: Path) -> int | None:
 
 def _locked(exc: Exception) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
+
+
+def _adds_a_missing_column(db: sqlite3.Connection, statement: str) -> bool:
+    """Whether "ALTER TABLE t ADD COLUMN c ..." adds a column t lacks (a recreated table does)."""
+    words = statement.split()
+    table, column = words[2], words[5]
+    return column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
 
 
 def _statements(script: str) -> list[str]:

@@ -34,6 +34,7 @@ class Document:
     kind: str  # text | markdown | code | pdf
     text: str
     size_bytes: int
+    pages: int | None = None  # a PDF's page count
 
     def as_prompt(self) -> str:
         return attached_block(self.name, self.text)
@@ -78,7 +79,8 @@ def read_document(path) -> Document:
     data = file.read_bytes()
     suffix = file.suffix.lower()
     if suffix == ".pdf" or data[:5] == b"%PDF-":
-        return Document(file.name, "pdf", _pdf_text(file.name, data), size)
+        text, pages = _pdf_text(file.name, data)
+        return Document(file.name, "pdf", text, size, pages)
     text = decode_text(file.name, data, error=DocumentError)
     if not text.strip():
         raise DocumentError(f"{file.name} holds only whitespace")
@@ -86,7 +88,7 @@ def read_document(path) -> Document:
     return Document(file.name, kind, text, size)
 
 
-def _pdf_text(name: str, data: bytes) -> str:
+def _pdf_text(name: str, data: bytes) -> tuple[str, int]:
     import io
 
     from pypdf import PdfReader
@@ -112,7 +114,7 @@ def _pdf_text(name: str, data: bytes) -> str:
     text = "\n\n".join(p.strip() for p in pages if p.strip())
     if not text:
         raise DocumentError(f"{name} has no extractable text (a scanned PDF needs OCR first)")
-    return text
+    return text, len(pages)
 
 
 # For the message only: a rough tokens-per-character figure for text never tokenized.

@@ -96,6 +96,8 @@ class DocumentChip(QFrame):
         glyph.setPixmap(icon("document").pixmap(16, 16))
         layout.addWidget(glyph)
         facts = [name, info.get("kind") or "text"]
+        if info.get("pages"):
+            facts.append(f"{info['pages']:,} page{'s' if info['pages'] != 1 else ''}")
         if info.get("tokens"):
             facts.append(f"{info['tokens']:,} tokens")
         facts.append(f"{len(text.split()):,} words")

@@ -20,6 +20,18 @@ def attach(w, engine, cid, text=REPORT):
                                 Fit(37, 60, 8192, 0, 0, True)))
 
 
+def test_a_pdfs_chip_gives_its_pages(qtbot, make_window, engine):
+    w = make_window()
+    cid = w.controller.current
+    engine.play(DocumentChecked(cid, Document("minutes.pdf", "pdf", "Minutes of the vote.", 900, pages=12),
+                                Fit(6, 20, 8192, 0, 0, True)))
+    send(qtbot, w, "Summarize")
+    chip = w.chat_view.messages[0].findChild(DocumentChip)
+    assert chip.label.text() == "minutes.pdf · pdf · 12 pages · 6 tokens · 4 words"
+    w.controller.open(cid)
+    assert "12 pages" in w.chat_view.messages[0].findChild(DocumentChip).label.text()
+
+
 def test_a_sent_document_is_a_chip_that_opens_to_its_text(qtbot, make_window, engine):
     w = make_window()
     cid = w.controller.current
@@ -95,6 +107,8 @@ def test_a_database_from_before_answer_versions_is_migrated_and_keeps_its_chats(
     db.close()
     store = Store(path)
     assert [m.content for m in store.messages(1)] == ["Hi", "Hello"]
+    store.add_attachment(1, "r.pdf", "pdf", 40, "text", pages=3)  # the column schema 2 added
+    assert store.attachments(1)[0]["pages"] == 3
     store.regenerate_at(1, 1)
     assert store.versions(1, 1) == (1, 2)
     store.close()

@@ -172,7 +172,21 @@ def test_a_dropped_attachments_table_is_recreated_and_chats_kept(tmp_path):
     store = Store(path)
     assert store.attachments(cid) == [] and [m.content for m in store.messages(cid)] == ["hello", "an answer"]
     assert any("attachments" in p for p in store.problems)
-    store.add_attachment(cid, "a.txt", "text", 3, "abc")
+    store.add_attachment(cid, "a.txt", "text", 3, "abc", pages=None)
+    store.add_attachment(cid, "b.pdf", "pdf", 3, "abc", pages=2)  # the recreated table has the later column too
+    assert [a["pages"] for a in store.attachments(cid)] == [None, 2]
+
+
+def test_a_dropped_versions_table_is_recreated_and_regenerate_works(tmp_path):
+    path = tmp_path / "b.db"
+    store = Store(path)
+    cid = make_chat(store)
+    store.close()
+    corrupt(path, "DROP TABLE answer_versions;")
+    store = Store(path)
+    assert any("answer_versions" in p for p in store.problems)
+    store.regenerate_at(cid, 1)
+    assert store.versions(cid, 1) == (1, 2)
 
 
 @pytest.mark.parametrize("version", [-5, 99])

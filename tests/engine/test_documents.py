@@ -44,6 +44,7 @@ def test_pdf_text_is_extracted(tmp_path):
     from pypdf.generic import DecodedStreamObject, DictionaryObject, NameObject
 
     writer = pypdf.PdfWriter()
+    writer.add_blank_page(200, 200)  # a cover page without text: counted, not read
     page = writer.add_blank_page(200, 200)
     font = DictionaryObject({NameObject("/Type"): NameObject("/Font"), NameObject("/Subtype"): NameObject("/Type1"),
                              NameObject("/BaseFont"): NameObject("/Helvetica")})
@@ -56,7 +57,7 @@ def test_pdf_text_is_extracted(tmp_path):
     with open(path, "wb") as fh:
         writer.write(fh)
     doc = read_document(path)
-    assert doc.kind == "pdf" and "Water budget report" in doc.text
+    assert doc.kind == "pdf" and "Water budget report" in doc.text and doc.pages == 2
 
 
 def test_fit_reports_tokens_context_and_memory(tiny_llama, tmp_path):
