@@ -19,8 +19,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from engine.events import DownloadProgressed, EngineErrored
-from engine.model_commands import ImportGGUF, InstallBundled, ModelsChanged, PullModel, RemoveModel
+from app.model_operations import ModelOperations
+from engine.model_commands import ImportGGUF, InstallBundled, PullModel
 
 COLUMNS = ("Model", "Architecture", "Parameters", "Bits/weight", "On disk", "In memory", "Context", "License")
 # Bits each weight takes as stored (quantized formats add their scales on top).
@@ -62,9 +62,11 @@ class ModelManager(QDialog):
         self.progress.hide()
         self.cancel_button = QPushButton("Cancel")
         self.cancel_button.hide()
-        self._job = None  # the engine job of the running install, download or import
-        self._own_jobs: set[int] = set()  # ids of every job this dialog submitted
-        self.cancel_button.clicked.connect(self.cancel)
+        self.operations = ModelOperations(engine, self)
+        self.operations.progressed.connect(self._progressed)
+        self.operations.finished.connect(self._done)
+        self.operations.models_changed.connect(self.refresh)
+        self.cancel_button.clicked.connect(self.operations.cancel)
         progress_row = QHBoxLayout()
         progress_row.addWidget(self.progress)
         progress_row.addWidget(self.cancel_button)
@@ -72,7 +74,6 @@ class ModelManager(QDialog):
         self.status = QLabel("")
         self.status.setWordWrap(True)
         layout.addWidget(self.status)
-        engine.job_event.connect(self.on_job_event)
         self.refresh()
 
     def refresh(self) -> None:
@@ -122,37 +123,20 @@ class ModelManager(QDialog):
         if answer != QMessageBox.Yes:
             return
         for model_id in ids:
-            self._own_jobs.add(self.engine.submit(RemoveModel(model_id)).id)
+            self.operations.remove(model_id)
 
     def _start(self, command, text: str) -> None:
         self.status.setText(text)
         self.progress.setRange(0, 0)  # busy until the first byte count arrives
         self.progress.show()
         self.cancel_button.show()
-        self._job = self.engine.submit(command)
-        self._own_jobs.add(self._job.id)
+        self.operations.start(command)
 
-    def cancel(self) -> None:
-        """Stop this dialog's own operation, not a chat's answer."""
-        if self._job is not None:
-            self._job.cancel()
-
-    def on_job_event(self, job_id: int, event) -> None:
-        """Only this dialog's own jobs move its progress bar or end it (a chat's error does not)."""
-        if job_id in self._own_jobs:
-            self.on_event(event)
-
-    def on_event(self, event) -> None:
-        if isinstance(event, DownloadProgressed):
-            if event.total_bytes:
-                self.progress.setRange(0, 1000)
-                self.progress.setValue(int(1000 * event.done_bytes / event.total_bytes))
-            self.status.setText(f"{event.repo_id}: {event.file}" if event.file else event.repo_id)
-        elif isinstance(event, ModelsChanged):
-            self._done(event.message)
-            self.refresh()
-        elif isinstance(event, EngineErrored):
-            self._done(event.message)
+    def _progressed(self, what: str, done: int, total: int) -> None:
+        if total:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(1000 * done / total))
+        self.status.setText(what)
 
     def _done(self, text: str) -> None:
         self.progress.hide()

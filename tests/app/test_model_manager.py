@@ -104,3 +104,28 @@ def test_a_chats_error_does_not_end_the_managers_download(qtbot, make_window, en
     assert manager.progress.isVisibleTo(manager) and "turn failed" not in manager.status.text()
     engine.play(EngineErrored("Repository owner/model was not found", "download"))  # the download's own
     assert not manager.progress.isVisibleTo(manager) and "not found" in manager.status.text()
+
+
+def test_model_operations_pass_on_only_their_own_jobs(qtbot, engine):
+    """The manager's controller: its jobs' progress and end come out as signals, the engine's
+    other jobs (a chat's turn, a second window's download) never do."""
+    from app.model_operations import ModelOperations
+
+    operations = ModelOperations(engine)
+    seen = []
+    operations.progressed.connect(lambda what, done, total: seen.append(("progress", what, done, total)))
+    operations.finished.connect(lambda message: seen.append(("finished", message)))
+    operations.models_changed.connect(lambda: seen.append(("changed",)))
+    operations.start(PullModel("owner/model"))
+    pull = operations.running
+    assert operations.busy and engine.commands == [PullModel("owner/model")]
+    other = type("J", (), {"id": 99})()
+    engine.play(DownloadProgressed("someone/else", 5, 10), EngineErrored("a chat failed", "internal"), job=other)
+    assert seen == []
+    engine.play(DownloadProgressed("owner/model", 25, 100, "model.safetensors"), job=pull)
+    operations.cancel()
+    assert pull.cancelled and engine.cancelled == [PullModel("owner/model")]
+    engine.play(ModelsChanged("Downloaded model"), job=pull)
+    assert seen == [("progress", "owner/model: model.safetensors", 25, 100), ("finished", "Downloaded model"),
+                    ("changed",)]
+    assert not operations.busy
