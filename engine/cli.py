@@ -6,10 +6,12 @@ import argparse
 import json
 import os
 import sys
+from typing import cast
 
 from engine.errors import BriskError
 from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
 from engine.settings import DEFAULT_MODEL_ID, OVERFLOW_POLICIES, SPEC_MODES, SPEC_RULES, ChatSettings, layer_list
+from engine.vocabulary import AccelMode
 
 # glibc returns big freed blocks to the OS and page-faults them back on every prefill
 # chunk; keeping them cut an elementwise op from 138 to 22 ms here (shared/CPU.md).
@@ -65,12 +67,15 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
 PREFILL_CHOICES = ("off", "specprefill", "uniprefill", "auto")
 
 
-def prefill_modes(prefill: str | None, sparse_prefill: str | None) -> tuple[str, str]:
+def prefill_modes(prefill: str | None, sparse_prefill: str | None) -> tuple[AccelMode, AccelMode]:
     """(sparse_prefill, uniprefill) settings for --prefill; --sparse-prefill alone keeps
     its old meaning (SpecPrefill's mode) and UniPrefill stays off."""
-    spec = {"off": "off", "specprefill": "on", "uniprefill": "off", "auto": "auto", None: "off"}[prefill]
-    uni = {"off": "off", "specprefill": "off", "uniprefill": "on", "auto": "auto", None: "off"}[prefill]
-    return (sparse_prefill or spec), uni
+    spec: dict[str | None, AccelMode] = {"off": "off", "specprefill": "on", "uniprefill": "off", "auto": "auto",
+                                         None: "off"}
+    uni: dict[str | None, AccelMode] = {"off": "off", "specprefill": "off", "uniprefill": "on", "auto": "auto",
+                                        None: "off"}
+    chosen = cast(AccelMode, sparse_prefill) if sparse_prefill else spec[prefill]  # argparse checked the choice
+    return chosen, uni[prefill]
 
 
 def kv_bits_choice(text: str):
@@ -146,6 +151,8 @@ def cmd_run(args) -> int:
             raise BriskError(event.message)
         elif isinstance(event, TurnFinished):
             finished = event
+    if finished is None:  # every turn ends with TurnFinished or raises: a broken promise, said plainly
+        raise BriskError("The turn ended without an answer")
     if args.json:
         print(json.dumps({"model": lm.id, "text": finished.text, "token_ids": finished.token_ids,
                           "metrics": finished.metrics.to_dict(), "settings": settings.to_dict()}))

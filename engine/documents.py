@@ -161,7 +161,7 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
                   f"{memory_available / 2**30:.1f} GiB is free beside the weights (try 4-bit KV)")
     else:
         reason = ""
-    return Fit(doc_tokens, total, lm.context_length, need, memory_available, not reason, reason)
+    return Fit(doc_tokens, total, lm.context_length, int(need), memory_available, not reason, reason)
 
 
 def planned_kv_precision(lm, settings) -> tuple[int, int]:

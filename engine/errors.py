@@ -31,7 +31,7 @@ class ContextOverflow(BriskError):
     kind = "context_overflow"
 
     def __init__(self, prompt_tokens: int, context_length: int, model_id: str):
-        self.prompt_tokens = prompt_tokens
+        self.prompt_tokens: int | None = prompt_tokens  # None: counted in characters, never tokenized
         self.context_length = context_length
         super().__init__(
             f"The conversation is {prompt_tokens} tokens but {model_id} holds at most "

@@ -105,9 +105,9 @@ def model_memory_info(model_id: str, *, group_size: int = 32, precision: tuple[i
     weights = entry.memory_bytes or entry.parameters * 4
     free = max(0, _meminfo()["MemAvailable"] - weights)
     rows = []
-    choices = [(16, 16), (8, 8), (8, 4), (4, 4)]
-    if precision and tuple(precision) not in choices:
-        choices.append(tuple(precision))
+    choices: list[tuple[int, int]] = [(16, 16), (8, 8), (8, 4), (4, 4)]
+    if precision and (precision[0], precision[1]) not in choices:
+        choices.append((precision[0], precision[1]))
     for k_bits, v_bits in choices:
         if not shape or (v_bits < 16 and shape["head_dim"] % group_size):
             continue

@@ -99,7 +99,7 @@ def compare(lm, tokens: list[int], mode: PackedMode, reference: list, *, group_s
         kl = mx.sum(mx.exp(d_logp) * (d_logp - p_logp))
         same = mx.argmax(logits) == token
         mx.eval(kl, same)
-        kls.append(max(kl.item(), 0.0))
+        kls.append(max(float(kl.item()), 0.0))  # type: ignore[arg-type]  # mlx types item() as any scalar
         agree += int(same.item())
         logits = lm.model(mx.array([[token]]), cache=cache)[0, -1]
     del cache
@@ -120,7 +120,7 @@ def _free_running(lm, tokens: list[int], gen: int, mode: PackedMode, group_size:
     out = []
     for _ in range(gen):
         token = mx.argmax(logits)
-        out.append(token.item())
+        out.append(int(token.item()))  # type: ignore[arg-type]  # mlx types item() as any scalar
         logits = lm.model(token.reshape(1, 1), cache=cache)[0, -1]
     return out
 
@@ -267,7 +267,7 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
     if auto:
         precision = auto_precision(results, group)
         settings = replace(settings, k_bits=precision[0], v_bits=precision[1], kv_auto=False)
-    result = results.get(result_key(*precision, group))
+    result = results.get(result_key(precision[0], precision[1], group))
     if result is None:  # auto found nothing that passed, or this model cannot pack that precision
         metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
         return settings

@@ -8,7 +8,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Generator, Iterator
 
 from engine.events import DownloadProgressed
 
@@ -42,7 +42,7 @@ class ModelsChanged:
     message: str
 
 
-def run_model_command(command, cancel, store=None) -> Iterator[object]:
+def run_model_command(command, cancel, store=None) -> Iterator[DownloadProgressed | ModelsChanged]:
     from engine.models.store import ModelStore, validate_model_id
 
     store = store or ModelStore()
@@ -82,7 +82,7 @@ def run_model_command(command, cancel, store=None) -> Iterator[object]:
         raise TypeError(f"not a model command: {command!r}")
 
 
-def _streamed(work: Callable) -> Iterator[object]:
+def _streamed(work: Callable) -> Generator[DownloadProgressed, None, Any]:
     """Run `work(report)` on a helper thread and yield what it reports, then return its result
     (a generator cannot yield from inside a callback)."""
     events: queue.Queue = queue.Queue()

@@ -83,8 +83,9 @@ class TokenDistribution:
         """The probability the model gives its own pick `token` from one row: its sampling
         probability, or when greedy the softmax of the processed logits (one-hot says nothing)."""
         if not self.greedy:
-            return float(probs[0, token].item())
-        return float(mx.softmax(self.process(logits, history, [])[0], precise=True)[token].item())
+            return float(probs[0, token].item())  # type: ignore[arg-type]  # mlx types item() as any scalar
+        row = mx.softmax(self.process(logits, history, [])[0], precise=True)
+        return float(row[token].item())  # type: ignore[arg-type]
 
     def _filtered(self, logits: mx.array) -> mx.array:
         from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p

@@ -260,7 +260,7 @@ def _drain_warnings(decoder) -> Iterator[EngineWarned]:
         yield decoder.warnings.pop(0)
 
 
-def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[tuple[int, bool]]:
+def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[tuple[int, str]]:
     """mlx-lm's generate_step over the cache's layers (which hold all prompt tokens but
     the last). It runs each token it yields before yielding it (it computes the next one
     ahead), so the cache holds every yielded token, and `cache.tokens` says so."""
@@ -272,7 +272,8 @@ def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[t
                           prefill_step_size=settings.prefill_step_size)
     cache.tokens = list(tokens)
     try:
-        for token, _ in steps:
+        for step, _ in steps:
+            token = int(step)  # mlx-lm yields the id as a Python int (its stubs say array)
             cache.tokens.append(token)
             yield token, ""
     finally:

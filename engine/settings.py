@@ -178,7 +178,7 @@ def layer_list(text: str) -> list[int]:
 
 _NUMBER = (int, float)
 # What each setting holds (saved settings and JSON imports are untrusted input).
-FIELD_TYPES = {
+FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "model": str, "system_prompt": str, "temperature": _NUMBER, "top_p": _NUMBER, "top_k": int, "min_p": _NUMBER,
     "repetition_penalty": _NUMBER, "max_tokens": int, "seed": int, "context_overflow": str,
     "prefill_step_size": int, "kv_bits": int, "k_bits": int, "v_bits": int, "kv_auto": bool, "kv_group_size": int,

@@ -6,7 +6,7 @@ layers, where cancellation is checked; a half-built sparse cache is never kept."
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Generator, Iterator
 
 import engine.info
 from engine.accel.coverage import coverage_map
@@ -71,7 +71,7 @@ class TurnPrefill:
         metrics.kept_tokens = selection.kept
         metrics.coverage = coverage_map(self.lm.tokenizer, suffix[:-1], [(-1, runs)])
 
-    def _uniprefill(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
+    def _uniprefill(self, tokens, cached, settings, metrics, cancel, pack) -> Generator[object, None, bool]:
         """UniPrefill of tokens[cached:-1]; returns False when it cannot run on this model:
         the turn is warned and the caller prefills densely from what the cache still holds
         (all of it when the model was declined before any layer ran, as it usually is)."""

@@ -18,7 +18,7 @@ def runtime_versions() -> dict[str, str]:
 
     state = blas_state()
     blas = state.name if state.name == "reference" else f"{state.name} ({state.sgemm_provider})"
-    return {"brisk": __version__, "mlx": mx.__version__, "mlx-lm": mlx_lm.__version__, "blas": blas}
+    return {"brisk": __version__, "mlx": getattr(mx, "__version__", "?"), "mlx-lm": mlx_lm.__version__, "blas": blas}
 
 
 def version_line(extra: dict[str, str] | None = None) -> str:

@@ -117,7 +117,7 @@ class EngineWorker:
             yield _scoped(cid, EngineErrored(user_message(exc, context="The engine"), "internal",
                                              traceback.format_exc()))
 
-    def _dispatch(self, command, cancel) -> Iterator[object]:
+    def _dispatch(self, command, cancel) -> Iterator[WorkerEvent]:
         if cancel.cancelled:  # stopped before it started: it never starts
             if isinstance(command, TURN_COMMANDS):
                 yield ConversationEvent(command.conversation_id,

@@ -72,8 +72,8 @@ def use_fused_attention(model) -> int:
     for name in {type(m).__module__ for _, m in model.named_modules()}:
         module = sys.modules.get(name)
         current = getattr(module, "scaled_dot_product_attention", None)
-        if current is MLX_LM_SDPA:
-            module.scaled_dot_product_attention = scaled_dot_product_attention
+        if module is not None and current is MLX_LM_SDPA:
+            setattr(module, "scaled_dot_product_attention", scaled_dot_product_attention)
         if getattr(module, "scaled_dot_product_attention", None) is scaled_dot_product_attention:
             rebound += 1
     return rebound

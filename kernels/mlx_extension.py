@@ -96,6 +96,8 @@ def open_module(path: Path) -> ModuleType:
 
     spec = importlib.util.spec_from_file_location(MODULE, path,
                                                   loader=importlib.machinery.ExtensionFileLoader(MODULE, str(path)))
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"{path}: not loadable as an extension module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     if module.version() != VERSION:
@@ -120,7 +122,8 @@ def _mlx_version() -> str:
 def load() -> ModuleType | None:
     """The primitives module: the bundle's prebuilt one, else built on first use; None
     when it cannot be had."""
-    return status().value
+    module = status().value
+    return module if isinstance(module, ModuleType) else None
 
 
 def status() -> prebuilt.Loaded:

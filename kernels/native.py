@@ -184,7 +184,9 @@ def open_library(path: Path) -> ctypes.CDLL:
 
 
 def _declare(lib: ctypes.CDLL) -> None:
-    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    p: type = ctypes.c_void_p
+    i: type = ctypes.c_int
+    f: type = ctypes.c_float
     lib.brisk_kv_attention.restype = ctypes.c_int
     lib.brisk_kv_attention.argtypes = [p, p] + [i] * 7 + [f, i, p, p]
     lib.brisk_skinny_matmul.restype = ctypes.c_int
@@ -200,7 +202,8 @@ def _declare(lib: ctypes.CDLL) -> None:
 def load() -> ctypes.CDLL | None:
     """The native library: the bundle's prebuilt one, else built on first use; None when
     it cannot be had."""
-    return status().value
+    library = status().value
+    return library if isinstance(library, ctypes.CDLL) else None
 
 
 def status() -> prebuilt.Loaded:

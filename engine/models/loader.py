@@ -66,7 +66,8 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     config = read_config(path)
     try:
         # Never run code from the folder, whatever transformers' default becomes.
-        model, tokenizer = load(str(path), tokenizer_config={"trust_remote_code": False}, trust_remote_code=False)
+        loaded = load(str(path), tokenizer_config={"trust_remote_code": False}, trust_remote_code=False)
+        model, tokenizer = loaded[0], loaded[1]
     except Exception as exc:  # anything mlx-lm or transformers raise here is about this folder
         raise BrokenModelFolder(f"{path.name} cannot be loaded by mlx-lm: {exc}") from exc
     dtype = compute_dtype_name()

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -49,7 +50,7 @@ class CatalogEntry(FolderInfo):
 
 def lock_file(handle) -> None:
     """An exclusive, non-blocking lock on an open file (BlockingIOError when held elsewhere)."""
-    if os.name == "nt":
+    if sys.platform == "win32":
         import msvcrt
 
         try:
@@ -63,7 +64,7 @@ def lock_file(handle) -> None:
 
 
 def unlock_file(handle) -> None:
-    if os.name == "nt":
+    if sys.platform == "win32":
         import msvcrt
 
         msvcrt.locking(handle.fileno(), msvcrt.LK_UNLCK, 1)

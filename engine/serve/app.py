@@ -194,13 +194,13 @@ class Turn:
     # --- whole answers ------------------------------------------------------------------
 
     async def whole(self) -> Response:
-        text = []
-        async for kind, value in self._pieces():
-            if kind == "text":
+        text: list[str] = []
+        async for _, value in self._pieces():
+            if isinstance(value, str):
                 text.append(value)
-            elif kind == "error":
+            elif isinstance(value, ApiError):
                 return error_response(value)
-            else:
+            elif isinstance(value, TurnFinished):
                 return JSONResponse(self._whole_body("".join(text), value))
         return Response(status_code=499)  # the client went away: nobody reads this
 
@@ -217,7 +217,7 @@ class Turn:
     async def stream(self) -> Response:
         pieces = self._pieces()
         first = await anext(pieces, None)
-        if first is not None and first[0] == "error":  # nothing sent yet: a proper HTTP error
+        if first is not None and isinstance(first[1], ApiError):  # nothing sent yet: a proper HTTP error
             return error_response(first[1])
         return StreamingResponse(self._events(first, pieces), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

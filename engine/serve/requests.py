@@ -43,7 +43,7 @@ class Completion:
     brisk: dict = field(default_factory=dict)  # the controls as the client sent them
 
 
-def _check(condition: bool, message: str, param: str) -> None:
+def _check(condition: object, message: str, param: str) -> None:
     if not condition:
         raise ApiError(400, message, param=param)
 
@@ -107,7 +107,8 @@ def _content(value: Any, where: str) -> str:
 def parse_messages(value: Any) -> tuple[str | None, list[Message]]:
     """(system prompt, the rest): leading system/developer messages become the system prompt."""
     _check(isinstance(value, list) and value, "messages must be a non-empty list", "messages")
-    system, rest = [], []
+    system: list[str] = []
+    rest: list[Message] = []
     for i, item in enumerate(value):
         where = f"messages[{i}]"
         _check(isinstance(item, dict), f"{where} must be an object", where)

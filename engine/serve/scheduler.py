@@ -19,6 +19,7 @@ from typing import Callable
 
 from engine.conversation import CancelToken, Message
 from engine.events import TurnFinished
+from engine.settings import ChatSettings
 from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,8 @@ DONE = object()  # after a job's last event
 class Job:
     client: str
     messages: list[Message]
-    settings: object  # ChatSettings
-    deliver: Callable[[object], None]  # called on the engine thread with each event, then DONE
+    settings: ChatSettings
+    deliver: Callable[[object], object]  # called on the engine thread with each event, then DONE
     cancel: CancelToken = field(default_factory=CancelToken)
     slot: int = 0
     reused_slot: bool = False

@@ -63,7 +63,7 @@ class SpeculationAutopilot(DraftLengthController):
         """Would the autopilot verify this offer (ends a pipelined plain run)?"""
         return offer is not None and self.lookup and self._best_lookup(offer)[0] > 0
 
-    def plain_run(self, *, draft_usable: bool, lookup: bool) -> int:
+    def plain_run(self, *, draft_usable: bool = True, lookup: bool = False) -> int:
         """Plain steps to take before asking again. A lookup offer that pays ends the run
         early (the decoder asks after every token)."""
         if self.has_draft and draft_usable:

@@ -56,6 +56,11 @@ class Ema:
     def add(self, x: float, decay: float = 0.7) -> None:
         self.value = x if self.value is None else decay * self.value + (1 - decay) * x
 
+    @property
+    def measured(self) -> float:
+        """The value, where the caller's state says it was measured (1.0 if not: only ratios matter there)."""
+        return self.value if self.value is not None else 1.0
+
 
 def _clip(seconds: float, expected: float | None) -> float:
     """A timing far above what was expected (a page fault, another process) counts as
@@ -131,7 +136,7 @@ class DraftLengthController:
                 return self._back_off()
             self.probing = True
             return self.probe_k  # then the cheapest draft cycle, to measure its cost
-        best_k, best_speed = 0, 1.0 / self.t_plain.value
+        best_k, best_speed = 0, 1.0 / self.t_plain.measured
         for k in range(1, self.k_cap + 1):
             speed = self.expected_speed(k)
             if speed > best_speed * (MIN_GAIN if best_k == 0 else 1.0):
@@ -176,7 +181,7 @@ class DraftLengthController:
         ratio = self.draft_ratio()
         if ratio is None:
             return True
-        t = self.t_plain.value
+        t = self.t_plain.measured
         return any(expected_tokens(self.alpha, k) / (k * ratio * t + self.verify_time(k)) > MIN_GAIN / t
                    for k in range(1, self.max_k + 1))
 
@@ -210,8 +215,8 @@ class DraftLengthController:
 
     def expected_speed(self, k: int) -> float:
         """Expected target tokens per second when drafting k tokens per cycle."""
-        m = max(1, round(k * self.tokens_per_draft.value))
-        return expected_tokens(self.alpha, m) / (k * self.t_draft.value + self.verify_time(m))
+        m = max(1, round(k * self.tokens_per_draft.measured))
+        return expected_tokens(self.alpha, m) / (k * self.t_draft.measured + self.verify_time(m))
 
     def verify_time(self, m: int) -> float:
         """Time to verify m drafted tokens (m + 1 positions), measured or extrapolated.
@@ -220,7 +225,7 @@ class DraftLengthController:
         plus a little per position, so a line is fitted through the measured lengths only,
         not through the plain step."""
         if m in self.t_verify and self.t_verify[m].value is not None:
-            return self.t_verify[m].value
+            return self.t_verify[m].measured
         base = self.t_plain.value or 1.0
         measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
         if not measured and self.known:  # nothing this conversation: what earlier ones measured

@@ -9,6 +9,7 @@ That used to be re-checked wherever a draft was used; here it is a field.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.accel.specprefill.scoring import DraftScorer
 from engine.accel.speculative.autopilot import SpeculationAutopilot
@@ -20,11 +21,14 @@ from engine.cache import PromptCache
 from engine.sampling import TokenDistribution
 from kernels.native_layers import verify_path
 
+if TYPE_CHECKING:
+    from engine.models.loader import LoadedModel
+
 
 @dataclass
 class DraftPair:
-    target: object  # LoadedModel
-    draft: object  # LoadedModel
+    target: LoadedModel
+    draft: LoadedModel
     same_tokenizer: bool
     # The draft's prompt cache serves SpecPrefill scoring and speculative drafting alike,
     # so a prompt is prefilled into the draft once per conversation.
@@ -75,7 +79,7 @@ class LookupOnly:
     """Speculation with no draft model: the context's continuations only. Holds the
     autopilot across turns like DraftPair does."""
 
-    target: object  # LoadedModel
+    target: LoadedModel
     controller: SpeculationAutopilot | None = field(default=None, repr=False)
     controller_key: tuple | None = None
 

@@ -197,7 +197,7 @@ class UniPrefill:
         whole = _position_dependent(args, kwargs) and not windowed  # a mask for the whole sequence: one call
         bounds = [(0, n)] if whole else [(s, min(s + self.step, n)) for s in range(0, n, self.step)]
         captured: list = []
-        scoring = i in self.drop_layers
+        scoring = i in (self.drop_layers or ())
         outs = []
         for s, e in bounds:
             call_args, call_kwargs = args, kwargs
