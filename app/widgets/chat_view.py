@@ -229,7 +229,8 @@ class MessageWidget(QFrame):
         text = self.editor.toPlainText().strip()
         if not text and not self.documents:
             return
-        self.stop_editing()
+        # The editor stays until the chat is redrawn from the store: an edit refused (an answer
+        # still running) keeps the user's words on screen.
         self.edit_submitted.emit(self.index, join_attached(self.documents, text))
 
     def set_coverage(self, coverage: dict | None) -> None:

@@ -112,3 +112,19 @@ def test_a_database_from_before_answer_versions_is_migrated_and_keeps_its_chats(
     store.regenerate_at(1, 1)
     assert store.versions(1, 1) == (1, 2)
     store.close()
+
+
+def test_an_edit_sent_while_an_answer_runs_keeps_the_edited_words(qtbot, make_window, engine):
+    w = make_window()
+    first = send(qtbot, w, "First question")
+    answer(engine, first.conversation_id, ["First answer."])
+    send(qtbot, w, "Second question")  # its answer is still running
+    bubble = w.chat_view.messages[0]
+    qtbot.mouseClick(bubble.edit_button, Qt.LeftButton)
+    bubble.editor.setPlainText("A better first question")
+    notices = []
+    w.controller.notice.connect(notices.append)
+    commands = len(engine.commands)
+    qtbot.mouseClick(bubble.save_button, Qt.LeftButton)
+    assert len(engine.commands) == commands and "still answering" in notices[-1]
+    assert bubble.editor is not None and bubble.editor.toPlainText() == "A better first question"
