@@ -76,11 +76,28 @@ def main(argv=None) -> int:
     app.exec()  # the real event loop, until the turn ends
     timer.stop()
     window.engine.shutdown()
-    result = {name: {"ticks": len(v), "p50_ms": round(statistics.median(v), 2) if v else 0.0,
-                     "p99_ms": round(percentile(v, 0.99), 2), "max_ms": round(max(v, default=0.0), 2)}
-              for name, v in lateness.items() if name != "idle"}
-    print(json.dumps({"model": args.model, "prompt_tokens": args.prompt_tokens, "gen": args.gen,
-                      "tick_ms": TICK_MS, "lateness": result}, indent=2))
+    result = {
+        name: {
+            "ticks": len(v),
+            "p50_ms": round(statistics.median(v), 2) if v else 0.0,
+            "p99_ms": round(percentile(v, 0.99), 2),
+            "max_ms": round(max(v, default=0.0), 2),
+        }
+        for name, v in lateness.items()
+        if name != "idle"
+    }
+    print(
+        json.dumps(
+            {
+                "model": args.model,
+                "prompt_tokens": args.prompt_tokens,
+                "gen": args.gen,
+                "tick_ms": TICK_MS,
+                "lateness": result,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

@@ -47,8 +47,19 @@ class ChatController(QObject):
     conversations_changed = Signal()
     busy_changed = Signal(bool)
 
-    def __init__(self, store, engine, *, chat_view, composer, prefill_bar, settings_panel, dashboard,
-                 default_settings: ChatSettings | None = None, parent=None):
+    def __init__(
+        self,
+        store,
+        engine,
+        *,
+        chat_view,
+        composer,
+        prefill_bar,
+        settings_panel,
+        dashboard,
+        default_settings: ChatSettings | None = None,
+        parent=None,
+    ):
         super().__init__(parent)
         self.store, self.engine = store, engine
         self.chat_view, self.composer, self.prefill_bar = chat_view, composer, prefill_bar
@@ -98,8 +109,13 @@ class ChatController(QObject):
         documents = {a["name"]: a for a in self.store.attachments(cid)}
         stored = self.store.messages(cid)
         for m in stored:
-            self.chat_view.add_message(m.role, m.content, m.finish_reason, documents=documents,
-                                       coverage=(m.metrics or {}).get("coverage") if m.role == "assistant" else None)
+            self.chat_view.add_message(
+                m.role,
+                m.content,
+                m.finish_reason,
+                documents=documents,
+                coverage=(m.metrics or {}).get("coverage") if m.role == "assistant" else None,
+            )
             if m.metrics:
                 last_metrics = m.metrics
         if stored and stored[-1].role == "assistant":  # only the last answer pages: later turns built on it
@@ -156,8 +172,9 @@ class ChatController(QObject):
         documents = self._documents.get(cid, [])
         too_big = [fit for _, fit in documents if not fit.fits]
         if too_big and settings.context_overflow != "truncate_oldest":
-            self.composer.show_message(too_big[0].reason + ". Remove it, or set context overflow to truncate_oldest.",
-                                       error=True)
+            self.composer.show_message(
+                too_big[0].reason + ". Remove it, or set context overflow to truncate_oldest.", error=True
+            )
             return
         content = join_attached([(d.name, d.text) for d, _ in documents], text)
         history = self._history(cid)
@@ -171,16 +188,20 @@ class ChatController(QObject):
                 self.store.add_message(cid, "user", content)
                 answer_id = self.store.begin_answer(cid)
         except StoreError as exc:
-            self.composer.show_message(f"{exc}. Your message is still here: send it again once that is fixed.",
-                                       error=True)
+            self.composer.show_message(
+                f"{exc}. Your message is still here: send it again once that is fixed.", error=True
+            )
             self.notice.emit(str(exc))
             return
         self._documents.pop(cid, None)
         self.composer.clear_attachments()
         self.composer.edit.clear()
         self.composer.show_message("")
-        self.chat_view.add_message("user", content, documents={
-            d.name: {"kind": d.kind, "tokens": fit.tokens, "pages": d.pages} for d, fit in documents})
+        self.chat_view.add_message(
+            "user",
+            content,
+            documents={d.name: {"kind": d.kind, "tokens": fit.tokens, "pages": d.pages} for d, fit in documents},
+        )
         self._start_answer(cid, answer_id)
         self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()
@@ -281,8 +302,10 @@ class ChatController(QObject):
                 self.notice.emit(item.message)
         elif isinstance(item, ModelLoaded):
             self.dashboard.set_context(item.model_id, item.info.get("context_length", 0))
-            self.dashboard.set_model_state(f"{item.model_id} loaded ({item.info.get('architecture', '?')}, "
-                                           f"{item.info.get('context_length', 0):,} tokens of context)")
+            self.dashboard.set_model_state(
+                f"{item.model_id} loaded ({item.info.get('architecture', '?')}, "
+                f"{item.info.get('context_length', 0):,} tokens of context)"
+            )
         elif isinstance(item, EngineErrored):
             self.notice.emit(item.message)
             self.composer.show_message(item.message, error=True)

@@ -15,10 +15,12 @@ def check_report(app, window) -> list[str]:
     """What `--check` prints: the model's state, and whether the icons and stylesheet
     were found (an install that lost its package data still opens, unstyled)."""
     lost = resources.missing()
-    return [window.dashboard.model_state.text(),
-            f"resources: {'all found' if not lost else 'missing ' + ', '.join(lost)} ({resources.path()})",
-            f"stylesheet: {len(app.styleSheet())} characters",
-            f"window icon: {'loaded' if not app.windowIcon().isNull() else 'missing'}"]
+    return [
+        window.dashboard.model_state.text(),
+        f"resources: {'all found' if not lost else 'missing ' + ', '.join(lost)} ({resources.path()})",
+        f"stylesheet: {len(app.styleSheet())} characters",
+        f"window icon: {'loaded' if not app.windowIcon().isNull() else 'missing'}",
+    ]
 
 
 def default_database() -> Path:
@@ -41,8 +43,12 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     # Chats' prompt caches are kept beside the database they belong to.
     saved = SavedCaches(Path(store_path).with_name(Path(store_path).name + ".caches"))
     engine = EngineThread(worker or EngineWorker(saved_caches=saved))
-    window = MainWindow(store, engine, models=ModelStore().list() if models is None else models,
-                        default_settings=ChatSettings(model=model_id))
+    window = MainWindow(
+        store,
+        engine,
+        models=ModelStore().list() if models is None else models,
+        default_settings=ChatSettings(model=model_id),
+    )
     engine.event.connect(lambda e: _refresh_models(window, e))
     window.engine = engine
     window.controller.load_model(model_id)
@@ -69,6 +75,7 @@ def _quit_when_loaded(app, window) -> None:
             if isinstance(event, EngineErrored):
                 window.dashboard.set_model_state(f"failed: {event.message}")
             app.quit()
+
     window.engine.event.connect(done)
 
 
@@ -83,8 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="brisk-app", description="Brisk: fast local LLM chat")
     parser.add_argument("--model", default=DEFAULT_MODEL_ID, help="model for new chats")
     parser.add_argument("--database", type=Path, help="chat database (default: in Brisk's data folder)")
-    parser.add_argument("--check", action="store_true",
-                        help="open the window, load the model (installing the default on first run), report, quit")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="open the window, load the model (installing the default on first run), report, quit",
+    )
     args = parser.parse_args(argv)
     from engine.crash_log import configure_console_logging
 

@@ -43,8 +43,9 @@ class ModelOperations(QObject):
         if job_id not in self._own:
             return
         if isinstance(event, DownloadProgressed):
-            self.progressed.emit(f"{event.repo_id}: {event.file}" if event.file else event.repo_id,
-                                 event.done_bytes, event.total_bytes)
+            self.progressed.emit(
+                f"{event.repo_id}: {event.file}" if event.file else event.repo_id, event.done_bytes, event.total_bytes
+            )
         elif isinstance(event, (ModelsChanged, EngineErrored)):
             if self.running is not None and self.running.id == job_id:
                 self.running = None

@@ -89,7 +89,9 @@ def _ldd(file: Path) -> str:
 def install_advice(missing: list[str]) -> str:
     debian = sorted({PACKAGES.get(m, (m, m))[0] for m in missing})
     fedora = sorted({PACKAGES.get(m, (m, m))[1] for m in missing})
-    return ("Qt's X11 (xcb) platform cannot start: these system libraries are missing: "
-            f"{', '.join(missing)}.\nInstall them, then start brisk-app again:\n"
-            f"  Debian/Ubuntu: sudo apt-get install -y {' '.join(debian)}\n"
-            f"  Fedora:        sudo dnf install -y {' '.join(fedora)}")
+    return (
+        "Qt's X11 (xcb) platform cannot start: these system libraries are missing: "
+        f"{', '.join(missing)}.\nInstall them, then start brisk-app again:\n"
+        f"  Debian/Ubuntu: sudo apt-get install -y {' '.join(debian)}\n"
+        f"  Fedora:        sudo dnf install -y {' '.join(fedora)}"
+    )

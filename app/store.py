@@ -151,8 +151,10 @@ class Store:
         except OSError:
             handle.close()
             self.read_only = True
-            self.recovery_note = ("Another Brisk window has this chat database open, so this one shows it "
-                                  "read-only: close the other one to chat here.")
+            self.recovery_note = (
+                "Another Brisk window has this chat database open, so this one shows it "
+                "read-only: close the other one to chat here."
+            )
             return None
         return handle
 
@@ -166,21 +168,26 @@ class Store:
             return self._open(read_only=self.read_only)
         except _Corrupt as exc:
             if self.read_only or not self._may_move_aside():
-                raise StoreUnavailable(f"{self.path} cannot be used as a chat database ({exc}); Brisk leaves it "
-                                       "as it is. Choose another --database.") from exc
+                raise StoreUnavailable(
+                    f"{self.path} cannot be used as a chat database ({exc}); Brisk leaves it "
+                    "as it is. Choose another --database."
+                ) from exc
             backup = self._move_aside()
-            self.recovery_note = (f"The chat database could not be opened ({exc}). It was kept as {backup.name} "
-                                  "and Brisk started with an empty one.")
+            self.recovery_note = (
+                f"The chat database could not be opened ({exc}). It was kept as {backup.name} "
+                "and Brisk started with an empty one."
+            )
             return self._open(read_only=False)
         except _ReadOnly as exc:
             self.read_only = True
-            self.recovery_note = (f"The chat database is read-only ({exc}): you can read your chats, "
-                                  "but nothing new is saved.")
+            self.recovery_note = (
+                f"The chat database is read-only ({exc}): you can read your chats, but nothing new is saved."
+            )
             return self._open(read_only=True)
 
     def _open(self, *, read_only: bool) -> sqlite3.Connection:
         header = _read_header(self.path)
-        if header and not header.startswith(SQLITE_HEADER[:len(header)]) or 0 < len(header) < len(SQLITE_HEADER):
+        if header and not header.startswith(SQLITE_HEADER[: len(header)]) or 0 < len(header) < len(SQLITE_HEADER):
             raise _Corrupt("it is not an SQLite database")
         uri = f"file:{quote(str(self.path.resolve()))}?mode={'ro' if read_only else 'rw'}"
         if read_only and not os.access(self.path.parent, os.W_OK):
@@ -206,9 +213,11 @@ class Store:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if not 0 <= version <= SCHEMA_VERSION:  # checked before anything writes to the file
                 newer = "a newer Brisk" if version > SCHEMA_VERSION else "something other than Brisk"
-                raise StoreUnavailable(f"{self.path} was written by {newer} (schema {version}; this Brisk reads "
-                                       f"{SCHEMA_VERSION}). It was left untouched: open it with that Brisk, or "
-                                       "start this one with --database OTHER_FILE.")
+                raise StoreUnavailable(
+                    f"{self.path} was written by {newer} (schema {version}; this Brisk reads "
+                    f"{SCHEMA_VERSION}). It was left untouched: open it with that Brisk, or "
+                    "start this one with --database OTHER_FILE."
+                )
             if read_only:
                 return
             db.execute("PRAGMA journal_mode = WAL")
@@ -223,8 +232,10 @@ class Store:
             self._repair_tables(db)
         except sqlite3.OperationalError as exc:
             if _locked(exc):
-                raise StoreUnavailable(f"The chat database {self.path} is in use by another program (still locked "
-                                       f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again.") from exc
+                raise StoreUnavailable(
+                    f"The chat database {self.path} is in use by another program (still locked "
+                    f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again."
+                ) from exc
             if any(word in str(exc) for word in ("readonly", "read-only", "unable to open")):
                 raise _ReadOnly(str(exc)) from exc
             raise _Corrupt(str(exc)) from exc
@@ -240,10 +251,15 @@ class Store:
         for statement in (s for v in sorted(MIGRATIONS) for s in _statements(MIGRATIONS[v])):
             if statement.startswith("ALTER TABLE") and not _adds_a_missing_column(db, statement):
                 continue
-            db.execute(statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ")
-                       .replace("CREATE INDEX ", "CREATE INDEX IF NOT EXISTS "))
-        self.problems.append(f"The chat database lacked its {', '.join(missing)} table(s); they were recreated "
-                             "empty and the rest of your chats are kept.")
+            db.execute(
+                statement.replace("CREATE TABLE ", "CREATE TABLE IF NOT EXISTS ").replace(
+                    "CREATE INDEX ", "CREATE INDEX IF NOT EXISTS "
+                )
+            )
+        self.problems.append(
+            f"The chat database lacked its {', '.join(missing)} table(s); they were recreated "
+            "empty and the rest of your chats are kept."
+        )
 
     def _may_move_aside(self) -> bool:
         """Only a regular file Brisk could have made: at its default place, named *.db, or marked as ours."""
@@ -267,8 +283,10 @@ class Store:
         except sqlite3.OperationalError as exc:
             self.close()
             if _locked(exc):
-                raise StoreUnavailable(f"The chat database {self.path} is in use by another program (still locked "
-                                       f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again.") from exc
+                raise StoreUnavailable(
+                    f"The chat database {self.path} is in use by another program (still locked "
+                    f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again."
+                ) from exc
             raise StoreUnavailable(f"The chat database {self.path} cannot be written: {exc}") from exc
 
     def close(self) -> None:
@@ -324,8 +342,10 @@ class Store:
 
     def create_conversation(self, title: str, settings: dict) -> int:
         now = time.time()
-        cur = self._write("INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
-                              (title, now, now, json.dumps(settings)))
+        cur = self._write(
+            "INSERT INTO conversations (title, created, updated, settings) VALUES (?, ?, ?, ?)",
+            (title, now, now, json.dumps(settings)),
+        )
         return cur.lastrowid
 
     def conversations(self, search: str = "") -> list[Conversation]:
@@ -334,15 +354,18 @@ class Store:
         args: tuple = ()
         if search:
             pattern = f"%{_escape_like(search)}%"
-            sql += (" AND (title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE"
-                    " m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\'))")
+            sql += (
+                " AND (title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m WHERE"
+                " m.conversation_id = c.id AND m.content LIKE ? ESCAPE '\\'))"
+            )
             args = (pattern, pattern)
         rows = self.db.execute(sql + " ORDER BY updated DESC, id DESC", args).fetchall()
         return [Conversation(i, t, u, self._json(s, "chat settings") or {}) for i, t, u, s in rows]
 
     def conversation(self, conversation_id: int) -> Conversation:
-        row = self.db.execute("SELECT id, title, updated, settings FROM conversations WHERE id = ?",
-                              (conversation_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT id, title, updated, settings FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
         if row is None:
             raise StoreError(f"conversation {conversation_id} does not exist")
         return Conversation(row[0], row[1], row[2], self._json(row[3], "chat settings") or {})
@@ -369,20 +392,41 @@ class Store:
     # --- messages ----------------------------------------------------------------------
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self.db.execute("SELECT id, role, content, finish_reason, metrics FROM messages"
-                               " WHERE conversation_id = ? ORDER BY position", (conversation_id,)).fetchall()
+        rows = self.db.execute(
+            "SELECT id, role, content, finish_reason, metrics FROM messages"
+            " WHERE conversation_id = ? ORDER BY position",
+            (conversation_id,),
+        ).fetchall()
         return [StoredMessage(i, r, c, f, self._json(m, "turn metrics")) for i, r, c, f, m in rows]
 
-    def add_message(self, conversation_id: int, role: str, content: str, *, finish_reason: str | None = None,
-                    metrics: dict | None = None, streaming: bool = False) -> int:
+    def add_message(
+        self,
+        conversation_id: int,
+        role: str,
+        content: str,
+        *,
+        finish_reason: str | None = None,
+        metrics: dict | None = None,
+        streaming: bool = False,
+    ) -> int:
         with self._transaction():
-            position = self.db.execute("SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?",
-                                       (conversation_id,)).fetchone()[0]
+            position = self.db.execute(
+                "SELECT COALESCE(MAX(position) + 1, 0) FROM messages WHERE conversation_id = ?", (conversation_id,)
+            ).fetchone()[0]
             cur = self._write(
                 "INSERT INTO messages (conversation_id, position, role, content, finish_reason, metrics, streaming,"
                 " created) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (conversation_id, position, role, content, finish_reason, json.dumps(metrics) if metrics else None,
-                 int(streaming), time.time()))
+                (
+                    conversation_id,
+                    position,
+                    role,
+                    content,
+                    finish_reason,
+                    json.dumps(metrics) if metrics else None,
+                    int(streaming),
+                    time.time(),
+                ),
+            )
             self._touch(conversation_id)
         return cur.lastrowid
 
@@ -394,15 +438,18 @@ class Store:
         self._write("UPDATE messages SET content = ? WHERE id = ?", (content, message_id))
 
     def finish_answer(self, message_id: int, content: str, finish_reason: str, metrics: dict | None) -> None:
-        self._write("UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, streaming = 0 WHERE id = ?",
-                        (content, finish_reason, json.dumps(metrics) if metrics else None, message_id))
+        self._write(
+            "UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, streaming = 0 WHERE id = ?",
+            (content, finish_reason, json.dumps(metrics) if metrics else None, message_id),
+        )
 
     def truncate(self, conversation_id: int, keep: int) -> None:
         """Keep the first `keep` messages and the versions beside them (an edit drops what follows)."""
         with self._transaction():
             self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, keep))
-            self._write("DELETE FROM answer_versions WHERE conversation_id = ? AND position >= ?",
-                        (conversation_id, keep))
+            self._write(
+                "DELETE FROM answer_versions WHERE conversation_id = ? AND position >= ?", (conversation_id, keep)
+            )
 
     # --- answer versions (Regenerate keeps the earlier answers) ---------------------------
 
@@ -410,25 +457,37 @@ class Store:
         """Keep the answer at `position` as an earlier version, drop it and what follows, and
         begin the new answer there; returns its message id."""
         with self._transaction():
-            row = self.db.execute("SELECT content, finish_reason, metrics, created FROM messages WHERE"
-                                  " conversation_id = ? AND position = ? AND role = 'assistant'",
-                                  (conversation_id, position)).fetchone()
+            row = self.db.execute(
+                "SELECT content, finish_reason, metrics, created FROM messages WHERE"
+                " conversation_id = ? AND position = ? AND role = 'assistant'",
+                (conversation_id, position),
+            ).fetchone()
             if row and row[0]:
-                self._write("INSERT INTO answer_versions (conversation_id, position, content, finish_reason, metrics,"
-                            " created) VALUES (?, ?, ?, ?, ?, ?)", (conversation_id, position, *row))
+                self._write(
+                    "INSERT INTO answer_versions (conversation_id, position, content, finish_reason, metrics,"
+                    " created) VALUES (?, ?, ?, ?, ?, ?)",
+                    (conversation_id, position, *row),
+                )
             self._write("DELETE FROM messages WHERE conversation_id = ? AND position >= ?", (conversation_id, position))
-            self._write("DELETE FROM answer_versions WHERE conversation_id = ? AND position > ?",
-                        (conversation_id, position))
+            self._write(
+                "DELETE FROM answer_versions WHERE conversation_id = ? AND position > ?", (conversation_id, position)
+            )
             return self.begin_answer(conversation_id)
 
     def versions(self, conversation_id: int, position: int) -> tuple[int, int]:
         """(index of the shown answer, how many) among the answers kept at `position`, oldest first."""
-        shown = self.db.execute("SELECT created FROM messages WHERE conversation_id = ? AND position = ?",
-                                (conversation_id, position)).fetchone()
+        shown = self.db.execute(
+            "SELECT created FROM messages WHERE conversation_id = ? AND position = ?", (conversation_id, position)
+        ).fetchone()
         if shown is None or "answer_versions" not in self._tables():
             return 0, 1
-        created = [r[0] for r in self.db.execute("SELECT created FROM answer_versions WHERE conversation_id = ?"
-                                                 " AND position = ?", (conversation_id, position))]
+        created = [
+            r[0]
+            for r in self.db.execute(
+                "SELECT created FROM answer_versions WHERE conversation_id = ? AND position = ?",
+                (conversation_id, position),
+            )
+        ]
         return sum(c < shown[0] for c in created), len(created) + 1
 
     def show_version(self, conversation_id: int, position: int, step: int) -> bool:
@@ -439,34 +498,48 @@ class Store:
         if not 0 <= target < count:
             return False
         with self._transaction():
-            message = self.db.execute("SELECT id, content, finish_reason, metrics, created FROM messages WHERE"
-                                      " conversation_id = ? AND position = ?", (conversation_id, position)).fetchone()
-            others = self.db.execute("SELECT id, content, finish_reason, metrics, created FROM answer_versions WHERE"
-                                     " conversation_id = ? AND position = ? ORDER BY created",
-                                     (conversation_id, position)).fetchall()
+            message = self.db.execute(
+                "SELECT id, content, finish_reason, metrics, created FROM messages WHERE"
+                " conversation_id = ? AND position = ?",
+                (conversation_id, position),
+            ).fetchone()
+            others = self.db.execute(
+                "SELECT id, content, finish_reason, metrics, created FROM answer_versions WHERE"
+                " conversation_id = ? AND position = ? ORDER BY created",
+                (conversation_id, position),
+            ).fetchall()
             chosen = others[target if target < shown else target - 1]
-            self._write("UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, created = ? WHERE id = ?",
-                        (*chosen[1:], message[0]))
-            self._write("UPDATE answer_versions SET content = ?, finish_reason = ?, metrics = ?, created = ?"
-                        " WHERE id = ?", (*message[1:], chosen[0]))
+            self._write(
+                "UPDATE messages SET content = ?, finish_reason = ?, metrics = ?, created = ? WHERE id = ?",
+                (*chosen[1:], message[0]),
+            )
+            self._write(
+                "UPDATE answer_versions SET content = ?, finish_reason = ?, metrics = ?, created = ? WHERE id = ?",
+                (*message[1:], chosen[0]),
+            )
             self._touch(conversation_id)
         return True
 
     # --- attachments -----------------------------------------------------------------
 
-    def add_attachment(self, conversation_id: int, name: str, kind: str, tokens: int, text: str,
-                       pages: int | None = None) -> int:
-        cur = self._write("INSERT INTO attachments (conversation_id, name, kind, tokens, text, created, pages)"
-                          " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                          (conversation_id, name, kind, tokens, text, time.time(), pages))
+    def add_attachment(
+        self, conversation_id: int, name: str, kind: str, tokens: int, text: str, pages: int | None = None
+    ) -> int:
+        cur = self._write(
+            "INSERT INTO attachments (conversation_id, name, kind, tokens, text, created, pages)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (conversation_id, name, kind, tokens, text, time.time(), pages),
+        )
         return cur.lastrowid
 
     def attachments(self, conversation_id: int) -> list[dict]:
         if "attachments" not in self._tables():
             return []
         pages = "pages" if "pages" in {r[1] for r in self.db.execute("PRAGMA table_info(attachments)")} else "NULL"
-        rows = self.db.execute(f"SELECT id, name, kind, tokens, {pages} FROM attachments WHERE conversation_id = ?"
-                               " ORDER BY id", (conversation_id,)).fetchall()
+        rows = self.db.execute(
+            f"SELECT id, name, kind, tokens, {pages} FROM attachments WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        ).fetchall()
         return [{"id": i, "name": n, "kind": k, "tokens": t, "pages": p} for i, n, k, t, p in rows]
 
     def _tables(self) -> set[str]:
@@ -476,9 +549,16 @@ class Store:
 
     def export_json(self, conversation_id: int) -> dict:
         conv = self.conversation(conversation_id)
-        return {"format": "brisk-chat", "version": 1, "title": conv.title, "settings": conv.settings,
-                "messages": [{"role": m.role, "content": m.content, "finish_reason": m.finish_reason,
-                              "metrics": m.metrics} for m in self.messages(conversation_id)]}
+        return {
+            "format": "brisk-chat",
+            "version": 1,
+            "title": conv.title,
+            "settings": conv.settings,
+            "messages": [
+                {"role": m.role, "content": m.content, "finish_reason": m.finish_reason, "metrics": m.metrics}
+                for m in self.messages(conversation_id)
+            ],
+        }
 
     def import_json(self, data: dict) -> int:
         """A chat exported by `export_json`: checked whole first, then written in one
@@ -487,11 +567,14 @@ class Store:
         from engine.settings import ChatSettings
 
         if not isinstance(data, dict) or data.get("format") != "brisk-chat":
-            raise StoreError("not a Brisk chat export (no \"format\": \"brisk-chat\")")
+            raise StoreError('not a Brisk chat export (no "format": "brisk-chat")')
         messages, title, settings = data.get("messages"), data.get("title"), data.get("settings")
         if not isinstance(messages, list) or not all(
-                isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-                and isinstance(m.get("content"), str) for m in messages):
+            isinstance(m, dict)
+            and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str)
+            for m in messages
+        ):
             raise StoreError("the export's messages are malformed (each needs a role and text content)")
         for i, m in enumerate(messages):
             if m.get("finish_reason") not in (None, *FINISH_REASONS):
@@ -509,8 +592,9 @@ class Store:
         with self._transaction():
             cid = self.create_conversation(title or "Imported chat", settings)
             for m in messages:
-                self.add_message(cid, m["role"], m["content"], finish_reason=m.get("finish_reason"),
-                                 metrics=m.get("metrics"))
+                self.add_message(
+                    cid, m["role"], m["content"], finish_reason=m.get("finish_reason"), metrics=m.get("metrics")
+                )
         return cid
 
 

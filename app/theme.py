@@ -13,15 +13,33 @@ from app.preferences import preferences
 THEMES = ("system", "light", "dark")
 # (role, colour) of the dark palette; disabled text is dimmed separately below
 DARK = {
-    QPalette.Window: "#0d1117", QPalette.WindowText: "#e6edf3", QPalette.Base: "#010409",
-    QPalette.AlternateBase: "#161b22", QPalette.ToolTipBase: "#161b22", QPalette.ToolTipText: "#e6edf3",
-    QPalette.Text: "#e6edf3", QPalette.Button: "#21262d", QPalette.ButtonText: "#e6edf3",
-    QPalette.BrightText: "#ff7b72", QPalette.Highlight: "#1f6feb", QPalette.HighlightedText: "#ffffff",
-    QPalette.Link: "#58a6ff", QPalette.PlaceholderText: "#8b949e", QPalette.Mid: "#484f58",
-    QPalette.Dark: "#010409", QPalette.Light: "#30363d", QPalette.Midlight: "#21262d", QPalette.Shadow: "#000000",
+    QPalette.Window: "#0d1117",
+    QPalette.WindowText: "#e6edf3",
+    QPalette.Base: "#010409",
+    QPalette.AlternateBase: "#161b22",
+    QPalette.ToolTipBase: "#161b22",
+    QPalette.ToolTipText: "#e6edf3",
+    QPalette.Text: "#e6edf3",
+    QPalette.Button: "#21262d",
+    QPalette.ButtonText: "#e6edf3",
+    QPalette.BrightText: "#ff7b72",
+    QPalette.Highlight: "#1f6feb",
+    QPalette.HighlightedText: "#ffffff",
+    QPalette.Link: "#58a6ff",
+    QPalette.PlaceholderText: "#8b949e",
+    QPalette.Mid: "#484f58",
+    QPalette.Dark: "#010409",
+    QPalette.Light: "#30363d",
+    QPalette.Midlight: "#21262d",
+    QPalette.Shadow: "#000000",
 }
-DISABLED_DARK = {QPalette.WindowText: "#6e7681", QPalette.Text: "#6e7681", QPalette.ButtonText: "#6e7681",
-                 QPalette.Base: "#161b22", QPalette.Button: "#161b22"}
+DISABLED_DARK = {
+    QPalette.WindowText: "#6e7681",
+    QPalette.Text: "#6e7681",
+    QPalette.ButtonText: "#6e7681",
+    QPalette.Base: "#161b22",
+    QPalette.Button: "#161b22",
+}
 
 
 def is_dark(app, choice: str) -> bool:

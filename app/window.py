@@ -33,8 +33,9 @@ from app.widgets.sidebar import Sidebar
 
 
 class MainWindow(QMainWindow):
-    def __init__(self, store, engine, *, models: list, default_settings=None, memory_probe=None,
-                 free_memory_probe=None):
+    def __init__(
+        self, store, engine, *, models: list, default_settings=None, memory_probe=None, free_memory_probe=None
+    ):
         super().__init__()
         self.setWindowTitle("Brisk")
         self.resize(1280, 800)
@@ -64,9 +65,17 @@ class MainWindow(QMainWindow):
         splitter.setSizes([240, 700, 340])
         self.setCentralWidget(splitter)
 
-        self.controller = ChatController(store, engine, chat_view=self.chat_view, composer=self.composer,
-                                         prefill_bar=self.prefill_bar, settings_panel=self.settings_panel,
-                                         dashboard=self.dashboard, default_settings=default_settings, parent=self)
+        self.controller = ChatController(
+            store,
+            engine,
+            chat_view=self.chat_view,
+            composer=self.composer,
+            prefill_bar=self.prefill_bar,
+            settings_panel=self.settings_panel,
+            dashboard=self.dashboard,
+            default_settings=default_settings,
+            parent=self,
+        )
         self.store = store
         c = self.controller
         c.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
@@ -103,20 +112,28 @@ class MainWindow(QMainWindow):
         """File / Edit / View / Models / Help, with the shortcuts desktop apps use."""
         c = self.controller
         menus = {
-            "&File": (("New chat", QKeySequence.New, c.new_conversation),
-                      ("Import chat (JSON)…", QKeySequence("Ctrl+I"), self.import_json),
-                      ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
-                      ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
-                      None,
-                      ("Quit", QKeySequence("Ctrl+Q"), self.close)),
-            "&Edit": (("Stop answer", QKeySequence("Esc"), c.stop),
-                      ("Regenerate", QKeySequence("Ctrl+R"), c.regenerate),
-                      ("Search chats", QKeySequence.Find, self.focus_search),
-                      ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus)),
-            "&View": (("Chat settings", QKeySequence("Ctrl+,"), self.show_settings),
-                      ("Show dashboard", QKeySequence("Ctrl+D"), self.toggle_dashboard)),
-            "&Models": (("Models…", QKeySequence("Ctrl+M"), self.show_models),
-                        ("Serve OpenAI-compatible API", QKeySequence(), self.toggle_api_server)),
+            "&File": (
+                ("New chat", QKeySequence.New, c.new_conversation),
+                ("Import chat (JSON)…", QKeySequence("Ctrl+I"), self.import_json),
+                ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
+                ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
+                None,
+                ("Quit", QKeySequence("Ctrl+Q"), self.close),
+            ),
+            "&Edit": (
+                ("Stop answer", QKeySequence("Esc"), c.stop),
+                ("Regenerate", QKeySequence("Ctrl+R"), c.regenerate),
+                ("Search chats", QKeySequence.Find, self.focus_search),
+                ("Focus message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus),
+            ),
+            "&View": (
+                ("Chat settings", QKeySequence("Ctrl+,"), self.show_settings),
+                ("Show dashboard", QKeySequence("Ctrl+D"), self.toggle_dashboard),
+            ),
+            "&Models": (
+                ("Models…", QKeySequence("Ctrl+M"), self.show_models),
+                ("Serve OpenAI-compatible API", QKeySequence(), self.toggle_api_server),
+            ),
             "&Help": (("About Brisk", QKeySequence(), self.show_about),),
         }
         self.actions_by_text = {}
@@ -223,8 +240,9 @@ class MainWindow(QMainWindow):
         from engine.models.store import ModelStore
 
         if getattr(self, "model_manager", None) is None:
-            self.model_manager = ModelManager(self.controller.engine, lambda: ModelStore().list(),
-                                              sorted(BUNDLED), self)
+            self.model_manager = ModelManager(
+                self.controller.engine, lambda: ModelStore().list(), sorted(BUNDLED), self
+            )
             self.controller.engine.event.connect(self._models_changed)
         self.model_manager.refresh()
         self.model_manager.show()
@@ -281,12 +299,16 @@ class MainWindow(QMainWindow):
             return
         if path is None:
             suggested = Path(documents_folder()) / f"{safe_file_name(self.store.conversation(cid).title)}.{kind}"
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(suggested),
-                                                  "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
+            path, _ = QFileDialog.getSaveFileName(
+                self, "Export chat", str(suggested), "Markdown (*.md)" if kind == "md" else "JSON (*.json)"
+            )
         if not path:
             return
-        data = export_markdown(self.store, cid) if kind == "md" else json.dumps(
-            self.store.export_json(cid), indent=2, ensure_ascii=False)
+        data = (
+            export_markdown(self.store, cid)
+            if kind == "md"
+            else json.dumps(self.store.export_json(cid), indent=2, ensure_ascii=False)
+        )
         Path(path).write_text(data, encoding="utf-8")
         self.statusBar().showMessage(f"Exported to {path}", 5000)
 
@@ -334,6 +356,8 @@ def about_text() -> str:
     from engine.version import runtime_versions
 
     found = runtime_versions()
-    return (f"Brisk {found['brisk']}\nFast local LLM chat on MLX.\n\n"
-            f"MLX {found['mlx']} · mlx-lm {found['mlx-lm']}\n"
-            f"Qt {qVersion()} · PySide6 {PySide6.__version__}\nBLAS: {found['blas']}")
+    return (
+        f"Brisk {found['brisk']}\nFast local LLM chat on MLX.\n\n"
+        f"MLX {found['mlx']} · mlx-lm {found['mlx-lm']}\n"
+        f"Qt {qVersion()} · PySide6 {PySide6.__version__}\nBLAS: {found['blas']}"
+    )

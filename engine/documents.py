@@ -19,9 +19,42 @@ from engine.text_input import count_tokens_bounded, decode_text, max_chars_for
 MAX_DOCUMENT_BYTES = 64 * 2**20
 # Extracted text beyond this fits no local context (128K tokens is ~0.5 M characters).
 MAX_DOCUMENT_CHARS = 8_000_000
-CODE_SUFFIXES = {".py", ".js", ".ts", ".tsx", ".jsx", ".c", ".h", ".cpp", ".hpp", ".cc", ".rs", ".go", ".java",
-                 ".kt", ".swift", ".rb", ".php", ".cs", ".sh", ".sql", ".toml", ".yaml", ".yml", ".json", ".html",
-                 ".css", ".scss", ".lua", ".r", ".m", ".mm", ".zig", ".ini", ".cfg"}
+CODE_SUFFIXES = {
+    ".py",
+    ".js",
+    ".ts",
+    ".tsx",
+    ".jsx",
+    ".c",
+    ".h",
+    ".cpp",
+    ".hpp",
+    ".cc",
+    ".rs",
+    ".go",
+    ".java",
+    ".kt",
+    ".swift",
+    ".rb",
+    ".php",
+    ".cs",
+    ".sh",
+    ".sql",
+    ".toml",
+    ".yaml",
+    ".yml",
+    ".json",
+    ".html",
+    ".css",
+    ".scss",
+    ".lua",
+    ".r",
+    ".m",
+    ".mm",
+    ".zig",
+    ".ini",
+    ".cfg",
+}
 
 
 class DocumentError(BriskError):
@@ -54,7 +87,7 @@ def split_attached(content: str) -> tuple[list[tuple[str, str]], str]:
     """A user message's leading attached documents as (name, text), and the typed rest:
     the inverse of joining `attached_block`s and the text with blank lines."""
     documents, at = [], 0
-    while (match := _ATTACHED.match(content, at)):
+    while match := _ATTACHED.match(content, at):
         documents.append((match.group(1), match.group(3)))
         at = match.end()
     return documents, content[at:]
@@ -74,8 +107,9 @@ def read_document(path) -> Document:
     if size == 0:
         raise DocumentError(f"{file.name} is empty")
     if size > MAX_DOCUMENT_BYTES:
-        raise DocumentError(f"{file.name} is {size / 2**20:.0f} MiB; documents up to "
-                            f"{MAX_DOCUMENT_BYTES // 2**20} MiB can be attached")
+        raise DocumentError(
+            f"{file.name} is {size / 2**20:.0f} MiB; documents up to {MAX_DOCUMENT_BYTES // 2**20} MiB can be attached"
+        )
     data = file.read_bytes()
     suffix = file.suffix.lower()
     if suffix == ".pdf" or data[:5] == b"%PDF-":
@@ -103,8 +137,10 @@ def _pdf_text(name: str, data: bytes) -> tuple[str, int]:
             pages.append(page.extract_text() or "")
             chars += len(pages[-1])
             if chars > MAX_DOCUMENT_CHARS:
-                raise DocumentError(f"{name} holds more than {MAX_DOCUMENT_CHARS:,} characters of text, more than "
-                                    "any local model's context; attach the part you need")
+                raise DocumentError(
+                    f"{name} holds more than {MAX_DOCUMENT_CHARS:,} characters of text, more than "
+                    "any local model's context; attach the part you need"
+                )
     except DocumentError:
         raise
     except LimitReachedError as exc:  # pypdf's own guard against decompression bombs
@@ -149,16 +185,31 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     shape = kv_shape(lm.config)
     layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
     k_bits, v_bits = planned_kv_precision(lm, settings)
-    per_token = kv_bytes_per_token(layers, shape["kv_heads"], shape["head_dim"], k_bits=k_bits, v_bits=v_bits,
-                                   group_size=settings.kv_group_size, itemsize=4) if shape else 0
+    per_token = (
+        kv_bytes_per_token(
+            layers,
+            shape["kv_heads"],
+            shape["head_dim"],
+            k_bits=k_bits,
+            v_bits=v_bits,
+            group_size=settings.kv_group_size,
+            itemsize=4,
+        )
+        if shape
+        else 0
+    )
     need = per_token * total
     if total > lm.context_length:
-        reason = (f"{document.name} is {doc_tokens:,} tokens; with the conversation that is {total:,}, "
-                  f"but {lm.id} holds {lm.context_length:,}")
+        reason = (
+            f"{document.name} is {doc_tokens:,} tokens; with the conversation that is {total:,}, "
+            f"but {lm.id} holds {lm.context_length:,}"
+        )
     elif need > memory_available:
         precision = f"{k_bits} bits" if k_bits == v_bits else f"K {k_bits} / V {v_bits} bits"
-        reason = (f"{document.name} needs {need / 2**30:.1f} GiB of KV cache at {precision}; "
-                  f"{memory_available / 2**30:.1f} GiB is free beside the weights (try 4-bit KV)")
+        reason = (
+            f"{document.name} needs {need / 2**30:.1f} GiB of KV cache at {precision}; "
+            f"{memory_available / 2**30:.1f} GiB is free beside the weights (try 4-bit KV)"
+        )
     else:
         reason = ""
     return Fit(doc_tokens, total, lm.context_length, int(need), memory_available, not reason, reason)
@@ -176,6 +227,8 @@ def planned_kv_precision(lm, settings) -> tuple[int, int]:
 
 def _too_long(document: Document, lm, tokens: int) -> Fit:
     """A document past the context, found without tokenizing all of it."""
-    reason = (f"{document.name} is more than {tokens:,} tokens "
-              f"({len(document.text):,} characters), but {lm.id} holds {lm.context_length:,}")
+    reason = (
+        f"{document.name} is more than {tokens:,} tokens "
+        f"({len(document.text):,} characters), but {lm.id} holds {lm.context_length:,}"
+    )
     return Fit(tokens, tokens, lm.context_length, 0, 0, False, reason)

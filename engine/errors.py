@@ -49,7 +49,8 @@ class ConversationTooLong(ContextOverflow):
         BriskError.__init__(
             self,
             f"The conversation is {chars:,} characters; {model_id} holds {context_length:,} tokens, which is at "
-            f"most about {max_chars:,} characters. Shorten it, attach less, or start a new chat.")
+            f"most about {max_chars:,} characters. Shorten it, attach less, or start a new chat.",
+        )
 
 
 class PrefillMemoryError(BriskError):

@@ -71,8 +71,17 @@ class ModelLoadProgressed:
 
 
 # Everything a turn or a model operation reports, as one declared type.
-EngineEvent = Union[PrefillProgressed, TokenEmitted, ContextTruncated, TurnFinished, EngineErrored, EngineWarned,
-                    DownloadProgressed, ModelLoaded, ModelLoadProgressed]
+EngineEvent = Union[
+    PrefillProgressed,
+    TokenEmitted,
+    ContextTruncated,
+    TurnFinished,
+    EngineErrored,
+    EngineWarned,
+    DownloadProgressed,
+    ModelLoaded,
+    ModelLoadProgressed,
+]
 
 
 def result_of(steps):

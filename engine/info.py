@@ -57,8 +57,10 @@ def kernel_origins() -> dict[str, str]:
     """Which native libraries are prebuilt (a bundle's), built locally or fell back, and why."""
     from kernels import mlx_extension, native
 
-    return {"kernels_ctypes": describe_kernels(native.status()),
-            "kernels_mlx_ops": describe_kernels(mlx_extension.status())}
+    return {
+        "kernels_ctypes": describe_kernels(native.status()),
+        "kernels_mlx_ops": describe_kernels(mlx_extension.status()),
+    }
 
 
 def engine_info() -> dict:
@@ -70,8 +72,7 @@ def engine_info() -> dict:
     state = blas_state()
     mem = _meminfo()
     return {
-        "backend": f"mlx {version('mlx')} on {mx.default_device()}"
-                   + (" (Metal)" if mx.metal.is_available() else ""),
+        "backend": f"mlx {version('mlx')} on {mx.default_device()}" + (" (Metal)" if mx.metal.is_available() else ""),
         "mlx_lm": version("mlx-lm"),
         "platform": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores",
         "blas": state.name,
@@ -80,8 +81,11 @@ def engine_info() -> dict:
         "sgemm_gflops": round(quick_sgemm_gflops(), 1),
         "compute_dtype": compute_dtype_name(),
         "packed_kv_attention": _native_kernel_path(),
-        "few_row_matmul": (_native_kernel_path() if compute_dtype_name() == "float32"
-                           else "MLX (the native kernel takes float32 on the CPU)"),
+        "few_row_matmul": (
+            _native_kernel_path()
+            if compute_dtype_name() == "float32"
+            else "MLX (the native kernel takes float32 on the CPU)"
+        ),
         **kernel_origins(),
         "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
         "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",
@@ -111,9 +115,29 @@ def model_memory_info(model_id: str, *, group_size: int = 32, precision: tuple[i
     for k_bits, v_bits in choices:
         if not shape or (v_bits < 16 and shape["head_dim"] % group_size):
             continue
-        per_token = kv_bytes_per_token(args["num_hidden_layers"], shape["kv_heads"], shape["head_dim"],
-                                       k_bits=k_bits, v_bits=v_bits, group_size=group_size, itemsize=4)
-        rows.append({"k_bits": k_bits, "v_bits": v_bits, "kv_bits": min(k_bits, v_bits),
-                     "bytes_per_token": per_token, "max_context": int(free // per_token)})
-    return {"id": model_id, "weights_bytes": weights, "context_length": entry.context_length,
-            "free_bytes_beside_weights": free, "kv_group_size": group_size, "kv": rows}
+        per_token = kv_bytes_per_token(
+            args["num_hidden_layers"],
+            shape["kv_heads"],
+            shape["head_dim"],
+            k_bits=k_bits,
+            v_bits=v_bits,
+            group_size=group_size,
+            itemsize=4,
+        )
+        rows.append(
+            {
+                "k_bits": k_bits,
+                "v_bits": v_bits,
+                "kv_bits": min(k_bits, v_bits),
+                "bytes_per_token": per_token,
+                "max_context": int(free // per_token),
+            }
+        )
+    return {
+        "id": model_id,
+        "weights_bytes": weights,
+        "context_length": entry.context_length,
+        "free_bytes_beside_weights": free,
+        "kv_group_size": group_size,
+        "kv": rows,
+    }

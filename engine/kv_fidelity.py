@@ -58,8 +58,14 @@ def prefill(lm, tokens: list[int], mode: PackedMode | None, group_size: int, ste
 
     def pack():
         if mode is not None:
-            maybe_quantize_kv_cache(cache, k_bits=mode.k_bits, v_bits=mode.v_bits, group_size=group_size, start=0,
-                                    key_layout=mode.key_layout)
+            maybe_quantize_kv_cache(
+                cache,
+                k_bits=mode.k_bits,
+                v_bits=mode.v_bits,
+                group_size=group_size,
+                start=0,
+                key_layout=mode.key_layout,
+            )
 
     cache = make_prompt_cache(lm.model)
     for _ in prefill_chunks(lm.model, cache, tokens[:-1], step):
@@ -84,8 +90,16 @@ def reference_run(lm, tokens: list[int], positions: int, group_size: int) -> lis
     return out
 
 
-def compare(lm, tokens: list[int], mode: PackedMode, reference: list, *, group_size: int,
-            free_run: bool = True, cancelled: Callable[[], bool] = lambda: False) -> dict:
+def compare(
+    lm,
+    tokens: list[int],
+    mode: PackedMode,
+    reference: list,
+    *,
+    group_size: int,
+    free_run: bool = True,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> dict:
     """Top-1 agreement and KL of `mode` against `reference` (and, with `free_run`, where
     free-running packed greedy output first differs)."""
     import mlx.core as mx
@@ -103,13 +117,22 @@ def compare(lm, tokens: list[int], mode: PackedMode, reference: list, *, group_s
         agree += int(same.item())
         logits = lm.model(mx.array([[token]]), cache=cache)[0, -1]
     del cache
-    result = {"prompt_tokens": len(tokens), "generated": len(reference), "mode": mode.label, "k_bits": mode.k_bits,
-              "v_bits": mode.v_bits, "key_layout": mode.key_layout, "top1_agreement": agree / len(reference),
-              "mean_kl": sum(kls) / len(kls), "max_kl": max(kls)}
+    result = {
+        "prompt_tokens": len(tokens),
+        "generated": len(reference),
+        "mode": mode.label,
+        "k_bits": mode.k_bits,
+        "v_bits": mode.v_bits,
+        "key_layout": mode.key_layout,
+        "top1_agreement": agree / len(reference),
+        "mean_kl": sum(kls) / len(kls),
+        "max_kl": max(kls),
+    }
     if free_run:
         free = _free_running(lm, tokens, len(reference), mode, group_size)
         result["free_running_first_difference"] = next(
-            (i for i, ((a, _), b) in enumerate(zip(reference, free)) if a != b), None)
+            (i for i, ((a, _), b) in enumerate(zip(reference, free)) if a != b), None
+        )
     return result
 
 
@@ -126,6 +149,7 @@ def _free_running(lm, tokens: list[int], gen: int, mode: PackedMode, group_size:
 
 
 # --- the self-test and its stored results ----------------------------------------------
+
 
 def result_key(k_bits: int, v_bits: int, group_size: int) -> str:
     return f"K{k_bits}/V{v_bits} g{group_size}"
@@ -179,12 +203,19 @@ def _well_formed(result: dict) -> bool:
 
 def selftest_tokens(lm) -> list[int]:
     tokens = lm.tokenizer.encode(resources.read_text(*SELFTEST_TEXT))
-    return tokens[:max(2, lm.context_length - POSITIONS - 1)]
+    return tokens[: max(2, lm.context_length - POSITIONS - 1)]
 
 
-def run_selftest(lm, store: FidelityStore, precisions, *, group_size: int, until_pass: bool = False,
-                 progress: Callable[[str], None] = lambda message: None,
-                 cancelled: Callable[[], bool] = lambda: False) -> dict:
+def run_selftest(
+    lm,
+    store: FidelityStore,
+    precisions,
+    *,
+    group_size: int,
+    until_pass: bool = False,
+    progress: Callable[[str], None] = lambda message: None,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> dict:
     """Measure each precision not measured yet (in order; with `until_pass`, stop at the
     first that passes), store and return every result."""
     results = store.load()
@@ -195,8 +226,15 @@ def run_selftest(lm, store: FidelityStore, precisions, *, group_size: int, until
             progress(f"Checking {k_bits}-bit keys / {v_bits}-bit values on {lm.id} (once per model)…")
             tokens = selftest_tokens(lm)
             reference = reference or reference_run(lm, tokens, POSITIONS, group_size)
-            result = compare(lm, tokens, PackedMode(k_bits, v_bits), reference, group_size=group_size,
-                             free_run=False, cancelled=cancelled)
+            result = compare(
+                lm,
+                tokens,
+                PackedMode(k_bits, v_bits),
+                reference,
+                group_size=group_size,
+                free_run=False,
+                cancelled=cancelled,
+            )
             result["passed"], result["why"] = verdict(result)
             results[key] = result
             store.save(results)
@@ -257,8 +295,10 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
     wanted = packable(lm.config, CANDIDATES if auto else [precision], group)
     store = FidelityStore(lm.path)
     if needs_measuring(store.load(), wanted, group, until_pass=auto):
-        yield EngineWarned(f"Checking how packed KV changes {lm.id}'s answers (once per model, about "
-                           f"{POSITIONS} tokens)…", kind="notice")
+        yield EngineWarned(
+            f"Checking how packed KV changes {lm.id}'s answers (once per model, about {POSITIONS} tokens)…",
+            kind="notice",
+        )
         yield PrefillProgressed(0, POSITIONS, "kv_check")
     try:
         results = run_selftest(lm, store, wanted, group_size=group, until_pass=auto, cancelled=cancelled)
@@ -271,10 +311,11 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
     if result is None:  # auto found nothing that passed, or this model cannot pack that precision
         metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
         return settings
-    metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: " \
-                       f"{result['why']}"
+    metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: {result['why']}"
     if not result["passed"]:
-        yield EngineWarned(f"{precision[0]}-bit keys / {precision[1]}-bit values on {lm.id}: the self-test "
-                           f"{result['why']}. Answers may differ from 16-bit KV; `auto` picks a precision that "
-                           "keeps them.")
+        yield EngineWarned(
+            f"{precision[0]}-bit keys / {precision[1]}-bit values on {lm.id}: the self-test "
+            f"{result['why']}. Answers may differ from 16-bit KV; `auto` picks a precision that "
+            "keeps them."
+        )
     return settings

@@ -79,7 +79,7 @@ class ChannelStore:
         else:
             self.limits = (clip(start),) * steps
         if self.limits[-1] > self.packed:
-            dense = self.recent[..., self.packed - self.recent_from:self.limits[-1] - self.recent_from, :]
+            dense = self.recent[..., self.packed - self.recent_from : self.limits[-1] - self.recent_from, :]
             self._store(ChannelPacked.pack(dense, bits=self.bits), step)
         drop = self.limits[0] - self.recent_from
         if drop:
@@ -95,13 +95,18 @@ class ChannelStore:
         if self.buffers is None or stop // per > self.buffers[0].shape[-1]:
             grow = (stop - start + step - 1) // step * step
             cols = [start // per, start // TOKEN_GROUP, start // TOKEN_GROUP]
-            fresh = [mx.zeros((*p.shape[:3], w), p.dtype) for p, w in zip(parts, (grow // per, grow // TOKEN_GROUP,
-                                                                               grow // TOKEN_GROUP))]
-            self.buffers = fresh if self.buffers is None else [
-                mx.concatenate([b[..., :c], f], axis=-1) for b, c, f in zip(self.buffers, cols, fresh)]
-        self.buffers[0][..., start // per:stop // per] = parts[0]
+            fresh = [
+                mx.zeros((*p.shape[:3], w), p.dtype)
+                for p, w in zip(parts, (grow // per, grow // TOKEN_GROUP, grow // TOKEN_GROUP))
+            ]
+            self.buffers = (
+                fresh
+                if self.buffers is None
+                else [mx.concatenate([b[..., :c], f], axis=-1) for b, c, f in zip(self.buffers, cols, fresh)]
+            )
+        self.buffers[0][..., start // per : stop // per] = parts[0]
         for buffer, part in zip(self.buffers[1:], parts[1:]):
-            buffer[..., start // TOKEN_GROUP:stop // TOKEN_GROUP] = part
+            buffer[..., start // TOKEN_GROUP : stop // TOKEN_GROUP] = part
         self.packed = stop
 
     def truncate(self, keep: int) -> None:
@@ -109,7 +114,7 @@ class ChannelStore:
         further back turns the cut group's kept tokens back into dense rows (as read)."""
         self.limits = None
         if keep >= self.recent_from:
-            self.recent = None if self.recent is None else self.recent[..., :keep - self.recent_from, :]
+            self.recent = None if self.recent is None else self.recent[..., : keep - self.recent_from, :]
             self.packed = min(self.packed, keep // TOKEN_GROUP * TOKEN_GROUP)
             return
         start = keep // TOKEN_GROUP * TOKEN_GROUP
@@ -118,9 +123,16 @@ class ChannelStore:
 
     def view(self) -> ChannelPacked:
         per, groups = 32 // self.bits, self.packed // TOKEN_GROUP
-        data, scales, biases = (self.buffers or [mx.zeros((0, 0, 0, 0), mx.uint32)] * 3)
-        return ChannelPacked(data[..., :self.packed // per], scales[..., :groups], biases[..., :groups], self.bits,
-                             self.recent, self.recent_from, self.limits)
+        data, scales, biases = self.buffers or [mx.zeros((0, 0, 0, 0), mx.uint32)] * 3
+        return ChannelPacked(
+            data[..., : self.packed // per],
+            scales[..., :groups],
+            biases[..., :groups],
+            self.bits,
+            self.recent,
+            self.recent_from,
+            self.limits,
+        )
 
     def dense_rows(self) -> int:
         return 0 if self.recent is None else self.recent.shape[2]

@@ -56,8 +56,9 @@ class PackedKVCache(QuantizedKVCache):
 
     step = 256  # a multiple of TOKEN_GROUP
 
-    def __init__(self, *, k_bits: int = 4, v_bits: int = 4, group_size: int = DEFAULT_KV_GROUP_SIZE,
-                 key_layout: str = "channel"):
+    def __init__(
+        self, *, k_bits: int = 4, v_bits: int = 4, group_size: int = DEFAULT_KV_GROUP_SIZE, key_layout: str = "channel"
+    ):
         if key_layout not in KEY_LAYOUTS:
             raise ValueError(f"key_layout must be one of {KEY_LAYOUTS}")
         self.k_bits, self.v_bits, self.group_size, self.key_layout = k_bits, v_bits, group_size, key_layout
@@ -122,10 +123,20 @@ class PackedKVCache(QuantizedKVCache):
     @property
     def state(self):
         channels = isinstance(self.k, ChannelStore)
-        meta = [self.offset, self.k_bits, self.v_bits, self.group_size, self.key_layout,
-                self.k.packed if channels else 0, self.k.recent_from if channels else 0]
-        return {"meta": meta, "k": self.k.arrays() if channels else self.k.arrays(self.offset),
-                "v": self.v.arrays(self.offset)}
+        meta = [
+            self.offset,
+            self.k_bits,
+            self.v_bits,
+            self.group_size,
+            self.key_layout,
+            self.k.packed if channels else 0,
+            self.k.recent_from if channels else 0,
+        ]
+        return {
+            "meta": meta,
+            "k": self.k.arrays() if channels else self.k.arrays(self.offset),
+            "v": self.v.arrays(self.offset),
+        }
 
     @state.setter
     def state(self, state):
@@ -143,8 +154,9 @@ class PackedKVCache(QuantizedKVCache):
         self.offset = offset
 
     @classmethod
-    def from_dense(cls, dense: KVCache, *, k_bits: int, v_bits: int, group_size: int,
-                   key_layout: str = "channel") -> "PackedKVCache":
+    def from_dense(
+        cls, dense: KVCache, *, k_bits: int, v_bits: int, group_size: int, key_layout: str = "channel"
+    ) -> "PackedKVCache":
         packed = cls(k_bits=k_bits, v_bits=v_bits, group_size=group_size, key_layout=key_layout)
         if dense.keys is not None:
             held = dense.offset
@@ -156,16 +168,18 @@ class PackedKVCache(QuantizedKVCache):
 mlx_lm_cache.PackedKVCache = PackedKVCache
 
 
-def maybe_quantize_kv_cache(cache: list, *, k_bits: int, v_bits: int, group_size: int, start: int,
-                            key_layout: str = "channel") -> None:
+def maybe_quantize_kv_cache(
+    cache: list, *, k_bits: int, v_bits: int, group_size: int, start: int, key_layout: str = "channel"
+) -> None:
     """Pack each plain KVCache layer holding at least `start` tokens (in place)."""
     if k_bits >= 16 and v_bits >= 16:
         return
     use_packed_attention()
     for i, layer in enumerate(cache):
         if type(layer) is KVCache and layer.offset >= max(start, 1):
-            cache[i] = PackedKVCache.from_dense(layer, k_bits=k_bits, v_bits=v_bits, group_size=group_size,
-                                                key_layout=key_layout)
+            cache[i] = PackedKVCache.from_dense(
+                layer, k_bits=k_bits, v_bits=v_bits, group_size=group_size, key_layout=key_layout
+            )
 
 
 def held_arrays(layer) -> list:
@@ -208,10 +222,12 @@ def layer_bytes_formula(layer, *, kv_heads: int, head_dim: int, itemsize: int) -
     return int(kv_heads * (keys + values))
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, *, k_bits: int, v_bits: int, group_size: int,
-                       itemsize: int) -> float:
+def kv_bytes_per_token(
+    layers: int, kv_heads: int, head_dim: int, *, k_bits: int, v_bits: int, group_size: int, itemsize: int
+) -> float:
     """Bytes a token adds to the cache (the recent window of at most 63 dense keys per
     layer is a constant, not per token)."""
+
     def per_head(bits: int, group: int) -> float:
         return head_dim * itemsize if bits >= 16 else _packed_row_bytes(head_dim, bits, group)
 
@@ -222,8 +238,10 @@ def check_kv_packable(config: dict, *, v_bits: int, group_size: int) -> None:
     """Packed values need groups that divide the head dimension (keys are grouped by token)."""
     shape = kv_shape(config)
     if v_bits < 16 and shape and shape["head_dim"] % group_size:
-        raise InvalidSettings(f"A {group_size}-wide quantization group does not divide this model's head "
-                              f"dimension ({shape['head_dim']}); use v_bits 16 or a smaller group")
+        raise InvalidSettings(
+            f"A {group_size}-wide quantization group does not divide this model's head "
+            f"dimension ({shape['head_dim']}); use v_bits 16 or a smaller group"
+        )
 
 
 def kv_shape(config: dict) -> dict | None:

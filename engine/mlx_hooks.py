@@ -30,42 +30,103 @@ class Hook:
 
 
 HOOKS = (
-    Hook("mlx_lm.models.base:quantized_scaled_dot_product_attention", "rebound", "engine.kvcache",
-         "packed KV attention goes to Brisk's kernels (kernels/kv_attention.py), which read PackedKVCache's layouts",
-         ("queries", "q_keys", "q_values", "scale", "mask", "group_size", "bits")),
-    Hook("mlx_lm.models.base:scaled_dot_product_attention", "rebound", "engine.accel.attention_capture",
-         "SpecPrefill's lookahead and UniPrefill's drop layers capture queries and keys, rebound in each model "
-         "module for one call",
-         ("queries", "keys", "values", "cache", "scale", "mask")),
-    Hook("mlx_lm.models.base:scaled_dot_product_attention", "rebound", "kernels.fused_attention",
-         "float attention on the CPU goes to the fused kernel, rebound in each loaded model's modules",
-         ("queries", "keys", "values", "cache", "scale", "mask", "sinks")),
-    Hook("mlx_lm.models.cache:QuantizedKVCache", "subclassed", "engine.kvcache",
-         "PackedKVCache: keys per channel, values per token, each at its own bits; float16 scales",
-         ("update_and_fetch", "state", "trim", "is_trimmable", "group_size", "bits", "step", "offset")),
-    Hook("mlx_lm.models.cache:load_prompt_cache", "injected", "engine.kvcache",
-         "PackedKVCache is set on mlx_lm.models.cache, where load_prompt_cache looks classes up by name"),
-    Hook("mlx_lm.models.rope_utils:initialize_rope", "wrapped", "engine.accel.positions",
-         "sparse prefill shifts RoPE positions by wrapping the model's RoPE modules (rope_utils classes)"),
-    Hook("mlx_lm.models.cache:RotatingKVCache", "private field", "engine.accel.speculative.rewind",
-         "rewinding a sliding-window cache saves and restores its _idx", ("_idx", "keys", "values", "offset")),
-    Hook("mlx_lm.models.cache:RotatingKVCache", "private call", "engine.accel.uniprefill.prefill",
-         "sliding-window layers after a drop rebuild each chunk's mask from their own cache, sized to the window",
-         ("make_mask", "max_size")),
-    Hook("mlx_lm.models.cache:ArraysCache", "private field", "engine.accel.speculative.rewind",
-         "rewinding recurrent layers saves and restores their state", ("state",)),
-    Hook("mlx_lm.utils:_get_classes", "private call", "engine.models.folder",
-         "mlx-lm's own model_type -> class lookup, remappings included", ("config",)),
-    Hook("mlx.nn:Embedding", "subclassed", "kernels.skinny_matmul",
-         "a tied output head's as_linear takes few-row products to the native kernel", ("as_linear",)),
-    Hook("mlx.nn:Linear", "subclassed", "kernels.skinny_matmul",
-         "float Linear layers send 2-16 row products to the native kernel", ("weight", "bias")),
-    Hook("mlx.nn:QuantizedLinear", "subclassed", "kernels.quantized_matmul",
-         "quantized Linear layers send their products to the native kernel",
-         ("weight", "scales", "biases", "bits", "group_size", "mode")),
-    Hook("mlx.nn:QuantizedEmbedding", "subclassed", "kernels.quantized_matmul",
-         "a quantized embedding's lookup and as_linear (a tied head) run natively",
-         ("as_linear", "weight", "scales", "biases", "bits", "group_size", "mode")),
+    Hook(
+        "mlx_lm.models.base:quantized_scaled_dot_product_attention",
+        "rebound",
+        "engine.kvcache",
+        "packed KV attention goes to Brisk's kernels (kernels/kv_attention.py), which read PackedKVCache's layouts",
+        ("queries", "q_keys", "q_values", "scale", "mask", "group_size", "bits"),
+    ),
+    Hook(
+        "mlx_lm.models.base:scaled_dot_product_attention",
+        "rebound",
+        "engine.accel.attention_capture",
+        "SpecPrefill's lookahead and UniPrefill's drop layers capture queries and keys, rebound in each model "
+        "module for one call",
+        ("queries", "keys", "values", "cache", "scale", "mask"),
+    ),
+    Hook(
+        "mlx_lm.models.base:scaled_dot_product_attention",
+        "rebound",
+        "kernels.fused_attention",
+        "float attention on the CPU goes to the fused kernel, rebound in each loaded model's modules",
+        ("queries", "keys", "values", "cache", "scale", "mask", "sinks"),
+    ),
+    Hook(
+        "mlx_lm.models.cache:QuantizedKVCache",
+        "subclassed",
+        "engine.kvcache",
+        "PackedKVCache: keys per channel, values per token, each at its own bits; float16 scales",
+        ("update_and_fetch", "state", "trim", "is_trimmable", "group_size", "bits", "step", "offset"),
+    ),
+    Hook(
+        "mlx_lm.models.cache:load_prompt_cache",
+        "injected",
+        "engine.kvcache",
+        "PackedKVCache is set on mlx_lm.models.cache, where load_prompt_cache looks classes up by name",
+    ),
+    Hook(
+        "mlx_lm.models.rope_utils:initialize_rope",
+        "wrapped",
+        "engine.accel.positions",
+        "sparse prefill shifts RoPE positions by wrapping the model's RoPE modules (rope_utils classes)",
+    ),
+    Hook(
+        "mlx_lm.models.cache:RotatingKVCache",
+        "private field",
+        "engine.accel.speculative.rewind",
+        "rewinding a sliding-window cache saves and restores its _idx",
+        ("_idx", "keys", "values", "offset"),
+    ),
+    Hook(
+        "mlx_lm.models.cache:RotatingKVCache",
+        "private call",
+        "engine.accel.uniprefill.prefill",
+        "sliding-window layers after a drop rebuild each chunk's mask from their own cache, sized to the window",
+        ("make_mask", "max_size"),
+    ),
+    Hook(
+        "mlx_lm.models.cache:ArraysCache",
+        "private field",
+        "engine.accel.speculative.rewind",
+        "rewinding recurrent layers saves and restores their state",
+        ("state",),
+    ),
+    Hook(
+        "mlx_lm.utils:_get_classes",
+        "private call",
+        "engine.models.folder",
+        "mlx-lm's own model_type -> class lookup, remappings included",
+        ("config",),
+    ),
+    Hook(
+        "mlx.nn:Embedding",
+        "subclassed",
+        "kernels.skinny_matmul",
+        "a tied output head's as_linear takes few-row products to the native kernel",
+        ("as_linear",),
+    ),
+    Hook(
+        "mlx.nn:Linear",
+        "subclassed",
+        "kernels.skinny_matmul",
+        "float Linear layers send 2-16 row products to the native kernel",
+        ("weight", "bias"),
+    ),
+    Hook(
+        "mlx.nn:QuantizedLinear",
+        "subclassed",
+        "kernels.quantized_matmul",
+        "quantized Linear layers send their products to the native kernel",
+        ("weight", "scales", "biases", "bits", "group_size", "mode"),
+    ),
+    Hook(
+        "mlx.nn:QuantizedEmbedding",
+        "subclassed",
+        "kernels.quantized_matmul",
+        "a quantized embedding's lookup and as_linear (a tied head) run natively",
+        ("as_linear", "weight", "scales", "biases", "bits", "group_size", "mode"),
+    ),
 )
 
 
@@ -97,8 +158,10 @@ def _class_has(cls, name: str) -> bool:
 
 
 def _moved(hook: Hook, what: str) -> BriskError:
-    return BriskError(f"mlx-lm {version('mlx-lm')} moved a hook Brisk relies on ({hook.kind}, used by "
-                      f"{hook.user}: {hook.why}): {what}. Install the mlx-lm version pyproject.toml pins.")
+    return BriskError(
+        f"mlx-lm {version('mlx-lm')} moved a hook Brisk relies on ({hook.kind}, used by "
+        f"{hook.user}: {hook.why}): {what}. Install the mlx-lm version pyproject.toml pins."
+    )
 
 
 @lru_cache(maxsize=1)

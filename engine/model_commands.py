@@ -53,16 +53,24 @@ def run_model_command(command, cancel, store=None) -> Iterator[DownloadProgresse
         from engine.models.bundled import install_bundled
 
         def work(report):
-            return install_bundled(command.model_id, store=store,
-                                   progress=lambda m: report(DownloadProgressed(command.model_id, 0, 0, m)))
+            return install_bundled(
+                command.model_id, store=store, progress=lambda m: report(DownloadProgressed(command.model_id, 0, 0, m))
+            )
+
         entry = yield from _streamed(work)
         yield ModelsChanged(f"Installed {entry.id}")
     elif isinstance(command, PullModel):
         from engine.models.download import pull
 
         def work(report):
-            return pull(command.repo_id, store=store, model_id=command.model_id, on_progress=report,
-                        should_stop=lambda: cancel.cancelled)
+            return pull(
+                command.repo_id,
+                store=store,
+                model_id=command.model_id,
+                on_progress=report,
+                should_stop=lambda: cancel.cancelled,
+            )
+
         entry = yield from _streamed(work)
         yield ModelsChanged(f"Downloaded {entry.id}")
     elif isinstance(command, ImportGGUF):
@@ -73,9 +81,13 @@ def run_model_command(command, cancel, store=None) -> Iterator[DownloadProgresse
 
         def work(report):
             with store.staging(model_id) as stage:
-                import_gguf(Path(command.path), stage,
-                            progress=lambda done, total: report(DownloadProgressed(model_id, done, total, name)))
+                import_gguf(
+                    Path(command.path),
+                    stage,
+                    progress=lambda done, total: report(DownloadProgressed(model_id, done, total, name)),
+                )
                 return store.register(stage, model_id=model_id, source=f"gguf:{name}")
+
         entry = yield from _streamed(work)
         yield ModelsChanged(f"Imported {entry.id} from {name}")
     else:

@@ -28,7 +28,8 @@ def check_prefill_memory(lm, step: int, context: int, available: int) -> None:
         raise PrefillMemoryError(
             f"Reading the prompt in chunks of {step:,} tokens at {context:,} tokens of context needs about "
             f"{need / 2**30:.1f} GiB of working memory; {available / 2**30:.1f} GiB is free. "
-            "Lower the prefill step (--prefill-step), shorten the conversation, or free memory.")
+            "Lower the prefill step (--prefill-step), shorten the conversation, or free memory."
+        )
 
 
 def prefill_chunks(model, cache, tokens: list[int], step: int) -> Iterator[int]:
@@ -41,7 +42,7 @@ def prefill_chunks(model, cache, tokens: list[int], step: int) -> Iterator[int]:
 
     done = 0
     while done < len(tokens):
-        chunk = tokens[done: done + step]
+        chunk = tokens[done : done + step]
         model(mx.array(chunk)[None], cache=cache)  # (1, L) -> logits discarded
         mx.eval([c.state for c in cache])
         done += len(chunk)

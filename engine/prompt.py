@@ -24,8 +24,9 @@ def encode_messages(lm, messages, *, cancelled=lambda: False, template: bool = T
     tokenizer = lm.tokenizer
     dicts = [{"role": m.role, "content": m.content} for m in messages]
     if tokenizer.chat_template and template:
-        text = render_guarded(lambda: _render(lm, dicts), model_id=lm.id, max_chars=max_template_chars(dicts),
-                              cancelled=cancelled)
+        text = render_guarded(
+            lambda: _render(lm, dicts), model_id=lm.id, max_chars=max_template_chars(dicts), cancelled=cancelled
+        )
         return list(tokenizer.encode(text, add_special_tokens=False))
     text = PLAIN_SEPARATOR.join(m["content"] for m in dicts)
     return list(tokenizer.encode(text))

@@ -18,8 +18,7 @@ def make_sampling(settings: ChatSettings):
     """mlx-lm's sampler and logits processors for these settings (plain decoding)."""
     from mlx_lm.sample_utils import make_sampler
 
-    sampler = make_sampler(settings.temperature, top_p=settings.top_p, min_p=settings.min_p,
-                           top_k=settings.top_k)
+    sampler = make_sampler(settings.temperature, top_p=settings.top_p, min_p=settings.min_p, top_k=settings.top_k)
     return sampler, _processors(settings)
 
 
@@ -32,7 +31,8 @@ def _processors(settings: ChatSettings) -> list:
 
     return make_logits_processors(
         repetition_penalty=settings.repetition_penalty if settings.repetition_penalty != 1.0 else None,
-        repetition_context_size=REPETITION_CONTEXT)
+        repetition_context_size=REPETITION_CONTEXT,
+    )
 
 
 def with_prompt_history(processors: list, before: list[int]) -> list:
@@ -42,8 +42,7 @@ def with_prompt_history(processors: list, before: list[int]) -> list:
     if not processors or not before:
         return processors
     tail = mx.array(before[-REPETITION_CONTEXT:], dtype=mx.uint32)
-    return [lambda tokens, logits, p=p: p(mx.concatenate([tail, tokens.astype(mx.uint32)]), logits)
-            for p in processors]
+    return [lambda tokens, logits, p=p: p(mx.concatenate([tail, tokens.astype(mx.uint32)]), logits) for p in processors]
 
 
 class TokenDistribution:
@@ -66,7 +65,7 @@ class TokenDistribution:
         recent = history[-REPETITION_CONTEXT:]  # all a processor reads: no copy of a long chat per row
         for i in range(logits.shape[0]):
             seen = mx.array((recent + extra[:i])[-REPETITION_CONTEXT:], dtype=mx.uint32)
-            row = logits[i:i + 1]
+            row = logits[i : i + 1]
             for processor in self.processors:
                 row = processor(seen, row)
             rows.append(row)

@@ -40,9 +40,15 @@ log = logging.getLogger(__name__)
 
 
 class Session:
-    def __init__(self, lm: LoadedModel, settings: ChatSettings | None = None,
-                 messages: list[Message] | None = None, *, draft: LoadedModel | None = None,
-                 pair_costs: PairCosts | None = None):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        settings: ChatSettings | None = None,
+        messages: list[Message] | None = None,
+        *,
+        draft: LoadedModel | None = None,
+        pair_costs: PairCosts | None = None,
+    ):
         self.lm = lm
         self.settings = (settings or ChatSettings(model=lm.id)).validate()
         self.messages: list[Message] = list(messages or [])
@@ -90,7 +96,7 @@ class Session:
         """Replace user message `index`, drop everything after it, answer again."""
         if not 0 <= index < len(self.messages) or self.messages[index].role != "user":
             raise InvalidSettings(f"Message {index} is not a user message")
-        del self.messages[index + 1:]
+        del self.messages[index + 1 :]
         self.messages[index] = Message("user", text)
         return self._turn(cancel or CancelToken())
 
@@ -156,7 +162,8 @@ class Session:
         check_kv_packable(self.lm.config, v_bits=v_bits, group_size=settings.kv_group_size)
         self.cache.ensure_mode(settings.kv_mode())
         pack = lambda: self.cache.pack(  # noqa: E731
-            k_bits=k_bits, v_bits=v_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start)
+            k_bits=k_bits, v_bits=v_bits, group_size=settings.kv_group_size, start=settings.kv_quant_start
+        )
         if settings.sparse_prefill == "off" and settings.uniprefill == "off":
             self.cache.drop_sparse()  # off means every token read densely, earlier turns' too ("Read it all")
         cached = self.cache.reuse(tokens)
@@ -197,7 +204,7 @@ class Session:
             if decoder is not None:
                 for name, value in decoder.metrics().items():
                     setattr(metrics, name, value)
-                metrics.sources = decoder.stats.sources[:len(answer.token_ids)]
+                metrics.sources = decoder.stats.sources[: len(answer.token_ids)]
             tail = text.flush()
             answer.content += tail
             self._finish_metrics(metrics, start, first_at, len(answer.token_ids), prompt_read_at)
@@ -212,14 +219,16 @@ class Session:
         if settings.spec_decode == "off" or (self.draft is None and index is None):
             return _plain_steps(tokens, self.cache, max_tokens, settings), None
         speculation = self.pair if self.draft is not None else self.lookup_only
-        decoder = speculation.make_decoder(self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs,
-                                           index=index)
+        decoder = speculation.make_decoder(
+            self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs, index=index
+        )
         return decoder.steps(tokens), decoder
 
     # --- helpers ------------------------------------------------------------------
 
-    def _finish_metrics(self, metrics: TurnMetrics, start: float, first_at: float | None, n: int,
-                        prompt_read_at: float) -> None:
+    def _finish_metrics(
+        self, metrics: TurnMetrics, start: float, first_at: float | None, n: int, prompt_read_at: float
+    ) -> None:
         end = time.perf_counter()
         metrics.total_s = end - start
         metrics.generation_s = end - prompt_read_at
@@ -267,9 +276,15 @@ def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[t
     from mlx_lm.generate import generate_step
 
     sampler, processors = make_sampling(settings)
-    steps = generate_step(mx.array(tokens[-1:]), cache.model_view(), max_tokens=max_tokens, sampler=sampler,
-                          logits_processors=with_prompt_history(processors, tokens[:-1]), prompt_cache=cache.layers,
-                          prefill_step_size=settings.prefill_step_size)
+    steps = generate_step(
+        mx.array(tokens[-1:]),
+        cache.model_view(),
+        max_tokens=max_tokens,
+        sampler=sampler,
+        logits_processors=with_prompt_history(processors, tokens[:-1]),
+        prompt_cache=cache.layers,
+        prefill_step_size=settings.prefill_step_size,
+    )
     cache.tokens = list(tokens)
     try:
         for step, _ in steps:

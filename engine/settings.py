@@ -110,7 +110,8 @@ class ChatSettings:
         if self.uniprefill_p is not None and not 0 < self.uniprefill_p <= 1:
             problems.append(f"uniprefill_p must be in (0, 1] (got {self.uniprefill_p})")
         if self.drop_layers is not None and not all(
-                isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in self.drop_layers):
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in self.drop_layers
+        ):
             problems.append(f"drop_layers must be layer indices (got {self.drop_layers!r})")
         if self.uniprefill_threshold < 0:
             problems.append("uniprefill_threshold must be >= 0")
@@ -132,8 +133,10 @@ class ChatSettings:
 
     def kv_precision(self) -> tuple[int, int]:
         """(key bits, value bits): each its own setting when given, else kv_bits."""
-        return (self.kv_bits if self.k_bits is None else self.k_bits,
-                self.kv_bits if self.v_bits is None else self.v_bits)
+        return (
+            self.kv_bits if self.k_bits is None else self.k_bits,
+            self.kv_bits if self.v_bits is None else self.v_bits,
+        )
 
     def kv_mode(self) -> tuple[int, int, int]:
         """What a prompt cache was built with: another mode cannot reuse it."""
@@ -150,8 +153,9 @@ class ChatSettings:
                 if not isinstance(value, bool):
                     problems.append(f"{f.name} must be true or false, not {value!r}")
             elif isinstance(value, bool) or not isinstance(value, kind):
-                problems.append(f"{f.name} must be {kind.__name__ if isinstance(kind, type) else 'a number'}, "
-                                f"not {value!r}")
+                problems.append(
+                    f"{f.name} must be {kind.__name__ if isinstance(kind, type) else 'a number'}, not {value!r}"
+                )
             elif isinstance(value, float) and not math.isfinite(value):
                 problems.append(f"{f.name} must be a finite number (got {value})")
         return problems
@@ -167,7 +171,7 @@ class ChatSettings:
 
 
 def layer_list(text: str) -> list[int]:
-    """"7,11,15" -> [7, 11, 15] (an argparse type: it raises what argparse reports)."""
+    """ "7,11,15" -> [7, 11, 15] (an argparse type: it raises what argparse reports)."""
     import argparse
 
     try:
@@ -179,12 +183,36 @@ def layer_list(text: str) -> list[int]:
 _NUMBER = (int, float)
 # What each setting holds (saved settings and JSON imports are untrusted input).
 FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
-    "model": str, "system_prompt": str, "temperature": _NUMBER, "top_p": _NUMBER, "top_k": int, "min_p": _NUMBER,
-    "repetition_penalty": _NUMBER, "max_tokens": int, "seed": int, "context_overflow": str,
-    "prefill_step_size": int, "kv_bits": int, "k_bits": int, "v_bits": int, "kv_auto": bool, "kv_group_size": int,
-    "kv_quant_start": int, "draft": str,
-    "sparse_prefill": str, "sparse_keep": _NUMBER, "sparse_threshold": int, "spec_decode": str, "num_draft": int,
-    "spec_rule": str, "translation_prefix": int, "uniprefill": str, "uniprefill_p": _NUMBER, "drop_layers": list,
-    "uniprefill_threshold": int, "lookup": bool, "chat_template": bool,
+    "model": str,
+    "system_prompt": str,
+    "temperature": _NUMBER,
+    "top_p": _NUMBER,
+    "top_k": int,
+    "min_p": _NUMBER,
+    "repetition_penalty": _NUMBER,
+    "max_tokens": int,
+    "seed": int,
+    "context_overflow": str,
+    "prefill_step_size": int,
+    "kv_bits": int,
+    "k_bits": int,
+    "v_bits": int,
+    "kv_auto": bool,
+    "kv_group_size": int,
+    "kv_quant_start": int,
+    "draft": str,
+    "sparse_prefill": str,
+    "sparse_keep": _NUMBER,
+    "sparse_threshold": int,
+    "spec_decode": str,
+    "num_draft": int,
+    "spec_rule": str,
+    "translation_prefix": int,
+    "uniprefill": str,
+    "uniprefill_p": _NUMBER,
+    "drop_layers": list,
+    "uniprefill_threshold": int,
+    "lookup": bool,
+    "chat_template": bool,
 }
 OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers", "k_bits", "v_bits"}

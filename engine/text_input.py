@@ -20,8 +20,13 @@ MAX_TEXT_FILE_BYTES = 64 * 2**20
 MAX_CHARS_PER_TOKEN = 32
 # Long text is tokenized in pieces of this many characters, split at whitespace.
 TOKENIZE_PIECE_CHARS = 64 * 1024
-BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-        (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32"),
+    (codecs.BOM_UTF32_BE, "utf-32"),
+    (codecs.BOM_UTF8, "utf-8-sig"),
+    (codecs.BOM_UTF16_LE, "utf-16"),
+    (codecs.BOM_UTF16_BE, "utf-16"),
+)
 
 
 def decode_text(name: str, data: bytes, *, error: type[BriskError] = BriskError) -> str:
@@ -48,8 +53,10 @@ def read_text_file(path, *, what: str = "File", error: type[BriskError] = BriskE
         raise error(f"{what} not found: {file}")
     size = file.stat().st_size
     if size > MAX_TEXT_FILE_BYTES:
-        raise error(f"{what} {file.name} is {size / 2**20:,.0f} MiB; text files up to "
-                    f"{MAX_TEXT_FILE_BYTES // 2**20} MiB can be read (no model's context holds more)")
+        raise error(
+            f"{what} {file.name} is {size / 2**20:,.0f} MiB; text files up to "
+            f"{MAX_TEXT_FILE_BYTES // 2**20} MiB can be read (no model's context holds more)"
+        )
     return decode_text(file.name, file.read_bytes(), error=error)
 
 

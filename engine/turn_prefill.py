@@ -35,8 +35,9 @@ class TurnPrefill:
         metrics.prefill_method, metrics.prefill_route = route.method, route.reason
         if plan.warning:
             yield EngineWarned(plan.warning, "sparse_prefill")
-        if route.method == "uniprefill" and (yield from self._uniprefill(tokens, cached, settings, metrics,
-                                                                          cancel, pack)):
+        if route.method == "uniprefill" and (
+            yield from self._uniprefill(tokens, cached, settings, metrics, cancel, pack)
+        ):
             return
         if route.method == "specprefill":
             yield from self._specprefill(plan.selection, tokens, cached, settings, metrics, cancel, pack)
@@ -44,8 +45,9 @@ class TurnPrefill:
             yield from self._dense(tokens, metrics.cached_tokens, settings, metrics, cancel, pack)
 
     def _dense(self, tokens, cached, settings, metrics, cancel, pack) -> Iterator[object]:
-        for done in prefill_chunks(self.cache.model_view(), self.cache.layers, tokens[cached:-1],
-                                   settings.prefill_step_size):
+        for done in prefill_chunks(
+            self.cache.model_view(), self.cache.layers, tokens[cached:-1], settings.prefill_step_size
+        ):
             self.cache.tokens = tokens[: cached + done]
             pack()
             yield PrefillProgressed(done, metrics.prefilled_tokens)
@@ -57,8 +59,9 @@ class TurnPrefill:
         runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
         yield PrefillProgressed(0, selection.kept, "kept")
         try:
-            for done in sparse_prefill(self.lm.model, self.cache.layers, suffix, runs, base=cached,
-                                       step=settings.prefill_step_size):
+            for done in sparse_prefill(
+                self.lm.model, self.cache.layers, suffix, runs, base=cached, step=settings.prefill_step_size
+            ):
                 pack()
                 yield PrefillProgressed(done, selection.kept, "kept")
                 cancel.check()
@@ -96,8 +99,9 @@ class TurnPrefill:
         pack()
         metrics.uniprefill_s = time.perf_counter() - started
         metrics.drops = [[r.layer, r.before, r.kept] for r in runner.reports]
-        metrics.coverage = coverage_map(self.lm.tokenizer, tokens[cached:-1],
-                                        [(r.layer, r.kept_runs) for r in runner.reports])
+        metrics.coverage = coverage_map(
+            self.lm.tokenizer, tokens[cached:-1], [(r.layer, r.kept_runs) for r in runner.reports]
+        )
         metrics.kept_tokens = runner.reports[-1].kept if runner.reports else new
         metrics.flops_saved = flops_saved(self.lm.config, runner.layer_tokens, cached)
         return True

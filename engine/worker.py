@@ -86,12 +86,20 @@ WorkerEvent = Union[EngineEvent, ConversationEvent, DocumentChecked, ModelsChang
 
 
 class EngineWorker:
-    def __init__(self, load: Callable[[str], object] | None = None, *,
-                 memory_available: Callable[[], int] | None = None, saved_caches: SavedCaches | None = None):
+    def __init__(
+        self,
+        load: Callable[[str], object] | None = None,
+        *,
+        memory_available: Callable[[], int] | None = None,
+        saved_caches: SavedCaches | None = None,
+    ):
         from engine.models.bundled import load_installing_default
 
-        self._load = load or (lambda model_id: load_installing_default(
-            model_id, progress=lambda message: self._progress(model_id, message)))
+        self._load = load or (
+            lambda model_id: load_installing_default(
+                model_id, progress=lambda message: self._progress(model_id, message)
+            )
+        )
         # Set by the thread that runs the worker: loading blocks its generator, so steps of a
         # long first-run install are reported through this side channel as they happen.
         self.on_progress: Callable[[object], None] | None = None
@@ -114,23 +122,26 @@ class EngineWorker:
             yield _scoped(cid, EngineErrored(str(exc), exc.kind))
         except Exception as exc:  # the engine thread must outlive any bug
             log.exception("engine command failed")
-            yield _scoped(cid, EngineErrored(user_message(exc, context="The engine"), "internal",
-                                             traceback.format_exc()))
+            yield _scoped(
+                cid, EngineErrored(user_message(exc, context="The engine"), "internal", traceback.format_exc())
+            )
 
     def _dispatch(self, command, cancel) -> Iterator[WorkerEvent]:
         if cancel.cancelled:  # stopped before it started: it never starts
             if isinstance(command, TURN_COMMANDS):
-                yield ConversationEvent(command.conversation_id,
-                                        TurnFinished("", [], TurnMetrics(finish_reason="cancelled")))
+                yield ConversationEvent(
+                    command.conversation_id, TurnFinished("", [], TurnMetrics(finish_reason="cancelled"))
+                )
             return
         if isinstance(command, LoadModel):
             lm = self.model(command.model_id)
-            yield ModelLoaded(lm.id, {"architecture": lm.info.architecture, "context_length": lm.context_length,
-                                      "dtype": lm.compute_dtype})
+            yield ModelLoaded(
+                lm.id,
+                {"architecture": lm.info.architecture, "context_length": lm.context_length, "dtype": lm.compute_dtype},
+            )
         elif isinstance(command, Answer):
             session = self._session(command.conversation_id, command.settings)
-            yield from self._scoped_events(command.conversation_id,
-                                           session.answer(command.messages, cancel=cancel))
+            yield from self._scoped_events(command.conversation_id, session.answer(command.messages, cancel=cancel))
         elif isinstance(command, CheckDocument):
             yield self._check_document(command)
         elif isinstance(command, ForgetConversation):
@@ -151,8 +162,9 @@ class EngineWorker:
         self._models[model_id] = lm
         while len(self._models) > MAX_MODELS:
             dropped, _ = self._models.popitem(last=False)
-            self._sessions = OrderedDict((c, s) for c, s in self._sessions.items()
-                                         if dropped not in (s.lm.id, getattr(s.draft, "id", None)))
+            self._sessions = OrderedDict(
+                (c, s) for c, s in self._sessions.items() if dropped not in (s.lm.id, getattr(s.draft, "id", None))
+            )
         return lm
 
     def _session(self, cid: int, settings: ChatSettings) -> Session:
@@ -194,8 +206,7 @@ class EngineWorker:
 
         document = read_document(command.path)
         lm = self.model(command.settings.model)
-        fit = check_fit(lm, command.history, document, command.settings,
-                        memory_available=self._memory_available())
+        fit = check_fit(lm, command.history, document, command.settings, memory_available=self._memory_available())
         return DocumentChecked(command.conversation_id, document, fit)
 
     @staticmethod

@@ -35,7 +35,7 @@ def _select_by_row(packed: mx.array | None, dense: mx.array | None, keys: Channe
     length, first = keys.length, keys.recent_from
     if len(set(limits)) == 1:  # one boundary for every row: just join the two parts there
         cut = limits[0]
-        return mx.concatenate([packed[..., :cut], dense[..., cut - first:]], axis=-1)
+        return mx.concatenate([packed[..., :cut], dense[..., cut - first :]], axis=-1)
     lead = packed.shape[:-1]
     packed = mx.concatenate([packed, mx.zeros((*lead, length - packed.shape[-1]), packed.dtype)], axis=-1)
     dense = mx.concatenate([mx.zeros((*lead, first), dense.dtype), dense], axis=-1)
@@ -50,12 +50,26 @@ def _scores(rows: mx.array, keys: KVLayout, limits: list[int] | None = None) -> 
     if isinstance(keys, Dense):
         return rows @ keys.array.astype(dtype).swapaxes(-1, -2)
     if isinstance(keys, TokenPacked):
-        return mx.quantized_matmul(rows, keys.data, keys.scales.astype(dtype), keys.biases.astype(dtype),
-                                   transpose=True, group_size=keys.group, bits=keys.bits)
+        return mx.quantized_matmul(
+            rows,
+            keys.data,
+            keys.scales.astype(dtype),
+            keys.biases.astype(dtype),
+            transpose=True,
+            group_size=keys.group,
+            bits=keys.bits,
+        )
     packed = dense = None
     if keys.packed:
-        packed = mx.quantized_matmul(rows, keys.data, keys.scales.astype(dtype), keys.biases.astype(dtype),
-                                     transpose=False, group_size=32, bits=keys.bits)
+        packed = mx.quantized_matmul(
+            rows,
+            keys.data,
+            keys.scales.astype(dtype),
+            keys.biases.astype(dtype),
+            transpose=False,
+            group_size=32,
+            bits=keys.bits,
+        )
     if keys.recent is not None and keys.recent.shape[2]:
         dense = rows @ keys.recent.astype(dtype).swapaxes(-1, -2)
     return _select_by_row(packed, dense, keys, limits or [keys.recent_from] * rows.shape[-2])
@@ -73,13 +87,15 @@ def kv_attention_reference(queries, keys: KVLayout, values: KVLayout, *, scale: 
     outputs = []
     for head in range(hq):  # plainly, one query head at a time against its KV head
         kv = head // (hq // n_kv)
-        q = queries[:, head:head + 1].astype(mx.float32) * scale  # (B, 1, L, D)
+        q = queries[:, head : head + 1].astype(mx.float32) * scale  # (B, 1, L, D)
         if isinstance(keys, ChannelPacked):
-            rows = [q[:, :, i:i + 1] @ keys.dequantize(limit=lim)[:, kv:kv + 1].swapaxes(-1, -2)
-                    for i, lim in enumerate(keys.row_limits(length))]
+            rows = [
+                q[:, :, i : i + 1] @ keys.dequantize(limit=lim)[:, kv : kv + 1].swapaxes(-1, -2)
+                for i, lim in enumerate(keys.row_limits(length))
+            ]
             scores = mx.concatenate(rows, axis=2)
         else:
-            scores = q @ keys.dequantize()[:, kv:kv + 1].swapaxes(-1, -2)
+            scores = q @ keys.dequantize()[:, kv : kv + 1].swapaxes(-1, -2)
         outputs.append(scores)
     scores = mx.concatenate(outputs, axis=1)
     additive = _mask_as_additive(mask, length, scores.shape[-1], mx.float32)
@@ -91,8 +107,15 @@ def kv_attention_reference(queries, keys: KVLayout, values: KVLayout, *, scale: 
 def _weighted_values(probs: mx.array, values: KVLayout) -> mx.array:
     dtype = probs.dtype
     if isinstance(values, TokenPacked):
-        return mx.quantized_matmul(probs, values.data, values.scales.astype(dtype), values.biases.astype(dtype),
-                                   transpose=False, group_size=values.group, bits=values.bits)
+        return mx.quantized_matmul(
+            probs,
+            values.data,
+            values.scales.astype(dtype),
+            values.biases.astype(dtype),
+            transpose=False,
+            group_size=values.group,
+            bits=values.bits,
+        )
     return probs @ values.dequantize(dtype)
 
 
@@ -121,9 +144,9 @@ def kv_attention_dequantized(queries, keys: KVLayout, values: KVLayout, *, scale
     return mx.fast.scaled_dot_product_attention(queries, k, v, scale=scale, mask=mask)
 
 
-
-def kv_attention(queries, keys: KVLayout, values: KVLayout, *, scale: float, mask=None,
-                 native: bool = True) -> mx.array:
+def kv_attention(
+    queries, keys: KVLayout, values: KVLayout, *, scale: float, mask=None, native: bool = True
+) -> mx.array:
     """The native kernel for decode-like steps on the CPU; fused matmuls for a few rows
     elsewhere; dequantize + SDPA for many rows."""
     rows = queries.shape[1] // values.heads * queries.shape[2]
@@ -138,5 +161,12 @@ def kv_attention(queries, keys: KVLayout, values: KVLayout, *, scale: float, mas
     return kv_attention_fused(queries, keys, values, scale=scale, mask=mask)
 
 
-__all__ = ["ChannelPacked", "Dense", "TokenPacked", "kv_attention", "kv_attention_dequantized",
-           "kv_attention_fused", "kv_attention_reference"]
+__all__ = [
+    "ChannelPacked",
+    "Dense",
+    "TokenPacked",
+    "kv_attention",
+    "kv_attention_dequantized",
+    "kv_attention_fused",
+    "kv_attention_reference",
+]

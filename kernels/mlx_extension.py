@@ -67,11 +67,28 @@ def compile_command(cxx: str, output: Path, *, rpath: bool = True) -> list[str]:
     # Python's own symbols resolve at import (macOS's linker must be told so)
     platform_flags = ["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else []
     search = [f"-Wl,-rpath,{mlx_dir / 'lib'}"] if rpath else []
-    return [cxx, *native.compiler_flags("c++20"), "-fvisibility=hidden", "-fno-strict-aliasing", "-DNB_DOMAIN=mlx",
-            "-DNDEBUG", f"-I{mlx_dir / 'include'}", f"-I{nb_dir / 'include'}",
-            f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}", f"-I{python_include}", str(SOURCE), *map(str, KERNELS),
-            str(nb_dir / "src" / "nb_combined.cpp"), f"-L{mlx_dir / 'lib'}", "-lmlx", *search,
-            *platform_flags, *native.link_flags(), "-o", str(output)]
+    return [
+        cxx,
+        *native.compiler_flags("c++20"),
+        "-fvisibility=hidden",
+        "-fno-strict-aliasing",
+        "-DNB_DOMAIN=mlx",
+        "-DNDEBUG",
+        f"-I{mlx_dir / 'include'}",
+        f"-I{nb_dir / 'include'}",
+        f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
+        f"-I{python_include}",
+        str(SOURCE),
+        *map(str, KERNELS),
+        str(nb_dir / "src" / "nb_combined.cpp"),
+        f"-L{mlx_dir / 'lib'}",
+        "-lmlx",
+        *search,
+        *platform_flags,
+        *native.link_flags(),
+        "-o",
+        str(output),
+    ]
 
 
 def _versions() -> str:
@@ -94,8 +111,9 @@ def module_path(cxx: str) -> Path:
 def open_module(path: Path) -> ModuleType:
     import mlx.core  # noqa: F401  (the module's functions take mlx.core.array: MLX registers it first)
 
-    spec = importlib.util.spec_from_file_location(MODULE, path,
-                                                  loader=importlib.machinery.ExtensionFileLoader(MODULE, str(path)))
+    spec = importlib.util.spec_from_file_location(
+        MODULE, path, loader=importlib.machinery.ExtensionFileLoader(MODULE, str(path))
+    )
     if spec is None or spec.loader is None:
         raise RuntimeError(f"{path}: not loadable as an extension module")
     module = importlib.util.module_from_spec(spec)
@@ -137,8 +155,12 @@ def status() -> prebuilt.Loaded:
                 requires = {"platform": prebuilt.platform_tag(), "mlx": _mlx_version()}
                 found = prebuilt.lookup("mlx_primitives", all_sources(), requires, native.cpu_features())
                 _state["loaded"] = prebuilt.load_first(
-                    "mlx_primitives", prebuilt=found, open_file=open_module, build=_build,
-                    errors=(OSError, RuntimeError, ImportError, subprocess.SubprocessError))
+                    "mlx_primitives",
+                    prebuilt=found,
+                    open_file=open_module,
+                    build=_build,
+                    errors=(OSError, RuntimeError, ImportError, subprocess.SubprocessError),
+                )
         return _state["loaded"]
 
 

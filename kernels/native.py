@@ -64,8 +64,18 @@ def _cpu_flags() -> list[str]:
 def compiler_flags(standard: str = "c++17") -> list[str]:
     # Associative math lets the compiler vectorize the dot-product sums; infinities stay
     # (they mark masked keys), so no -ffast-math.
-    return ["-O3", f"-std={standard}", "-shared", "-fPIC", "-pthread", "-fno-math-errno", "-fassociative-math",
-            "-fno-signed-zeros", "-fno-trapping-math", *_cpu_flags()]
+    return [
+        "-O3",
+        f"-std={standard}",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        "-fno-math-errno",
+        "-fassociative-math",
+        "-fno-signed-zeros",
+        "-fno-trapping-math",
+        *_cpu_flags(),
+    ]
 
 
 def link_flags() -> list[str]:
@@ -107,8 +117,10 @@ def check_private(path: Path) -> None:
     if hasattr(os, "getuid") and info.st_uid != os.getuid():
         raise UnsafeCache(f"{path} belongs to another user; Brisk loads kernels only from its own files")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeCache(f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}); "
-                          "Brisk will not load kernels from it. Run `chmod go-w` on it or remove it.")
+        raise UnsafeCache(
+            f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o}); "
+            "Brisk will not load kernels from it. Run `chmod go-w` on it or remove it."
+        )
 
 
 def private_cache_dir() -> Path:
@@ -214,9 +226,13 @@ def status() -> prebuilt.Loaded:
                 _state["loaded"] = prebuilt.Loaded(None, "off", note="turned off by BRISK_NATIVE_KERNELS=0")
             else:
                 found = prebuilt.lookup("ctypes", SOURCES, {"platform": prebuilt.platform_tag()}, cpu_features())
-                _state["loaded"] = prebuilt.load_first("ctypes", prebuilt=found, open_file=open_library, build=_build,
-                                                       errors=(OSError, RuntimeError, subprocess.SubprocessError,
-                                                               AttributeError))
+                _state["loaded"] = prebuilt.load_first(
+                    "ctypes",
+                    prebuilt=found,
+                    open_file=open_library,
+                    build=_build,
+                    errors=(OSError, RuntimeError, subprocess.SubprocessError, AttributeError),
+                )
         return _state["loaded"]
 
 

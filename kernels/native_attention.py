@@ -55,13 +55,25 @@ def available() -> bool:
 
 class _Source(ctypes.Structure):
     """kernels/csrc/packed_attention.cpp's `Source`, field for field."""
-    _fields_ = [("layout", ctypes.c_int32), ("bits", ctypes.c_int32), ("group", ctypes.c_int32),
-                ("packed", ctypes.c_int32), ("dense_from", ctypes.c_int32), ("scales_half", ctypes.c_int32),
-                ("dense_half", ctypes.c_int32), ("data", ctypes.c_void_p), ("scales", ctypes.c_void_p),
-                ("biases", ctypes.c_void_p), ("dense", ctypes.c_void_p), ("limits", ctypes.c_void_p),
-                ("data_strides", ctypes.c_int64 * 3),
-                ("scale_strides", ctypes.c_int64 * 3), ("bias_strides", ctypes.c_int64 * 3),
-                ("dense_strides", ctypes.c_int64 * 3)]
+
+    _fields_ = [
+        ("layout", ctypes.c_int32),
+        ("bits", ctypes.c_int32),
+        ("group", ctypes.c_int32),
+        ("packed", ctypes.c_int32),
+        ("dense_from", ctypes.c_int32),
+        ("scales_half", ctypes.c_int32),
+        ("dense_half", ctypes.c_int32),
+        ("data", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("biases", ctypes.c_void_p),
+        ("dense", ctypes.c_void_p),
+        ("limits", ctypes.c_void_p),
+        ("data_strides", ctypes.c_int64 * 3),
+        ("scale_strides", ctypes.c_int64 * 3),
+        ("bias_strides", ctypes.c_int64 * 3),
+        ("dense_strides", ctypes.c_int64 * 3),
+    ]
 
 
 DENSE, TOKEN_PACKED, CHANNEL_PACKED = 0, 1, 2
@@ -118,16 +130,29 @@ def kv_attention_native(queries, keys: KVLayout, values: KVLayout, *, scale: flo
     out = np.empty((b, hq, length, d), np.float32)
     keep: list = []
     k_src, v_src = _source(keys, keep, length), _source(values, keep, length)
-    code = lib.brisk_kv_attention(q.ctypes.data, out.ctypes.data, b, hq, n_kv, length, k_len, d,
-                                  int(mask == "causal"), scale, threads(), ctypes.byref(k_src), ctypes.byref(v_src))
+    code = lib.brisk_kv_attention(
+        q.ctypes.data,
+        out.ctypes.data,
+        b,
+        hq,
+        n_kv,
+        length,
+        k_len,
+        d,
+        int(mask == "causal"),
+        scale,
+        threads(),
+        ctypes.byref(k_src),
+        ctypes.byref(v_src),
+    )
     if code:
         raise NativeUnsupported(f"the native kernel declined this shape (code {code})")
     return mx.array(out).astype(queries.dtype)
 
 
-
-def quantized_attention_native(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
-                               group_size: int = 32, bits: int = 4) -> mx.array:
+def quantized_attention_native(
+    queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None, group_size: int = 32, bits: int = 4
+) -> mx.array:
     """Per-token packed K and V as mx.quantize outputs (kernels/quantized_attention.py)."""
     keys, values = (TokenPacked(*packed, bits, group_size) for packed in (q_keys, q_values))
     return kv_attention_native(queries, keys, values, scale=scale, mask=mask)

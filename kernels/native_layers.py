@@ -56,8 +56,12 @@ def verify_path(model) -> str:
     return "native" if route is not None and route.native and native.load() is not None else "blas"
 
 
-SWAPS = {nn.Linear: SkinnyLinear, nn.Embedding: SkinnyEmbedding, nn.QuantizedLinear: NativeQuantizedLinear,
-         nn.QuantizedEmbedding: NativeQuantizedEmbedding}
+SWAPS = {
+    nn.Linear: SkinnyLinear,
+    nn.Embedding: SkinnyEmbedding,
+    nn.QuantizedLinear: NativeQuantizedLinear,
+    nn.QuantizedEmbedding: NativeQuantizedEmbedding,
+}
 
 
 def _swap(module: nn.Module, cls: type, route: Route) -> nn.Module:

@@ -117,7 +117,7 @@ class ChannelPacked:
         limit = self.recent_from if limit is None else limit
         parts = [self.dequantize_packed(dtype)[..., :limit, :]] if limit else []
         if self.recent is not None and self.length > limit:
-            parts.append(self.recent[..., limit - self.recent_from:, :].astype(dtype))
+            parts.append(self.recent[..., limit - self.recent_from :, :].astype(dtype))
         return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
 
     def varies_by_row(self) -> bool:

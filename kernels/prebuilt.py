@@ -92,14 +92,21 @@ def lookup(kind: str, sources: Iterable[Path], requires: dict[str, str], cpu: It
 @dataclass
 class Loaded:
     """What a loader got: the object (None: portable path), where it came from, and why."""
+
     value: object
     origin: str  # "prebuilt", "built locally", "fallback" or "off"
     path: str = ""
     note: str = ""
 
 
-def load_first(kind: str, *, prebuilt: tuple[Path | None, str], open_file: Callable[[Path], object],
-               build: Callable[[], tuple[object, Path]], errors: tuple[type[BaseException], ...]) -> Loaded:
+def load_first(
+    kind: str,
+    *,
+    prebuilt: tuple[Path | None, str],
+    open_file: Callable[[Path], object],
+    build: Callable[[], tuple[object, Path]],
+    errors: tuple[type[BaseException], ...],
+) -> Loaded:
     """The prebuilt file when `lookup` found one that opens, else a local build, else the
     portable fallback; the note keeps every reason along the way."""
     path, why_not = prebuilt
@@ -126,11 +133,18 @@ def build_into(target: Path) -> dict:
     cxx = native.find_compiler()
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
     builds = {
-        "ctypes": (f"brisk_kernels{suffix}", native.compile_command, list(native.SOURCES),
-                   {"platform": platform_tag()}),
-        "mlx_primitives": (f"brisk_mlx_ops{mlx_extension.suffix()}",
-                           lambda c, out: mlx_extension.compile_command(c, out, rpath=False),
-                           mlx_extension.all_sources(), {"platform": platform_tag(), "mlx": version("mlx")}),
+        "ctypes": (
+            f"brisk_kernels{suffix}",
+            native.compile_command,
+            list(native.SOURCES),
+            {"platform": platform_tag()},
+        ),
+        "mlx_primitives": (
+            f"brisk_mlx_ops{mlx_extension.suffix()}",
+            lambda c, out: mlx_extension.compile_command(c, out, rpath=False),
+            mlx_extension.all_sources(),
+            {"platform": platform_tag(), "mlx": version("mlx")},
+        ),
     }
     libraries = {}
     for kind, (name, command, sources, requires) in builds.items():
@@ -139,8 +153,13 @@ def build_into(target: Path) -> dict:
         if done.returncode != 0:
             raise RuntimeError(f"compiling {kind} failed: {done.stderr.strip()[-2000:]}")
         os.chmod(out, 0o755)
-        libraries[kind] = {"file": name, "sha256": _sha256(out), "sources": sources_digest(sources),
-                           "requires": requires, "cpu": native.cpu_features()}
+        libraries[kind] = {
+            "file": name,
+            "sha256": _sha256(out),
+            "sources": sources_digest(sources),
+            "requires": requires,
+            "cpu": native.cpu_features(),
+        }
     manifest = {"libraries": libraries, "compiler": cxx}
     (target / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -65,8 +65,9 @@ def _mask_as_additive(mask, q_len: int, k_len: int, dtype) -> mx.array | None:
     return mask.astype(dtype)
 
 
-def quantized_attention_reference(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
-                                  group_size: int = 32, bits: int = 4) -> mx.array:
+def quantized_attention_reference(
+    queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None, group_size: int = 32, bits: int = 4
+) -> mx.array:
     keys = _dequantize(q_keys, group_size, bits)  # (B, Hkv, S, D)
     values = _dequantize(q_values, group_size, bits)
     rep = queries.shape[1] // keys.shape[1]
@@ -100,8 +101,9 @@ def _folded_mask(mask, queries, k_len: int, n_kv: int, dtype):
     return per_head.reshape(additive.shape[0], n_kv, rep * length, k_len)
 
 
-def quantized_attention_single(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
-                               group_size: int = 32, bits: int = 4) -> mx.array:
+def quantized_attention_single(
+    queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None, group_size: int = 32, bits: int = 4
+) -> mx.array:
     b, hq, length, _ = queries.shape
     n_kv, k_len = q_keys[0].shape[1], q_keys[0].shape[2]
     rows = _fold(queries * scale, n_kv)
@@ -114,8 +116,17 @@ def quantized_attention_single(queries, q_keys: Packed, q_values: Packed, *, sca
     return out.reshape(b, hq, length, out.shape[-1])
 
 
-def quantized_attention_split(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
-                              group_size: int = 32, bits: int = 4, block: int = DEFAULT_KEY_BLOCK) -> mx.array:
+def quantized_attention_split(
+    queries,
+    q_keys: Packed,
+    q_values: Packed,
+    *,
+    scale: float,
+    mask=None,
+    group_size: int = 32,
+    bits: int = 4,
+    block: int = DEFAULT_KEY_BLOCK,
+) -> mx.array:
     b, hq, length, _ = queries.shape
     n_kv, k_len = q_keys[0].shape[1], q_keys[0].shape[2]
     rows = _fold(queries * scale, n_kv)
@@ -143,17 +154,27 @@ def quantized_attention_split(queries, q_keys: Packed, q_values: Packed, *, scal
     return out.reshape(b, hq, length, out.shape[-1])
 
 
-def quantized_attention_dequantized(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
-                                   group_size: int = 32, bits: int = 4) -> mx.array:
+def quantized_attention_dequantized(
+    queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None, group_size: int = 32, bits: int = 4
+) -> mx.array:
     keys = _dequantize(q_keys, group_size, bits, queries.dtype)  # (B, Hkv, S, D), this layer only
     values = _dequantize(q_values, group_size, bits, queries.dtype)
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
 
 
-def quantized_attention(queries, q_keys: Packed, q_values: Packed, *, scale: float, mask=None,
-                        group_size: int = 32, bits: int = 4,
-                        max_score_elements: int = DEFAULT_MAX_SCORE_ELEMENTS,
-                        fused_max_rows: int = FUSED_MAX_ROWS, native: bool = True) -> mx.array:
+def quantized_attention(
+    queries,
+    q_keys: Packed,
+    q_values: Packed,
+    *,
+    scale: float,
+    mask=None,
+    group_size: int = 32,
+    bits: int = 4,
+    max_score_elements: int = DEFAULT_MAX_SCORE_ELEMENTS,
+    fused_max_rows: int = FUSED_MAX_ROWS,
+    native: bool = True,
+) -> mx.array:
     """Pick the path: the native kernel for decode-like steps on the CPU; else fused (one
     pass while the scores are small, split keys beyond); dequantize + SDPA for many rows."""
     b, hq, length, _ = queries.shape

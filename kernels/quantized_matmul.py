@@ -63,8 +63,9 @@ def quantized_matmul_native(x, weight, scales, biases, *, bits: int, group_size:
     primitives = mlx_extension.load()
     if primitives is not None and (rows <= MAX_FEW_ROWS or primitives.has_sgemm()):
         try:
-            out = primitives.quantized_matmul(x, weight, scales, biases, bias, bits, group_size,
-                                              SCALE_TYPES[scales.dtype], threads())
+            out = primitives.quantized_matmul(
+                x, weight, scales, biases, bias, bits, group_size, SCALE_TYPES[scales.dtype], threads()
+            )
         except ValueError as declined:  # a strided weight
             raise NativeUnsupported(str(declined)) from None
         return out.astype(x.dtype)
@@ -75,9 +76,21 @@ def quantized_matmul_native(x, weight, scales, biases, *, bits: int, group_size:
     linear_bias = None if bias is None else _buffer(arrays[4])
     out = np.empty((rows, n), np.float32)
     entry = lib.brisk_quantized_matmul_rows if rows <= MAX_FEW_ROWS else lib.brisk_quantized_matmul_dense
-    code = entry(xs.ctypes.data, w.ctypes.data, s.ctypes.data, b.ctypes.data, SCALE_TYPES[scales.dtype],
-                 None if linear_bias is None else linear_bias.ctypes.data, out.ctypes.data, rows, k, n, bits,
-                 group_size, threads())
+    code = entry(
+        xs.ctypes.data,
+        w.ctypes.data,
+        s.ctypes.data,
+        b.ctypes.data,
+        SCALE_TYPES[scales.dtype],
+        None if linear_bias is None else linear_bias.ctypes.data,
+        out.ctypes.data,
+        rows,
+        k,
+        n,
+        bits,
+        group_size,
+        threads(),
+    )
     if code:
         raise NativeUnsupported(f"the quantized matmul declined (code {code})")
     return mx.array(out).reshape(*lead, n).astype(x.dtype)
@@ -98,9 +111,19 @@ def quantized_gather_native(ids, weight, scales, biases, *, bits: int, group_siz
     mx.eval(flat, weight, scales, biases)
     index, w, s, b = (_buffer(a) for a in (flat, weight, scales, biases))
     out = np.empty((index.size, k), np.float32)
-    code = lib.brisk_quantized_gather(index.ctypes.data, index.size, w.ctypes.data, s.ctypes.data, b.ctypes.data,
-                                      SCALE_TYPES[scales.dtype], out.ctypes.data, weight.shape[0], k, bits,
-                                      group_size)
+    code = lib.brisk_quantized_gather(
+        index.ctypes.data,
+        index.size,
+        w.ctypes.data,
+        s.ctypes.data,
+        b.ctypes.data,
+        SCALE_TYPES[scales.dtype],
+        out.ctypes.data,
+        weight.shape[0],
+        k,
+        bits,
+        group_size,
+    )
     if code:
         raise NativeUnsupported(f"the quantized gather declined (code {code})")
     return mx.array(out).reshape(*ids.shape, k)
@@ -126,8 +149,16 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         if not _affine(self):
             return super().__call__(x)
-        return quantized_matmul(x, self["weight"], self["scales"], self.get("biases"), bits=self.bits,
-                                group_size=self.group_size, bias=self.get("bias"), native_ok=self._route.native)
+        return quantized_matmul(
+            x,
+            self["weight"],
+            self["scales"],
+            self.get("biases"),
+            bits=self.bits,
+            group_size=self.group_size,
+            bias=self.get("bias"),
+            native_ok=self._route.native,
+        )
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -136,8 +167,9 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
     def __call__(self, x: mx.array) -> mx.array:
         if self._route.native and _affine(self) and mx.default_device() == mx.cpu:
             try:
-                return quantized_gather_native(x, self["weight"], self["scales"], self.get("biases"),
-                                               bits=self.bits, group_size=self.group_size)
+                return quantized_gather_native(
+                    x, self["weight"], self["scales"], self.get("biases"), bits=self.bits, group_size=self.group_size
+                )
             except NativeUnsupported:
                 pass
         return super().__call__(x)
@@ -145,5 +177,12 @@ class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
     def as_linear(self, x: mx.array) -> mx.array:
         if not _affine(self):
             return super().as_linear(x)
-        return quantized_matmul(x, self["weight"], self["scales"], self.get("biases"), bits=self.bits,
-                                group_size=self.group_size, native_ok=self._route.native)
+        return quantized_matmul(
+            x,
+            self["weight"],
+            self["scales"],
+            self.get("biases"),
+            bits=self.bits,
+            group_size=self.group_size,
+            native_ok=self._route.native,
+        )

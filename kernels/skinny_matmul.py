@@ -23,6 +23,7 @@ from kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
 
+
 def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
     """x @ weight.T (+ bias) for float32 x (..., K) with 1-16 rows and weight (N, K)."""
     lib = native.load()
@@ -48,8 +49,9 @@ def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = 
         raise NativeUnsupported("a strided weight")  # copying it would cost more than BLAS
     b = None if bias is None else np.ascontiguousarray(np.asarray(bias))
     out = np.empty((rows, n), np.float32)
-    code = lib.brisk_skinny_matmul(xs.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data,
-                                   out.ctypes.data, rows, k, n, threads())
+    code = lib.brisk_skinny_matmul(
+        xs.ctypes.data, w.ctypes.data, None if b is None else b.ctypes.data, out.ctypes.data, rows, k, n, threads()
+    )
     if code:
         raise NativeUnsupported(f"the skinny matmul declined (code {code})")
     return mx.array(out).reshape(*lead, n)
@@ -63,8 +65,13 @@ def _rows(x: mx.array) -> int:
 
 
 def _worth_it(route, x: mx.array, weight: mx.array) -> bool:
-    return (route.native and MIN_ROWS <= _rows(x) <= MAX_ROWS and x.dtype == mx.float32
-            and weight.dtype == mx.float32 and mx.default_device() == mx.cpu)
+    return (
+        route.native
+        and MIN_ROWS <= _rows(x) <= MAX_ROWS
+        and x.dtype == mx.float32
+        and weight.dtype == mx.float32
+        and mx.default_device() == mx.cpu
+    )
 
 
 class SkinnyLinear(nn.Linear):

@@ -7,10 +7,43 @@ from __future__ import annotations
 from pathlib import Path
 
 # transformers checks its dependencies' versions through their metadata at import.
-METADATA = ("brisk", "mlx", "mlx-lm", "transformers", "tokenizers", "huggingface-hub", "safetensors", "numpy",
-            "tqdm", "regex", "requests", "packaging", "filelock", "pyyaml", "jinja2", "gguf", "pypdf")
-EXCLUDES = ["tkinter", "torch", "tensorflow", "jax", "flax", "IPython", "matplotlib", "pytest", "pandas", "scipy",
-            "sklearn", "PySide6.QtNetwork", "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtPdf", "PySide6.QtOpenGL"]
+METADATA = (
+    "brisk",
+    "mlx",
+    "mlx-lm",
+    "transformers",
+    "tokenizers",
+    "huggingface-hub",
+    "safetensors",
+    "numpy",
+    "tqdm",
+    "regex",
+    "requests",
+    "packaging",
+    "filelock",
+    "pyyaml",
+    "jinja2",
+    "gguf",
+    "pypdf",
+)
+EXCLUDES = [
+    "tkinter",
+    "torch",
+    "tensorflow",
+    "jax",
+    "flax",
+    "IPython",
+    "matplotlib",
+    "pytest",
+    "pandas",
+    "scipy",
+    "sklearn",
+    "PySide6.QtNetwork",
+    "PySide6.QtQml",
+    "PySide6.QtQuick",
+    "PySide6.QtPdf",
+    "PySide6.QtOpenGL",
+]
 
 
 def analysis_options(root: Path, prebuilt: Path) -> dict:

@@ -16,11 +16,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-DOCUMENT = ("Quarterly water report.\n\n" + (
-    "The northern districts used 12% more water than last year, mostly for irrigation. "
-    "The southern reservoirs stayed full after a wet spring. Engineers proposed replacing "
-    "the oldest pipes on Harbour Street, where leaks cost an estimated 40,000 litres a day. "
-    "The council will vote on the pipe budget on 14 March. ") * 40)
+DOCUMENT = (
+    "Quarterly water report.\n\n"
+    + (
+        "The northern districts used 12% more water than last year, mostly for irrigation. "
+        "The southern reservoirs stayed full after a wet spring. Engineers proposed replacing "
+        "the oldest pipes on Harbour Street, where leaks cost an estimated 40,000 litres a day. "
+        "The council will vote on the pipe budget on 14 March. "
+    )
+    * 40
+)
 QUESTION = "When will the council vote on the pipe budget, and why are new pipes needed?"
 
 
@@ -57,8 +62,18 @@ def main() -> int:
     window.show()
     wait(app, lambda: "loaded" in window.dashboard.model_state.text(), 600)
     panel = window.settings_panel
-    panel.set_settings(replace(panel.settings(), model=args.target, draft=args.draft, sparse_prefill="on",
-                               sparse_keep=0.3, spec_decode="auto", temperature=0.0, max_tokens=64))
+    panel.set_settings(
+        replace(
+            panel.settings(),
+            model=args.target,
+            draft=args.draft,
+            sparse_prefill="on",
+            sparse_keep=0.3,
+            spec_decode="auto",
+            temperature=0.0,
+            max_tokens=64,
+        )
+    )
     panel._emit()
     doc = workdir / "water-report.txt"
     doc.write_text(DOCUMENT, encoding="utf-8")
@@ -67,8 +82,15 @@ def main() -> int:
     window.composer.edit.setPlainText(QUESTION)
     window.composer.send_button.click()
     # mid-prefill: the bar names the phase (the draft reading the prompt, step 1 of 3)
-    wait(app, lambda: window.prefill_bar.isVisible() and window.prefill_bar.format().startswith("Step 1")
-         and window.prefill_bar.value() > 0, 600)
+    wait(
+        app,
+        lambda: (
+            window.prefill_bar.isVisible()
+            and window.prefill_bar.format().startswith("Step 1")
+            and window.prefill_bar.value() > 0
+        ),
+        600,
+    )
     shots = [_save(window, args.out / "brisk-prefill.png")]
     wait(app, lambda: not window.controller.busy, 900)
     window.tint.setChecked(True)

@@ -40,8 +40,10 @@ def tiny_llama_q4(tmp_path_factory):
     from engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
-    return load_folder(make_tiny_model(tmp_path_factory.mktemp("tiny-q4") / "tiny-llama-q4", "llama", quantize=4),
-                       model_id="tiny-llama")
+    return load_folder(
+        make_tiny_model(tmp_path_factory.mktemp("tiny-q4") / "tiny-llama-q4", "llama", quantize=4),
+        model_id="tiny-llama",
+    )
 
 
 @pytest.fixture(scope="session")

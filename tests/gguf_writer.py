@@ -13,9 +13,15 @@ import numpy as np
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "gemma3_text": "gemma3"}
 REVERSE = {
-    "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down", "self_attn.q_norm": "attn_q_norm",
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
     "self_attn.k_norm": "attn_k_norm",
 }
 
@@ -37,15 +43,27 @@ def _gguf_name(hf: str, model_type: str) -> str:
     _, _, idx, rest = stem.split(".", 3)
     names = dict(REVERSE)
     if model_type == "gemma3_text":
-        names.update({"post_attention_layernorm": "post_attention_norm",
-                      "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"})
+        names.update(
+            {
+                "post_attention_layernorm": "post_attention_norm",
+                "pre_feedforward_layernorm": "ffn_norm",
+                "post_feedforward_layernorm": "post_ffw_norm",
+            }
+        )
     else:
         names["post_attention_layernorm"] = "ffn_norm"
     return f"blk.{idx}.{names[rest]}.{kind}"
 
 
-def write_gguf(model_dir: Path, out: Path, *, quantize_embeddings: bool = False, base_model: bool = False,
-               uint64_metadata: dict | None = None, quantize_weights: str | None = None) -> Path:
+def write_gguf(
+    model_dir: Path,
+    out: Path,
+    *,
+    quantize_embeddings: bool = False,
+    base_model: bool = False,
+    uint64_metadata: dict | None = None,
+    quantize_weights: str | None = None,
+) -> Path:
     """base_model: no chat template and add_bos_token set, like Gemma's base GGUFs.
     quantize_weights: a GGML type name (e.g. "Q4_1"): every 2-D weight whose rows fit its blocks.
     uint64_metadata: keys (without the architecture prefix) written as given, for hostile files."""

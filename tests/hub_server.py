@@ -68,10 +68,21 @@ class HubServer:
         repo = self._repo(org, name)
         if repo is None:
             return self._send(req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
-        siblings = [{"rfilename": f.name, "size": f.stat().st_size, "blobId": _sha1(f)}
-                    for f in sorted(repo.iterdir()) if f.is_file()]
-        body = {"id": f"{org}/{name}", "modelId": f"{org}/{name}", "sha": COMMIT, "private": False,
-                "siblings": siblings, "tags": [], "downloads": 0, "likes": 0}
+        siblings = [
+            {"rfilename": f.name, "size": f.stat().st_size, "blobId": _sha1(f)}
+            for f in sorted(repo.iterdir())
+            if f.is_file()
+        ]
+        body = {
+            "id": f"{org}/{name}",
+            "modelId": f"{org}/{name}",
+            "sha": COMMIT,
+            "private": False,
+            "siblings": siblings,
+            "tags": [],
+            "downloads": 0,
+            "likes": 0,
+        }
         self._send(req, 200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
     def _file(self, req, org: str, name: str, filename: str, *, head: bool) -> None:
@@ -80,8 +91,12 @@ class HubServer:
         if target is None or not target.is_file():
             return self._send(req, 404, b"", {"X-Error-Code": "EntryNotFound"})
         data = target.read_bytes()
-        headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{_sha1(target)}"', "Accept-Ranges": "bytes",
-                   "Content-Type": "application/octet-stream"}
+        headers = {
+            "X-Repo-Commit": COMMIT,
+            "ETag": f'"{_sha1(target)}"',
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
         start, status = 0, 200
         rng = req.headers.get("Range")
         if rng and rng.startswith("bytes="):

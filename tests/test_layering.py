@@ -37,8 +37,9 @@ def test_engine_and_kernels_have_no_import_cycles():
     (prompt -> session -> prompt) still ties two modules into one."""
     files = [*ROOT.glob("engine/**/*.py"), *ROOT.glob("kernels/**/*.py")]
     assert len(files) > 10
-    graph = {module_name(p): {m for m in imported_modules(p) if m.split(".")[0] in ("engine", "kernels")}
-             for p in files}
+    graph = {
+        module_name(p): {m for m in imported_modules(p) if m.split(".")[0] in ("engine", "kernels")} for p in files
+    }
     cycles = []
 
     def visit(node, path):

@@ -26,9 +26,11 @@ from app.icons import icon
 from app.widgets.coverage import CoverageMap
 from engine.documents import join_attached, split_attached
 
-KEYWORDS = re.compile(r"\b(def|class|return|if|elif|else|for|while|in|import|from|as|with|try|except|finally|raise|"
-                      r"lambda|yield|async|await|fn|let|mut|const|var|function|struct|impl|pub|use|match|new|"
-                      r"public|private|static|void|int|float|bool|true|false|True|False|None|null)\b")
+KEYWORDS = re.compile(
+    r"\b(def|class|return|if|elif|else|for|while|in|import|from|as|with|try|except|finally|raise|"
+    r"lambda|yield|async|await|fn|let|mut|const|var|function|struct|impl|pub|use|match|new|"
+    r"public|private|static|void|int|float|bool|true|false|True|False|None|null)\b"
+)
 STRINGS = re.compile(r"(\"[^\"\n]*\"|'[^'\n]*')")
 COMMENTS = re.compile(r"(#.*$|//.*$)")
 NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
@@ -41,8 +43,12 @@ class CodeHighlighter(QSyntaxHighlighter):
     def __init__(self, document):
         super().__init__(document)
         self.styles = {}
-        for name, color, bold in (("keyword", "#c678dd", True), ("string", "#98c379", False),
-                                  ("comment", "#7f848e", False), ("number", "#d19a66", False)):
+        for name, color, bold in (
+            ("keyword", "#c678dd", True),
+            ("string", "#98c379", False),
+            ("comment", "#7f848e", False),
+            ("number", "#d19a66", False),
+        ):
             fmt = QTextCharFormat()
             fmt.setForeground(QColor(color))
             fmt.setFontWeight(QFont.Bold if bold else QFont.Normal)
@@ -80,6 +86,7 @@ class MessageBody(QTextBrowser):
 
 # Speculated tokens the target kept, by who proposed them (the tint checkbox's legend).
 SOURCE_TINTS = {"draft": "rgba(80, 160, 255, 0.28)", "lookup": "rgba(63, 185, 80, 0.30)"}
+
 
 class DocumentChip(QFrame):
     """A document sent with a message: name, type and tokens; Preview opens its text.
@@ -132,8 +139,16 @@ class MessageWidget(QFrame):
     read_all_requested = Signal()
     version_requested = Signal(int)  # -1 older, +1 newer
 
-    def __init__(self, index: int, role: str, text: str = "", finish_reason: str | None = None, parent=None,
-                 *, documents: dict | None = None):
+    def __init__(
+        self,
+        index: int,
+        role: str,
+        text: str = "",
+        finish_reason: str | None = None,
+        parent=None,
+        *,
+        documents: dict | None = None,
+    ):
         super().__init__(parent)
         self.index, self.role = index, role
         # A user message's attached documents show as chips; its text is what was typed.
@@ -264,16 +279,25 @@ class MessageWidget(QFrame):
     def render(self) -> None:
         self.copy_code_button.setVisible("```" in self.text)
         if self.tint_draft and any(source for _, source in self.segments):
-            parts = [f'<span style="background-color: {SOURCE_TINTS[source]}">{html.escape(t)}</span>' if source
-                     else html.escape(t) for t, source in self.segments]
+            parts = [
+                f'<span style="background-color: {SOURCE_TINTS[source]}">{html.escape(t)}</span>'
+                if source
+                else html.escape(t)
+                for t, source in self.segments
+            ]
             self.body.setHtml(f'<div style="white-space: pre-wrap">{"".join(parts)}</div>')
         else:
             self.body.setMarkdown(self.text)
 
 
 def _finish_note(reason: str | None) -> str:
-    return {"cancelled": "stopped", "length": "max tokens reached", "context": "context full",
-            "interrupted": "interrupted (the app closed mid-answer)", "error": "failed"}.get(reason or "", "")
+    return {
+        "cancelled": "stopped",
+        "length": "max tokens reached",
+        "context": "context full",
+        "interrupted": "interrupted (the app closed mid-answer)",
+        "error": "failed",
+    }.get(reason or "", "")
 
 
 class ChatView(QScrollArea):
@@ -308,8 +332,14 @@ class ChatView(QScrollArea):
             widget.deleteLater()
         self.messages = []
 
-    def add_message(self, role: str, text: str = "", finish_reason: str | None = None,
-                    coverage: dict | None = None, documents: dict | None = None) -> MessageWidget:
+    def add_message(
+        self,
+        role: str,
+        text: str = "",
+        finish_reason: str | None = None,
+        coverage: dict | None = None,
+        documents: dict | None = None,
+    ) -> MessageWidget:
         widget = MessageWidget(len(self.messages), role, text, finish_reason, documents=documents)
         widget.set_coverage(coverage)
         widget.tint_draft = self.tint_draft

@@ -8,8 +8,10 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, 
 
 from app.icons import icon
 
-DOCUMENT_FILTER = ("Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "
-                   "*.toml *.yaml *.yml *.html *.css *.sh);;All files (*)")
+DOCUMENT_FILTER = (
+    "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "
+    "*.toml *.yaml *.yml *.html *.css *.sh);;All files (*)"
+)
 
 
 class PromptEdit(QPlainTextEdit):

@@ -34,8 +34,10 @@ class CoverageStrip(QWidget):
             y = 1 + row * ROW_HEIGHT
             painter.fillRect(QRectF(0, y, width, ROW_HEIGHT - 1), SKIPPED)
             for start, end in runs:
-                painter.fillRect(QRectF(width * start / self.total, y, max(width * (end - start) / self.total, 1),
-                                        ROW_HEIGHT - 1), READ)
+                painter.fillRect(
+                    QRectF(width * start / self.total, y, max(width * (end - start) / self.total, 1), ROW_HEIGHT - 1),
+                    READ,
+                )
         painter.end()
 
 
@@ -65,9 +67,11 @@ def coverage_tooltip(coverage: dict) -> str:
     if layers and layers[0][0] < 0:
         lines = [f"SpecPrefill: the model read {share:.0%} of the {total:,} new prompt tokens."]
     else:
-        lines = [f"UniPrefill dropped blocks at layers {', '.join(str(layer) for layer, _ in layers)}; "
-                 f"the layers after {layers[-1][0] if layers else '-'} read {share:.0%} of the {total:,} new "
-                 "prompt tokens (one row per drop layer, blue = read)."]
+        lines = [
+            f"UniPrefill dropped blocks at layers {', '.join(str(layer) for layer, _ in layers)}; "
+            f"the layers after {layers[-1][0] if layers else '-'} read {share:.0%} of the {total:,} new "
+            "prompt tokens (one row per drop layer, blue = read)."
+        ]
     skipped = coverage.get("skipped", [])
     if skipped:
         lines.append("Largest passages skipped by the deepest layers:")

@@ -37,17 +37,23 @@ class Dashboard(QWidget):
         self.speed = QLabel("")
         self.speed.setWordWrap(True)
         self.speed.setObjectName("speedNumbers")
-        self.speed.setToolTip("The last turn: prompt tokens served per second of time to first token (prefill), "
-                              "and answer tokens per second after the first (decode)")
+        self.speed.setToolTip(
+            "The last turn: prompt tokens served per second of time to first token (prefill), "
+            "and answer tokens per second after the first (decode)"
+        )
         layout.addWidget(self.speed)
         gauges = QGridLayout()
         self.acceptance = RingGauge("accepted")
-        self.acceptance.setToolTip("Share of proposed tokens the model kept in the last turn, per source: the "
-                                   "draft model's (blue) and continuations looked up in the chat (green). "
-                                   "Decoding is exact: kept tokens are the model's own choice")
+        self.acceptance.setToolTip(
+            "Share of proposed tokens the model kept in the last turn, per source: the "
+            "draft model's (blue) and continuations looked up in the chat (green). "
+            "Decoding is exact: kept tokens are the model's own choice"
+        )
         self.kv = RingGauge("KV cache")
-        self.kv.setToolTip("KV cache of this chat now, against what it would take at the model's full context "
-                           "(measured from the cache's arrays); free memory is shown beside it")
+        self.kv.setToolTip(
+            "KV cache of this chat now, against what it would take at the model's full context "
+            "(measured from the cache's arrays); free memory is shown beside it"
+        )
         self.ttft.setToolTip("Time from Send to the first answer token: template, tokenizing and prefill included")
         gauges.addWidget(self.acceptance, 0, 0)
         gauges.addWidget(self.kv, 0, 1)
@@ -112,16 +118,24 @@ class Dashboard(QWidget):
         measured = self._prefill_rates.get(model)
         notes = []
         if m.get("cached_tokens"):
-            notes.append(f"prompt cache reused {m['cached_tokens']:,} tokens"
-                         + (f" (~{m['cached_tokens'] / measured:.1f} s saved at the {measured:.0f} tok/s "
-                            "this model prefilled at)" if measured else ""))
+            notes.append(
+                f"prompt cache reused {m['cached_tokens']:,} tokens"
+                + (
+                    f" (~{m['cached_tokens'] / measured:.1f} s saved at the {measured:.0f} tok/s "
+                    "this model prefilled at)"
+                    if measured
+                    else ""
+                )
+            )
         if m.get("sparse_outcome") == "used":
             skipped = m.get("prompt_tokens", 0) - m.get("cached_tokens", 0) - m.get("kept_tokens", 0)
             notes.append(f"sparse prefill skipped {skipped:,} tokens (scoring {m.get('scoring_s', 0):.1f} s)")
         if m.get("prefill_method") == "uniprefill" and m.get("drops"):
             kept = m["drops"][-1][2]
-            notes.append(f"UniPrefill: the deepest layers read {kept:,} of {m['drops'][0][1]:,} new tokens, "
-                         f"{m.get('flops_saved', 0):.0%} of prefill work skipped")
+            notes.append(
+                f"UniPrefill: the deepest layers read {kept:,} of {m['drops'][0][1]:,} new tokens, "
+                f"{m.get('flops_saved', 0):.0%} of prefill work skipped"
+            )
         self.saved.setText("; ".join(notes))
         self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
         self.speed.setText(f"Last turn: prefill {rate:,.1f} tok/s · decode {m.get('decode_tps') or 0.0:,.1f} tok/s")
@@ -136,26 +150,37 @@ class Dashboard(QWidget):
         k_bits, v_bits = m.get("k_bits", m.get("kv_bits", 16)), m.get("v_bits", m.get("kv_bits", 16))
         precision = f"{k_bits} bits" if k_bits == v_bits else f"K{k_bits}/V{v_bits} bits"
         self.kv_note.setToolTip(m.get("kv_check") or "")
-        self.kv_note.setText(f"KV cache {_size(used)} at {precision}"
-                             + (f" of {_size(full)} at the full {context:,}-token context" if full else "")
-                             + (f" · {_size(free)} memory free" if free else ""))
+        self.kv_note.setText(
+            f"KV cache {_size(used)} at {precision}"
+            + (f" of {_size(full)} at the full {context:,}-token context" if full else "")
+            + (f" · {_size(free)} memory free" if free else "")
+        )
 
     def _show_speculation(self, m: dict) -> None:
         """The acceptance ring, an arc per source that proposed this turn, and how it went."""
-        sources = [(name, m[kept], m[proposed]) for name, kept, proposed in
-                   (("draft", "accepted_tokens", "draft_tokens"), ("lookup", "lookup_accepted", "lookup_tokens"))
-                   if m.get(proposed)]
+        sources = [
+            (name, m[kept], m[proposed])
+            for name, kept, proposed in (
+                ("draft", "accepted_tokens", "draft_tokens"),
+                ("lookup", "lookup_accepted", "lookup_tokens"),
+            )
+            if m.get(proposed)
+        ]
         if not sources:
             self.acceptance.set_arcs([(0.0, None)], "–", "accepted")
             self.spec_note.setText(f"Speculative decoding: {m.get('spec_decode', 'off')}")
             return
-        self.acceptance.set_arcs([(kept / proposed, SOURCE_COLORS[name]) for name, kept, proposed in sources],
-                                 " · ".join(f"{kept / proposed:.0%}" for _, kept, proposed in sources),
-                                 " · ".join(name for name, _, _ in sources))
+        self.acceptance.set_arcs(
+            [(kept / proposed, SOURCE_COLORS[name]) for name, kept, proposed in sources],
+            " · ".join(f"{kept / proposed:.0%}" for _, kept, proposed in sources),
+            " · ".join(name for name, _, _ in sources),
+        )
         parts = [f"{name} kept {kept:,} of {proposed:,}" for name, kept, proposed in sources]
         k = f", mean k {m['mean_k']:.1f}" if m.get("mean_k") else ""
-        self.spec_note.setText(f"Speculative: {m.get('tokens_per_cycle', 0):.2f} tokens per target pass, "
-                               f"{m.get('mean_accepted_run', 0):.1f} kept per verify{k} · " + " · ".join(parts))
+        self.spec_note.setText(
+            f"Speculative: {m.get('tokens_per_cycle', 0):.2f} tokens per target pass, "
+            f"{m.get('mean_accepted_run', 0):.1f} kept per verify{k} · " + " · ".join(parts)
+        )
 
     def refresh_memory(self) -> None:
         used = self._memory_probe()

@@ -118,8 +118,12 @@ class ModelManager(QDialog):
         ids = sorted({self.table.item(i.row(), 0).text() for i in self.table.selectedIndexes()})
         if not ids:
             return
-        answer = QMessageBox.question(self, "Remove models", f"Remove {', '.join(ids)}? Its files are deleted "
-                                      "from disk; installing it again downloads or converts it again.")
+        answer = QMessageBox.question(
+            self,
+            "Remove models",
+            f"Remove {', '.join(ids)}? Its files are deleted "
+            "from disk; installing it again downloads or converts it again.",
+        )
         if answer != QMessageBox.Yes:
             return
         for model_id in ids:
@@ -155,9 +159,16 @@ def describe(entry) -> tuple[str, ...]:
     # elsewhere they stay as stored.
     in_memory = entry.memory_bytes if compute_dtype_name() == "float32" and entry.memory_bytes else entry.bytes_on_disk
     spec = BUNDLED.get(entry.id)
-    return (entry.id, entry.architecture, f"{entry.parameters / 1e6:,.0f}M", bits,
-            _size(entry.bytes_on_disk), _size(in_memory), f"{entry.context_length:,}",
-            spec.license if spec else "see its model card")
+    return (
+        entry.id,
+        entry.architecture,
+        f"{entry.parameters / 1e6:,.0f}M",
+        bits,
+        _size(entry.bytes_on_disk),
+        _size(in_memory),
+        f"{entry.context_length:,}",
+        spec.license if spec else "see its model card",
+    )
 
 
 def _size(n: float) -> str:

@@ -51,8 +51,10 @@ class PrefillBar(QProgressBar):
             return
         self.setValue(int(1000 * done / total))
         eta = estimate_left(self._samples, total)
-        self.setFormat(f"{prefix}{words}: {done / total:.0%} of {total:,} tokens"
-                       + (f" · about {_duration(eta)} left" if eta is not None else ""))
+        self.setFormat(
+            f"{prefix}{words}: {done / total:.0%} of {total:,} tokens"
+            + (f" · about {_duration(eta)} left" if eta is not None else "")
+        )
 
     def finish(self) -> None:
         self.hide()
@@ -76,7 +78,7 @@ def estimate_left(samples: list[tuple[float, int]], total: int) -> float | None:
     slope = max(0.0, sum((x - mean_x) * (y - mean_y) for x, y in points) / spread) if spread else 0.0
     base = max(mean_y - slope * mean_x, 0.0)
     done = samples[-1][1]
-    return base * (total - done) + slope / 2 * (total ** 2 - done ** 2)
+    return base * (total - done) + slope / 2 * (total**2 - done**2)
 
 
 def _duration(seconds: float) -> str:

@@ -25,8 +25,13 @@ from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"
 # KV cache choices: label -> (kv_bits, k_bits, v_bits, kv_auto), smallest packed last.
-KV_CHOICES = {"auto": (16, None, None, True), "16": (16, None, None, False), "8": (8, None, None, False),
-              "K8/V4": (4, 8, 4, False), "4": (4, None, None, False)}
+KV_CHOICES = {
+    "auto": (16, None, None, True),
+    "16": (16, None, None, False),
+    "8": (8, None, None, False),
+    "K8/V4": (4, 8, 4, False),
+    "4": (4, None, None, False),
+}
 # The packed choices' (key bits, value bits), as the self-test keys its results.
 KV_PRECISION = {label: (k or kv, v or kv) for label, (kv, k, v, auto) in KV_CHOICES.items() if not auto and kv < 16}
 
@@ -47,11 +52,15 @@ def stored_kv_results(model_id: str) -> dict:
         return FidelityStore(ModelStore().path(model_id)).load()
     except Exception:  # not installed, unreadable: nothing measured to show
         return {}
+
+
 # Drafting pays only when a draft step costs well under a target step (about a third at
 # the acceptance our pairs reach); the hint says so when no installed model is that small.
-NO_USEFUL_DRAFT = ("No installed model can speed up {model}: drafting pays when the draft's step costs less than "
-                   "about a third of the target's, so a draft needs to be several times smaller (ideally of the "
-                   "same family, sharing its tokenizer).")
+NO_USEFUL_DRAFT = (
+    "No installed model can speed up {model}: drafting pays when the draft's step costs less than "
+    "about a third of the target's, so a draft needs to be several times smaller (ideally of the "
+    "same family, sharing its tokenizer)."
+)
 
 
 class SettingsPanel(QWidget):
@@ -69,9 +78,11 @@ class SettingsPanel(QWidget):
         outer.addStretch()  # spare height below the form, not between its rows
         self.model = QComboBox()
         self.draft = QComboBox()
-        self.draft.setToolTip("Only models that can speed this chat's model up are offered: smaller than it, "
-                              "cheapest step first (as measured on this machine once a turn drafted with the "
-                              "pair, else by parameter count)")
+        self.draft.setToolTip(
+            "Only models that can speed this chat's model up are offered: smaller than it, "
+            "cheapest step first (as measured on this machine once a turn drafted with the "
+            "pair, else by parameter count)"
+        )
         self.badge = QLabel("")
         self.badge.setObjectName("draftBadge")
         self.badge.setWordWrap(True)
@@ -80,20 +91,28 @@ class SettingsPanel(QWidget):
         self.keep.setRange(5, 100)
         self.keep_label = QLabel()
         self.uniprefill = _combo(("off", "on", "auto"))
-        self.uniprefill.setToolTip("UniPrefill needs no draft: the model drops the blocks of a long prompt its own "
-                                   "attention ignores, from a few layers on. auto: prompts of "
-                                   f"{ChatSettings.uniprefill_threshold:,}+ new tokens only")
+        self.uniprefill.setToolTip(
+            "UniPrefill needs no draft: the model drops the blocks of a long prompt its own "
+            "attention ignores, from a few layers on. auto: prompts of "
+            f"{ChatSettings.uniprefill_threshold:,}+ new tokens only"
+        )
         self.mass = _spin(0.80, 1.00, 0.01)
-        self.mass.setToolTip("Attention mass kept at each drop layer: 1.00 drops nothing; lower is faster and "
-                             "riskier (0.99 is the paper's setting)")
+        self.mass.setToolTip(
+            "Attention mass kept at each drop layer: 1.00 drops nothing; lower is faster and "
+            "riskier (0.99 is the paper's setting)"
+        )
         self.spec = _combo(("off", "on", "auto"))
-        self.spec.setToolTip("auto: each cycle decodes plainly, verifies a continuation found in the chat, or "
-                             "drafts with the draft model, whichever is measured to be faster. The answer is the "
-                             "model's own either way")
+        self.spec.setToolTip(
+            "auto: each cycle decodes plainly, verifies a continuation found in the chat, or "
+            "drafts with the draft model, whichever is measured to be faster. The answer is the "
+            "model's own either way"
+        )
         self.lookup = QCheckBox("Look up continuations in the chat")
-        self.lookup.setToolTip("Quotes of an attached document, a code file being edited, an earlier answer being "
-                               "restated: tokens already in the conversation are proposed for free, no draft "
-                               "model needed")
+        self.lookup.setToolTip(
+            "Quotes of an attached document, a code file being edited, an earlier answer being "
+            "restated: tokens already in the conversation are proposed for free, no draft "
+            "model needed"
+        )
         self.num_draft = QSpinBox()
         self.num_draft.setRange(1, 16)
         self.kv_bits = QComboBox()
@@ -109,14 +128,25 @@ class SettingsPanel(QWidget):
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 32768)
         self.overflow = _combo(("refuse", "truncate_oldest"))
-        for label, widget in (("Model", self.model), ("Draft model", self.draft), ("", self.badge),
-                              ("SpecPrefill (draft)", self.sparse), ("Keep", self.keep), ("", self.keep_label),
-                              ("UniPrefill (no draft)", self.uniprefill), ("Kept attention mass", self.mass),
-                              ("Speculative decoding", self.spec), ("", self.lookup),
-                              ("Draft tokens (k)", self.num_draft),
-                              ("KV cache bits", self.kv_bits), ("System prompt", self.system),
-                              ("Temperature", self.temperature), ("Top-p", self.top_p),
-                              ("Max tokens", self.max_tokens), ("Context overflow", self.overflow)):
+        for label, widget in (
+            ("Model", self.model),
+            ("Draft model", self.draft),
+            ("", self.badge),
+            ("SpecPrefill (draft)", self.sparse),
+            ("Keep", self.keep),
+            ("", self.keep_label),
+            ("UniPrefill (no draft)", self.uniprefill),
+            ("Kept attention mass", self.mass),
+            ("Speculative decoding", self.spec),
+            ("", self.lookup),
+            ("Draft tokens (k)", self.num_draft),
+            ("KV cache bits", self.kv_bits),
+            ("System prompt", self.system),
+            ("Temperature", self.temperature),
+            ("Top-p", self.top_p),
+            ("Max tokens", self.max_tokens),
+            ("Context overflow", self.overflow),
+        ):
             form.addRow(label, widget)
         self._explain()
         for combo in (self.model, self.draft, self.sparse, self.uniprefill, self.spec, self.kv_bits, self.overflow):
@@ -133,7 +163,7 @@ class SettingsPanel(QWidget):
             self.model: "The model that answers in this chat. Changing it starts its prompt cache afresh",
             self.badge: "Whether the draft shares the model's tokenizer (drafts exactly) or is translated",
             self.sparse: "SpecPrefill: the draft reads a long prompt and the model reads only the chunks the draft "
-                         "found important. auto: prompts past the threshold, when importance is not flat",
+            "found important. auto: prompts past the threshold, when importance is not flat",
             self.keep: "With SpecPrefill on: the share of the prompt's 32-token chunks the model reads",
             self.keep_label: "With SpecPrefill on: the share of the prompt's 32-token chunks the model reads",
             self.num_draft: "Tokens the draft proposes per cycle when speculative decoding is on (auto adapts it)",
@@ -142,14 +172,16 @@ class SettingsPanel(QWidget):
             self.top_p: "Sample only from the likeliest tokens holding this share of probability (1.00: all)",
             self.max_tokens: "The longest answer, in tokens; the context's free room may stop it sooner",
             self.overflow: "When the conversation outgrows the model's context: refuse with a message, or leave "
-                           "out the oldest messages",
+            "out the oldest messages",
         }
         for widget, tip in tips.items():
             if not widget.toolTip():
                 widget.setToolTip(tip)
         if not self.kv_bits.toolTip():
-            self.kv_bits.setToolTip("Bits per key and value in the KV cache: fewer hold longer contexts in less "
-                                    "memory. auto picks the fewest that passed this model's self-test")
+            self.kv_bits.setToolTip(
+                "Bits per key and value in the KV cache: fewer hold longer contexts in less "
+                "memory. auto picks the fewest that passed this model's self-test"
+            )
         form = self.layout().itemAt(0).layout()
         for row in range(form.rowCount()):
             label = form.itemAt(row, QFormLayout.LabelRole)
@@ -173,8 +205,9 @@ class SettingsPanel(QWidget):
         if target is None:
             return []
         useful = [e for e in self._entries.values() if draft_compatibility(target, e)[0] != "incompatible"]
-        useful.sort(key=lambda e: (self.draft_cost(model_id, e.id)[0],
-                                   e.tokenizer_fingerprint != target.tokenizer_fingerprint))
+        useful.sort(
+            key=lambda e: (self.draft_cost(model_id, e.id)[0], e.tokenizer_fingerprint != target.tokenizer_fingerprint)
+        )
         return [e.id for e in useful]
 
     def draft_cost(self, model_id: str, draft_id: str) -> tuple[float, bool]:
@@ -192,9 +225,14 @@ class SettingsPanel(QWidget):
         self.draft.addItems([NO_DRAFT, *choices])
         for i, draft_id in enumerate(choices, start=1):
             cost, measured = self.draft_cost(model_id, draft_id)
-            self.draft.setItemData(i, f"a draft step measured at {cost:.0%} of a {model_id} step on this machine"
-                                   if measured else f"{cost:.0%} of {model_id}'s parameters (not measured yet: "
-                                   "a turn that drafts with it measures it)", Qt.ToolTipRole)
+            self.draft.setItemData(
+                i,
+                f"a draft step measured at {cost:.0%} of a {model_id} step on this machine"
+                if measured
+                else f"{cost:.0%} of {model_id}'s parameters (not measured yet: "
+                "a turn that drafts with it measures it)",
+                Qt.ToolTipRole,
+            )
 
     def set_settings(self, settings: ChatSettings) -> None:
         self._loading = True
@@ -233,14 +271,23 @@ class SettingsPanel(QWidget):
             self._loading = False
         draft = self.draft.currentText()
         self._settings = replace(
-            self._settings, model=model,
-            draft=None if draft in ("", NO_DRAFT) else draft, sparse_prefill=self.sparse.currentText(),
-            sparse_keep=self.keep.value() / 100, uniprefill=self.uniprefill.currentText(),
-            uniprefill_p=self._mass(), spec_decode=self.spec.currentText(), lookup=self.lookup.isChecked(),
-            num_draft=self.num_draft.value(), **self._kv_fields(),
-            system_prompt=self.system.toPlainText().strip() or None, temperature=round(self.temperature.value(), 2),
-            top_p=round(self.top_p.value(), 2), max_tokens=self.max_tokens.value(),
-            context_overflow=self.overflow.currentText())
+            self._settings,
+            model=model,
+            draft=None if draft in ("", NO_DRAFT) else draft,
+            sparse_prefill=self.sparse.currentText(),
+            sparse_keep=self.keep.value() / 100,
+            uniprefill=self.uniprefill.currentText(),
+            uniprefill_p=self._mass(),
+            spec_decode=self.spec.currentText(),
+            lookup=self.lookup.isChecked(),
+            num_draft=self.num_draft.value(),
+            **self._kv_fields(),
+            system_prompt=self.system.toPlainText().strip() or None,
+            temperature=round(self.temperature.value(), 2),
+            top_p=round(self.top_p.value(), 2),
+            max_tokens=self.max_tokens.value(),
+            context_overflow=self.overflow.currentText(),
+        )
         self._refresh()
         self.changed.emit(self._settings)
 
@@ -259,16 +306,21 @@ class SettingsPanel(QWidget):
             label, text = self.kv_bits.itemData(i), self.kv_bits.itemData(i)
             if label == "auto":
                 k_bits, v_bits = auto_precision(results, group) if results else (None, None)
-                tip = ("Packed KV only where this model's self-test says it keeps the answers (the test runs "
-                       "once, on the first packed turn)")
+                tip = (
+                    "Packed KV only where this model's self-test says it keeps the answers (the test runs "
+                    "once, on the first packed turn)"
+                )
                 if k_bits and k_bits < 16:
                     text, tip = f"auto: K{k_bits}/V{v_bits}", f"The smallest precision that passed: K{k_bits}/V{v_bits}"
                 elif results:
                     text, tip = "auto: 16", "No packed precision kept this model's answers: auto uses 16-bit KV"
             elif label in KV_PRECISION:
                 result = results.get(result_key(*KV_PRECISION[label], group))
-                tip = ("Not tested on this model yet: the first packed turn runs a short self-test" if result is None
-                       else f"{'Passed' if result['passed'] else 'FAILED'} on this model: {result['why']}")
+                tip = (
+                    "Not tested on this model yet: the first packed turn runs a short self-test"
+                    if result is None
+                    else f"{'Passed' if result['passed'] else 'FAILED'} on this model: {result['why']}"
+                )
                 if result is not None:
                     text = f"{label}: {'keeps answers' if result['passed'] else 'changes answers'}"
                 self.kv_bits.setItemData(i, _mark(result), Qt.DecorationRole)

@@ -25,7 +25,11 @@ def coverage_map(tokenizer, new_tokens: list[int], kept_by_layer: list[tuple[int
     if at < total:
         gaps.append((at, total))
     largest = sorted(gaps, key=lambda g: g[0] - g[1])[:SKIPPED_SHOWN]
-    skipped = [[s, e, tokenizer.decode(new_tokens[s:min(e, s + PREVIEW_TOKENS)]).strip()] for s, e in sorted(largest)]
+    skipped = [[s, e, tokenizer.decode(new_tokens[s : min(e, s + PREVIEW_TOKENS)]).strip()] for s, e in sorted(largest)]
     read = sum(e - s for s, e in deepest)
-    return {"new_tokens": total, "read_share": read / total if total else 1.0,
-            "layers": [[layer, [list(r) for r in runs]] for layer, runs in kept_by_layer], "skipped": skipped}
+    return {
+        "new_tokens": total,
+        "read_share": read / total if total else 1.0,
+        "layers": [[layer, [list(r) for r in runs]] for layer, runs in kept_by_layer],
+        "skipped": skipped,
+    }

@@ -101,7 +101,8 @@ def install_position_shift(model) -> int:
     if count == 0 and _source_uses_rope(model):
         raise NotImplementedError(
             f"{type(model).__module__}: no RoPE module found to map positions; sparse prefill would "
-            "place kept tokens at wrong positions")
+            "place kept tokens at wrong positions"
+        )
     model._brisk_rope_count = count
     object.__setattr__(model, SHIFT_ATTRIBUTE, shift)
     return count

@@ -44,11 +44,15 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
     new = len(tokens) - cached
     mode = settings.uniprefill
     if mode == "off":
-        return PrefillRoute("dense", "dense: sparse prefill off" if settings.sparse_prefill == "off"
-                            else f"dense: SpecPrefill {spec.note}", spec)
+        return PrefillRoute(
+            "dense",
+            "dense: sparse prefill off" if settings.sparse_prefill == "off" else f"dense: SpecPrefill {spec.note}",
+            spec,
+        )
     if not worth_dropping(new):
         return PrefillRoute("dense", f"dense: {new} new tokens are too few to drop any", spec)
     if mode == "auto" and new < settings.uniprefill_threshold:
-        return PrefillRoute("dense", f"dense: {new} new tokens < UniPrefill's break-even "
-                            f"{settings.uniprefill_threshold}", spec)
+        return PrefillRoute(
+            "dense", f"dense: {new} new tokens < UniPrefill's break-even {settings.uniprefill_threshold}", spec
+        )
     return PrefillRoute("uniprefill", f"uniprefill: {mode}, {new} new tokens", spec)

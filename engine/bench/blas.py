@@ -25,13 +25,23 @@ def _probe(blas: str) -> dict:
 def run_blas(*, runs: int, as_json: bool) -> dict:
     res = interleave(runs, {"reference": lambda: _probe("reference"), "brisk": lambda: _probe("auto")})
     ref, brisk = res["reference"], res["brisk"]
-    payload = {"runs": runs, "brisk_blas": brisk[0]["blas"], "brisk_library": brisk[0]["library"],
-               "reference_library": ref[0]["library"], "shapes": []}
+    payload = {
+        "runs": runs,
+        "brisk_blas": brisk[0]["blas"],
+        "brisk_library": brisk[0]["library"],
+        "reference_library": ref[0]["library"],
+        "shapes": [],
+    }
     rows = []
     for key, label in (("sgemm_1024", "sgemm 1024^3"), ("matvec_4096", "x @ W.T, 1x4096x4096")):
         r, b = median(ref, key), median(brisk, key)
         payload["shapes"].append({"shape": label, "reference_gflops": r, "brisk_gflops": b, "speedup": b / r})
         rows.append([label, r, b, b / r])
-    print_table(f"brisk bench blas: GFLOP/s, medians of {runs} (brisk uses {payload['brisk_blas']})",
-                ["shape", "reference", "brisk", "speedup"], rows, payload, as_json)
+    print_table(
+        f"brisk bench blas: GFLOP/s, medians of {runs} (brisk uses {payload['brisk_blas']})",
+        ["shape", "reference", "brisk", "speedup"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload

@@ -22,5 +22,13 @@ def gflops(m: int, k: int, n: int, repeats: int) -> float:
 
 if __name__ == "__main__":
     state = blas_state()
-    print(json.dumps({"blas": state.name, "library": state.sgemm_provider,
-                      "sgemm_1024": gflops(1024, 1024, 1024, 3), "matvec_4096": gflops(1, 4096, 4096, 20)}))
+    print(
+        json.dumps(
+            {
+                "blas": state.name,
+                "library": state.sgemm_provider,
+                "sgemm_1024": gflops(1024, 1024, 1024, 3),
+                "matvec_4096": gflops(1, 4096, 4096, 20),
+            }
+        )
+    )

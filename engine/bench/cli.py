@@ -44,7 +44,8 @@ def _floats(text: str) -> list[float]:
 
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks (interleaved A/B, medians)").add_subparsers(
-        dest="bench_cmd", required=True)
+        dest="bench_cmd", required=True
+    )
     p = bench.add_parser("overhead", help="Brisk's run path vs bare mlx-lm stream_generate")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048])
@@ -60,9 +61,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--gen-tokens", type=_positive, default=64)
     p.add_argument("--gguf", help="the GGUF file for llama.cpp (default: a bundled model's kept download)")
     p.add_argument("--threads", type=_positive, default=2)
-    p.add_argument("--engines", type=_engines, default=("brisk", "mlx_lm", "llama_cpp"),
-                   help="comma-separated subset of brisk,mlx_lm,llama_cpp (bare mlx-lm's quantized prefill "
-                        "takes minutes at 2K tokens)")
+    p.add_argument(
+        "--engines",
+        type=_engines,
+        default=("brisk", "mlx_lm", "llama_cpp"),
+        help="comma-separated subset of brisk,mlx_lm,llama_cpp (bare mlx-lm's quantized prefill "
+        "takes minutes at 2K tokens)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _peers(a))
     p = bench.add_parser("serve", help="brisk serve over HTTP vs the engine in process: latency, TTFT, tok/s")
@@ -88,8 +93,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--kv-group-size", type=int, choices=(32, 64), default=32)
     p.add_argument("--k-bits", type=_ints, default=[4], help="key bits to try, e.g. 4,8")
     p.add_argument("--v-bits", type=_ints, default=[4], help="value bits to try, e.g. 4,8")
-    p.add_argument("--key-layouts", default="channel",
-                   help="channel (per-channel keys), token (per-token keys, as before), or both: token,channel")
+    p.add_argument(
+        "--key-layouts",
+        default="channel",
+        help="channel (per-channel keys), token (per-token keys, as before), or both: token,channel",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _kv_quality(a))
     p = bench.add_parser("specprefill", help="TTFT full vs SpecPrefill: speedup, r, 1/(r+k), G")
@@ -138,8 +146,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _uniprefill(a))
 
-    p = bench.add_parser("uniprefill-quality", help="needle, counting recall and continuation perplexity: "
-                                                     "dense vs UniPrefill")
+    p = bench.add_parser(
+        "uniprefill-quality", help="needle, counting recall and continuation perplexity: dense vs UniPrefill"
+    )
     p.add_argument("--model", required=True)
     p.add_argument("--top-p", type=float, default=0.99)
     p.add_argument("--drop-layers", type=layer_list, default=None)
@@ -158,13 +167,25 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--target", required=True)
     p.add_argument("--draft", help="a draft model (without one: plain vs lookup decoding only)")
     p.add_argument("--num-draft", type=_ks, default=[1, 2, 3, 4, "auto"], help="e.g. 1,2,3,4,auto")
-    p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"],
-                   help="free: structured,code,prose; grounded in the context: quote,summary,code-edit,follow-up")
+    p.add_argument(
+        "--contents",
+        type=lambda t: t.split(","),
+        default=["structured", "code", "prose"],
+        help="free: structured,code,prose; grounded in the context: quote,summary,code-edit,follow-up",
+    )
     p.add_argument("--rules", type=lambda t: t.split(","), default=["rejection"], help="rejection,match")
-    p.add_argument("--mlx-lm", type=lambda t: _ints(t) if t.strip() else [], default=[2, 3],
-                   help="k values for mlx-lm's speculative decoding ('' for none)")
-    p.add_argument("--blas-verify", type=_ks, default=[], help="k values (or auto) also run with the few-row "
-                   "native matmul off, e.g. 4,auto")
+    p.add_argument(
+        "--mlx-lm",
+        type=lambda t: _ints(t) if t.strip() else [],
+        default=[2, 3],
+        help="k values for mlx-lm's speculative decoding ('' for none)",
+    )
+    p.add_argument(
+        "--blas-verify",
+        type=_ks,
+        default=[],
+        help="k values (or auto) also run with the few-row native matmul off, e.g. 4,auto",
+    )
     p.add_argument("--gen", type=_positive, default=64)
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--runs", type=_positive, default=2)
@@ -177,8 +198,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--runs", type=_positive, default=5)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _verify(a))
-    p = bench.add_parser("spec-acceptance",
-                         help="expected acceptance of rejection sampling vs matching, same positions")
+    p = bench.add_parser(
+        "spec-acceptance", help="expected acceptance of rejection sampling vs matching, same positions"
+    )
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--contents", type=lambda t: t.split(","), default=["structured", "code", "prose"])
@@ -196,32 +218,54 @@ def add_bench_parser(sub) -> None:
 def _overhead(args) -> int:
     from engine.bench.overhead import run_overhead
 
-    run_overhead(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens,
-                 step=args.prefill_step, as_json=args.json)
+    run_overhead(
+        args.model,
+        args.prompt_tokens,
+        runs=args.runs,
+        gen_tokens=args.gen_tokens,
+        step=args.prefill_step,
+        as_json=args.json,
+    )
     return 0
 
 
 def _serve(args) -> int:
     from engine.bench.serve import run_serve_bench
 
-    run_serve_bench(args.model, clients=args.clients, requests=args.requests, gen_tokens=args.gen_tokens,
-                    as_json=args.json)
+    run_serve_bench(
+        args.model, clients=args.clients, requests=args.requests, gen_tokens=args.gen_tokens, as_json=args.json
+    )
     return 0
 
 
 def _peers(args) -> int:
     from engine.bench.peers import run_peers
 
-    run_peers(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, gguf=args.gguf,
-              engines=args.engines, threads=args.threads, as_json=args.json)
+    run_peers(
+        args.model,
+        args.prompt_tokens,
+        runs=args.runs,
+        gen_tokens=args.gen_tokens,
+        gguf=args.gguf,
+        engines=args.engines,
+        threads=args.threads,
+        as_json=args.json,
+    )
     return 0
 
 
 def _kv(args) -> int:
     from engine.bench.kv import run_kv
 
-    run_kv(args.model, args.context, runs=args.runs, steps=args.steps, group_size=args.kv_group_size,
-           prefill_tokens=args.prefill_tokens, as_json=args.json)
+    run_kv(
+        args.model,
+        args.context,
+        runs=args.runs,
+        steps=args.steps,
+        group_size=args.kv_group_size,
+        prefill_tokens=args.prefill_tokens,
+        as_json=args.json,
+    )
     return 0
 
 
@@ -233,12 +277,19 @@ def _kv_quality(args) -> int:
     layouts = [x.strip() for x in args.key_layouts.split(",") if x.strip()]
     bad = [x for x in layouts if x not in KEY_LAYOUTS] + [b for b in args.k_bits + args.v_bits if b not in (4, 8, 16)]
     if bad or not layouts:
-        raise SystemExit(f"brisk bench kv-quality: unknown key layout or bits {bad}; layouts are {KEY_LAYOUTS}, "
-                         "bits 4, 8 or 16")
-    modes = [PackedMode(k, v, layout) for layout in layouts for k in args.k_bits for v in args.v_bits
-             if (k, v) != (16, 16) and not (layout == "token" and k == 16)]  # 16-bit keys have no layout
-    run_kv_quality(args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json,
-                   modes=modes)
+        raise SystemExit(
+            f"brisk bench kv-quality: unknown key layout or bits {bad}; layouts are {KEY_LAYOUTS}, bits 4, 8 or 16"
+        )
+    modes = [
+        PackedMode(k, v, layout)
+        for layout in layouts
+        for k in args.k_bits
+        for v in args.v_bits
+        if (k, v) != (16, 16) and not (layout == "token" and k == 16)
+    ]  # 16-bit keys have no layout
+    run_kv_quality(
+        args.model, args.prompt_tokens, gen=args.gen, group_size=args.kv_group_size, as_json=args.json, modes=modes
+    )
     return 0
 
 
@@ -252,8 +303,16 @@ def _specprefill(args) -> int:
 def _needle(args) -> int:
     from engine.bench.specprefill import run_needle
 
-    run_needle(args.target, args.draft, args.tokens, args.depths, args.keep, as_json=args.json, k_bits=args.k_bits,
-               v_bits=args.v_bits)
+    run_needle(
+        args.target,
+        args.draft,
+        args.tokens,
+        args.depths,
+        args.keep,
+        as_json=args.json,
+        k_bits=args.k_bits,
+        v_bits=args.v_bits,
+    )
     return 0
 
 
@@ -267,34 +326,69 @@ def _counting(args) -> int:
 def _sparse_ppl(args) -> int:
     from engine.bench.specprefill import run_perplexity
 
-    run_perplexity(args.target, args.draft, args.text_file, args.context, args.keep,
-                   continuation=args.continuation, as_json=args.json)
+    run_perplexity(
+        args.target,
+        args.draft,
+        args.text_file,
+        args.context,
+        args.keep,
+        continuation=args.continuation,
+        as_json=args.json,
+    )
     return 0
 
 
 def _uniprefill(args) -> int:
     from engine.bench.uniprefill import run_uniprefill
 
-    run_uniprefill(args.model, args.prompt_tokens, args.top_p, runs=args.runs, drop_layers=args.drop_layers,
-                   text_file=args.text_file, as_json=args.json)
+    run_uniprefill(
+        args.model,
+        args.prompt_tokens,
+        args.top_p,
+        runs=args.runs,
+        drop_layers=args.drop_layers,
+        text_file=args.text_file,
+        as_json=args.json,
+    )
     return 0
 
 
 def _uniprefill_quality(args) -> int:
     from engine.bench.uniprefill import run_uniprefill_quality
 
-    run_uniprefill_quality(args.model, args.top_p, tokens=args.tokens, depths=args.depths, text_file=args.text_file,
-                           contexts=args.context, continuation=args.continuation, entries=args.entries,
-                           green=args.green, seeds=args.seeds, drop_layers=args.drop_layers, as_json=args.json)
+    run_uniprefill_quality(
+        args.model,
+        args.top_p,
+        tokens=args.tokens,
+        depths=args.depths,
+        text_file=args.text_file,
+        contexts=args.context,
+        continuation=args.continuation,
+        entries=args.entries,
+        green=args.green,
+        seeds=args.seeds,
+        drop_layers=args.drop_layers,
+        as_json=args.json,
+    )
     return 0
 
 
 def _specdecode(args) -> int:
     from engine.bench.specdecode import run_specdecode
 
-    run_specdecode(args.target, args.draft, args.num_draft, contents=args.contents, runs=args.runs, gen=args.gen,
-                   temp=args.temp, rules=args.rules, mlx_lm_ks=args.mlx_lm, as_json=args.json,
-                   blas_ks=args.blas_verify)
+    run_specdecode(
+        args.target,
+        args.draft,
+        args.num_draft,
+        contents=args.contents,
+        runs=args.runs,
+        gen=args.gen,
+        temp=args.temp,
+        rules=args.rules,
+        mlx_lm_ks=args.mlx_lm,
+        as_json=args.json,
+        blas_ks=args.blas_verify,
+    )
     return 0
 
 
@@ -308,8 +402,9 @@ def _verify(args) -> int:
 def _spec_acceptance(args) -> int:
     from engine.bench.specdecode import run_acceptance
 
-    run_acceptance(args.target, args.draft, contents=args.contents, gen=args.gen, temp=args.temp, seed=args.seed,
-                   as_json=args.json)
+    run_acceptance(
+        args.target, args.draft, contents=args.contents, gen=args.gen, temp=args.temp, seed=args.seed, as_json=args.json
+    )
     return 0
 
 

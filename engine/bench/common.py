@@ -40,6 +40,7 @@ def with_blas_verify(run: Callable[[], dict], *models) -> Callable[[], dict]:
     def variant() -> dict:
         with blas_only(*models):
             return run()
+
     return variant
 
 

@@ -22,10 +22,23 @@ COLOURS = ("red", "blue", "yellow", "white", "black", "grey", "brown", "orange")
 OBJECTS = ("box", "crate", "bag", "barrel", "parcel", "case", "drum", "sack")
 CITIES = ("Oslo", "Lyon", "Porto", "Turin", "Ghent", "Basel", "Cork", "Graz", "Split", "Bergen", "Malmo", "Leeds")
 # only green items go here, so the answer is a set of names, each named once in the log
-GREEN_CITIES = ("Tallinn", "Krakow", "Seville", "Dublin", "Munich", "Vienna", "Prague", "Zagreb", "Riga", "Nantes",
-                "Bruges", "Verona")
-ASK = ("\n\nWhich cities received a green item? List every one of them, separated by commas, then say how many "
-       "there are.")
+GREEN_CITIES = (
+    "Tallinn",
+    "Krakow",
+    "Seville",
+    "Dublin",
+    "Munich",
+    "Vienna",
+    "Prague",
+    "Zagreb",
+    "Riga",
+    "Nantes",
+    "Bruges",
+    "Verona",
+)
+ASK = (
+    "\n\nWhich cities received a green item? List every one of them, separated by commas, then say how many there are."
+)
 
 
 def counting_document(entries: int, green: int, seed: int) -> tuple[str, list[str]]:
@@ -51,12 +64,16 @@ def score_answer(answer: str, cities: list[str]) -> dict:
     named = {c for c in CITIES + GREEN_CITIES if re.search(rf"\b{c}\b", answer)}
     hits = len(named & set(cities))
     numbers = re.findall(r"\d+", answer)
-    return {"recall": hits / len(cities), "precision": hits / len(named) if named else 0.0,
-            "count_right": bool(numbers) and int(numbers[-1]) == len(cities)}
+    return {
+        "recall": hits / len(cities),
+        "precision": hits / len(named) if named else 0.0,
+        "count_right": bool(numbers) and int(numbers[-1]) == len(cities),
+    }
 
 
-def run_counting(target_id: str, draft_id: str, entries: int, green: int, seeds: list[int], keep: float, *,
-                 as_json: bool) -> dict:
+def run_counting(
+    target_id: str, draft_id: str, entries: int, green: int, seeds: list[int], keep: float, *, as_json: bool
+) -> dict:
     from engine.events import TurnFinished
     from engine.models.loader import load_model
     from engine.session import Session
@@ -69,24 +86,64 @@ def run_counting(target_id: str, draft_id: str, entries: int, green: int, seeds:
     for seed in seeds:
         text, cities = counting_document(entries, green, seed)
         for name, (mode, k) in modes.items():
-            settings = ChatSettings(model=target_id, temperature=0.0, max_tokens=8 * green + 32, sparse_prefill=mode,
-                                    sparse_keep=k, sparse_threshold=0, spec_decode="off", draft=draft_id)
+            settings = ChatSettings(
+                model=target_id,
+                temperature=0.0,
+                max_tokens=8 * green + 32,
+                sparse_prefill=mode,
+                sparse_keep=k,
+                sparse_threshold=0,
+                spec_decode="off",
+                draft=draft_id,
+            )
             for event in Session(target, settings, draft=draft).send(text):
                 if isinstance(event, TurnFinished):
                     m = event.metrics
-                    entry = {"seed": seed, "mode": name, "prompt_tokens": m.prompt_tokens, "kept": m.kept_tokens,
-                             "sparse_prefill": m.sparse_prefill, "ttft_s": m.ttft_s, "answer": event.text.strip(),
-                             **score_answer(event.text, cities)}
+                    entry = {
+                        "seed": seed,
+                        "mode": name,
+                        "prompt_tokens": m.prompt_tokens,
+                        "kept": m.kept_tokens,
+                        "sparse_prefill": m.sparse_prefill,
+                        "ttft_s": m.ttft_s,
+                        "answer": event.text.strip(),
+                        **score_answer(event.text, cities),
+                    }
                     payload["rows"].append(entry)
-                    rows.append([seed, name, m.prompt_tokens, m.kept_tokens or m.prompt_tokens, entry["recall"],
-                                 entry["precision"], entry["count_right"], m.ttft_s, m.sparse_prefill[:40]])
+                    rows.append(
+                        [
+                            seed,
+                            name,
+                            m.prompt_tokens,
+                            m.kept_tokens or m.prompt_tokens,
+                            entry["recall"],
+                            entry["precision"],
+                            entry["count_right"],
+                            m.ttft_s,
+                            m.sparse_prefill[:40],
+                        ]
+                    )
     for name in modes:
         mine = [r for r in payload["rows"] if r["mode"] == name]
-        rows.append(["mean", name, "", "", sum(r["recall"] for r in mine) / len(mine),
-                     sum(r["precision"] for r in mine) / len(mine),
-                     f"{sum(r['count_right'] for r in mine)}/{len(mine)}", sum(r["ttft_s"] for r in mine) / len(mine),
-                     ""])
-    print_table(f"brisk bench counting: {target_id} (draft {draft_id}), {entries} entries, {green} green, "
-                f"keep {keep} vs auto vs full", ["seed", "mode", "prompt", "kept", "recall", "precision", "count ok",
-                                                 "ttft s", "sparse prefill"], rows, payload, as_json)
+        rows.append(
+            [
+                "mean",
+                name,
+                "",
+                "",
+                sum(r["recall"] for r in mine) / len(mine),
+                sum(r["precision"] for r in mine) / len(mine),
+                f"{sum(r['count_right'] for r in mine)}/{len(mine)}",
+                sum(r["ttft_s"] for r in mine) / len(mine),
+                "",
+            ]
+        )
+    print_table(
+        f"brisk bench counting: {target_id} (draft {draft_id}), {entries} entries, {green} green, "
+        f"keep {keep} vs auto vs full",
+        ["seed", "mode", "prompt", "kept", "recall", "precision", "count ok", "ttft s", "sparse prefill"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload

@@ -34,7 +34,7 @@ def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, ru
     from kernels.kv_attention import kv_attention
     from kernels.packed_kv import ChannelPacked, TokenPacked
 
-    bits, scale = 4, head_dim ** -0.5
+    bits, scale = 4, head_dim**-0.5
     q = mx.random.normal((1, n_q, 1, head_dim))
     k = mx.random.normal((1, n_kv, context, head_dim))
     v = mx.random.normal((1, n_kv, context, head_dim))
@@ -112,8 +112,9 @@ def prefill_peak_memory(lm, tokens: int, bits: int, group_size: int) -> dict:
     raise RuntimeError("prefill did not finish")
 
 
-def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_size: int,
-           prefill_tokens: int, as_json: bool) -> dict:
+def run_kv(
+    model_id: str, contexts: list[int], *, runs: int, steps: int, group_size: int, prefill_tokens: int, as_json: bool
+) -> dict:
     import mlx.core as mx
 
     from engine.kvcache import check_kv_packable, kv_shape
@@ -125,47 +126,87 @@ def run_kv(model_id: str, contexts: list[int], *, runs: int, steps: int, group_s
     check_kv_packable(lm.config, v_bits=4, group_size=group_size)
     shape = kv_shape(lm.config)
     n_q = (lm.config.get("text_config") or lm.config)["num_attention_heads"]
-    payload = {"model": model_id, "group_size": group_size, "runs": runs, "decode_steps": steps,
-               "attention_scale": shape["head_dim"] ** -0.5,
-               "brisk_path": "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})",
-               "contexts": []}
+    payload = {
+        "model": model_id,
+        "group_size": group_size,
+        "runs": runs,
+        "decode_steps": steps,
+        "attention_scale": shape["head_dim"] ** -0.5,
+        "brisk_path": "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})",
+        "contexts": [],
+    }
     rows = []
     for context in contexts:
-        attn = attention_step_times(n_q, shape["kv_heads"], shape["head_dim"], context, runs=runs,
-                                    group_size=group_size)
+        attn = attention_step_times(
+            n_q, shape["kv_heads"], shape["head_dim"], context, runs=runs, group_size=group_size
+        )
         caches = {16: _filled_cache(lm, context, 16, group_size), 4: _filled_cache(lm, context, 4, group_size)}
         tps = interleave(runs, {bits: (lambda c=c: {"tps": decode_tps(lm, c, steps)}) for bits, c in caches.items()})
         sizes = {bits: (kv_bytes_measured(c), kv_bytes_formula(c, **shape, itemsize=4)) for bits, c in caches.items()}
         entry = {
-            "context": context, "attention_step_s": attn,
+            "context": context,
+            "attention_step_s": attn,
             "brisk_vs_mlx_lm": attn["mlx_lm_quantized"] / attn["brisk_packed"],
             "brisk_vs_dequant": attn["dequant_then_attend"] / attn["brisk_packed"],
             "channel_vs_token_keys": attn["brisk_token_keys"] / attn["brisk_packed"],
-            "decode_tps_16": median(tps[16], "tps"), "decode_tps_4": median(tps[4], "tps"),
-            "kv_bytes_16": sizes[16][0], "kv_bytes_4": sizes[4][0],
+            "decode_tps_16": median(tps[16], "tps"),
+            "decode_tps_4": median(tps[4], "tps"),
+            "kv_bytes_16": sizes[16][0],
+            "kv_bytes_4": sizes[4][0],
             "kv_formula_matches": all(measured == formula for measured, formula in sizes.values()),
         }
         entry["kv_ratio_4_vs_16"] = entry["kv_bytes_4"] / entry["kv_bytes_16"]
         payload["contexts"].append(entry)
         del caches
         mx.clear_cache()
-        rows.append([context, attn["dequant_then_attend"] * 1e3, attn["mlx_lm_quantized"] * 1e3,
-                     attn["brisk_packed"] * 1e3, attn["brisk_token_keys"] * 1e3, attn["brisk_portable"] * 1e3,
-                     attn["fp32_unquantized"] * 1e3,
-                     entry["brisk_vs_mlx_lm"],
-                     entry["brisk_vs_dequant"], entry["decode_tps_16"], entry["decode_tps_4"],
-                     entry["kv_bytes_16"] / 2**20, entry["kv_bytes_4"] / 2**20, entry["kv_ratio_4_vs_16"]])
+        rows.append(
+            [
+                context,
+                attn["dequant_then_attend"] * 1e3,
+                attn["mlx_lm_quantized"] * 1e3,
+                attn["brisk_packed"] * 1e3,
+                attn["brisk_token_keys"] * 1e3,
+                attn["brisk_portable"] * 1e3,
+                attn["fp32_unquantized"] * 1e3,
+                entry["brisk_vs_mlx_lm"],
+                entry["brisk_vs_dequant"],
+                entry["decode_tps_16"],
+                entry["decode_tps_4"],
+                entry["kv_bytes_16"] / 2**20,
+                entry["kv_bytes_4"] / 2**20,
+                entry["kv_ratio_4_vs_16"],
+            ]
+        )
     if prefill_tokens:
         payload["prefill_peak"] = {bits: prefill_peak_memory(lm, prefill_tokens, bits, group_size) for bits in (16, 4)}
     print_table(
         f"brisk bench kv: {model_id}, int4 (keys per channel, values per token, group {group_size}), "
         f"medians of {runs} interleaved rounds (attention ms per layer per decode step); "
         f"brisk path: {payload['brisk_path']}",
-        ["context", "deq+attn ms", "mlx-lm q ms", "brisk ms", "token-K ms", "portable ms", "fp32 ms", "vs mlx-lm",
-         "vs deq",
-         "tok/s kv16", "tok/s kv4", "KV16 MiB", "KV4 MiB", "4/16"], rows, payload, as_json)
+        [
+            "context",
+            "deq+attn ms",
+            "mlx-lm q ms",
+            "brisk ms",
+            "token-K ms",
+            "portable ms",
+            "fp32 ms",
+            "vs mlx-lm",
+            "vs deq",
+            "tok/s kv16",
+            "tok/s kv4",
+            "KV16 MiB",
+            "KV4 MiB",
+            "4/16",
+        ],
+        rows,
+        payload,
+        as_json,
+    )
     if not as_json and prefill_tokens:
         for bits, p in payload["prefill_peak"].items():
-            print(f"prefill of {prefill_tokens} tokens, kv {bits}: peak {p['peak_memory_bytes'] / 2**20:.0f} MiB, "
-                  f"KV {p['kv_bytes'] / 2**20:.1f} MiB, ttft {p['ttft_s']:.1f} s")
+            print(
+                f"prefill of {prefill_tokens} tokens, kv {bits}: peak {p['peak_memory_bytes'] / 2**20:.0f} MiB, "
+                f"KV {p['kv_bytes'] / 2**20:.1f} MiB, ttft {p['ttft_s']:.1f} s"
+            )
     return payload

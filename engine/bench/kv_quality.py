@@ -15,8 +15,15 @@ from engine.bench.common import filler_text, print_table
 from engine.kv_fidelity import PackedMode, compare, reference_run
 
 
-def run_kv_quality(model_id: str, lengths: list[int], *, gen: int, group_size: int, as_json: bool,
-                   modes: list[PackedMode] | None = None) -> dict:
+def run_kv_quality(
+    model_id: str,
+    lengths: list[int],
+    *,
+    gen: int,
+    group_size: int,
+    as_json: bool,
+    modes: list[PackedMode] | None = None,
+) -> dict:
     from engine.kvcache import check_kv_packable, kv_shape
     from engine.models.loader import load_model
 
@@ -35,10 +42,23 @@ def run_kv_quality(model_id: str, lengths: list[int], *, gen: int, group_size: i
         for mode in modes:
             result = compare(lm, tokens, mode, reference, group_size=group_size)
             payload["lengths"].append(result)
-            rows.append([result["prompt_tokens"], mode.label, gen, result["top1_agreement"], result["mean_kl"],
-                         result["max_kl"], str(result["free_running_first_difference"])])
-    print_table(f"brisk bench kv-quality: {model_id}, packed vs unquantized KV (value group {group_size}, "
-                f"keys per channel in groups of 32 tokens unless marked), attention scale {scale:.4f}",
-                ["prompt", "mode", "generated", "top-1 agree", "mean KL", "max KL", "first diff (free run)"],
-                rows, payload, as_json)
+            rows.append(
+                [
+                    result["prompt_tokens"],
+                    mode.label,
+                    gen,
+                    result["top1_agreement"],
+                    result["mean_kl"],
+                    result["max_kl"],
+                    str(result["free_running_first_difference"]),
+                ]
+            )
+    print_table(
+        f"brisk bench kv-quality: {model_id}, packed vs unquantized KV (value group {group_size}, "
+        f"keys per channel in groups of 32 tokens unless marked), attention scale {scale:.4f}",
+        ["prompt", "mode", "generated", "top-1 agree", "mean KL", "max KL", "first diff (free run)"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload

@@ -40,41 +40,59 @@ def _mlx_lm_run(lm, tokens: list[int], max_tokens: int, step: int) -> dict:
     return {"ttft_s": first - start, "decode_tps": (n - 1) / max(last - first, 1e-9), "tokens": n}
 
 
-def run_overhead(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, step: int,
-                 as_json: bool) -> dict:
+def run_overhead(
+    model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, step: int, as_json: bool
+) -> dict:
     from engine.conversation import Message
     from engine.models.loader import load_model
     from engine.prompt import encode_messages
 
     lm = load_model(model_id)
-    rows, payload = [], {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "prefill_step": step,
-                         "lengths": []}
+    rows, payload = [], {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "prefill_step": step, "lengths": []}
     for n in prompt_tokens:
         text = filler_text(lm.tokenizer, n) + "\nRepeat the first sentence above."
         tokens = encode_messages(lm, [Message("user", text)])
         _brisk_run(lm, text, 2, step)  # warm-up both paths (kernels, allocator)
         _mlx_lm_run(lm, tokens, 2, step)
-        res = interleave(runs, {
-            "brisk": lambda: _brisk_run(lm, text, gen_tokens, step),
-            "mlx_lm": lambda: _mlx_lm_run(lm, tokens, gen_tokens, step),
-        })
+        res = interleave(
+            runs,
+            {
+                "brisk": lambda: _brisk_run(lm, text, gen_tokens, step),
+                "mlx_lm": lambda: _mlx_lm_run(lm, tokens, gen_tokens, step),
+            },
+        )
         b, m = res["brisk"], res["mlx_lm"]
         entry = {
             "prompt_tokens": len(tokens),
-            "brisk_ttft_s": median(b, "ttft_s"), "mlx_lm_ttft_s": median(m, "ttft_s"),
-            "brisk_decode_tps": median(b, "decode_tps"), "mlx_lm_decode_tps": median(m, "decode_tps"),
+            "brisk_ttft_s": median(b, "ttft_s"),
+            "mlx_lm_ttft_s": median(m, "ttft_s"),
+            "brisk_decode_tps": median(b, "decode_tps"),
+            "mlx_lm_decode_tps": median(m, "decode_tps"),
             "generated": [r["tokens"] for r in b],
         }
         entry["ttft_ratio"] = paired_ratio(b, m, "ttft_s")
         entry["decode_ratio"] = paired_ratio(b, m, "decode_tps")
         payload["lengths"].append(entry)
-        rows.append([len(tokens), entry["brisk_ttft_s"], entry["mlx_lm_ttft_s"], entry["ttft_ratio"],
-                     entry["brisk_decode_tps"], entry["mlx_lm_decode_tps"], entry["decode_ratio"]])
+        rows.append(
+            [
+                len(tokens),
+                entry["brisk_ttft_s"],
+                entry["mlx_lm_ttft_s"],
+                entry["ttft_ratio"],
+                entry["brisk_decode_tps"],
+                entry["mlx_lm_decode_tps"],
+                entry["decode_ratio"],
+            ]
+        )
         entry["time_split"] = _time_split(lm, len(tokens), step, entry)
-    print_table(f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians "
-                "(ratio = median of per-round brisk / mlx-lm)",
-                ["prompt", "ttft brisk s", "ttft mlx-lm s", "ttft ratio", "decode brisk", "decode mlx-lm",
-                 "decode ratio"], rows, payload, as_json)
+    print_table(
+        f"brisk bench overhead: {model_id}, {runs} interleaved runs, medians "
+        "(ratio = median of per-round brisk / mlx-lm)",
+        ["prompt", "ttft brisk s", "ttft mlx-lm s", "ttft ratio", "decode brisk", "decode mlx-lm", "decode ratio"],
+        rows,
+        payload,
+        as_json,
+    )
     if not as_json:
         for entry in payload["lengths"]:
             _print_split(entry)
@@ -103,5 +121,7 @@ def _print_split(entry: dict) -> None:
         named = {k: v for k, v in parts.items() if k != "measured_total"}
         row = ", ".join(f"{k} {v * factor:.3g} ({100 * v / total:.0f}%)" for k, v in named.items())
         rest = total - sum(named.values())
-        print(f"  {phase}: measured {total * factor:.3g} {unit} = {row}, other {rest * factor:.3g} "
-              f"({100 * rest / total:.0f}%)")
+        print(
+            f"  {phase}: measured {total * factor:.3g} {unit} = {row}, other {rest * factor:.3g} "
+            f"({100 * rest / total:.0f}%)"
+        )

@@ -38,8 +38,14 @@ def _brisk(model_id: str, texts: list[str], gen: int) -> list[dict]:
     for text in texts:
         session = Session(lm, ChatSettings(model=model_id, temperature=0.0, max_tokens=gen, spec_decode="off"))
         m = next(e for e in session.send(text) if isinstance(e, TurnFinished)).metrics
-        rows.append({"prompt_tokens": m.prompt_tokens, "ttft_s": m.ttft_s, "prefill_tps": m.prompt_tokens / m.ttft_s,
-                     "decode_tps": m.decode_tps})
+        rows.append(
+            {
+                "prompt_tokens": m.prompt_tokens,
+                "ttft_s": m.ttft_s,
+                "prefill_tps": m.prompt_tokens / m.ttft_s,
+                "decode_tps": m.decode_tps,
+            }
+        )
     return rows
 
 
@@ -57,8 +63,14 @@ def _mlx_lm(folder: str, texts: list[str], gen: int) -> list[dict]:
         for n, _ in enumerate(generate_step(mx.array(tokens), model, max_tokens=gen)):
             last = time.perf_counter()
             first = first or last
-        rows.append({"prompt_tokens": len(tokens), "ttft_s": first - start,
-                     "prefill_tps": len(tokens) / (first - start), "decode_tps": n / max(last - first, 1e-9)})
+        rows.append(
+            {
+                "prompt_tokens": len(tokens),
+                "ttft_s": first - start,
+                "prefill_tps": len(tokens) / (first - start),
+                "decode_tps": n / max(last - first, 1e-9),
+            }
+        )
         mx.clear_cache()
     return rows
 
@@ -68,8 +80,7 @@ def _llama_cpp(gguf: str, texts: list[str], gen: int, threads: int) -> list[dict
 
     rows = []
     for text in texts:
-        llm = Llama(model_path=gguf, n_ctx=len(text) // 2 + gen + 64, n_threads=threads, n_batch=512,
-                    verbose=False)
+        llm = Llama(model_path=gguf, n_ctx=len(text) // 2 + gen + 64, n_threads=threads, n_batch=512, verbose=False)
         tokens = llm.tokenize(text.encode())
         start = time.perf_counter()
         llm.eval(tokens)
@@ -79,8 +90,14 @@ def _llama_cpp(gguf: str, texts: list[str], gen: int, threads: int) -> list[dict
             llm.eval([token])
             token = llm.sample(temp=0.0)
         last = time.perf_counter()
-        rows.append({"prompt_tokens": len(tokens), "ttft_s": first - start,
-                     "prefill_tps": len(tokens) / (first - start), "decode_tps": (gen - 1) / (last - first)})
+        rows.append(
+            {
+                "prompt_tokens": len(tokens),
+                "ttft_s": first - start,
+                "prefill_tps": len(tokens) / (first - start),
+                "decode_tps": (gen - 1) / (last - first),
+            }
+        )
         llm.close()
     return rows
 
@@ -116,8 +133,17 @@ def _source_gguf(store, model_id: str) -> Path | None:
     return None
 
 
-def run_peers(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, gguf: str | None,
-              threads: int, as_json: bool, engines: tuple[str, ...] = ENGINES) -> dict:
+def run_peers(
+    model_id: str,
+    prompt_tokens: list[int],
+    *,
+    runs: int,
+    gen_tokens: int,
+    gguf: str | None,
+    threads: int,
+    as_json: bool,
+    engines: tuple[str, ...] = ENGINES,
+) -> dict:
     from engine.models.loader import load_model
     from engine.models.store import ModelStore
 
@@ -140,15 +166,27 @@ def run_peers(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens:
     results = {name: [] for name in targets}
     for _ in range(runs):
         for name, target in targets.items():
-            done = subprocess.run([sys.executable, "-m", "engine.bench.peers", name, target, str(gen_tokens),
-                                   str(threads)], input=json.dumps(texts), capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "engine.bench.peers", name, target, str(gen_tokens), str(threads)],
+                input=json.dumps(texts),
+                capture_output=True,
+                text=True,
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"{name} failed: {done.stderr.strip()[-800:]}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    payload = {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "threads": threads, "notes": notes,
-               "model_bytes": {"brisk": store.get(model_id).memory_bytes,
-                               "gguf": gguf_path.stat().st_size if gguf_path and gguf_path.is_file() else None},
-               "lengths": []}
+    payload = {
+        "model": model_id,
+        "runs": runs,
+        "gen_tokens": gen_tokens,
+        "threads": threads,
+        "notes": notes,
+        "model_bytes": {
+            "brisk": store.get(model_id).memory_bytes,
+            "gguf": gguf_path.stat().st_size if gguf_path and gguf_path.is_file() else None,
+        },
+        "lengths": [],
+    }
     rows = []
     for i, n in enumerate(prompt_tokens):
         entry = {"requested_tokens": n}
@@ -159,20 +197,35 @@ def run_peers(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens:
             entry[f"{name}_peak_rss"] = median([{"v": r["peak_rss"]} for r in rounds], "v")
         payload["lengths"].append(entry)
         for name in results:
-            rows.append([n, name, entry[f"{name}_prompt_tokens"], entry[f"{name}_prefill_tps"],
-                         entry[f"{name}_decode_tps"], entry[f"{name}_ttft_s"], entry[f"{name}_peak_rss"] / 1e6])
-    print_table(f"brisk bench peers: {model_id}, {runs} interleaved rounds, {threads} threads, medians",
-                ["prompt", "engine", "tokens", "prefill tok/s", "decode tok/s", "ttft s", "peak RSS MB"],
-                rows, payload, as_json)
+            rows.append(
+                [
+                    n,
+                    name,
+                    entry[f"{name}_prompt_tokens"],
+                    entry[f"{name}_prefill_tps"],
+                    entry[f"{name}_decode_tps"],
+                    entry[f"{name}_ttft_s"],
+                    entry[f"{name}_peak_rss"] / 1e6,
+                ]
+            )
+    print_table(
+        f"brisk bench peers: {model_id}, {runs} interleaved rounds, {threads} threads, medians",
+        ["prompt", "engine", "tokens", "prefill tok/s", "decode tok/s", "ttft s", "peak RSS MB"],
+        rows,
+        payload,
+        as_json,
+    )
     if not as_json:
         for note in notes:
             print(note)
         if "llama_cpp" in results:
             for entry in payload["lengths"]:
-                print(f"at {entry['requested_tokens']} tokens, brisk / llama.cpp: prefill "
-                      f"{entry['brisk_prefill_tps'] / entry['llama_cpp_prefill_tps']:.2f}x, decode "
-                      f"{entry['brisk_decode_tps'] / entry['llama_cpp_decode_tps']:.2f}x, peak RSS "
-                      f"{entry['brisk_peak_rss'] / entry['llama_cpp_peak_rss']:.2f}x")
+                print(
+                    f"at {entry['requested_tokens']} tokens, brisk / llama.cpp: prefill "
+                    f"{entry['brisk_prefill_tps'] / entry['llama_cpp_prefill_tps']:.2f}x, decode "
+                    f"{entry['brisk_decode_tps'] / entry['llama_cpp_decode_tps']:.2f}x, peak RSS "
+                    f"{entry['brisk_peak_rss'] / entry['llama_cpp_peak_rss']:.2f}x"
+                )
     return payload
 
 

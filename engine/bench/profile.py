@@ -40,7 +40,7 @@ def _layer_parts(layer, hidden: int, n_q: int, n_kv: int, head_dim: int, length:
     probs = mx.random.normal((1, n_q, length, kv_len))  # (B, H, Lq, Lk)
     mx.eval(x, q, k, v, out, kr, vr, probs)
     mask = "causal" if length > 1 else None
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     sdpa = _timed(lambda: mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask))
     matmuls = _timed(lambda: q @ kr.swapaxes(-1, -2)) + _timed(lambda: probs @ vr)
     return {
@@ -54,8 +54,13 @@ def _layer_parts(layer, hidden: int, n_q: int, n_kv: int, head_dim: int, length:
 def _shape(lm):
     args = lm.config.get("text_config") or lm.config
     n_q = args["num_attention_heads"]
-    return args["hidden_size"], n_q, args.get("num_key_value_heads") or n_q, \
-        args.get("head_dim") or args["hidden_size"] // n_q, args["num_hidden_layers"]
+    return (
+        args["hidden_size"],
+        n_q,
+        args.get("num_key_value_heads") or n_q,
+        args.get("head_dim") or args["hidden_size"] // n_q,
+        args["num_hidden_layers"],
+    )
 
 
 def profile_time(lm, prompt_tokens: int, step: int) -> dict | None:
@@ -72,8 +77,9 @@ def profile_time(lm, prompt_tokens: int, step: int) -> dict | None:
         length = min(step, prompt_tokens - start)
         for key, value in _layer_parts(layers[0], hidden, n_q, n_kv, head_dim, length, start + length).items():
             prefill[key] = prefill.get(key, 0.0) + value * n_layers
-    decode = {k: v * n_layers for k, v in _layer_parts(layers[0], hidden, n_q, n_kv, head_dim, 1,
-                                                       prompt_tokens).items()}
+    decode = {
+        k: v * n_layers for k, v in _layer_parts(layers[0], hidden, n_q, n_kv, head_dim, 1, prompt_tokens).items()
+    }
     x = mx.random.normal((1, 1, hidden))
     head = getattr(lm.model, "lm_head", None) or body.embed_tokens.as_linear  # tied embeddings
     decode["lm_head"] = _timed(lambda: head(x))

@@ -33,8 +33,13 @@ def _over_http(client, settings: ChatSettings, i: int) -> dict:
     start = time.perf_counter()
     first, tokens = None, 0
     stream = client.chat.completions.create(
-        model=settings.model, messages=[{"role": "user", "content": PROMPT.format(i=i)}], stream=True,
-        max_tokens=settings.max_tokens, temperature=0, stream_options={"include_usage": True})
+        model=settings.model,
+        messages=[{"role": "user", "content": PROMPT.format(i=i)}],
+        stream=True,
+        max_tokens=settings.max_tokens,
+        temperature=0,
+        stream_options={"include_usage": True},
+    )
     for chunk in stream:
         if first is None and chunk.choices and chunk.choices[0].delta.content:
             first = time.perf_counter() - start
@@ -53,9 +58,14 @@ def _summary(rows: list[dict]) -> dict:
     def pct(p: float) -> float:
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))]
 
-    return {"requests": len(rows), "p50_s": statistics.median(latencies), "p90_s": pct(0.9), "p99_s": pct(0.99),
-            "ttft_s": statistics.median(r["ttft_s"] for r in rows),
-            "decode_tps": statistics.median(_decode_tps(r) for r in rows)}
+    return {
+        "requests": len(rows),
+        "p50_s": statistics.median(latencies),
+        "p90_s": pct(0.9),
+        "p99_s": pct(0.99),
+        "ttft_s": statistics.median(r["ttft_s"] for r in rows),
+        "decode_tps": statistics.median(_decode_tps(r) for r in rows),
+    }
 
 
 def run_serve_bench(model_id: str, *, clients: list[int], requests: int, gen_tokens: int, as_json: bool) -> dict:
@@ -76,8 +86,13 @@ def run_serve_bench(model_id: str, *, clients: list[int], requests: int, gen_tok
     try:
         _in_process(lm, settings, -1), _over_http(client, settings, -2)  # warm both paths
         counter = iter(range(10**9))
-        runs = interleave(requests, {"in_process": lambda: _in_process(lm, settings, next(counter)),
-                                     "http": lambda: _over_http(client, settings, next(counter))})
+        runs = interleave(
+            requests,
+            {
+                "in_process": lambda: _in_process(lm, settings, next(counter)),
+                "http": lambda: _over_http(client, settings, next(counter)),
+            },
+        )
         one = {name: _summary(rows) for name, rows in runs.items()}
         # each round ran both paths back to back: the median of per-round ratios
         one["overhead"] = paired_ratio(runs["http"], runs["in_process"], "latency_s") - 1
@@ -115,14 +130,24 @@ def _concurrent(client, settings, n: int, requests: int, counter) -> dict:
 
 
 def _print(report: dict, as_json: bool) -> None:
-    rows = [[name, r["requests"], r["p50_s"], r["p90_s"], r["p99_s"], r["ttft_s"], r["decode_tps"]]
-            for name, r in (("in process", report["one_client"]["in_process"]),
-                            ("HTTP, 1 client", report["one_client"]["http"]))]
-    rows += [[f"HTTP, {n} clients", r["requests"], r["p50_s"], r["p90_s"], r["p99_s"], r["ttft_s"], r["total_tps"]]
-             for n, r in report["concurrent"].items()]
-    print_table(f"{report['model']}: {report['gen_tokens']} tokens per request (last column: decode tok/s; "
-                "with several clients, total tok/s)",
-                ["path", "requests", "p50 s", "p90 s", "p99 s", "TTFT s", "tok/s"], rows, report, as_json)
+    rows = [
+        [name, r["requests"], r["p50_s"], r["p90_s"], r["p99_s"], r["ttft_s"], r["decode_tps"]]
+        for name, r in (
+            ("in process", report["one_client"]["in_process"]),
+            ("HTTP, 1 client", report["one_client"]["http"]),
+        )
+    ]
+    rows += [
+        [f"HTTP, {n} clients", r["requests"], r["p50_s"], r["p90_s"], r["p99_s"], r["ttft_s"], r["total_tps"]]
+        for n, r in report["concurrent"].items()
+    ]
+    print_table(
+        f"{report['model']}: {report['gen_tokens']} tokens per request (last column: decode tok/s; "
+        "with several clients, total tok/s)",
+        ["path", "requests", "p50 s", "p90 s", "p99 s", "TTFT s", "tok/s"],
+        rows,
+        report,
+        as_json,
+    )
     if not as_json:
-        print(f"HTTP overhead at one client (median of paired latency ratios): "
-              f"{report['one_client']['overhead']:+.1%}")
+        print(f"HTTP overhead at one client (median of paired latency ratios): {report['one_client']['overhead']:+.1%}")

@@ -23,9 +23,9 @@ from engine.bench.common import interleave, median, paired_ratio, print_table, w
 
 FREE = {
     "structured": "Write a JSON array with one object per month of the year, each with the fields "
-                  "\"month\", \"number\" and \"days\". Output only the JSON.",
+    '"month", "number" and "days". Output only the JSON.',
     "code": "Write a Python class LRUCache with get and put methods, using collections.OrderedDict, "
-            "with a docstring on each method.",
+    "with a docstring on each method.",
     "prose": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 GROUNDED = ("quote", "summary", "code-edit", "follow-up")
@@ -41,7 +41,7 @@ def _python_history() -> str:
     if not path.is_file():
         raise SystemExit(f"the quote and summary kinds read {path}, which this Python install lacks")
     text = path.read_text(encoding="utf-8")
-    return text[:text.find("B. TERMS AND CONDITIONS")].strip()
+    return text[: text.find("B. TERMS AND CONDITIONS")].strip()
 
 
 def conversation(kind: str, target, gen: int) -> list:
@@ -59,42 +59,80 @@ def conversation(kind: str, target, gen: int) -> list:
     if kind in ("quote", "summary"):
         text = _python_history()
         doc = Document("python-history.txt", "text", text, len(text)).as_prompt()
-        ask = ("Quote, word for word, the paragraph of the document that says what happened in May 2000."
-               if kind == "quote" else "Summarize the document in one paragraph.")
+        ask = (
+            "Quote, word for word, the paragraph of the document that says what happened in May 2000."
+            if kind == "quote"
+            else "Summarize the document in one paragraph."
+        )
         return [Message("user", f"{doc}\n\n{ask}")]
     if kind == "code-edit":
         source = inspect.getsource(colorsys)
         doc = Document("colorsys.py", "code", source, len(source)).as_prompt()
-        return [Message("user", f"{doc}\n\nRename the function rgb_to_hsv to rgb_to_hue_saturation_value "
-                                "everywhere and return the whole file.")]
+        return [
+            Message(
+                "user",
+                f"{doc}\n\nRename the function rgb_to_hsv to rgb_to_hue_saturation_value "
+                "everywhere and return the whole file.",
+            )
+        ]
     if kind == "follow-up":
         question = Message("user", "Explain what a hash table is and how it handles collisions.")
-        session = Session(target, ChatSettings(model=target.id, temperature=0.0, max_tokens=2 * gen,
-                                               spec_decode="off"), [question])
+        session = Session(
+            target, ChatSettings(model=target.id, temperature=0.0, max_tokens=2 * gen, spec_decode="off"), [question]
+        )
         answer = next(e.text for e in session.answer() if isinstance(e, TurnFinished))
-        return [question, Message("assistant", answer),
-                Message("user", "Restate your previous answer word for word, as one paragraph.")]
+        return [
+            question,
+            Message("assistant", answer),
+            Message("user", "Restate your previous answer word for word, as one paragraph."),
+        ]
     raise SystemExit(f"unknown content kind {kind!r}: choose from {', '.join(CONTENTS)}")
 
 
-def _brisk(target, draft, messages: list, *, mode: str, k: int, rule: str, gen: int, temp: float, seed: int,
-           lookup: bool = False) -> dict:
+def _brisk(
+    target,
+    draft,
+    messages: list,
+    *,
+    mode: str,
+    k: int,
+    rule: str,
+    gen: int,
+    temp: float,
+    seed: int,
+    lookup: bool = False,
+) -> dict:
     from engine.events import EngineErrored, TurnFinished
     from engine.session import Session
     from engine.settings import ChatSettings
 
-    settings = ChatSettings(model=target.id, temperature=temp, max_tokens=gen, spec_decode=mode, num_draft=k,
-                            spec_rule=rule, seed=seed, lookup=lookup)
+    settings = ChatSettings(
+        model=target.id,
+        temperature=temp,
+        max_tokens=gen,
+        spec_decode=mode,
+        num_draft=k,
+        spec_rule=rule,
+        seed=seed,
+        lookup=lookup,
+    )
     for event in Session(target, settings, draft=draft if mode != "off" else None).answer(list(messages)):
         if isinstance(event, EngineErrored):
             raise SystemExit(f"{target.id} could not answer: {event.message}")
         if isinstance(event, TurnFinished):
             m = event.metrics
             tps = m.generated_tokens / max(m.generation_s - m.draft_prefill_s, 1e-9)
-            return {"decode_tps": tps, "tokens": m.generated_tokens, "acceptance": m.acceptance_rate,
-                    "lookup_acceptance": m.lookup_acceptance, "from_lookup": m.lookup_accepted,
-                    "tokens_per_pass": m.tokens_per_cycle or 1.0, "mean_k": m.mean_k, "ids": event.token_ids,
-                    "draft_share": m.draft_time_share}
+            return {
+                "decode_tps": tps,
+                "tokens": m.generated_tokens,
+                "acceptance": m.acceptance_rate,
+                "lookup_acceptance": m.lookup_acceptance,
+                "from_lookup": m.lookup_accepted,
+                "tokens_per_pass": m.tokens_per_cycle or 1.0,
+                "mean_k": m.mean_k,
+                "ids": event.token_ids,
+                "draft_share": m.draft_time_share,
+            }
     raise RuntimeError("turn did not finish")
 
 
@@ -115,82 +153,165 @@ def _mlx_lm(target, draft, messages: list, *, k: int, gen: int) -> dict:
     eos = set(target.tokenizer.eos_token_ids)
     ids, accepted = [], 0
     started = time.perf_counter()
-    for token, _, from_draft in speculative_generate_step(mx.array(tokens[-1:]), target.model, draft.model,
-                                                          num_draft_tokens=k, max_tokens=gen,
-                                                          prompt_cache=caches[0] + caches[1]):
+    for token, _, from_draft in speculative_generate_step(
+        mx.array(tokens[-1:]),
+        target.model,
+        draft.model,
+        num_draft_tokens=k,
+        max_tokens=gen,
+        prompt_cache=caches[0] + caches[1],
+    ):
         if token in eos:
             break
         ids.append(token)
         accepted += bool(from_draft)
     elapsed = time.perf_counter() - started
-    return {"decode_tps": len(ids) / elapsed, "tokens": len(ids), "acceptance": float("nan"),
-            "lookup_acceptance": float("nan"), "from_lookup": 0,
-            "tokens_per_pass": len(ids) / max(1, len(ids) - accepted), "mean_k": k,
-            "ids": ids, "draft_share": float("nan")}
+    return {
+        "decode_tps": len(ids) / elapsed,
+        "tokens": len(ids),
+        "acceptance": float("nan"),
+        "lookup_acceptance": float("nan"),
+        "from_lookup": 0,
+        "tokens_per_pass": len(ids) / max(1, len(ids) - accepted),
+        "mean_k": k,
+        "ids": ids,
+        "draft_share": float("nan"),
+    }
 
 
-def run_specdecode(target_id: str, draft_id: str | None, ks: list, *, contents: list[str], runs: int, gen: int,
-                   temp: float, rules: list[str], mlx_lm_ks: list[int], as_json: bool,
-                   blas_ks: list = ()) -> dict:
+def run_specdecode(
+    target_id: str,
+    draft_id: str | None,
+    ks: list,
+    *,
+    contents: list[str],
+    runs: int,
+    gen: int,
+    temp: float,
+    rules: list[str],
+    mlx_lm_ks: list[int],
+    as_json: bool,
+    blas_ks: list = (),
+) -> dict:
     from engine.models.loader import load_model
 
     target = load_model(target_id)
     draft = load_model(draft_id) if draft_id else None
     same = draft is not None and target.info.tokenizer_fingerprint == draft.info.tokenizer_fingerprint
-    payload = {"target": target_id, "draft": draft_id, "same_tokenizer": same, "temperature": temp,
-               "runs": runs, "gen": gen, "rows": []}
+    payload = {
+        "target": target_id,
+        "draft": draft_id,
+        "same_tokenizer": same,
+        "temperature": temp,
+        "runs": runs,
+        "gen": gen,
+        "rows": [],
+    }
     from engine.session import Message
 
-    _brisk(target, draft, [Message("user", "Hi")], mode="on", k=2, rule="rejection", gen=4, temp=temp, seed=0,
-           lookup=True)  # warm-up
+    _brisk(
+        target, draft, [Message("user", "Hi")], mode="on", k=2, rule="rejection", gen=4, temp=temp, seed=0, lookup=True
+    )  # warm-up
     rows = []
     for content in contents:
         messages = conversation(content, target, gen)
 
         def brisk(mode, k=3, rule=rules[0], *, with_draft=False, lookup=False):
-            return lambda: _brisk(target, draft if with_draft else None, messages, mode=mode, k=k, rule=rule,
-                                  gen=gen, temp=temp, seed=0, lookup=lookup)
+            return lambda: _brisk(
+                target,
+                draft if with_draft else None,
+                messages,
+                mode=mode,
+                k=k,
+                rule=rule,
+                gen=gen,
+                temp=temp,
+                seed=0,
+                lookup=lookup,
+            )
 
         variants = {"plain": brisk("off"), "lookup": brisk("auto", lookup=True)}
         if draft is not None:
             for rule in rules:
                 for k in ks:
                     name = f"{'auto' if k == 'auto' else f'k={k}'}" + (f" {rule}" if len(rules) > 1 else "")
-                    variants[name] = brisk("auto" if k == "auto" else "on", 3 if k == "auto" else k, rule,
-                                           with_draft=True)
+                    variants[name] = brisk(
+                        "auto" if k == "auto" else "on", 3 if k == "auto" else k, rule, with_draft=True
+                    )
             variants["auto+lookup"] = brisk("auto", with_draft=True, lookup=True)
             for k in blas_ks:
                 variants[f"{'auto' if k == 'auto' else f'k={k}'} blas verify"] = with_blas_verify(
                     brisk("auto" if k == "auto" else "on", 3 if k == "auto" else k, with_draft=True),
-                    target.model, draft.model)
+                    target.model,
+                    draft.model,
+                )
             if same and temp == 0:
                 for k in mlx_lm_ks:
                     # Stock mlx-lm verifies through BLAS: so does this baseline.
                     variants[f"mlx-lm k={k}"] = with_blas_verify(
-                        lambda k=k: _mlx_lm(target, draft, messages, k=k, gen=gen), target.model, draft.model)
+                        lambda k=k: _mlx_lm(target, draft, messages, k=k, gen=gen), target.model, draft.model
+                    )
         res = interleave(runs, variants)
         plain = res["plain"]
         for name, got in res.items():
-            entry = {"content": content, "variant": name, "decode_tps": median(got, "decode_tps"),
-                     "ratio": paired_ratio(got, plain, "decode_tps"), "tokens": got[0]["tokens"],
-                     "acceptance": median(got, "acceptance"), "lookup_acceptance": median(got, "lookup_acceptance"),
-                     "from_lookup": median(got, "from_lookup"), "tokens_per_pass": median(got, "tokens_per_pass"),
-                     "mean_k": median(got, "mean_k"), "draft_share": median(got, "draft_share"),
-                     "same_output": temp == 0 and all(r["ids"] == plain[0]["ids"] for r in got)}
+            entry = {
+                "content": content,
+                "variant": name,
+                "decode_tps": median(got, "decode_tps"),
+                "ratio": paired_ratio(got, plain, "decode_tps"),
+                "tokens": got[0]["tokens"],
+                "acceptance": median(got, "acceptance"),
+                "lookup_acceptance": median(got, "lookup_acceptance"),
+                "from_lookup": median(got, "from_lookup"),
+                "tokens_per_pass": median(got, "tokens_per_pass"),
+                "mean_k": median(got, "mean_k"),
+                "draft_share": median(got, "draft_share"),
+                "same_output": temp == 0 and all(r["ids"] == plain[0]["ids"] for r in got),
+            }
             payload["rows"].append(entry)
-            rows.append([content, name, entry["tokens"], entry["decode_tps"], entry["ratio"], entry["acceptance"],
-                         entry["lookup_acceptance"], entry["from_lookup"], entry["tokens_per_pass"], entry["mean_k"],
-                         entry["draft_share"], entry["same_output"] if temp == 0 else "-"])
-    pair = (f"draft {draft_id} ({'same' if same else 'cross'} tokenizer)" if draft is not None
-            else "no draft model")
-    print_table(f"brisk bench specdecode: target {target_id}, {pair}, temperature {temp}, medians of {runs}",
-                ["content", "variant", "tokens", "answer tok/s", "vs plain", "draft acc", "lookup acc",
-                 "from lookup", "tok/pass", "mean k", "draft share", "= plain"], rows, payload, as_json)
+            rows.append(
+                [
+                    content,
+                    name,
+                    entry["tokens"],
+                    entry["decode_tps"],
+                    entry["ratio"],
+                    entry["acceptance"],
+                    entry["lookup_acceptance"],
+                    entry["from_lookup"],
+                    entry["tokens_per_pass"],
+                    entry["mean_k"],
+                    entry["draft_share"],
+                    entry["same_output"] if temp == 0 else "-",
+                ]
+            )
+    pair = f"draft {draft_id} ({'same' if same else 'cross'} tokenizer)" if draft is not None else "no draft model"
+    print_table(
+        f"brisk bench specdecode: target {target_id}, {pair}, temperature {temp}, medians of {runs}",
+        [
+            "content",
+            "variant",
+            "tokens",
+            "answer tok/s",
+            "vs plain",
+            "draft acc",
+            "lookup acc",
+            "from lookup",
+            "tok/pass",
+            "mean k",
+            "draft share",
+            "= plain",
+        ],
+        rows,
+        payload,
+        as_json,
+    )
     return payload
 
 
-def run_acceptance(target_id: str, draft_id: str, *, contents: list[str], gen: int, temp: float, seed: int,
-                   as_json: bool) -> dict:
+def run_acceptance(
+    target_id: str, draft_id: str, *, contents: list[str], gen: int, temp: float, seed: int, as_json: bool
+) -> dict:
     """Expected per-token acceptance of both exact rules on the same positions: the target
     samples a continuation; at each position Σ min(p, q) (rejection sampling) and Σ p·q
     (matching the target's own sample, mlx-lm's rule) are computed from the two
@@ -226,11 +347,27 @@ def run_acceptance(target_id: str, draft_id: str, *, contents: list[str], gen: i
             if token in target.tokenizer.eos_token_ids:
                 break
             tokens, feed = tokens + [token], [token]
-        entry = {"content": content, "positions": len(rejection), "rejection": sum(rejection) / len(rejection),
-                 "match": sum(match) / len(match)}
+        entry = {
+            "content": content,
+            "positions": len(rejection),
+            "rejection": sum(rejection) / len(rejection),
+            "match": sum(match) / len(match),
+        }
         payload["rows"].append(entry)
-        rows.append([content, entry["positions"], entry["rejection"], entry["match"],
-                     entry["rejection"] / max(entry["match"], 1e-9)])
-    print_table(f"brisk bench spec-acceptance: {target_id} <- {draft_id}, temperature {temp}",
-                ["content", "positions", "Σmin(p,q) rejection", "Σp·q match", "ratio"], rows, payload, as_json)
+        rows.append(
+            [
+                content,
+                entry["positions"],
+                entry["rejection"],
+                entry["match"],
+                entry["rejection"] / max(entry["match"], 1e-9),
+            ]
+        )
+    print_table(
+        f"brisk bench spec-acceptance: {target_id} <- {draft_id}, temperature {temp}",
+        ["content", "positions", "Σmin(p,q) rejection", "Σp·q match", "ratio"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload

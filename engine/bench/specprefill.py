@@ -21,19 +21,31 @@ def _ttft(target, draft, text: str, *, mode: str, keep: float) -> dict:
     from engine.session import Session
     from engine.settings import ChatSettings
 
-    settings = ChatSettings(model=target.id, temperature=0.0, max_tokens=1, sparse_prefill=mode, sparse_keep=keep,
-                            spec_decode="off",
-                            draft=draft.id if draft else None)
+    settings = ChatSettings(
+        model=target.id,
+        temperature=0.0,
+        max_tokens=1,
+        sparse_prefill=mode,
+        sparse_keep=keep,
+        spec_decode="off",
+        draft=draft.id if draft else None,
+    )
     for event in Session(target, settings, draft=draft).send(text):
         if isinstance(event, TurnFinished):
             m = event.metrics
-            return {"ttft_s": m.ttft_s, "scoring_s": m.scoring_s, "kept": m.kept_tokens,
-                    "prompt": m.prompt_tokens, "note": m.sparse_prefill}
+            return {
+                "ttft_s": m.ttft_s,
+                "scoring_s": m.scoring_s,
+                "kept": m.kept_tokens,
+                "prompt": m.prompt_tokens,
+                "note": m.sparse_prefill,
+            }
     raise RuntimeError("turn did not finish")
 
 
-def run_specprefill(target_id: str, draft_id: str, lengths: list[int], keeps: list[float], *, runs: int,
-                    as_json: bool) -> dict:
+def run_specprefill(
+    target_id: str, draft_id: str, lengths: list[int], keeps: list[float], *, runs: int, as_json: bool
+) -> dict:
     from engine.models.loader import load_model
 
     target, draft = load_model(target_id), load_model(draft_id)
@@ -53,15 +65,30 @@ def run_specprefill(target_id: str, draft_id: str, lengths: list[int], keeps: li
             r = scoring / full
             speedup = full / ttft
             bound = 1 / (r + k)
-            entry = {"prompt_tokens": res["full"][0]["prompt"], "keep": k, "kept_tokens": sparse[0]["kept"],
-                     "full_ttft_s": full, "sparse_ttft_s": ttft, "scoring_s": scoring, "r": r,
-                     "speedup": speedup, "bound": bound, "G": bound / speedup, "note": sparse[0]["note"]}
+            entry = {
+                "prompt_tokens": res["full"][0]["prompt"],
+                "keep": k,
+                "kept_tokens": sparse[0]["kept"],
+                "full_ttft_s": full,
+                "sparse_ttft_s": ttft,
+                "scoring_s": scoring,
+                "r": r,
+                "speedup": speedup,
+                "bound": bound,
+                "G": bound / speedup,
+                "note": sparse[0]["note"],
+            }
             payload["rows"].append(entry)
-            rows.append([entry["prompt_tokens"], k, entry["kept_tokens"], full, ttft, scoring, r, speedup, bound,
-                         entry["G"]])
-    print_table(f"brisk bench specprefill: target {target_id}, draft {draft_id}, medians of {runs}",
-                ["prompt", "keep", "kept", "full ttft s", "sparse ttft s", "scoring s", "r", "speedup",
-                 "1/(r+k)", "G"], rows, payload, as_json)
+            rows.append(
+                [entry["prompt_tokens"], k, entry["kept_tokens"], full, ttft, scoring, r, speedup, bound, entry["G"]]
+            )
+    print_table(
+        f"brisk bench specprefill: target {target_id}, draft {draft_id}, medians of {runs}",
+        ["prompt", "keep", "kept", "full ttft s", "sparse ttft s", "scoring s", "r", "speedup", "1/(r+k)", "G"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload
 
 
@@ -69,8 +96,17 @@ NEEDLE = "The secret passcode of the {name} vault is {code}."
 ASK = "\n\nWhat is the secret passcode of the {name} vault? Answer with the number only."
 
 
-def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], keep: float, *,
-               as_json: bool, k_bits: int = 16, v_bits: int = 16) -> dict:
+def run_needle(
+    target_id: str,
+    draft_id: str,
+    tokens: int,
+    depths: list[float],
+    keep: float,
+    *,
+    as_json: bool,
+    k_bits: int = 16,
+    v_bits: int = 16,
+) -> dict:
     from engine.events import TurnFinished
     from engine.models.loader import load_model
     from engine.session import Session
@@ -78,8 +114,15 @@ def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], 
 
     target, draft = load_model(target_id), load_model(draft_id)
     filler = filler_text(target.tokenizer, tokens)
-    payload = {"target": target_id, "draft": draft_id, "tokens": tokens, "keep": keep, "k_bits": k_bits,
-               "v_bits": v_bits, "rows": []}
+    payload = {
+        "target": target_id,
+        "draft": draft_id,
+        "tokens": tokens,
+        "keep": keep,
+        "k_bits": k_bits,
+        "v_bits": v_bits,
+        "rows": [],
+    }
     rows = []
     for i, depth in enumerate(depths):
         name, code = ["Aurora", "Basalt", "Cedar", "Delta", "Ember"][i % 5], str(48213 + 1111 * i)
@@ -87,19 +130,44 @@ def run_needle(target_id: str, draft_id: str, tokens: int, depths: list[float], 
         text = filler[:cut] + NEEDLE.format(name=name, code=code) + " " + filler[cut:] + ASK.format(name=name)
         result = {"depth": depth}
         for mode in ("off", "on"):
-            settings = ChatSettings(model=target_id, temperature=0.0, max_tokens=16, sparse_prefill=mode,
-                                    sparse_keep=keep, draft=draft_id, k_bits=k_bits, v_bits=v_bits)
+            settings = ChatSettings(
+                model=target_id,
+                temperature=0.0,
+                max_tokens=16,
+                sparse_prefill=mode,
+                sparse_keep=keep,
+                draft=draft_id,
+                k_bits=k_bits,
+                v_bits=v_bits,
+            )
             for event in Session(target, settings, draft=draft).send(text):
                 if isinstance(event, TurnFinished):
-                    result[mode] = {"answer": event.text.strip(), "found": code in event.text,
-                                    "kept": event.metrics.kept_tokens, "ttft_s": event.metrics.ttft_s}
+                    result[mode] = {
+                        "answer": event.text.strip(),
+                        "found": code in event.text,
+                        "kept": event.metrics.kept_tokens,
+                        "ttft_s": event.metrics.ttft_s,
+                    }
         payload["rows"].append(result)
-        rows.append([depth, result["off"]["found"], result["on"]["found"], result["on"]["kept"],
-                     result["off"]["ttft_s"], result["on"]["ttft_s"], result["on"]["answer"][:24]])
-    print_table(f"brisk bench needle: {target_id} (draft {draft_id}), ~{tokens}-token document, keep {keep}, "
-                f"KV K{k_bits}/V{v_bits}",
-                ["depth", "full found", "sparse found", "kept", "full ttft s", "sparse ttft s", "sparse answer"],
-                rows, payload, as_json)
+        rows.append(
+            [
+                depth,
+                result["off"]["found"],
+                result["on"]["found"],
+                result["on"]["kept"],
+                result["off"]["ttft_s"],
+                result["on"]["ttft_s"],
+                result["on"]["answer"][:24],
+            ]
+        )
+    print_table(
+        f"brisk bench needle: {target_id} (draft {draft_id}), ~{tokens}-token document, keep {keep}, "
+        f"KV K{k_bits}/V{v_bits}",
+        ["depth", "full found", "sparse found", "kept", "full ttft s", "sparse ttft s", "sparse answer"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload
 
 
@@ -116,8 +184,9 @@ def _continuation_nll(model, cache, last: int, continuation: list[int], shift: i
     return nll.item()
 
 
-def run_perplexity(target_id: str, draft_id: str, text_file: str, lengths: list[int], keep: float, *,
-                   continuation: int, as_json: bool) -> dict:
+def run_perplexity(
+    target_id: str, draft_id: str, text_file: str, lengths: list[int], keep: float, *, continuation: int, as_json: bool
+) -> dict:
     """Perplexity of the next `continuation` tokens of a real text after full vs sparse
     prefill of the preceding context (the paper: mean ratio 1.14 at keep 0.2)."""
     import math
@@ -134,24 +203,33 @@ def run_perplexity(target_id: str, draft_id: str, text_file: str, lengths: list[
     payload = {"target": target_id, "draft": draft_id, "keep": keep, "text": Path(text_file).name, "rows": []}
     rows = []
     for n in lengths:
-        context, cont = ids[:n], ids[n:n + continuation]
+        context, cont = ids[:n], ids[n : n + continuation]
         cache = make_prompt_cache(target.model)
         list(prefill_chunks(target.model, cache, context[:-1], 512))
         full = math.exp(_continuation_nll(target.model, cache, context[-1], cont, 0))
         scorer = DraftScorer(draft)
         same = draft.info.tokenizer_fingerprint == target.info.tokenizer_fingerprint
-        importance = (scorer.importance(context, 0, 512) if same
-                      else scorer.importance_across(target.tokenizer, context, 0, 512))
+        importance = (
+            scorer.importance(context, 0, 512) if same else scorer.importance_across(target.tokenizer, context, 0, 512)
+        )
         selection = select_chunks(importance, keep=keep)
         runs = [(s, min(e, n - 1)) for s, e in selection.runs if s < n - 1]
         cache = make_prompt_cache(target.model)
         list(sparse_prefill(target.model, cache, context, runs, base=0, step=512))
-        sparse = math.exp(_continuation_nll(target.model, cache, context[-1], cont,
-                                            n - 1 - next(c.offset for c in cache if hasattr(c, "offset"))))
+        sparse = math.exp(
+            _continuation_nll(
+                target.model, cache, context[-1], cont, n - 1 - next(c.offset for c in cache if hasattr(c, "offset"))
+            )
+        )
         entry = {"context": n, "kept": selection.kept, "ppl_full": full, "ppl_sparse": sparse, "ratio": sparse / full}
         payload["rows"].append(entry)
         rows.append([n, selection.kept, full, sparse, sparse / full])
-    print_table(f"brisk bench sparse-ppl: {target_id} (draft {draft_id}), keep {keep}, next {continuation} tokens "
-                f"of {Path(text_file).name}", ["context", "kept", "ppl full", "ppl sparse", "ratio"],
-                rows, payload, as_json)
+    print_table(
+        f"brisk bench sparse-ppl: {target_id} (draft {draft_id}), keep {keep}, next {continuation} tokens "
+        f"of {Path(text_file).name}",
+        ["context", "kept", "ppl full", "ppl sparse", "ratio"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload

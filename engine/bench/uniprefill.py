@@ -41,8 +41,14 @@ def _answer(lm, text: str, p: float | None, max_tokens: int, drop_layers=None):
 
 def _ttft(lm, text: str, p: float | None, drop_layers) -> dict:
     m = _answer(lm, text, p, 1, drop_layers).metrics
-    return {"ttft_s": m.ttft_s, "prompt": m.prompt_tokens, "drops": m.drops, "saved": m.flops_saved,
-            "peak": m.peak_memory_bytes, "route": m.prefill_route}
+    return {
+        "ttft_s": m.ttft_s,
+        "prompt": m.prompt_tokens,
+        "drops": m.drops,
+        "saved": m.flops_saved,
+        "peak": m.peak_memory_bytes,
+        "route": m.prefill_route,
+    }
 
 
 def _prompt(lm, n: int, text_file: str | None) -> str:
@@ -58,8 +64,16 @@ def _prompt(lm, n: int, text_file: str | None) -> str:
     return lm.tokenizer.decode(ids[:n]) + "\n\nIn one sentence, what is this text about?"
 
 
-def run_uniprefill(model_id: str, lengths: list[int], ps: list[float], *, runs: int, drop_layers=None,
-                   text_file: str | None = None, as_json: bool) -> dict:
+def run_uniprefill(
+    model_id: str,
+    lengths: list[int],
+    ps: list[float],
+    *,
+    runs: int,
+    drop_layers=None,
+    text_file: str | None = None,
+    as_json: bool,
+) -> dict:
     from engine.models.loader import load_model
 
     lm = load_model(model_id)
@@ -77,16 +91,50 @@ def run_uniprefill(model_id: str, lengths: list[int], ps: list[float], *, runs: 
             mine = res[f"p {p}"]
             ttft, saved = median(mine, "ttft_s"), mine[0]["saved"]
             kept = " ".join(f"{k / max(n_in, 1):.2f}@{layer}" for layer, n_in, k in mine[0]["drops"])
-            entry = {"prompt_tokens": mine[0]["prompt"], "p": p, "dense_ttft_s": dense, "uniprefill_ttft_s": ttft,
-                     "speedup": dense / ttft, "flops_saved": saved, "bound": 1 / max(1 - saved, 1e-9),
-                     "kept_per_drop": mine[0]["drops"], "dense_peak_gib": res["dense"][0]["peak"] / 2**30,
-                     "uniprefill_peak_gib": mine[0]["peak"] / 2**30, "route": mine[0]["route"]}
+            entry = {
+                "prompt_tokens": mine[0]["prompt"],
+                "p": p,
+                "dense_ttft_s": dense,
+                "uniprefill_ttft_s": ttft,
+                "speedup": dense / ttft,
+                "flops_saved": saved,
+                "bound": 1 / max(1 - saved, 1e-9),
+                "kept_per_drop": mine[0]["drops"],
+                "dense_peak_gib": res["dense"][0]["peak"] / 2**30,
+                "uniprefill_peak_gib": mine[0]["peak"] / 2**30,
+                "route": mine[0]["route"],
+            }
             payload["rows"].append(entry)
-            rows.append([entry["prompt_tokens"], p, dense, ttft, entry["speedup"], entry["bound"], kept,
-                         entry["dense_peak_gib"], entry["uniprefill_peak_gib"]])
-    print_table(f"brisk bench uniprefill: {model_id}, {text_file or 'filler prose'}, medians of {runs} (interleaved)",
-                ["prompt", "p", "dense ttft s", "uni ttft s", "speedup", "FLOP bound", "kept share per drop layer",
-                 "dense peak GiB", "uni peak GiB"], rows, payload, as_json)
+            rows.append(
+                [
+                    entry["prompt_tokens"],
+                    p,
+                    dense,
+                    ttft,
+                    entry["speedup"],
+                    entry["bound"],
+                    kept,
+                    entry["dense_peak_gib"],
+                    entry["uniprefill_peak_gib"],
+                ]
+            )
+    print_table(
+        f"brisk bench uniprefill: {model_id}, {text_file or 'filler prose'}, medians of {runs} (interleaved)",
+        [
+            "prompt",
+            "p",
+            "dense ttft s",
+            "uni ttft s",
+            "speedup",
+            "FLOP bound",
+            "kept share per drop layer",
+            "dense peak GiB",
+            "uni peak GiB",
+        ],
+        rows,
+        payload,
+        as_json,
+    )
     return payload
 
 
@@ -110,9 +158,21 @@ def _continuation_ppl(lm, context: list[int], continuation: list[int], p: float 
     return math.exp(nll.item())
 
 
-def run_uniprefill_quality(model_id: str, p: float, *, tokens: int, depths: list[float], text_file: str | None,
-                           contexts: list[int], continuation: int, entries: int, green: int, seeds: list[int],
-                           drop_layers=None, as_json: bool) -> dict:
+def run_uniprefill_quality(
+    model_id: str,
+    p: float,
+    *,
+    tokens: int,
+    depths: list[float],
+    text_file: str | None,
+    contexts: list[int],
+    continuation: int,
+    entries: int,
+    green: int,
+    seeds: list[int],
+    drop_layers=None,
+    as_json: bool,
+) -> dict:
     from pathlib import Path
 
     from engine.bench.counting import counting_document, score_answer
@@ -127,34 +187,63 @@ def run_uniprefill_quality(model_id: str, p: float, *, tokens: int, depths: list
         cut = filler.rfind(". ", 0, int(len(filler) * depth)) + 2
         text = filler[:cut] + NEEDLE.format(name=name, code=code) + " " + filler[cut:] + ASK.format(name=name)
         dense, uni = (_answer(lm, text, q, 16, drop_layers) for q in (None, p))
-        entry = {"depth": depth, "dense_found": code in dense.text, "uni_found": code in uni.text,
-                 "kept": uni.metrics.drops, "uni_answer": uni.text.strip()[:40]}
+        entry = {
+            "depth": depth,
+            "dense_found": code in dense.text,
+            "uni_found": code in uni.text,
+            "kept": uni.metrics.drops,
+            "uni_answer": uni.text.strip()[:40],
+        }
         payload["needle"].append(entry)
-        rows.append(["needle", f"depth {depth}", entry["dense_found"], entry["uni_found"],
-                     _kept_text(uni.metrics.drops)])
+        rows.append(
+            ["needle", f"depth {depth}", entry["dense_found"], entry["uni_found"], _kept_text(uni.metrics.drops)]
+        )
     for seed in seeds:
         text, cities = counting_document(entries, green, seed)
         dense, uni = (_answer(lm, text, q, 8 * green + 32, drop_layers) for q in (None, p))
-        entry = {"seed": seed, "dense": score_answer(dense.text, cities), "uni": score_answer(uni.text, cities),
-                 "kept": uni.metrics.drops}
+        entry = {
+            "seed": seed,
+            "dense": score_answer(dense.text, cities),
+            "uni": score_answer(uni.text, cities),
+            "kept": uni.metrics.drops,
+        }
         payload["counting"].append(entry)
-        rows.append(["counting", f"seed {seed}", f"recall {entry['dense']['recall']:.2f}",
-                     f"recall {entry['uni']['recall']:.2f}", _kept_text(uni.metrics.drops)])
+        rows.append(
+            [
+                "counting",
+                f"seed {seed}",
+                f"recall {entry['dense']['recall']:.2f}",
+                f"recall {entry['uni']['recall']:.2f}",
+                _kept_text(uni.metrics.drops),
+            ]
+        )
     if payload["counting"]:
         dense_recall = sum(e["dense"]["recall"] for e in payload["counting"]) / len(payload["counting"])
         uni_recall = sum(e["uni"]["recall"] for e in payload["counting"]) / len(payload["counting"])
         payload["counting_recall_ratio"] = uni_recall / dense_recall if dense_recall else float("nan")
-        rows.append(["counting", "mean", f"recall {dense_recall:.2f}", f"recall {uni_recall:.2f}",
-                     f"ratio {payload['counting_recall_ratio']:.2f}"])
+        rows.append(
+            [
+                "counting",
+                "mean",
+                f"recall {dense_recall:.2f}",
+                f"recall {uni_recall:.2f}",
+                f"ratio {payload['counting_recall_ratio']:.2f}",
+            ]
+        )
     if text_file:
         ids = lm.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"))
         for n in contexts:
-            context, cont = ids[:n], ids[n:n + continuation]
+            context, cont = ids[:n], ids[n : n + continuation]
             full, sparse = (_continuation_ppl(lm, context, cont, q, drop_layers) for q in (None, p))
             payload["ppl"].append({"context": n, "ppl_dense": full, "ppl_uni": sparse, "ratio": sparse / full})
             rows.append(["ppl", f"context {n}", f"{full:.3f}", f"{sparse:.3f}", f"ratio {sparse / full:.3f}"])
-    print_table(f"brisk bench uniprefill-quality: {model_id}, p {p}, needle in ~{tokens} tokens",
-                ["task", "case", "dense", "uniprefill", "kept per drop layer / ratio"], rows, payload, as_json)
+    print_table(
+        f"brisk bench uniprefill-quality: {model_id}, p {p}, needle in ~{tokens} tokens",
+        ["task", "case", "dense", "uniprefill", "kept per drop layer / ratio"],
+        rows,
+        payload,
+        as_json,
+    )
     return payload
 
 

@@ -37,7 +37,7 @@ def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, 
     cache = make_prompt_cache(lm.model)
     prompt = lm.tokenizer.encode(filler_text(lm.tokenizer, context))
     for start in range(0, len(prompt), 512):
-        lm.model(mx.array(prompt[start:start + 512])[None], cache=cache)
+        lm.model(mx.array(prompt[start : start + 512])[None], cache=cache)
         mx.eval([c.state for c in cache])
     variants = {"1 row": lambda: _step(lm.model, cache, 1, 0)}
     for rows in rows_list:
@@ -51,13 +51,32 @@ def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, 
     table = []
     for rows in rows_list:
         native, blas = res[f"{rows} native"], res[f"{rows} blas"]
-        entry = {"rows": rows, "native_ms": median(native, "ms"), "blas_ms": median(blas, "ms"),
-                 "one_row_ms": median(one, "ms"), "native_steps": paired_ratio(native, one, "ms"),
-                 "blas_steps": paired_ratio(blas, one, "ms"), "speedup": paired_ratio(blas, native, "ms")}
+        entry = {
+            "rows": rows,
+            "native_ms": median(native, "ms"),
+            "blas_ms": median(blas, "ms"),
+            "one_row_ms": median(one, "ms"),
+            "native_steps": paired_ratio(native, one, "ms"),
+            "blas_steps": paired_ratio(blas, one, "ms"),
+            "speedup": paired_ratio(blas, native, "ms"),
+        }
         payload["rows"].append(entry)
-        table.append([rows, entry["one_row_ms"], entry["blas_ms"], entry["native_ms"], entry["blas_steps"],
-                      entry["native_steps"], entry["speedup"]])
-    print_table(f"brisk bench verify: {model_id}, {len(prompt)} cached tokens, medians of {runs} interleaved rounds",
-                ["rows", "1-row ms", "blas ms", "native ms", "blas in steps", "native in steps", "native speedup"],
-                table, payload, as_json)
+        table.append(
+            [
+                rows,
+                entry["one_row_ms"],
+                entry["blas_ms"],
+                entry["native_ms"],
+                entry["blas_steps"],
+                entry["native_steps"],
+                entry["speedup"],
+            ]
+        )
+    print_table(
+        f"brisk bench verify: {model_id}, {len(prompt)} cached tokens, medians of {runs} interleaved rounds",
+        ["rows", "1-row ms", "blas ms", "native ms", "blas in steps", "native in steps", "native speedup"],
+        table,
+        payload,
+        as_json,
+    )
     return payload

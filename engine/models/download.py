@@ -37,8 +37,9 @@ TRANSFER_RETRIES = 5
 CHUNK_BYTES = 1 << 20
 
 
-def fetch_resumable(url: str, dest: Path, size: int, on_progress: Callable[[int], None],
-                    headers: dict[str, str] | None = None) -> None:
+def fetch_resumable(
+    url: str, dest: Path, size: int, on_progress: Callable[[int], None], headers: dict[str, str] | None = None
+) -> None:
     """Download `url` to `dest`, continuing a `dest.part` left by an earlier attempt.
 
     `on_progress` receives the bytes of this file on disk so far (it may raise to cancel).
@@ -87,8 +88,14 @@ def _hub_errors():
         RevisionNotFoundError,
     )
 
-    return (httpx2, GatedRepoError, HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError,
-            RevisionNotFoundError)
+    return (
+        httpx2,
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
 
 
 def _explain(exc: Exception, repo_id: str, endpoint: str) -> DownloadError:
@@ -108,9 +115,15 @@ def _explain(exc: Exception, repo_id: str, endpoint: str) -> DownloadError:
     return DownloadError(f"Download of {repo_id} failed: {exc}")
 
 
-def pull(repo_id: str, *, store: ModelStore | None = None, model_id: str | None = None,
-         revision: str = "main", on_progress: Callable[[DownloadProgressed], None] | None = None,
-         should_stop: Callable[[], bool] | None = None) -> CatalogEntry:
+def pull(
+    repo_id: str,
+    *,
+    store: ModelStore | None = None,
+    model_id: str | None = None,
+    revision: str = "main",
+    on_progress: Callable[[DownloadProgressed], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> CatalogEntry:
     from huggingface_hub import HfApi, constants, hf_hub_url
 
     store = store or ModelStore()

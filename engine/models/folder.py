@@ -21,12 +21,30 @@ from engine.errors import BrokenModelFolder, UnsupportedModel
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx", "context_length")
 # Keys that make transformers or mlx-lm import and run Python shipped with the model
 # (`auto_map` classes, mlx-lm's `model_file`): Brisk never runs code from a model folder.
-REMOTE_CODE_KEYS = {"config.json": ("auto_map", "model_file"), "tokenizer_config.json": ("auto_map",),
-                    "processor_config.json": ("auto_map",), "preprocessor_config.json": ("auto_map",)}
+REMOTE_CODE_KEYS = {
+    "config.json": ("auto_map", "model_file"),
+    "tokenizer_config.json": ("auto_map",),
+    "processor_config.json": ("auto_map",),
+    "preprocessor_config.json": ("auto_map",),
+}
 # No released model has a longer context than this; larger values are typos or hostile.
 MAX_CONTEXT_LENGTH = 1 << 24
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
-                     "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+SAFETENSORS_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +82,15 @@ def read_config(folder: Path) -> dict:
 
 # Sizes a config states, with the largest value any real model uses rounded far up: a
 # zero divides by zero deep in mlx-lm, a huge one allocates the machine away.
-SIZE_LIMITS = {"num_hidden_layers": 1 << 10, "num_attention_heads": 1 << 10, "num_key_value_heads": 1 << 10,
-               "hidden_size": 1 << 17, "intermediate_size": 1 << 20, "vocab_size": 1 << 22, "head_dim": 1 << 12}
+SIZE_LIMITS = {
+    "num_hidden_layers": 1 << 10,
+    "num_attention_heads": 1 << 10,
+    "num_key_value_heads": 1 << 10,
+    "hidden_size": 1 << 17,
+    "intermediate_size": 1 << 20,
+    "vocab_size": 1 << 22,
+    "head_dim": 1 << 12,
+}
 
 
 def check_config_values(config: dict) -> None:
@@ -74,8 +99,9 @@ def check_config_values(config: dict) -> None:
         for key, limit in SIZE_LIMITS.items():
             value = source.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit):
-                raise BrokenModelFolder(f"config.json: '{key}' is {value!r}; it must be a whole number from 1 to "
-                                        f"{limit:,}")
+                raise BrokenModelFolder(
+                    f"config.json: '{key}' is {value!r}; it must be a whole number from 1 to {limit:,}"
+                )
     context_length(config)
 
 
@@ -93,7 +119,8 @@ def refuse_remote_code(folder: Path) -> None:
         if found:
             raise BrokenModelFolder(
                 f"{path.name} in {Path(folder).name} sets '{found[0]}': the model wants to run Python code shipped "
-                "with it, which Brisk never does. Use a model that mlx-lm supports natively.")
+                "with it, which Brisk never does. Use a model that mlx-lm supports natively."
+            )
 
 
 def mlx_architecture(config: dict) -> str:
@@ -131,13 +158,16 @@ def read_safetensors_header(path: Path) -> dict:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: {exc}") from exc
     if not isinstance(header, dict):
-        raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: "
-                                f"a {type(header).__name__}, not an object")
+        raise BrokenModelFolder(
+            f"{path.name} has a corrupt safetensors header: a {type(header).__name__}, not an object"
+        )
     header.pop("__metadata__", None)
     for name, tensor in header.items():
         if not _valid_tensor_entry(tensor):
-            raise BrokenModelFolder(f"{path.name} has a corrupt safetensors header: tensor '{name}' lacks a valid "
-                                    "dtype, integer shape or data_offsets")
+            raise BrokenModelFolder(
+                f"{path.name} has a corrupt safetensors header: tensor '{name}' lacks a valid "
+                "dtype, integer shape or data_offsets"
+            )
     data_end = max((t["data_offsets"][1] for t in header.values()), default=0)
     available = size - 8 - header_len
     if data_end > available:
@@ -149,11 +179,19 @@ def read_safetensors_header(path: Path) -> dict:
 
 def _valid_tensor_entry(tensor) -> bool:
     def ints(value, n=None):
-        return (isinstance(value, list) and (n is None or len(value) == n)
-                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value))
+        return (
+            isinstance(value, list)
+            and (n is None or len(value) == n)
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+        )
 
-    return (isinstance(tensor, dict) and tensor.get("dtype") in SAFETENSORS_BYTES and ints(tensor.get("shape"))
-            and ints(tensor.get("data_offsets"), 2) and tensor["data_offsets"][0] <= tensor["data_offsets"][1])
+    return (
+        isinstance(tensor, dict)
+        and tensor.get("dtype") in SAFETENSORS_BYTES
+        and ints(tensor.get("shape"))
+        and ints(tensor.get("data_offsets"), 2)
+        and tensor["data_offsets"][0] <= tensor["data_offsets"][1]
+    )
 
 
 def tokenizer_fingerprint(folder: Path) -> str:
@@ -197,8 +235,10 @@ def context_length(config: dict) -> int:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT_LENGTH:
-                raise BrokenModelFolder(f"config.json: '{key}' is {value!r}; a context length is a whole number "
-                                        f"of tokens from 1 to {MAX_CONTEXT_LENGTH:,}")
+                raise BrokenModelFolder(
+                    f"config.json: '{key}' is {value!r}; a context length is a whole number "
+                    f"of tokens from 1 to {MAX_CONTEXT_LENGTH:,}"
+                )
             return value
     return 4096  # mlx-lm's models assume nothing; this is a conservative guess, stated in `models list`
 

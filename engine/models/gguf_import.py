@@ -175,8 +175,15 @@ def hf_name(gguf_name: str, spec: ArchSpec) -> str:
     raise GGUFImportError(f"Unexpected tensor '{gguf_name}' for a {spec.model_type} model")
 
 
-def convert_tensors(reader, config: dict, spec: ArchSpec, progress: Callable[[int, int], None], *,
-                    keep_quantized: bool = True, report: Report | None = None):
+def convert_tensors(
+    reader,
+    config: dict,
+    spec: ArchSpec,
+    progress: Callable[[int, int], None],
+    *,
+    keep_quantized: bool = True,
+    report: Report | None = None,
+):
     """HF-named mx arrays, one tensor at a time (no float32 copy of the whole model).
 
     With `keep_quantized`, quantized GGUF tensors become MLX affine-quantized ones
@@ -269,7 +276,8 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
 
         bos_id = tokens.index(bos)
         backend.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)])
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B:1", special_tokens=[(bos, bos_id)]
+        )
     backend.save(str(dest / "tokenizer.json"))
     eos_ids = [meta.get("tokenizer.ggml.eos_token_id")] if token("eos_token_id") else []
     for name in END_OF_TURN_TOKENS:
@@ -294,8 +302,9 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
     return {"eos_token_id": eos_ids} if eos_ids else {}
 
 
-def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] | None = None,
-                keep_quantized: bool = True) -> dict:
+def import_gguf(
+    path: Path, dest: Path, *, progress: Callable[[int, int], None] | None = None, keep_quantized: bool = True
+) -> dict:
     """Convert `path` into the (empty, existing) folder `dest`; returns the config written.
 
     Quantized tensors stay quantized unless `keep_quantized` is False (float32, as before).
@@ -311,8 +320,9 @@ def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] 
     config = build_config(meta, arch, spec, {t.name for t in reader.tensors})
     config.update(write_tokenizer(reader, meta, arch, dest))
     report = Report()
-    weights = convert_tensors(reader, config, spec, progress or (lambda *_: None), keep_quantized=keep_quantized,
-                              report=report)
+    weights = convert_tensors(
+        reader, config, spec, progress or (lambda *_: None), keep_quantized=keep_quantized, report=report
+    )
     for line in report.lines():
         log.info("%s: %s", Path(path).name, line)
     expected = f"model.layers.{config['num_hidden_layers'] - 1}.self_attn.q_proj.weight"
@@ -321,7 +331,6 @@ def import_gguf(path: Path, dest: Path, *, progress: Callable[[int, int], None] 
     import mlx.core as mx
 
     mx.save_safetensors(str(dest / "model.safetensors"), weights)
-    config["brisk_source"] = {"gguf": Path(path).name, "name": meta.get("general.name"),
-                              "tensors": report.lines()}
+    config["brisk_source"] = {"gguf": Path(path).name, "name": meta.get("general.name"), "tensors": report.lines()}
     (dest / "config.json").write_text(json.dumps(config, indent=2))
     return config

@@ -24,8 +24,21 @@ GROUP = 32
 DIRECT = ("Q4_0", "Q4_1", "Q8_0")
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # GGUF type -> MLX bits when it is re-quantized; types not named here go to 8 bits.
-REQUANTIZED_BITS = {"Q2_K": 4, "Q3_K": 4, "Q4_K": 4, "IQ4_NL": 4, "IQ4_XS": 4, "IQ3_S": 4, "IQ3_XXS": 4,
-                    "IQ2_XXS": 4, "IQ2_XS": 4, "IQ2_S": 4, "IQ1_S": 4, "IQ1_M": 4, "MXFP4": 4}
+REQUANTIZED_BITS = {
+    "Q2_K": 4,
+    "Q3_K": 4,
+    "Q4_K": 4,
+    "IQ4_NL": 4,
+    "IQ4_XS": 4,
+    "IQ3_S": 4,
+    "IQ3_XXS": 4,
+    "IQ2_XXS": 4,
+    "IQ2_XS": 4,
+    "IQ2_S": 4,
+    "IQ1_S": 4,
+    "IQ1_M": 4,
+    "MXFP4": 4,
+}
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,7 @@ def _blocks(data: np.ndarray, rows: int, block_bytes: int) -> np.ndarray:
 
 
 def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
-    return np.ascontiguousarray(blocks[..., start:start + 2]).view(np.float16)[..., 0]
+    return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
@@ -78,7 +91,7 @@ def direct(gguf_type: str, data: np.ndarray, rows: int) -> Quantized:
     with_min = gguf_type == "Q4_1"  # Q4_1: d, m (f16), 16 bytes; Q4_0: d (f16), 16 bytes
     blocks = _blocks(data, rows, 20 if with_min else 18)
     d = _f16(blocks, 0)
-    nibbles = blocks[..., 4 if with_min else 2:]
+    nibbles = blocks[..., 4 if with_min else 2 :]
     # GGUF keeps elements 0-15 in the low nibbles and 16-31 in the high ones.
     q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1)
     bias = _f16(blocks, 2) if with_min else (d * np.float16(-8)).astype(np.float16)
@@ -90,8 +103,9 @@ def requantize(weight: np.ndarray, bits: int) -> Quantized:
     import mlx.core as mx
 
     packed, scales, biases = mx.quantize(mx.array(weight, dtype=mx.float32), group_size=GROUP, bits=bits)
-    return Quantized(np.asarray(packed), np.asarray(scales.astype(mx.float16)),
-                     np.asarray(biases.astype(mx.float16)), bits)
+    return Quantized(
+        np.asarray(packed), np.asarray(scales.astype(mx.float16)), np.asarray(biases.astype(mx.float16)), bits
+    )
 
 
 def convert(tensor, dequantize) -> Quantized | np.ndarray:
@@ -120,5 +134,6 @@ def permute_rows(result: Quantized | np.ndarray, reorder) -> Quantized | np.ndar
     """Apply a row permutation (llama's q/k un-permute) to every array of a tensor."""
     if isinstance(result, np.ndarray):
         return reorder(result)
-    return Quantized(reorder(result.weight), reorder(result.scales), reorder(result.biases), result.bits,
-                     result.group_size)
+    return Quantized(
+        reorder(result.weight), reorder(result.scales), reorder(result.biases), result.bits, result.group_size
+    )

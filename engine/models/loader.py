@@ -75,8 +75,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
         to_float32(model)
         swapped = use_native_layers(model)  # quantized layers and few-row float products
         fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)
-        log.debug("%s: %d layers run on the native kernels, attention fused in %d modules", path.name, swapped,
-                  fused)
+        log.debug("%s: %d layers run on the native kernels, attention fused in %d modules", path.name, swapped, fused)
     if not tokenizer.eos_token_ids:
         log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)
     return LoadedModel(model_id or path.name, path, model, tokenizer, config, info, dtype)

@@ -58,8 +58,9 @@ def find_wheel(package: str, version: str) -> IndexedWheel:
     try:
         response = get_session().get(page, headers=_headers(), follow_redirects=True, timeout=30)
     except Exception as exc:  # httpx's connect and timeout errors: the user is offline
-        raise DownloadError(f"Cannot reach the package index at {index_host()}: are you offline? "
-                            f"({type(exc).__name__})") from exc
+        raise DownloadError(
+            f"Cannot reach the package index at {index_host()}: are you offline? ({type(exc).__name__})"
+        ) from exc
     if response.status_code == 404:
         raise DownloadError(f"{package} is not on the package index at {index_host()}")
     if response.status_code != 200:
@@ -67,8 +68,9 @@ def find_wheel(package: str, version: str) -> IndexedWheel:
     try:
         files = response.json()["files"]
     except (ValueError, KeyError, TypeError) as exc:
-        raise DownloadError(f"The package index at {index_host()} sent no JSON file list for {package} "
-                            f"(it must speak PEP 691)") from exc
+        raise DownloadError(
+            f"The package index at {index_host()} sent no JSON file list for {package} (it must speak PEP 691)"
+        ) from exc
     prefix = f"{normalize(package).replace('-', '_')}-{version}-"
     for entry in files:
         name = entry.get("filename", "")

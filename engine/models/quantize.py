@@ -20,8 +20,9 @@ GROUP_SIZES = (32, 64)
 REWRITTEN = {"config.json", "model.safetensors.index.json", CATALOG_FILE}
 
 
-def quantize_installed(model_id: str, *, bits: int, group_size: int, new_id: str | None = None,
-                       store: ModelStore | None = None) -> CatalogEntry:
+def quantize_installed(
+    model_id: str, *, bits: int, group_size: int, new_id: str | None = None, store: ModelStore | None = None
+) -> CatalogEntry:
     import mlx.core as mx
     from mlx.utils import tree_map_with_path
     from mlx_lm.utils import load_model, quantize_model, save_config, save_model
@@ -33,8 +34,10 @@ def quantize_installed(model_id: str, *, bits: int, group_size: int, new_id: str
     source = store.path(model_id)
     config = read_config(source)
     if config.get("quantization"):
-        raise BriskError(f"{model_id} is already quantized ({config['quantization'].get('bits')} bits); "
-                         "quantize its float original instead")
+        raise BriskError(
+            f"{model_id} is already quantized ({config['quantization'].get('bits')} bits); "
+            "quantize its float original instead"
+        )
     new_id = validate_model_id(new_id or f"{model_id}-q{bits}")
     if store.has(new_id):
         raise BriskError(f"A model '{new_id}' is already installed; choose another --id")

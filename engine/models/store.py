@@ -77,9 +77,7 @@ def unlock_file(handle) -> None:
 def validate_model_id(model_id: str) -> str:
     # fullmatch: `$` would accept an id ending in a newline
     if not isinstance(model_id, str) or not MODEL_ID_PATTERN.fullmatch(model_id) or ".." in model_id:
-        raise BriskError(
-            f"Invalid model id '{model_id}': use lowercase letters, digits, '.', '_' or '-' (max 80)"
-        )
+        raise BriskError(f"Invalid model id '{model_id}': use lowercase letters, digits, '.', '_' or '-' (max 80)")
     return model_id
 
 
@@ -169,8 +167,9 @@ class ModelStore:
             try:
                 lock_file(handle)
             except BlockingIOError:
-                raise BriskError(f"Model '{model_id}' is already being installed by another Brisk; "
-                                 "wait for it to finish") from None
+                raise BriskError(
+                    f"Model '{model_id}' is already being installed by another Brisk; wait for it to finish"
+                ) from None
             try:
                 yield
             finally:

@@ -27,8 +27,15 @@ MAX_BODY_BYTES = 8 << 20  # a long document pasted into a chat fits; a runaway u
 POLL_S = 0.05  # how often a waiting request looks for its client having gone
 FINISH = {"stop": "stop", "length": "length", "context": "length"}
 # Engine error kinds and the HTTP status a client should see for them.
-STATUS = {"context_overflow": 400, "invalid_settings": 400, "model_not_found": 404, "unsupported_model": 400,
-          "chat_template": 400, "out_of_memory": 507, "download": 502}
+STATUS = {
+    "context_overflow": 400,
+    "invalid_settings": 400,
+    "model_not_found": 404,
+    "unsupported_model": 400,
+    "chat_template": 400,
+    "out_of_memory": 507,
+    "download": 502,
+}
 CODES = {"context_overflow": "context_length_exceeded"}  # OpenAI's own name for it
 
 
@@ -37,16 +44,26 @@ def error_response(error: ApiError) -> JSONResponse:
 
 
 class Server:
-    def __init__(self, queue: EngineQueue, *, default_model: str, api_key: str | None = None,
-                 max_body: int = MAX_BODY_BYTES, known_model=None):
+    def __init__(
+        self,
+        queue: EngineQueue,
+        *,
+        default_model: str,
+        api_key: str | None = None,
+        max_body: int = MAX_BODY_BYTES,
+        known_model=None,
+    ):
         self.queue, self.default_model, self.api_key, self.max_body = queue, default_model, api_key, max_body
         self.known_model = known_model or _installed_or_default
         self.started = int(time.time())
 
     def app(self) -> Starlette:
-        routes = [Route("/health", self.health), Route("/v1/models", self.models),
-                  Route("/v1/chat/completions", self.chat, methods=["POST"]),
-                  Route("/v1/completions", self.completions, methods=["POST"])]
+        routes = [
+            Route("/health", self.health),
+            Route("/v1/models", self.models),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+        ]
         return Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
 
     # --- small endpoints ----------------------------------------------------------------
@@ -60,9 +77,16 @@ class Server:
         from engine.models.store import ModelStore
 
         entries = await asyncio.to_thread(ModelStore().list)
-        data = [{"id": e.id, "object": "model", "created": self.started, "owned_by": "brisk",
-                 "brisk": {"architecture": e.architecture, "context_length": e.context_length, "dtype": e.dtype}}
-                for e in entries]
+        data = [
+            {
+                "id": e.id,
+                "object": "model",
+                "created": self.started,
+                "owned_by": "brisk",
+                "brisk": {"architecture": e.architecture, "context_length": e.context_length, "dtype": e.dtype},
+            }
+            for e in entries
+        ]
         return JSONResponse({"object": "list", "data": data, "brisk": self.queue.stats()})
 
     # --- completions --------------------------------------------------------------------
@@ -80,8 +104,12 @@ class Server:
             completion = parse(await self._json(request), chat=chat, default_model=self.default_model)
             for param, model in (("model", completion.settings.model), ("brisk.draft", completion.settings.draft)):
                 if model and not self.known_model(model):
-                    raise ApiError(404, f"The model '{model}' does not exist (GET /v1/models lists them)",
-                                   param=param, code="model_not_found")
+                    raise ApiError(
+                        404,
+                        f"The model '{model}' does not exist (GET /v1/models lists them)",
+                        param=param,
+                        code="model_not_found",
+                    )
         except ApiError as error:
             return error_response(error)
         turn = Turn(self, request, completion, chat=chat)
@@ -105,8 +133,9 @@ class Server:
         if self.api_key is None:
             return None
         if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-            return error_response(ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                                           code="invalid_api_key"))
+            return error_response(
+                ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+            )
         return None
 
 
@@ -123,8 +152,14 @@ class Turn:
         self.depth_at_submit = server.queue.depth()
         self.submitted = time.perf_counter()
         self.started_at: float | None = None
-        self.job = server.queue.submit(Job(client, completion.messages, completion.settings,
-                                           lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event)))
+        self.job = server.queue.submit(
+            Job(
+                client,
+                completion.messages,
+                completion.settings,
+                lambda event: loop.call_soon_threadsafe(self.events.put_nowait, event),
+            )
+        )
         self.scanner = StopScanner(completion.stops)
         self.checked = time.perf_counter()  # when the connection was last checked
 
@@ -162,9 +197,13 @@ class Turn:
                 finished = event
             elif isinstance(event, EngineErrored):
                 client_side = STATUS.get(event.kind, 500) < 500
-                error = ApiError(STATUS.get(event.kind, 500), event.message, code=CODES.get(event.kind, event.kind),
-                                 kind="invalid_request_error" if client_side else "server_error")
-        if (tail := self.scanner.flush()):
+                error = ApiError(
+                    STATUS.get(event.kind, 500),
+                    event.message,
+                    code=CODES.get(event.kind, event.kind),
+                    kind="invalid_request_error" if client_side else "server_error",
+                )
+        if tail := self.scanner.flush():
             yield "text", tail
         if error is not None:
             yield "error", error
@@ -178,18 +217,24 @@ class Turn:
 
     def usage(self, finished: TurnFinished) -> dict:
         m = finished.metrics
-        return {"prompt_tokens": m.prompt_tokens, "completion_tokens": m.generated_tokens,
-                "total_tokens": m.prompt_tokens + m.generated_tokens,
-                "prompt_tokens_details": {"cached_tokens": m.cached_tokens}}
+        return {
+            "prompt_tokens": m.prompt_tokens,
+            "completion_tokens": m.generated_tokens,
+            "total_tokens": m.prompt_tokens + m.generated_tokens,
+            "prompt_tokens_details": {"cached_tokens": m.cached_tokens},
+        }
 
     def brisk(self, finished: TurnFinished) -> dict:
         metrics = finished.metrics.to_dict()
         for bulky in ("sources", "coverage"):
             metrics.pop(bulky, None)
         waited = (self.started_at or self.submitted) - self.submitted
-        return {"metrics": metrics, "controls": self.completion.brisk,
-                "queue": {"depth_at_submit": self.depth_at_submit, "waited_s": round(waited, 4)},
-                "prompt_cache": {"reused_conversation": self.job.reused_slot}}
+        return {
+            "metrics": metrics,
+            "controls": self.completion.brisk,
+            "queue": {"depth_at_submit": self.depth_at_submit, "waited_s": round(waited, 4)},
+            "prompt_cache": {"reused_conversation": self.job.reused_slot},
+        }
 
     # --- whole answers ------------------------------------------------------------------
 
@@ -206,11 +251,20 @@ class Turn:
 
     def _whole_body(self, text: str, finished: TurnFinished) -> dict:
         reason = self.finish_reason(finished)
-        choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
-                  if self.chat else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason})
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.completion.settings.model, "choices": [choice],
-                "usage": self.usage(finished), "brisk": self.brisk(finished)}
+        choice = (
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason}
+            if self.chat
+            else {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        )
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.completion.settings.model,
+            "choices": [choice],
+            "usage": self.usage(finished),
+            "brisk": self.brisk(finished),
+        }
 
     # --- streaming (server-sent events) -------------------------------------------------
 
@@ -219,18 +273,27 @@ class Turn:
         first = await anext(pieces, None)
         if first is not None and isinstance(first[1], ApiError):  # nothing sent yet: a proper HTTP error
             return error_response(first[1])
-        return StreamingResponse(self._events(first, pieces), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            self._events(first, pieces), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     def _chunk(self, text: str | None, reason: str | None = None, *, first: bool = False) -> dict:
         if self.chat:
-            delta = ({"role": "assistant", "content": text or ""} if first else
-                     ({"content": text} if text is not None else {}))
+            delta = (
+                {"role": "assistant", "content": text or ""}
+                if first
+                else ({"content": text} if text is not None else {})
+            )
             choice = {"index": 0, "delta": delta, "finish_reason": reason}
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
-        return {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.completion.settings.model, "choices": [choice]}
+        return {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.completion.settings.model,
+            "choices": [choice],
+        }
 
     async def _events(self, first, pieces) -> AsyncIterator[str]:
         try:
@@ -246,8 +309,9 @@ class Turn:
                 else:
                     yield _sse(self._chunk(None, self.finish_reason(value)))
                     if self.completion.include_usage:
-                        yield _sse({**self._chunk(None), "choices": [], "usage": self.usage(value),
-                                    "brisk": self.brisk(value)})
+                        yield _sse(
+                            {**self._chunk(None), "choices": [], "usage": self.usage(value), "brisk": self.brisk(value)}
+                        )
                 item = await anext(pieces, None)
             yield "data: [DONE]\n\n"
         finally:  # the client went away mid-answer (Starlette cancels this generator)
@@ -259,13 +323,13 @@ def _sse(payload: dict) -> str:
 
 
 async def _not_found(request: Request, exc) -> Response:
-    return error_response(ApiError(404, f"No such endpoint: {request.method} {request.url.path}",
-                                   code="unknown_url"))
+    return error_response(ApiError(404, f"No such endpoint: {request.method} {request.url.path}", code="unknown_url"))
 
 
 async def _not_allowed(request: Request, exc) -> Response:
-    return error_response(ApiError(405, f"{request.method} is not allowed on {request.url.path}",
-                                   code="method_not_allowed"))
+    return error_response(
+        ApiError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+    )
 
 
 def _installed_or_default(model_id: str) -> bool:

@@ -28,16 +28,22 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--model", default=DEFAULT_MODEL_ID, help="model for requests that name none")
     serve.add_argument("--api-key", help="require `Authorization: Bearer KEY` (needed to bind beyond loopback)")
     serve.add_argument("--max-body", type=int, default=MAX_BODY_BYTES, help="largest request body in bytes")
-    serve.add_argument("--cache-bytes", type=int, default=DEFAULT_CACHE_BYTES,
-                       help="prompt caches kept across requests, in bytes (least recently used dropped)")
+    serve.add_argument(
+        "--cache-bytes",
+        type=int,
+        default=DEFAULT_CACHE_BYTES,
+        help="prompt caches kept across requests, in bytes (least recently used dropped)",
+    )
     serve.set_defaults(func=cmd_serve)
 
 
 def check_binding(args: argparse.Namespace) -> None:
     if not is_loopback(args.host) and not args.api_key:
-        raise BriskError(f"Binding to {args.host} lets other machines use this one's models: "
-                         "give --api-key KEY (clients send `Authorization: Bearer KEY`), or keep the default "
-                         "127.0.0.1")
+        raise BriskError(
+            f"Binding to {args.host} lets other machines use this one's models: "
+            "give --api-key KEY (clients send `Authorization: Bearer KEY`), or keep the default "
+            "127.0.0.1"
+        )
     if not 0 < args.port < 65536:
         raise BriskError(f"--port must be between 1 and 65535 (got {args.port})")
 
@@ -52,8 +58,11 @@ def cmd_serve(args) -> int:
     queue = EngineQueue(cache_bytes=args.cache_bytes)
     server = Server(queue, default_model=args.model, api_key=args.api_key, max_body=args.max_body)
     where = f"http://{args.host}:{args.port}/v1"
-    print(f"Brisk serves {args.model} at {where} (OpenAI-compatible"
-          + (", API key required)" if args.api_key else ", loopback only)"), flush=True)
+    print(
+        f"Brisk serves {args.model} at {where} (OpenAI-compatible"
+        + (", API key required)" if args.api_key else ", loopback only)"),
+        flush=True,
+    )
     try:
         uvicorn.run(server.app(), host=args.host, port=args.port, log_level="warning")
     finally:

@@ -23,8 +23,15 @@ MAX_STOPS = 4  # OpenAI's limit
 class ApiError(Exception):
     """An OpenAI-style error: HTTP status, message, and the offending parameter."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -35,6 +42,7 @@ class ApiError(Exception):
 @dataclass
 class Completion:
     """One parsed request, for either endpoint."""
+
     messages: list[Message]
     settings: ChatSettings
     stream: bool = False
@@ -52,8 +60,11 @@ def _number(body: dict, name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
-    _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
-           f"{name} must be a number", name)
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        f"{name} must be a number",
+        name,
+    )
     _check(low <= value <= high, f"{name} must be between {low:g} and {high:g} (got {value})", name)
     return float(value)
 
@@ -68,10 +79,29 @@ def _integer(body: dict, name: str, low: int, high: int) -> int | None:
 
 
 # OpenAI fields a client may send that Brisk accepts only at their neutral value.
-NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "parallel_tool_calls": None,
-           "echo": False, "best_of": 1, "suffix": None}
-COMMON = {"model", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "stream_options", "user", "brisk",
-          *NEUTRAL}
+NEUTRAL = {
+    "n": 1,
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+    "logprobs": False,
+    "parallel_tool_calls": None,
+    "echo": False,
+    "best_of": 1,
+    "suffix": None,
+}
+COMMON = {
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "user",
+    "brisk",
+    *NEUTRAL,
+}
 CHAT_FIELDS = COMMON | {"messages", "max_completion_tokens"}
 COMPLETION_FIELDS = COMMON | {"prompt"}
 
@@ -84,8 +114,11 @@ def _known_fields(body: Any, allowed: set[str]) -> dict:
         raise ApiError(400, f"Unrecognized request argument supplied: {', '.join(unknown)}", param=unknown[0])
     for name, neutral in NEUTRAL.items():
         if name in body and body[name] not in (neutral, None):
-            what = "n must be 1: Brisk makes one answer per request" if name == "n" else \
-                f"{name} is not supported by Brisk (only {neutral!r})"
+            what = (
+                "n must be 1: Brisk makes one answer per request"
+                if name == "n"
+                else f"{name} is not supported by Brisk (only {neutral!r})"
+            )
             raise ApiError(400, what, param=name)
     return body
 
@@ -97,8 +130,11 @@ def _content(value: Any, where: str) -> str:
     if isinstance(value, list):
         texts = []
         for i, part in enumerate(value):
-            _check(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str),
-                   f"{where}.content[{i}] must be a text part (Brisk's models read text only)", where)
+            _check(
+                isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str),
+                f"{where}.content[{i}] must be a text part (Brisk's models read text only)",
+                where,
+            )
             texts.append(part["text"])
         return "".join(texts)
     raise ApiError(400, f"{where}.content must be a string or a list of text parts", param=where)
@@ -127,16 +163,35 @@ def _stops(value: Any) -> list[str]:
     if value is None:
         return []
     stops = [value] if isinstance(value, str) else value
-    _check(isinstance(stops, list) and all(isinstance(s, str) and s for s in stops),
-           "stop must be a non-empty string or a list of them", "stop")
+    _check(
+        isinstance(stops, list) and all(isinstance(s, str) and s for s in stops),
+        "stop must be a non-empty string or a list of them",
+        "stop",
+    )
     _check(len(stops) <= MAX_STOPS, f"stop takes at most {MAX_STOPS} sequences", "stop")
     return stops
 
 
-BRISK_FIELDS = {"prefill", "keep", "draft", "spec_decode", "num_draft", "kv_bits", "k_bits", "v_bits", "lookup",
-                "top_p_mass", "kv_group_size"}
-PREFILL = {"auto": ("auto", "auto"), "dense": ("off", "off"), "off": ("off", "off"), "specprefill": ("on", "off"),
-           "uniprefill": ("off", "on")}
+BRISK_FIELDS = {
+    "prefill",
+    "keep",
+    "draft",
+    "spec_decode",
+    "num_draft",
+    "kv_bits",
+    "k_bits",
+    "v_bits",
+    "lookup",
+    "top_p_mass",
+    "kv_group_size",
+}
+PREFILL = {
+    "auto": ("auto", "auto"),
+    "dense": ("off", "off"),
+    "off": ("off", "off"),
+    "specprefill": ("on", "off"),
+    "uniprefill": ("off", "on"),
+}
 
 
 def _brisk_settings(controls: Any, settings: dict) -> dict:
@@ -145,14 +200,26 @@ def _brisk_settings(controls: Any, settings: dict) -> dict:
         return {}
     _check(isinstance(controls, dict), "brisk must be an object", "brisk")
     unknown = sorted(set(controls) - BRISK_FIELDS)
-    _check(not unknown, f"Unknown brisk control(s): {', '.join(unknown)} (known: {', '.join(sorted(BRISK_FIELDS))})",
-           "brisk")
+    _check(
+        not unknown,
+        f"Unknown brisk control(s): {', '.join(unknown)} (known: {', '.join(sorted(BRISK_FIELDS))})",
+        "brisk",
+    )
     if "prefill" in controls:
         _check(controls["prefill"] in PREFILL, f"brisk.prefill must be one of {', '.join(PREFILL)}", "brisk.prefill")
         settings["sparse_prefill"], settings["uniprefill"] = PREFILL[controls["prefill"]]
     renames = {"keep": "sparse_keep", "top_p_mass": "uniprefill_p"}
-    for name in ("keep", "draft", "spec_decode", "num_draft", "k_bits", "v_bits", "lookup", "top_p_mass",
-                 "kv_group_size"):
+    for name in (
+        "keep",
+        "draft",
+        "spec_decode",
+        "num_draft",
+        "k_bits",
+        "v_bits",
+        "lookup",
+        "top_p_mass",
+        "kv_group_size",
+    ):
         if name in controls:
             settings[renames.get(name, name)] = controls[name]
     if "kv_bits" in controls:
@@ -176,8 +243,12 @@ def parse(body: Any, *, chat: bool, default_model: str) -> Completion:
     settings: dict[str, Any] = {"model": model, "system_prompt": system, "chat_template": chat}
     limit = _integer(body, "max_completion_tokens", 1, 1 << 20) if chat else None
     limit = limit if limit is not None else _integer(body, "max_tokens", 1, 1 << 20)
-    for name, value in (("max_tokens", limit), ("temperature", _number(body, "temperature", 0, 2)),
-                        ("top_p", _number(body, "top_p", 0, 1)), ("seed", _integer(body, "seed", 0, 2**63 - 1))):
+    for name, value in (
+        ("max_tokens", limit),
+        ("temperature", _number(body, "temperature", 0, 2)),
+        ("top_p", _number(body, "top_p", 0, 1)),
+        ("seed", _integer(body, "seed", 0, 2**63 - 1)),
+    ):
         if value is not None:
             settings[name] = value
     if settings.get("top_p") == 0:
@@ -185,12 +256,16 @@ def parse(body: Any, *, chat: bool, default_model: str) -> Completion:
     stream = body.get("stream", False)
     _check(isinstance(stream, bool), "stream must be true or false", "stream")
     options = body.get("stream_options") or {}
-    _check(isinstance(options, dict) and set(options) <= {"include_usage"}, "stream_options takes include_usage",
-           "stream_options")
+    _check(
+        isinstance(options, dict) and set(options) <= {"include_usage"},
+        "stream_options takes include_usage",
+        "stream_options",
+    )
     controls = _brisk_settings(body.get("brisk"), settings)
     try:
         validated = ChatSettings(**settings).validate()
     except (BriskError, TypeError) as exc:
         raise ApiError(400, str(exc), param="brisk" if controls else None) from exc
-    return Completion(messages, validated, stream, bool(options.get("include_usage")), _stops(body.get("stop")),
-                      controls)
+    return Completion(
+        messages, validated, stream, bool(options.get("include_usage")), _stops(body.get("stop")), controls
+    )

@@ -62,14 +62,20 @@ Execute = Callable[[object, CancelToken, Callable[[object], None]], None]
 
 
 class EngineQueue:
-    def __init__(self, worker: EngineWorker | None = None, *, cache_bytes: int = DEFAULT_CACHE_BYTES,
-                 execute: Execute | None = None):
+    def __init__(
+        self,
+        worker: EngineWorker | None = None,
+        *,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        execute: Execute | None = None,
+    ):
         if execute is None:
             own = worker or EngineWorker()
 
             def execute(command, cancel, deliver):
                 for event in own.handle(command, cancel):
                     deliver(event)
+
         self.execute = execute
         self.cache_bytes = cache_bytes
         self._queues: dict[str, deque[Job]] = {}  # waiting requests per client
@@ -106,9 +112,15 @@ class EngineQueue:
     def stats(self) -> dict:
         with self._lock:
             cached = sum(s.kv_bytes for s in self._slots.values())
-            return {"queued": sum(len(q) for q in self._queues.values()), "running": self._running is not None,
-                    "served": self.served, "cached_conversations": len(self._slots), "cached_bytes": cached,
-                    "cache_limit_bytes": self.cache_bytes, "finished": dict(self.finished)}
+            return {
+                "queued": sum(len(q) for q in self._queues.values()),
+                "running": self._running is not None,
+                "served": self.served,
+                "cached_conversations": len(self._slots),
+                "cached_bytes": cached,
+                "cache_limit_bytes": self.cache_bytes,
+                "finished": dict(self.finished),
+            }
 
     def close(self, timeout: float = 30) -> None:
         with self._lock:
@@ -131,8 +143,10 @@ class EngineQueue:
                 return None
             # Fair: the client served longest ago goes first (never served: first of all),
             # then the earliest request; one client's burst waits behind everyone else's.
-            client = min((c for c, q in self._queues.items() if q),
-                         key=lambda c: (self._served_at.get(c, -1), self._queues[c][0].seq))
+            client = min(
+                (c for c, q in self._queues.items() if q),
+                key=lambda c: (self._served_at.get(c, -1), self._queues[c][0].seq),
+            )
             job = self._queues[client].popleft()
             self._served_at[client] = next(self._ticks)
             self._running = job

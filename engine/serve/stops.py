@@ -21,10 +21,10 @@ class StopScanner:
         hits = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
         if hits:
             self.stopped, self._held = True, ""
-            return text[:min(hits)]
+            return text[: min(hits)]
         keep = max((n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
-        self._held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep]
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
 
     def flush(self) -> str:
         """At the end of the answer: what was held back was not a stop after all."""

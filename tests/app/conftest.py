@@ -90,8 +90,14 @@ def make_window(qtbot, engine, db_path):
 
     def make(path=None):
         store = Store(path or db_path)
-        window = MainWindow(store, engine, models=MODELS, default_settings=ChatSettings(model="big"),
-                            memory_probe=lambda: 123 * 2**20, free_memory_probe=lambda: 9 * 2**20)
+        window = MainWindow(
+            store,
+            engine,
+            models=MODELS,
+            default_settings=ChatSettings(model="big"),
+            memory_probe=lambda: 123 * 2**20,
+            free_memory_probe=lambda: 9 * 2**20,
+        )
         qtbot.addWidget(window)
         window.show()
         window.activateWindow()

@@ -16,15 +16,17 @@ REPORT = "Water use rose 12% in the north.\n\n```\nnot code, just a fence in the
 
 
 def attach(w, engine, cid, text=REPORT):
-    engine.play(DocumentChecked(cid, Document("report.md", "markdown", text, len(text)),
-                                Fit(37, 60, 8192, 0, 0, True)))
+    engine.play(DocumentChecked(cid, Document("report.md", "markdown", text, len(text)), Fit(37, 60, 8192, 0, 0, True)))
 
 
 def test_a_pdfs_chip_gives_its_pages(qtbot, make_window, engine):
     w = make_window()
     cid = w.controller.current
-    engine.play(DocumentChecked(cid, Document("minutes.pdf", "pdf", "Minutes of the vote.", 900, pages=12),
-                                Fit(6, 20, 8192, 0, 0, True)))
+    engine.play(
+        DocumentChecked(
+            cid, Document("minutes.pdf", "pdf", "Minutes of the vote.", 900, pages=12), Fit(6, 20, 8192, 0, 0, True)
+        )
+    )
     send(qtbot, w, "Summarize")
     chip = w.chat_view.messages[0].findChild(DocumentChip)
     assert chip.label.text() == "minutes.pdf · pdf · 12 pages · 6 tokens · 4 words"
@@ -51,7 +53,8 @@ def test_a_sent_document_is_a_chip_that_opens_to_its_text(qtbot, make_window, en
 
 
 def test_regenerate_keeps_earlier_answers_to_page_through_and_the_chat_goes_on_from_the_shown_one(
-        qtbot, make_window, engine, db_path):
+    qtbot, make_window, engine, db_path
+):
     w = make_window()
     cid = send(qtbot, w, "Name a colour").conversation_id
     answer(engine, cid, ["Red"])
@@ -98,10 +101,13 @@ def test_a_database_from_before_answer_versions_is_migrated_and_keeps_its_chats(
     db = sqlite3.connect(path)
     db.executescript(MIGRATIONS[1])
     db.execute("INSERT INTO conversations (title, created, updated) VALUES ('Old chat', 0, 0)")
-    db.execute("INSERT INTO messages (conversation_id, position, role, content, created)"
-               " VALUES (1, 0, 'user', 'Hi', 0)")
-    db.execute("INSERT INTO messages (conversation_id, position, role, content, created) VALUES (1, 1, 'assistant',"
-               " 'Hello', 1)")
+    db.execute(
+        "INSERT INTO messages (conversation_id, position, role, content, created) VALUES (1, 0, 'user', 'Hi', 0)"
+    )
+    db.execute(
+        "INSERT INTO messages (conversation_id, position, role, content, created) VALUES (1, 1, 'assistant',"
+        " 'Hello', 1)"
+    )
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()

@@ -45,7 +45,8 @@ def test_the_menu_toggle_serves_requests_on_the_apps_engine(qtbot, tmp_path, tin
         def ask():
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
             got["answer"] = client.chat.completions.create(
-                model="tiny", messages=[{"role": "user", "content": "Hello there"}], max_tokens=6, temperature=0)
+                model="tiny", messages=[{"role": "user", "content": "Hello there"}], max_tokens=6, temperature=0
+            )
 
         thread = threading.Thread(target=ask)
         thread.start()

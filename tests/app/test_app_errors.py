@@ -8,8 +8,9 @@ import sys
 
 def brisk_app(tmp_path, *args):
     env = dict(os.environ, BRISK_HOME=str(tmp_path / "home"), QT_QPA_PLATFORM="offscreen")
-    return subprocess.run([sys.executable, "-m", "app.main", *args], env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "app.main", *args], env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_folder_as_database_is_refused_and_left_alone(tmp_path):

@@ -5,13 +5,16 @@ import pytest
 from app.widgets.gauges import LineChart, nice_ticks
 
 
-@pytest.mark.parametrize("top, ticks", [
-    (0.0, [0.0, 1.0]),
-    (4.7, [0.0, 2.0, 4.0, 6.0]),
-    (36.0, [0.0, 10.0, 20.0, 30.0, 40.0]),
-    (100.0, [0.0, 50.0, 100.0]),
-    (1234.0, [0.0, 500.0, 1000.0, 1500.0]),
-])
+@pytest.mark.parametrize(
+    "top, ticks",
+    [
+        (0.0, [0.0, 1.0]),
+        (4.7, [0.0, 2.0, 4.0, 6.0]),
+        (36.0, [0.0, 10.0, 20.0, 30.0, 40.0]),
+        (100.0, [0.0, 50.0, 100.0]),
+        (1234.0, [0.0, 500.0, 1000.0, 1500.0]),
+    ],
+)
 def test_ticks_are_round_and_cover_the_highest_value(top, ticks):
     assert nice_ticks(top) == ticks
 

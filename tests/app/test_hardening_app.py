@@ -29,8 +29,10 @@ def test_disk_full_while_streaming_keeps_the_answer_and_the_window_usable(qtbot,
     answer_id = w.store.messages(cid)[-1].id
     fill_disk(w.store)
     big = "word " * 40_000  # more than the full database can take
-    engine.play(ConversationEvent(cid, TokenEmitted(big, 1)),
-                ConversationEvent(cid, TurnFinished(big, [1], TurnMetrics(finish_reason="stop"))))
+    engine.play(
+        ConversationEvent(cid, TokenEmitted(big, 1)),
+        ConversationEvent(cid, TurnFinished(big, [1], TurnMetrics(finish_reason="stop"))),
+    )
     assert "disk is full" in w.statusBar().currentMessage()
     assert not w.controller.busy  # Send works again
     assert w.controller.unsaved[answer_id][0] == big  # kept in memory

@@ -50,8 +50,11 @@ def test_export_suggests_the_documents_folder(qtbot, make_window, monkeypatch):
     from app.window import documents_folder
 
     seen = []
-    monkeypatch.setattr(QFileDialog, "getSaveFileName",
-                        staticmethod(lambda parent, title, suggested, *a: seen.append(suggested) or ("", "")))
+    monkeypatch.setattr(
+        QFileDialog,
+        "getSaveFileName",
+        staticmethod(lambda parent, title, suggested, *a: seen.append(suggested) or ("", "")),
+    )
     w = make_window()
     w.store.rename(w.controller.current, "Trip: Paris/Rome?")
     w.actions_by_text["Export as Markdown…"].trigger()
@@ -85,7 +88,10 @@ def test_chat_titles_are_unique_and_elide_without_a_scrollbar(qtbot, make_window
         done = TurnFinished("Paris.", [1], TurnMetrics(finish_reason="stop"))
         engine.play(ConversationEvent(w.controller.current, done))
     titles = w.sidebar.titles()
-    assert sorted(titles[:3]) == ["What is the capital of France?", "What is the capital of France? (2)",
-                                  "What is the capital of France? (3)"]
+    assert sorted(titles[:3]) == [
+        "What is the capital of France?",
+        "What is the capital of France? (2)",
+        "What is the capital of France? (3)",
+    ]
     assert w.sidebar.list.horizontalScrollBarPolicy() == Qt.ScrollBarAlwaysOff
     assert w.sidebar.list.textElideMode() == Qt.ElideRight

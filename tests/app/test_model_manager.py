@@ -126,6 +126,9 @@ def test_model_operations_pass_on_only_their_own_jobs(qtbot, engine):
     operations.cancel()
     assert pull.cancelled and engine.cancelled == [PullModel("owner/model")]
     engine.play(ModelsChanged("Downloaded model"), job=pull)
-    assert seen == [("progress", "owner/model: model.safetensors", 25, 100), ("finished", "Downloaded model"),
-                    ("changed",)]
+    assert seen == [
+        ("progress", "owner/model: model.safetensors", 25, 100),
+        ("finished", "Downloaded model"),
+        ("changed",),
+    ]
     assert not operations.busy

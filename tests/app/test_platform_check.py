@@ -37,7 +37,9 @@ def test_other_platforms_are_not_checked(monkeypatch):
     assert not platform_check.wants_xcb()
 
 
-@pytest.mark.skipif(os.environ.get("BRISK_CI_XCB") != "1",
-                    reason="only meaningful after installing exactly README's packages (the CI xcb stage does)")
+@pytest.mark.skipif(
+    os.environ.get("BRISK_CI_XCB") != "1",
+    reason="only meaningful after installing exactly README's packages (the CI xcb stage does)",
+)
 def test_the_readme_packages_leave_nothing_missing():
     assert platform_check.missing_libraries() == []

@@ -11,7 +11,7 @@ from tests.app.test_window import send
 
 def cost_until(position, base=1e-3, slope=1e-6):
     """Seconds to read tokens [0, position) when each costs base + slope * its position."""
-    return base * position + slope / 2 * position ** 2
+    return base * position + slope / 2 * position**2
 
 
 def test_the_eta_follows_a_cost_that_grows_with_position():
@@ -56,8 +56,10 @@ def test_the_window_names_the_kv_check_and_the_sparse_phases(qtbot, make_window,
     cid = send(qtbot, w).conversation_id
     engine.play(ConversationEvent(cid, PrefillProgressed(0, 64, "kv_check")))
     assert w.prefill_bar.isVisibleTo(w) and "Checking packed KV" in w.prefill_bar.format()
-    engine.play(ConversationEvent(cid, PrefillProgressed(0, 900, "draft")),
-                ConversationEvent(cid, PrefillProgressed(450, 900, "draft")))
+    engine.play(
+        ConversationEvent(cid, PrefillProgressed(0, 900, "draft")),
+        ConversationEvent(cid, PrefillProgressed(450, 900, "draft")),
+    )
     assert w.prefill_bar.format().startswith("Step 1 of 3: The draft reads the prompt: 50% of 900 tokens")
     engine.play(ConversationEvent(cid, PrefillProgressed(0, 270, "kept")))
     assert w.prefill_bar.format().startswith("Step 3 of 3: The model reads the kept part: 0% of 270 tokens")

@@ -12,8 +12,7 @@ MODEL = "smollm2-135m-instruct"
 
 
 def finished_answers(window):
-    return [m for m in window.store.messages(window.controller.current)
-            if m.role == "assistant" and m.finish_reason]
+    return [m for m in window.store.messages(window.controller.current) if m.role == "assistant" and m.finish_reason]
 
 
 def test_real_model_answers_and_reads_an_attachment(qtbot, real_store, tmp_path):

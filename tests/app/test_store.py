@@ -47,7 +47,7 @@ def test_killed_mid_answer_keeps_the_streamed_text(tmp_path):
     path = tmp_path / "b.db"
     script = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path.insert(0, {str(__import__('pathlib').Path(__file__).resolve().parents[2])!r})
+        sys.path.insert(0, {str(__import__("pathlib").Path(__file__).resolve().parents[2])!r})
         from app.store import Store
         s = Store({str(path)!r})
         cid = s.create_conversation("chat", {{}})
@@ -64,8 +64,11 @@ def test_killed_mid_answer_keeps_the_streamed_text(tmp_path):
     (conv,) = store.conversations()
     messages = store.messages(conv.id)
     assert [(m.role, m.content, m.finish_reason) for m in messages] == [
-        ("user", "tell me a story", None), ("assistant", "an earlier, finished answer", "stop"),
-        ("user", "another", None), ("assistant", "Once upon a time", "interrupted")]
+        ("user", "tell me a story", None),
+        ("assistant", "an earlier, finished answer", "stop"),
+        ("user", "another", None),
+        ("assistant", "Once upon a time", "interrupted"),
+    ]
 
 
 def test_streaming_answer_is_saved_while_it_streams(qtbot, make_window, engine, monkeypatch):

@@ -28,6 +28,7 @@ def make_chat(store, text="hello"):
 
 # --- 4. private files ----------------------------------------------------------------------
 
+
 def test_data_folder_and_database_are_private(tmp_path):
     folder = tmp_path / "home" / "Brisk"
     store = Store(folder / "brisk.db")
@@ -48,19 +49,28 @@ def test_a_database_left_world_readable_by_an_older_brisk_is_made_private(tmp_pa
 
 # --- 5. locks are not corruption; two instances ---------------------------------------------
 
+
 def test_a_locked_database_is_reported_in_use_and_never_moved_aside(tmp_path, monkeypatch):
     path = tmp_path / "b.db"
     first = Store(path)
     make_chat(first)
     first.close()
     monkeypatch.setattr(store_module, "LOCK_TIMEOUT_S", 0.3)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import sqlite3, sys, time
         db = sqlite3.connect({str(path)!r}, isolation_level=None)
         db.execute("BEGIN EXCLUSIVE")
         print("locked", flush=True)
         time.sleep(5)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(StoreUnavailable, match="in use by another program"):
@@ -93,6 +103,7 @@ def test_a_second_instance_opens_read_only_and_never_interrupts_the_first_ones_a
 
 # --- 6. never move what is not Brisk's --------------------------------------------------------
 
+
 def test_a_directory_as_the_database_is_refused_and_left_alone(tmp_path):
     folder = tmp_path / "my-documents"
     folder.mkdir()
@@ -123,6 +134,7 @@ def test_a_symlink_to_a_broken_file_is_not_moved(tmp_path):
 
 # --- 7. disk full -------------------------------------------------------------------------------
 
+
 def fill_disk(store):
     """A real SQLITE_FULL: no page may be added beyond what the file already has."""
     pages = store.db.execute("PRAGMA page_count").fetchone()[0]
@@ -141,6 +153,7 @@ def test_disk_full_says_disk_full_not_cannot_rollback(tmp_path):
 
 # --- 8. one bad row, odd versions, missing tables ------------------------------------------------
 
+
 def corrupt(path, sql):
     db = sqlite3.connect(path)
     db.executescript(sql)
@@ -153,8 +166,11 @@ def test_bad_settings_and_metrics_rows_are_skipped_and_reported(tmp_path):
     store = Store(path)
     good, bad = make_chat(store, "good"), make_chat(store, "bad")
     store.close()
-    corrupt(path, f"UPDATE conversations SET settings = 'not json' WHERE id = {bad};"
-                  f"UPDATE messages SET metrics = '{{broken' WHERE conversation_id = {bad};")
+    corrupt(
+        path,
+        f"UPDATE conversations SET settings = 'not json' WHERE id = {bad};"
+        f"UPDATE messages SET metrics = '{{broken' WHERE conversation_id = {bad};",
+    )
     store = Store(path)
     convs = {c.id: c for c in store.conversations()}
     assert convs[bad].settings == {} and convs[good].settings == {"model": "big"}
@@ -200,8 +216,10 @@ def test_unknown_schema_versions_are_refused_without_touching_the_file(tmp_path,
     assert path.read_bytes() == original and not list(tmp_path.glob("b.db.unreadable-*"))
 
 
-@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0,
-                    reason="root writes through read-only permissions, so a read-only folder cannot be made here")
+@pytest.mark.skipif(
+    hasattr(os, "geteuid") and os.geteuid() == 0,
+    reason="root writes through read-only permissions, so a read-only folder cannot be made here",
+)
 def test_a_database_in_a_read_only_folder_opens_read_only(tmp_path):
     folder = tmp_path / "ro"
     store = Store(folder / "b.db")
@@ -234,18 +252,28 @@ def test_a_read_only_database_file_opens_read_only(tmp_path, monkeypatch):
 
 # --- 9. imports are all or nothing ------------------------------------------------------------
 
-GOOD_EXPORT = {"format": "brisk-chat", "version": 1, "title": "t", "settings": {"temperature": 0.5},
-               "messages": [{"role": "user", "content": "hi"},
-                            {"role": "assistant", "content": "yo", "finish_reason": "stop", "metrics": {}}]}
+GOOD_EXPORT = {
+    "format": "brisk-chat",
+    "version": 1,
+    "title": "t",
+    "settings": {"temperature": 0.5},
+    "messages": [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo", "finish_reason": "stop", "metrics": {}},
+    ],
+}
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"settings": "abc"}, "settings must be an object"),
-    ({"settings": {"temperature": "hot"}}, "settings are invalid"),
-    ({"title": ["a list"]}, "title must be text"),
-    ({"messages": [{"role": "assistant", "content": "x", "finish_reason": {"a": 1}}]}, "finish_reason"),
-    ({"messages": [{"role": "assistant", "content": "x", "metrics": [1]}]}, "metrics"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"settings": "abc"}, "settings must be an object"),
+        ({"settings": {"temperature": "hot"}}, "settings are invalid"),
+        ({"title": ["a list"]}, "title must be text"),
+        ({"messages": [{"role": "assistant", "content": "x", "finish_reason": {"a": 1}}]}, "finish_reason"),
+        ({"messages": [{"role": "assistant", "content": "x", "metrics": [1]}]}, "metrics"),
+    ],
+)
 def test_imports_with_wrong_types_are_refused_and_add_nothing(tmp_path, change, match):
     store = Store(tmp_path / "b.db")
     with pytest.raises(StoreError, match=match):

@@ -12,13 +12,30 @@ from engine.worker import Answer, CheckDocument, ConversationEvent, DocumentChec
 
 
 def metrics(**kw):
-    base = dict(ttft_s=1.25, prompt_tokens=900, cached_tokens=400, prefilled_tokens=100, prefill_tps=80.0,
-                generated_tokens=3, decode_tps=12.5, kv_bytes=3 * 2**20, kv_bits=4, k_bits=4, v_bits=4,
-                finish_reason="stop",
-                sparse_prefill="used: kept 100 of 500 new tokens", sparse_outcome="used", kept_tokens=100,
-                scoring_s=0.4,
-                spec_decode="auto (rejection)", acceptance_rate=0.75, draft_tokens=4, accepted_tokens=3,
-                tokens_per_cycle=2.5, mean_k=2.0)
+    base = dict(
+        ttft_s=1.25,
+        prompt_tokens=900,
+        cached_tokens=400,
+        prefilled_tokens=100,
+        prefill_tps=80.0,
+        generated_tokens=3,
+        decode_tps=12.5,
+        kv_bytes=3 * 2**20,
+        kv_bits=4,
+        k_bits=4,
+        v_bits=4,
+        finish_reason="stop",
+        sparse_prefill="used: kept 100 of 500 new tokens",
+        sparse_outcome="used",
+        kept_tokens=100,
+        scoring_s=0.4,
+        spec_decode="auto (rejection)",
+        acceptance_rate=0.75,
+        draft_tokens=4,
+        accepted_tokens=3,
+        tokens_per_cycle=2.5,
+        mean_k=2.0,
+    )
     return TurnMetrics(**{**base, **kw})
 
 
@@ -38,7 +55,8 @@ def test_send_updates_chat_view_and_store(qtbot, make_window, engine):
     w = make_window()
     command = send(qtbot, w, "What is **Brisk**?")
     assert isinstance(command, Answer) and [(m.role, m.content) for m in command.messages] == [
-        ("user", "What is **Brisk**?")]
+        ("user", "What is **Brisk**?")
+    ]
     assert [m.role for m in w.chat_view.messages] == ["user", "assistant"]
     answer(engine, command.conversation_id, ["Brisk ", "is ", "fast."])
     assert w.chat_view.messages[-1].text == "Brisk is fast."
@@ -70,8 +88,9 @@ def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
     assert d.chart.series == {"prefill": [80.0], "decode": [12.5]}
     assert d.acceptance.text == "75%" and "2.50 tokens per target pass" in d.spec_note.text()
     # KV now (3 MiB for 903 tokens) against the same at the full 9,030-token context, free memory beside
-    assert d.kv_note.text() == ("KV cache 3.0 MiB at 4 bits of 30.0 MiB at the full 9,030-token context"
-                                " · 9.0 MiB memory free")
+    assert d.kv_note.text() == (
+        "KV cache 3.0 MiB at 4 bits of 30.0 MiB at the full 9,030-token context · 9.0 MiB memory free"
+    )
     assert d.kv.value == pytest.approx(0.1)
     assert d.speed.text() == "Last turn: prefill 80.0 tok/s · decode 12.5 tok/s"
     assert d.memory.text() == "Process memory: 123.0 MiB"
@@ -80,8 +99,9 @@ def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
 def test_prefill_progress_updates_prefill_bar(qtbot, make_window, engine):
     w = make_window()
     cid = send(qtbot, w).conversation_id
-    engine.play(ConversationEvent(cid, PrefillProgressed(0, 4000)),
-                ConversationEvent(cid, PrefillProgressed(1000, 4000)))
+    engine.play(
+        ConversationEvent(cid, PrefillProgressed(0, 4000)), ConversationEvent(cid, PrefillProgressed(1000, 4000))
+    )
     assert w.prefill_bar.isVisibleTo(w) and w.prefill_bar.value() == 250
     assert "25% of 4,000 tokens" in w.prefill_bar.format() and "left" in w.prefill_bar.format()
     engine.play(ConversationEvent(cid, TokenEmitted("Hi", 1)))
@@ -100,9 +120,13 @@ def test_draft_toggle_updates_chat_view_tint(qtbot, make_window, engine):
 def test_tint_tells_draft_tokens_from_looked_up_ones(qtbot, make_window, engine):
     w = make_window()
     cid = send(qtbot, w).conversation_id
-    engine.play(*[ConversationEvent(cid, TokenEmitted(text, i, source=source)) for i, (text, source) in
-                  enumerate([("own ", ""), ("quoted ", "lookup"), ("drafted", "draft")])],
-                ConversationEvent(cid, TurnFinished("own quoted drafted", [0, 1, 2], metrics())))
+    engine.play(
+        *[
+            ConversationEvent(cid, TokenEmitted(text, i, source=source))
+            for i, (text, source) in enumerate([("own ", ""), ("quoted ", "lookup"), ("drafted", "draft")])
+        ],
+        ConversationEvent(cid, TurnFinished("own quoted drafted", [0, 1, 2], metrics())),
+    )
     w.tint.setChecked(True)
     html = w.chat_view.messages[-1].body.toHtml()
     assert "rgba(63,185,80" in html.replace(" ", "") and "rgba(80,160,255" in html.replace(" ", "")
@@ -111,15 +135,23 @@ def test_tint_tells_draft_tokens_from_looked_up_ones(qtbot, make_window, engine)
 
 def test_acceptance_ring_has_an_arc_per_source(qtbot, make_window, engine):
     w = make_window()
-    answer(engine, send(qtbot, w).conversation_id, ["ok"],
-           metrics(lookup_tokens=40, lookup_accepted=36, mean_accepted_run=3.2))
+    answer(
+        engine,
+        send(qtbot, w).conversation_id,
+        ["ok"],
+        metrics(lookup_tokens=40, lookup_accepted=36, mean_accepted_run=3.2),
+    )
     ring = w.dashboard.acceptance
     assert [round(share, 2) for share, _ in ring.arcs] == [0.75, 0.9]
     assert ring.text == "75% · 90%" and ring.caption == "draft · lookup"
     assert "lookup kept 36 of 40" in w.dashboard.spec_note.text()
     assert "draft kept 3 of 4" in w.dashboard.spec_note.text()
-    answer(engine, send(qtbot, w, "again").conversation_id, ["ok"],
-           metrics(draft_tokens=0, accepted_tokens=0, lookup_tokens=10, lookup_accepted=5))
+    answer(
+        engine,
+        send(qtbot, w, "again").conversation_id,
+        ["ok"],
+        metrics(draft_tokens=0, accepted_tokens=0, lookup_tokens=10, lookup_accepted=5),
+    )
     assert ring.text == "50%" and ring.caption == "lookup" and len(ring.arcs) == 1
 
 
@@ -187,8 +219,10 @@ def test_delete_then_undo_updates_sidebar(qtbot, make_window, engine):
 def test_error_updates_message_status_and_keeps_partial(qtbot, make_window, engine):
     w = make_window()
     cid = send(qtbot, w).conversation_id
-    engine.play(ConversationEvent(cid, TokenEmitted("Half an ans", 1)),
-                ConversationEvent(cid, EngineErrored("Generation failed: boom", "internal")))
+    engine.play(
+        ConversationEvent(cid, TokenEmitted("Half an ans", 1)),
+        ConversationEvent(cid, EngineErrored("Generation failed: boom", "internal")),
+    )
     assert w.chat_view.messages[-1].status.text() == "failed"
     assert "boom" in w.composer.message.text()
     stored = w.store.messages(cid)[-1]
@@ -255,8 +289,12 @@ def test_export_and_import_json_updates_sidebar(qtbot, make_window, engine, tmp_
     assert "not a Brisk chat export" in w.statusBar().currentMessage()
 
 
-COVERAGE = {"new_tokens": 4000, "read_share": 0.55, "layers": [[6, [[0, 3000]]], [10, [[0, 1200], [2600, 3000]]]],
-            "skipped": [[1200, 2600, "The committee reviewed the quarterly report"]]}
+COVERAGE = {
+    "new_tokens": 4000,
+    "read_share": 0.55,
+    "layers": [[6, [[0, 3000]]], [10, [[0, 1200], [2600, 3000]]]],
+    "skipped": [[1200, 2600, "The committee reviewed the quarterly report"]],
+}
 
 
 def test_a_sparse_answer_shows_its_coverage_and_read_it_all_asks_again_densely(qtbot, make_window, engine):
@@ -302,8 +340,9 @@ def test_the_chat_follows_new_content_at_the_bottom_but_not_a_reader_above(qtbot
     qtbot.wait(300)
     assert bar.value() == 0
     bar.setValue(bar.maximum())  # back at the bottom: the view follows again, coverage map included
-    engine.play(ConversationEvent(cid, TurnFinished("done", [0], metrics(prefill_method="uniprefill",
-                                                                         coverage=COVERAGE))))
+    engine.play(
+        ConversationEvent(cid, TurnFinished("done", [0], metrics(prefill_method="uniprefill", coverage=COVERAGE)))
+    )
     cover = w.chat_view.messages[-1].coverage
     qtbot.waitUntil(lambda: bar.value() == bar.maximum())
     assert cover.geometry().bottom() <= w.chat_view.widget().height()
@@ -317,10 +356,22 @@ def test_kv_choices_show_this_models_self_test_and_map_to_settings(qtbot, make_w
     w = make_window()
     cid = w.controller.current
     panel = w.settings_panel
-    results = {"K4/V4 g32": {"top1_agreement": 0.86, "mean_kl": 0.3, "generated": 64, "passed": False,
-                             "why": "changed 9 of 64 next-token choices"},
-               "K8/V4 g32": {"top1_agreement": 1.0, "mean_kl": 0.01, "generated": 64, "passed": True,
-                             "why": "kept 64 of 64 next-token choices (KL 0.010)"}}
+    results = {
+        "K4/V4 g32": {
+            "top1_agreement": 0.86,
+            "mean_kl": 0.3,
+            "generated": 64,
+            "passed": False,
+            "why": "changed 9 of 64 next-token choices",
+        },
+        "K8/V4 g32": {
+            "top1_agreement": 1.0,
+            "mean_kl": 0.01,
+            "generated": 64,
+            "passed": True,
+            "why": "kept 64 of 64 next-token choices (KL 0.010)",
+        },
+    }
     panel.kv_results = lambda model_id: results
     panel.refresh_kv()
     index = lambda label: panel.kv_bits.findData(label)  # noqa: E731
@@ -345,8 +396,9 @@ def test_the_dashboard_keeps_its_width_through_a_turn(qtbot, make_window, engine
     column (it grew from 382 to 579 px and squeezed the chat)."""
     w = make_window()
     width = w.tabs.width()
-    w.dashboard.set_model_state("qwen2.5-coder-1.5b-instruct loaded (qwen2, 32,768 tokens of context) after a "
-                                "first-run download and conversion")
+    w.dashboard.set_model_state(
+        "qwen2.5-coder-1.5b-instruct loaded (qwen2, 32,768 tokens of context) after a first-run download and conversion"
+    )
     cid = send(qtbot, w).conversation_id
     assert w.dashboard.ttft.text() == "…" and "Waiting for the first token" in w.dashboard.saved.text()
     engine.play(ConversationEvent(cid, PrefillProgressed(0, 900, "draft")))

@@ -31,28 +31,77 @@ def roomy_home(tmp_path_factory):
 
 def brisk(home, *args, input=None):
     env = dict(os.environ, BRISK_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True,
-                          text=True, input=input, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, input=input, timeout=300
+    )
 
 
 def test_run_json_prints_the_documented_object(cli_home):
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox", "--temp", "0",
-                "--max-tokens", "8", "--json")
+    out = brisk(
+        cli_home,
+        "run",
+        "--model",
+        "tiny",
+        "--prompt",
+        "The quick brown fox",
+        "--temp",
+        "0",
+        "--max-tokens",
+        "8",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert set(result) == {"model", "text", "token_ids", "metrics", "settings"}
     assert len(result["token_ids"]) <= 8 and result["settings"]["temperature"] == 0
-    for key in ("ttft_s", "prompt_tokens", "cached_tokens", "prefilled_tokens", "prefill_tps",
-                "generated_tokens", "decode_tps", "kv_bytes", "peak_memory_bytes", "finish_reason"):
+    for key in (
+        "ttft_s",
+        "prompt_tokens",
+        "cached_tokens",
+        "prefilled_tokens",
+        "prefill_tps",
+        "generated_tokens",
+        "decode_tps",
+        "kv_bytes",
+        "peak_memory_bytes",
+        "finish_reason",
+    ):
         assert key in result["metrics"]
     # Same seed-free greedy request twice: same answer.
-    again = json.loads(brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox",
-                             "--temp", "0", "--max-tokens", "8", "--json").stdout)
+    again = json.loads(
+        brisk(
+            cli_home,
+            "run",
+            "--model",
+            "tiny",
+            "--prompt",
+            "The quick brown fox",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "8",
+            "--json",
+        ).stdout
+    )
     assert again["token_ids"] == result["token_ids"]
     # lookup decoding is on by default (auto, no draft); --no-lookup decodes plainly, same tokens
     assert result["settings"]["lookup"] and result["metrics"]["spec_decode"] == "auto (lookup)"
-    plain = json.loads(brisk(cli_home, "run", "--model", "tiny", "--prompt", "The quick brown fox", "--temp", "0",
-                             "--max-tokens", "8", "--no-lookup", "--json").stdout)
+    plain = json.loads(
+        brisk(
+            cli_home,
+            "run",
+            "--model",
+            "tiny",
+            "--prompt",
+            "The quick brown fox",
+            "--temp",
+            "0",
+            "--max-tokens",
+            "8",
+            "--no-lookup",
+            "--json",
+        ).stdout
+    )
     assert not plain["settings"]["lookup"] and plain["metrics"]["spec_decode"] == "off"
     assert plain["token_ids"] == result["token_ids"]
 
@@ -86,8 +135,9 @@ def test_run_refuses_an_oversized_prompt_with_both_numbers(cli_home):
 
 
 def test_chat_reuses_the_prompt_cache_across_turns(cli_home):
-    out = brisk(cli_home, "chat", "--model", "tiny", "--temp", "0", "--max-tokens", "4",
-                input="hello there\nand again\n/quit\n")
+    out = brisk(
+        cli_home, "chat", "--model", "tiny", "--temp", "0", "--max-tokens", "4", input="hello there\nand again\n/quit\n"
+    )
     assert out.returncode == 0, out.stderr
     cached = [line for line in out.stdout.splitlines() if "cached" in line]
     assert len(cached) == 2
@@ -104,8 +154,15 @@ def test_info_reports_blas_and_dtype(cli_home):
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         assert info["blas"] == "mkl" and info["sgemm_gflops"] > 20  # the reference BLAS gives ~4
     # tiny: 2 layers, 2 kv heads, head_dim 16 (not divisible by group 32: no packed rows)
-    assert info["model"]["kv"] == [{"k_bits": 16, "v_bits": 16, "kv_bits": 16, "bytes_per_token": 2 * 2 * 2 * 16 * 4,
-                                    "max_context": info["model"]["free_bytes_beside_weights"] // 512}]
+    assert info["model"]["kv"] == [
+        {
+            "k_bits": 16,
+            "v_bits": 16,
+            "kv_bits": 16,
+            "bytes_per_token": 2 * 2 * 2 * 16 * 4,
+            "max_context": info["model"]["free_bytes_beside_weights"] // 512,
+        }
+    ]
 
 
 def test_info_plans_memory_with_the_chosen_key_and_value_bits(cli_home):
@@ -135,8 +192,9 @@ def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
     gguf_file = write_gguf(tiny_llama_dir, tmp_path / "tiny.gguf")
     out = brisk(cli_home, "models", "import-gguf", str(gguf_file), "--id", "from-gguf")
     assert out.returncode == 0, out.stderr
-    out = brisk(cli_home, "run", "--model", "from-gguf", "--prompt", "hello", "--temp", "0", "--max-tokens", "4",
-                "--json")
+    out = brisk(
+        cli_home, "run", "--model", "from-gguf", "--prompt", "hello", "--temp", "0", "--max-tokens", "4", "--json"
+    )
     assert out.returncode == 0, out.stderr
     notes = tmp_path / "notes.gguf"
     notes.write_text("not a model")
@@ -149,18 +207,46 @@ def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
     """The benchmarks behind the speculative numbers run end to end: the verify pass with and
     without the native matmul, and every specdecode variant (native and BLAS verify, mlx-lm)
     giving the plain greedy output."""
-    out = brisk(cli_home, "bench", "verify", "--model", "tiny", "--rows", "2,5", "--context", "40", "--runs", "1",
-                "--json")
+    out = brisk(
+        cli_home, "bench", "verify", "--model", "tiny", "--rows", "2,5", "--context", "40", "--runs", "1", "--json"
+    )
     assert out.returncode == 0, out.stderr
     verify = json.loads(out.stdout)
     assert [r["rows"] for r in verify["rows"]] == [2, 5]
     assert all(r["native_ms"] > 0 and r["blas_ms"] > 0 and r["one_row_ms"] > 0 for r in verify["rows"])
-    out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--draft", "tiny", "--num-draft", "2,auto",
-                "--blas-verify", "2", "--mlx-lm", "2", "--contents", "code", "--gen", "8", "--runs", "1", "--json")
+    out = brisk(
+        cli_home,
+        "bench",
+        "specdecode",
+        "--target",
+        "tiny",
+        "--draft",
+        "tiny",
+        "--num-draft",
+        "2,auto",
+        "--blas-verify",
+        "2",
+        "--mlx-lm",
+        "2",
+        "--contents",
+        "code",
+        "--gen",
+        "8",
+        "--runs",
+        "1",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
-    assert [r["variant"] for r in rows] == ["plain", "lookup", "k=2", "auto", "auto+lookup", "k=2 blas verify",
-                                            "mlx-lm k=2"]
+    assert [r["variant"] for r in rows] == [
+        "plain",
+        "lookup",
+        "k=2",
+        "auto",
+        "auto+lookup",
+        "k=2 blas verify",
+        "mlx-lm k=2",
+    ]
     assert all(r["same_output"] for r in rows)
     assert rows[2]["acceptance"] == 1.0  # a model drafting for itself is always right
 
@@ -168,12 +254,25 @@ def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
 def test_bench_specdecode_without_a_draft_runs_the_grounded_kinds(cli_home, roomy_home):
     """No draft model: plain vs lookup, on conversations built from a document, a source
     file and the target's own earlier answer."""
-    out = brisk(roomy_home, "bench", "specdecode", "--target", "roomy", "--contents", "quote,code-edit,follow-up",
-                "--gen", "8", "--runs", "1", "--json")
+    out = brisk(
+        roomy_home,
+        "bench",
+        "specdecode",
+        "--target",
+        "roomy",
+        "--contents",
+        "quote,code-edit,follow-up",
+        "--gen",
+        "8",
+        "--runs",
+        "1",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["rows"]
     assert [(r["content"], r["variant"]) for r in rows] == [
-        (kind, variant) for kind in ("quote", "code-edit", "follow-up") for variant in ("plain", "lookup")]
+        (kind, variant) for kind in ("quote", "code-edit", "follow-up") for variant in ("plain", "lookup")
+    ]
     assert all(r["same_output"] and r["tokens"] > 0 for r in rows)
     out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--contents", "poem", "--runs", "1")
     assert out.returncode != 0 and "unknown content kind 'poem'" in out.stderr
@@ -182,8 +281,22 @@ def test_bench_specdecode_without_a_draft_runs_the_grounded_kinds(cli_home, room
 
 
 def test_bench_peers_runs_each_engine_in_its_own_process_and_says_what_it_skipped(cli_home):
-    out = brisk(cli_home, "bench", "peers", "--model", "tiny", "--prompt-tokens", "40,80", "--runs", "1",
-                "--gen-tokens", "4", "--engines", "brisk,mlx_lm,llama_cpp", "--json")
+    out = brisk(
+        cli_home,
+        "bench",
+        "peers",
+        "--model",
+        "tiny",
+        "--prompt-tokens",
+        "40,80",
+        "--runs",
+        "1",
+        "--gen-tokens",
+        "4",
+        "--engines",
+        "brisk,mlx_lm,llama_cpp",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert [e["requested_tokens"] for e in payload["lengths"]] == [40, 80]
@@ -204,16 +317,53 @@ def test_bench_uniprefill_and_its_quality_run_end_to_end(cli_home, tmp_path):
     layer, a low p drops some, and the quality bench scores needle, counting and perplexity."""
     text = tmp_path / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. def main(): return 42\n" * 60)
-    out = brisk(cli_home, "bench", "uniprefill", "--model", "tiny", "--prompt-tokens", "400", "--top-p", "0.3,1.0",
-                "--runs", "1", "--text-file", str(text), "--json")
+    out = brisk(
+        cli_home,
+        "bench",
+        "uniprefill",
+        "--model",
+        "tiny",
+        "--prompt-tokens",
+        "400",
+        "--top-p",
+        "0.3,1.0",
+        "--runs",
+        "1",
+        "--text-file",
+        str(text),
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     rows = {r["p"]: r for r in json.loads(out.stdout)["rows"]}
     assert all(k == n for _, n, k in rows[1.0]["kept_per_drop"]) and rows[1.0]["flops_saved"] == 0.0
     assert any(k < n for _, n, k in rows[0.3]["kept_per_drop"]) and rows[0.3]["bound"] > 1.0
     assert all(r["speedup"] > 0 and r["dense_ttft_s"] > 0 for r in rows.values())
-    out = brisk(cli_home, "bench", "uniprefill-quality", "--model", "tiny", "--top-p", "0.5", "--tokens", "350",
-                "--depths", "0.5", "--entries", "8", "--green", "2", "--seeds", "1", "--text-file", str(text),
-                "--context", "300", "--continuation", "16", "--json")
+    out = brisk(
+        cli_home,
+        "bench",
+        "uniprefill-quality",
+        "--model",
+        "tiny",
+        "--top-p",
+        "0.5",
+        "--tokens",
+        "350",
+        "--depths",
+        "0.5",
+        "--entries",
+        "8",
+        "--green",
+        "2",
+        "--seeds",
+        "1",
+        "--text-file",
+        str(text),
+        "--context",
+        "300",
+        "--continuation",
+        "16",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     quality = json.loads(out.stdout)
     assert len(quality["needle"]) == 1 and len(quality["counting"]) == 1

@@ -4,8 +4,14 @@ import random
 
 from engine.detokenize import StreamingText
 
-HARD_TEXTS = ["Zażółć gęślą jaźń, w Warszawie", "東京は日本の首都です。", "Emoji 🙂🚀 end",
-              "def main():\n\treturn 42", " leading space", "numbers 1234567890"]
+HARD_TEXTS = [
+    "Zażółć gęślą jaźń, w Warszawie",
+    "東京は日本の首都です。",
+    "Emoji 🙂🚀 end",
+    "def main():\n\treturn 42",
+    " leading space",
+    "numbers 1234567890",
+]
 
 
 def stream(tokenizer, ids, seed=()):
@@ -52,4 +58,4 @@ def test_random_token_streams_match_decode(tiny_llama):
         ids = [rng.randrange(3, 384) for _ in range(rng.randrange(1, 30))]
         seed = [rng.randrange(3, 384) for _ in range(4)]
         joined = "".join(stream(tok, ids, seed=seed))
-        assert joined == tok.decode(seed + ids)[len(tok.decode(seed)):]
+        assert joined == tok.decode(seed + ids)[len(tok.decode(seed)) :]

@@ -6,13 +6,16 @@ from engine.documents import MAX_DOCUMENT_BYTES, DocumentError, check_fit, read_
 from engine.settings import ChatSettings
 
 
-@pytest.mark.parametrize("name, data, message", [
-    ("empty.txt", b"", "is empty"),
-    ("blank.md", b"  \n\t\n", "only whitespace"),
-    ("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "binary file"),
-    ("latin1.txt", "Zażółć".encode("latin-1", "replace") + b"\xff\xfe", "not UTF-8"),
-    ("broken.pdf", b"%PDF-1.7\nthis is not really a pdf", "not a readable PDF"),
-])
+@pytest.mark.parametrize(
+    "name, data, message",
+    [
+        ("empty.txt", b"", "is empty"),
+        ("blank.md", b"  \n\t\n", "only whitespace"),
+        ("photo.png", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "binary file"),
+        ("latin1.txt", "Zażółć".encode("latin-1", "replace") + b"\xff\xfe", "not UTF-8"),
+        ("broken.pdf", b"%PDF-1.7\nthis is not really a pdf", "not a readable PDF"),
+    ],
+)
 def test_bad_files_get_clear_messages(tmp_path, name, data, message):
     path = tmp_path / name
     path.write_bytes(data)
@@ -46,10 +49,16 @@ def test_pdf_text_is_extracted(tmp_path):
     writer = pypdf.PdfWriter()
     writer.add_blank_page(200, 200)  # a cover page without text: counted, not read
     page = writer.add_blank_page(200, 200)
-    font = DictionaryObject({NameObject("/Type"): NameObject("/Font"), NameObject("/Subtype"): NameObject("/Type1"),
-                             NameObject("/BaseFont"): NameObject("/Helvetica")})
-    page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): DictionaryObject(
-        {NameObject("/F1"): writer._add_object(font)})})
+    font = DictionaryObject(
+        {
+            NameObject("/Type"): NameObject("/Font"),
+            NameObject("/Subtype"): NameObject("/Type1"),
+            NameObject("/BaseFont"): NameObject("/Helvetica"),
+        }
+    )
+    page[NameObject("/Resources")] = DictionaryObject(
+        {NameObject("/Font"): DictionaryObject({NameObject("/F1"): writer._add_object(font)})}
+    )
     stream = DecodedStreamObject()
     stream.set_data(b"BT /F1 12 Tf 20 100 Td (Water budget report) Tj ET")
     page[NameObject("/Contents")] = writer._add_object(stream)
@@ -89,10 +98,12 @@ def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
     dense = need()
     assert need(k_bits=8, v_bits=4) == pytest.approx(dense * (1 + 0.125 + 0.5 + 0.125) / 8)
     assert need(kv_auto=True) == dense
-    fidelity.FidelityStore(lm.path).save({"K4/V4 g32": {"top1_agreement": 0.9, "mean_kl": 0.2, "generated": 64,
-                                                       "passed": False, "why": "-"},
-                                         "K8/V4 g32": {"top1_agreement": 1.0, "mean_kl": 0.0, "generated": 64,
-                                                       "passed": True, "why": "-"}})
+    fidelity.FidelityStore(lm.path).save(
+        {
+            "K4/V4 g32": {"top1_agreement": 0.9, "mean_kl": 0.2, "generated": 64, "passed": False, "why": "-"},
+            "K8/V4 g32": {"top1_agreement": 1.0, "mean_kl": 0.0, "generated": 64, "passed": True, "why": "-"},
+        }
+    )
     assert need(kv_auto=True) == need(k_bits=8, v_bits=4)
 
 

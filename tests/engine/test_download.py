@@ -56,8 +56,12 @@ def test_cancelled_pull_resumes_where_it_stopped(tmp_path, hub_root, monkeypatch
     with HubServer(hub_root) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         with pytest.raises(DownloadError, match="cancelled"):
-            pull("acme/tiny-llama", store=store, on_progress=seen.append,
-                 should_stop=lambda: seen[-1].file == "model.safetensors" and seen[-1].done_bytes > 150_000)
+            pull(
+                "acme/tiny-llama",
+                store=store,
+                on_progress=seen.append,
+                should_stop=lambda: seen[-1].file == "model.safetensors" and seen[-1].done_bytes > 150_000,
+            )
         assert not store.has("tiny-llama")
         partial = list((store.cache_dir / "hf" / "tiny-llama").glob("*.part"))
         assert partial and partial[0].stat().st_size > 0

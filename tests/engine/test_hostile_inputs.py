@@ -26,22 +26,27 @@ def cli_home(tmp_path_factory, tiny_llama_dir):
 
 def brisk(home, *args):
     env = dict(os.environ, BRISK_HOME=str(home))
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 # --- 14. values that would be accepted silently -----------------------------------------------
 
-@pytest.mark.parametrize("args,match", [
-    (["--temp", "nan"], "temperature must be a finite number"),
-    (["--temp", "inf"], "temperature must be a finite number"),
-    (["--repetition-penalty", "nan"], "repetition_penalty must be a finite number"),
-    (["--top-p", "nan"], "top_p must be a finite number"),
-    (["--seed", "-1"], "seed must be in"),
-    (["--prefill-step", "32768"], "prefill_step_size must be at most"),
-    (["--prompt", ""], "prompt is empty"),
-    (["--prompt", "   \n"], "prompt is empty"),
-])
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["--temp", "nan"], "temperature must be a finite number"),
+        (["--temp", "inf"], "temperature must be a finite number"),
+        (["--repetition-penalty", "nan"], "repetition_penalty must be a finite number"),
+        (["--top-p", "nan"], "top_p must be a finite number"),
+        (["--seed", "-1"], "seed must be in"),
+        (["--prefill-step", "32768"], "prefill_step_size must be at most"),
+        (["--prompt", ""], "prompt is empty"),
+        (["--prompt", "   \n"], "prompt is empty"),
+    ],
+)
 def test_cli_refuses_values_that_would_answer_wrongly(cli_home, args, match):
     prompt = [] if "--prompt" in args else ["--prompt", "hi"]
     out = brisk(cli_home, "run", "--model", "tiny", "--max-tokens", "2", *prompt, *args)
@@ -58,16 +63,23 @@ def test_settings_from_saved_data_with_wrong_types_are_refused():
 
 # --- 13. bench arguments -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("args", [["bench", "kv", "--model", "tiny", "--context", "-5"],
-                                  ["bench", "kv", "--model", "tiny", "--context", "0"],
-                                  ["bench", "verify", "--model", "tiny", "--rows", "0"],
-                                  ["bench", "overhead", "--model", "tiny", "--runs", "0"]])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", "kv", "--model", "tiny", "--context", "-5"],
+        ["bench", "kv", "--model", "tiny", "--context", "0"],
+        ["bench", "verify", "--model", "tiny", "--rows", "0"],
+        ["bench", "overhead", "--model", "tiny", "--runs", "0"],
+    ],
+)
 def test_bench_refuses_non_positive_sizes_with_a_usage_message(cli_home, args):
     out = brisk(cli_home, *args)
     assert out.returncode == 2 and "must be at least 1" in out.stderr and "Traceback" not in out.stderr
 
 
 # --- 17. prompt files ------------------------------------------------------------------------------
+
 
 def test_prompt_file_checks(cli_home, tmp_path):
     folder = tmp_path / "a-folder"
@@ -104,11 +116,13 @@ def test_a_directory_is_not_a_document(tmp_path):
 
 # --- 11. oversized text never reaches the tokenizer whole -------------------------------------------
 
+
 def test_a_prompt_larger_than_any_context_is_refused_before_tokenizing(tiny_llama, monkeypatch):
     calls = []
     real = tiny_llama.tokenizer.apply_chat_template
-    monkeypatch.setattr(type(tiny_llama.tokenizer), "apply_chat_template",
-                        lambda self, *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        type(tiny_llama.tokenizer), "apply_chat_template", lambda self, *a, **k: calls.append(1) or real(*a, **k)
+    )
     session = Session(tiny_llama, ChatSettings(model="tiny", max_tokens=2))
     events = list(session.send("word " * 400_000))  # 2 M characters, context 512 tokens
     (error,) = [e for e in events if isinstance(e, EngineErrored)]
@@ -117,8 +131,11 @@ def test_a_prompt_larger_than_any_context_is_refused_before_tokenizing(tiny_llam
 
 def test_truncate_oldest_drops_turns_by_characters_first(tiny_llama):
     history = [Message("user", "old " * 50_000), Message("assistant", "ok"), Message("user", "new question")]
-    session = Session(tiny_llama, ChatSettings(model="tiny", max_tokens=2, temperature=0,
-                                               context_overflow="truncate_oldest"), messages=history[:2])
+    session = Session(
+        tiny_llama,
+        ChatSettings(model="tiny", max_tokens=2, temperature=0, context_overflow="truncate_oldest"),
+        messages=history[:2],
+    )
     events = list(session.send("new question"))
     assert [e for e in events if isinstance(e, TurnFinished)]
     (truncated,) = [e for e in events if type(e).__name__ == "ContextTruncated"]
@@ -185,6 +202,7 @@ def test_a_pdf_that_expands_past_the_character_cap_stops_extracting(tmp_path, mo
 
 # --- 10. prefill memory ------------------------------------------------------------------------------
 
+
 def test_a_prefill_step_that_cannot_fit_in_memory_is_refused_with_both_numbers(tiny_llama, monkeypatch):
     import engine.info
 
@@ -207,6 +225,7 @@ def test_the_check_counts_the_chunk_not_the_whole_prompt(tiny_llama, monkeypatch
 
 
 # --- 15. drafts that cannot help ---------------------------------------------------------------------
+
 
 def test_a_draft_equal_to_the_target_is_refused_on_the_cli(cli_home):
     out = brisk(cli_home, "run", "--model", "tiny", "--draft", "tiny", "--prompt", "hi", "--max-tokens", "4")
@@ -233,8 +252,11 @@ def test_a_draft_bigger_than_the_target_is_refused_by_the_worker(tiny_llama, tmp
 
 
 def test_a_drafting_turn_reports_a_rate_no_faster_than_its_whole_generation(tiny_llama):
-    session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0, max_tokens=12, spec_decode="on",
-                                               num_draft=4), draft=tiny_llama)
+    session = Session(
+        tiny_llama,
+        ChatSettings(model="tiny", temperature=0, max_tokens=12, spec_decode="on", num_draft=4),
+        draft=tiny_llama,
+    )
     (done,) = [e for e in session.send("The quick brown fox") if isinstance(e, TurnFinished)]
     m = done.metrics
     assert m.draft_tokens > 0
@@ -242,6 +264,7 @@ def test_a_drafting_turn_reports_a_rate_no_faster_than_its_whole_generation(tiny
 
 
 # --- 18. a saved cache spliced from two chats -----------------------------------------------------
+
 
 def test_a_saved_cache_with_another_chats_kv_is_refused(tiny_llama, tmp_path):
     from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
@@ -263,10 +286,14 @@ def test_a_saved_cache_with_another_chats_kv_is_refused(tiny_llama, tmp_path):
 def test_a_sparse_turns_prefill_rate_counts_the_tokens_it_served(tiny_llama):
     """Issue 15: a sparse turn's rate counted only the kept tokens (8 tok/s plotted against
     36 for a slower dense turn); it counts every new prompt token it served."""
-    session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0, max_tokens=2, sparse_prefill="on",
-                                               sparse_keep=0.3), draft=tiny_llama)
-    (done,) = [e for e in session.send("The quick brown fox jumps over the lazy dog. " * 20)
-               if isinstance(e, TurnFinished)]
+    session = Session(
+        tiny_llama,
+        ChatSettings(model="tiny", temperature=0, max_tokens=2, sparse_prefill="on", sparse_keep=0.3),
+        draft=tiny_llama,
+    )
+    (done,) = [
+        e for e in session.send("The quick brown fox jumps over the lazy dog. " * 20) if isinstance(e, TurnFinished)
+    ]
     m = done.metrics
     assert m.sparse_outcome == "used" and m.kept_tokens < m.prompt_tokens
     assert m.prefill_tps == pytest.approx((m.prompt_tokens - m.cached_tokens) / m.ttft_s)

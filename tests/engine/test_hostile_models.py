@@ -34,8 +34,10 @@ def edit_json(path, **changes):
 
 # --- 1. remote code ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("file,key", [("tokenizer_config.json", "auto_map"), ("config.json", "auto_map"),
-                                      ("config.json", "model_file")])
+
+@pytest.mark.parametrize(
+    "file,key", [("tokenizer_config.json", "auto_map"), ("config.json", "auto_map"), ("config.json", "model_file")]
+)
 def test_a_folder_asking_to_run_its_own_code_is_refused_naming_the_key(folder, tmp_path, file, key):
     marker = tmp_path / "ran"
     (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
@@ -61,6 +63,7 @@ def test_the_loader_passes_trust_remote_code_false(monkeypatch, folder):
 
 
 # --- 3. chat templates --------------------------------------------------------------------
+
 
 def with_template(folder, template):
     edit_json(folder / "tokenizer_config.json", chat_template=template)
@@ -110,32 +113,39 @@ def test_a_template_raising_its_own_error_is_reported(folder):
 
 # --- 13. malformed safetensors headers and configs -----------------------------------------
 
+
 def write_header(path, header):
     raw = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 64)
 
 
-@pytest.mark.parametrize("header", [
-    [1, 2, 3],
-    {"w": {"dtype": "F32", "shape": [4, 4]}},
-    {"w": {"dtype": "F32", "shape": ["4", "4"], "data_offsets": [0, 64]}},
-    {"w": {"dtype": "F32", "shape": [4], "data_offsets": [16]}},
-])
+@pytest.mark.parametrize(
+    "header",
+    [
+        [1, 2, 3],
+        {"w": {"dtype": "F32", "shape": [4, 4]}},
+        {"w": {"dtype": "F32", "shape": ["4", "4"], "data_offsets": [0, 64]}},
+        {"w": {"dtype": "F32", "shape": [4], "data_offsets": [16]}},
+    ],
+)
 def test_malformed_safetensors_headers_are_named(folder, header):
     write_header(folder / "model.safetensors", header)
     with pytest.raises(BrokenModelFolder, match="corrupt safetensors header"):
         inspect_folder(folder)
 
 
-@pytest.mark.parametrize("change,error,match", [
-    ({"model_type": "base"}, UnsupportedModel, "'base'"),
-    ({"model_type": "cache"}, UnsupportedModel, "'cache'"),
-    ({"text_config": [1, 2]}, BrokenModelFolder, "text_config"),
-    ({"max_position_embeddings": True}, BrokenModelFolder, "max_position_embeddings"),
-    ({"max_position_embeddings": 1 << 40}, BrokenModelFolder, "max_position_embeddings"),
-    ({"num_attention_heads": 0}, BrokenModelFolder, "num_attention_heads"),
-    ({"quantization": {"bits": "four"}}, BrokenModelFolder, "quantization"),
-])
+@pytest.mark.parametrize(
+    "change,error,match",
+    [
+        ({"model_type": "base"}, UnsupportedModel, "'base'"),
+        ({"model_type": "cache"}, UnsupportedModel, "'cache'"),
+        ({"text_config": [1, 2]}, BrokenModelFolder, "text_config"),
+        ({"max_position_embeddings": True}, BrokenModelFolder, "max_position_embeddings"),
+        ({"max_position_embeddings": 1 << 40}, BrokenModelFolder, "max_position_embeddings"),
+        ({"num_attention_heads": 0}, BrokenModelFolder, "num_attention_heads"),
+        ({"quantization": {"bits": "four"}}, BrokenModelFolder, "quantization"),
+    ],
+)
 def test_hostile_config_values_are_named(folder, change, error, match):
     edit_json(folder / "config.json", **change)
     with pytest.raises(error, match=match):
@@ -155,6 +165,7 @@ def test_a_config_that_breaks_inside_mlx_lm_is_a_broken_folder_not_a_traceback(f
 
 
 # --- 13. the store: symlinked models, concurrent installs; 16. ids -------------------------
+
 
 def test_removing_a_symlinked_model_removes_the_link_not_the_target(tmp_path, tiny_llama_dir):
     store = ModelStore(tmp_path / "home")
@@ -188,6 +199,7 @@ def test_model_ids_must_match_in_full(bad):
 
 # --- 12. hostile GGUF files ----------------------------------------------------------------
 
+
 def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
     from engine.errors import GGUFImportError
     from engine.models.gguf_import import import_gguf
@@ -195,8 +207,9 @@ def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
     path = tmp_path / "bomb.gguf"
     key = b"tokenizer.ggml.tokens"
     # magic, version 3, 0 tensors, 1 key: an array of 2^62 strings in a 52-byte file
-    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
-                     + struct.pack("<IIQ", 9, 8, 1 << 62))
+    path.write_bytes(
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 62)
+    )
     assert path.stat().st_size < 100
     start = time.monotonic()
     with pytest.raises(GGUFImportError, match="hostile"):
@@ -204,8 +217,10 @@ def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
     assert time.monotonic() - start < 2
 
 
-@pytest.mark.parametrize("metadata,match", [({"attention.head_count": 0}, "head_count|num_attention_heads"),
-                                            ({"context_length": 1 << 40}, "context")])
+@pytest.mark.parametrize(
+    "metadata,match",
+    [({"attention.head_count": 0}, "head_count|num_attention_heads"), ({"context_length": 1 << 40}, "context")],
+)
 def test_gguf_metadata_out_of_range_is_refused_before_install(tmp_path, metadata, match):
     from engine.errors import GGUFImportError
     from engine.models.gguf_import import import_gguf

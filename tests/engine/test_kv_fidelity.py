@@ -26,8 +26,13 @@ def stored(lm, results):
 
 
 def result(passed, top1=1.0, kl=0.0):
-    return {"top1_agreement": top1, "mean_kl": kl, "generated": 64, "passed": passed,
-            "why": "kept 64 of 64 next-token choices" if passed else "changed 9 of 64 next-token choices"}
+    return {
+        "top1_agreement": top1,
+        "mean_kl": kl,
+        "generated": 64,
+        "passed": passed,
+        "why": "kept 64 of 64 next-token choices" if passed else "changed 9 of 64 next-token choices",
+    }
 
 
 def turn(lm, **kw):
@@ -87,8 +92,14 @@ def test_first_use_runs_the_check_and_says_so(lm):
     assert "kv_check" not in [e.phase for e in again if isinstance(e, PrefillProgressed)]
 
 
-@pytest.mark.parametrize("content", ["{not json", json.dumps({"method": "old-packing", "results": {
-    "K4/V4 g32": result(True)}}), json.dumps({"method": fidelity.METHOD, "results": {"K4/V4 g32": {"top1": "x"}}})])
+@pytest.mark.parametrize(
+    "content",
+    [
+        "{not json",
+        json.dumps({"method": "old-packing", "results": {"K4/V4 g32": result(True)}}),
+        json.dumps({"method": fidelity.METHOD, "results": {"K4/V4 g32": {"top1": "x"}}}),
+    ],
+)
 def test_a_damaged_or_stale_results_file_is_measured_again(lm, content):
     (lm.path / "kv_fidelity.json").write_text(content)
     assert fidelity.FidelityStore(lm.path).load() == {}

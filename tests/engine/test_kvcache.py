@@ -21,8 +21,11 @@ PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
 @pytest.fixture(scope="module", params=[None, 4], ids=["float32", "4-bit weights"])
 def lm(tmp_path_factory, request):
     # head_dim 64 (hidden 256 / 4 heads) so groups of 32 and 64 both fit
-    return load_folder(make_tiny_model(tmp_path_factory.mktemp("kv") / "m", "llama", context_length=4096,
-                                       hidden_size=256, quantize=request.param))
+    return load_folder(
+        make_tiny_model(
+            tmp_path_factory.mktemp("kv") / "m", "llama", context_length=4096, hidden_size=256, quantize=request.param
+        )
+    )
 
 
 def finish(events):
@@ -56,8 +59,9 @@ def test_kv_bytes_are_exact(lm, bits, group, ratio):
     assert all(32 <= r < 64 for r in recent)
     key_row = head_dim * bits / 8 + head_dim / 32 * 4
     dense_share = sum(r * kv_heads * (head_dim * 2 - key_row) for r in recent)
-    assert packed.kv_bytes == dense.kv_bytes / 2 * ratio + dense.kv_bytes / 2 * (5 if bits == 4 else 9) / 32 \
-        + dense_share
+    assert (
+        packed.kv_bytes == dense.kv_bytes / 2 * ratio + dense.kv_bytes / 2 * (5 if bits == 4 else 9) / 32 + dense_share
+    )
 
 
 def reference_sdpa(queries, keys, values, scale, mask, group_size=64, bits=8):
@@ -213,17 +217,18 @@ def test_a_rollback_never_reaches_packed_keys_and_a_deep_trim_unpacks_the_cut_gr
 def test_a_verify_pass_reads_keys_as_one_token_steps_do(lm, start):
     """Exact speculative decoding with packed keys: the logits of 8 tokens in one pass equal
     those of 8 one-token steps, whichever keys were packed in between."""
-    tokens = mx.array((lm.tokenizer.encode(PROMPT) * 3)[:start + 8])[None]
+    tokens = mx.array((lm.tokenizer.encode(PROMPT) * 3)[: start + 8])[None]
     logits = []
     for one_by_one in (False, True):
         cache = make_prompt_cache(lm.model)
         lm.model(tokens[:, :64], cache=cache)
         maybe_quantize_kv_cache(cache, k_bits=4, v_bits=4, group_size=32, start=0)
         for i in range(64, start):
-            lm.model(tokens[:, i:i + 1], cache=cache)
+            lm.model(tokens[:, i : i + 1], cache=cache)
         if one_by_one:
-            logits.append(mx.concatenate([lm.model(tokens[:, i:i + 1], cache=cache)
-                                          for i in range(start, start + 8)], axis=1))
+            logits.append(
+                mx.concatenate([lm.model(tokens[:, i : i + 1], cache=cache) for i in range(start, start + 8)], axis=1)
+            )
         else:
-            logits.append(lm.model(tokens[:, start:start + 8], cache=cache))
+            logits.append(lm.model(tokens[:, start : start + 8], cache=cache))
     assert mx.allclose(logits[0], logits[1], atol=1e-4, rtol=1e-4).item()

@@ -30,8 +30,7 @@ PROMPT = "Tell me about the quick brown fox and the lazy dog."
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("lookup")
-    out = {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048))
-           for arch in ARCHS}
+    out = {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048)) for arch in ARCHS}
     out["llama-draft"] = load_folder(make_tiny_model_by_key(root / "draft", "llama", seed=2, context_length=2048))
     return out
 
@@ -80,7 +79,7 @@ def test_a_synced_index_equals_one_built_fresh(seed):
     nothing of the replaced tokens may stay behind to be proposed."""
     rng = random.Random(seed)
     first = [rng.randrange(6) for _ in range(300)]  # a small vocabulary: many repeated n-grams
-    second = first[:rng.randrange(300)] + [rng.randrange(6) for _ in range(rng.randrange(200))]
+    second = first[: rng.randrange(300)] + [rng.randrange(6) for _ in range(rng.randrange(200))]
     index = ContextIndex()
     index.extend(first)
     kept = index.sync(second)
@@ -111,7 +110,7 @@ class OracleIndex(ContextIndex):
         if self.turns > 1:  # it knows the first answer only
             return None
         at = len(self.tokens) - self.prompt_len
-        future = self.answer[at:at + k]
+        future = self.answer[at : at + k]
         wrong = [(t + 1) % self.vocab if (at + i) % 7 == 3 else t for i, t in enumerate(future)]
         return LookupOffer(wrong, 16) if wrong else None
 
@@ -168,8 +167,9 @@ def _lookup_sampled_pairs(target, prompt, dist, proposal, n):
     counts = {}
     controller = SpeculationAutopilot("on", 2, has_draft=False, lookup=True)
     for _ in range(n):
-        decoder = SpeculativeDecoder(target.model, held, None, controller, dist, rule="rejection", max_tokens=3,
-                                     index=FixedIndex(proposal))
+        decoder = SpeculativeDecoder(
+            target.model, held, None, controller, dist, rule="rejection", max_tokens=3, index=FixedIndex(proposal)
+        )
         steps = decoder.steps(prompt)
         pair = (next(steps)[0], next(steps)[0])
         steps.close()
@@ -272,11 +272,11 @@ def test_the_index_follows_edits_and_regenerates(models):
     session = Session(models["qwen2"], settings(spec_decode="auto"))
     chat(session, [PROMPT, "Tell me more about the dog."])
     index = session.context_index
-    assert index.tokens[:len(session.cache.tokens)] == session.cache.tokens
+    assert index.tokens[: len(session.cache.tokens)] == session.cache.tokens
     list(session.answer([Message("user", "Something else entirely.")]))  # an edit of the first message
     fresh = ContextIndex()
     fresh.extend(index.tokens)
-    assert index.tokens[:len(session.cache.tokens)] == session.cache.tokens
+    assert index.tokens[: len(session.cache.tokens)] == session.cache.tokens
     assert _tables(index) == _tables(fresh)
     assert len(index.tokens) <= len(session.cache.tokens) + 1
 

@@ -91,8 +91,11 @@ def test_after_a_turn_the_cache_holds_exactly_the_tokens_it_says(tiny_llama, tmp
     from tests.tiny_models import make_tiny_model
 
     draft = load_folder(make_tiny_model(tmp_path / "d", "llama", hidden_size=32, intermediate_size=64), model_id="d")
-    session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0, max_tokens=9, spec_decode=spec_decode,
-                                               num_draft=3), draft=draft if spec_decode == "on" else None)
+    session = Session(
+        tiny_llama,
+        ChatSettings(model="tiny", temperature=0, max_tokens=9, spec_decode=spec_decode, num_draft=3),
+        draft=draft if spec_decode == "on" else None,
+    )
     for text in ("The quick brown fox", "jumps over"):
         list(session.send(text))
         assert offsets(session.cache) == {len(session.cache.tokens)}

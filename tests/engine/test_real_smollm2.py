@@ -112,8 +112,10 @@ def test_bundled_assembly_checks_the_pinned_hash(real_store, tmp_path):
 
 
 def test_sparse_prefill_with_keep_all_equals_full_prefill(smol):
-    document = ("The committee met on Tuesday to review the water budget for the coming year. " * 12
-                + "What did the committee review?")
+    document = (
+        "The committee met on Tuesday to review the water budget for the coming year. " * 12
+        + "What did the committee review?"
+    )
     full = finished(Session(smol, greedy(max_tokens=24)).send(document))
     sparse_session = Session(smol, greedy(max_tokens=24, sparse_prefill="on", sparse_keep=1.0), draft=smol)
     sparse = finished(sparse_session.send(document))
@@ -155,8 +157,8 @@ def test_quantized_weights_agree_with_the_float32_import_of_the_same_gguf(smol, 
     done = finished(session.send("Tell me about the history of Rome."))
     prompt = encode_messages(reference, session.messages[:1])
     sequence = mx.array(prompt + done.token_ids)[None]
-    want = reference.model(sequence)[0, len(prompt) - 1:-1]
-    got = smol.model(sequence)[0, len(prompt) - 1:-1]
+    want = reference.model(sequence)[0, len(prompt) - 1 : -1]
+    got = smol.model(sequence)[0, len(prompt) - 1 : -1]
     agreement = mx.mean(mx.argmax(got, -1) == mx.argmax(want, -1)).item()
     log_p, log_q = (a - mx.logsumexp(a, -1, keepdims=True) for a in (want, got))
     mean_kl = mx.mean(mx.sum(mx.exp(log_p) * (log_p - log_q), -1)).item()
@@ -166,8 +168,9 @@ def test_quantized_weights_agree_with_the_float32_import_of_the_same_gguf(smol, 
 
 def test_quantized_weights_agree_with_llama_cpp_on_the_same_gguf(smol, real_store):
     """The same comparison against llama.cpp's own logits for the GGUF Brisk imported."""
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is a bench-only extra "
-                                                        "(../shared/wheels/README.md), not installed here")
+    llama_cpp = pytest.importorskip(
+        "llama_cpp", reason="llama-cpp-python is a bench-only extra (../shared/wheels/README.md), not installed here"
+    )
     import numpy as np
 
     gguf = real_store.cache_dir / "bundled" / f"{MODEL}.gguf"
@@ -178,24 +181,27 @@ def test_quantized_weights_agree_with_llama_cpp_on_the_same_gguf(smol, real_stor
     tokens = encode_messages(smol, session.messages[:1]) + done.token_ids
     peer = llama_cpp.Llama(str(gguf), n_ctx=len(tokens) + 8, logits_all=True, n_threads=2, verbose=False)
     peer.eval(tokens)
-    theirs = mx.array(np.asarray(peer.scores[:len(tokens)], dtype=np.float32))
+    theirs = mx.array(np.asarray(peer.scores[: len(tokens)], dtype=np.float32))
     ours = smol.model(mx.array(tokens)[None])[0]
     start = len(tokens) - len(done.token_ids) - 1  # the positions that chose the answer's tokens
     theirs, ours = theirs[start:-1], ours[start:-1]
     agreement = mx.mean(mx.argmax(ours, -1) == mx.argmax(theirs, -1)).item()
     log_p, log_q = (a - mx.logsumexp(a, -1, keepdims=True) for a in (theirs, ours))
     mean_kl = mx.mean(mx.sum(mx.exp(log_p) * (log_p - log_q), -1)).item()
-    print(f"against llama.cpp: top-1 agreement {agreement:.4f} over {len(done.token_ids)} tokens, "
-          f"mean KL {mean_kl:.2e}")
+    print(
+        f"against llama.cpp: top-1 agreement {agreement:.4f} over {len(done.token_ids)} tokens, mean KL {mean_kl:.2e}"
+    )
     assert agreement >= 0.98 and mean_kl < 0.1
 
 
 def test_lookup_decoding_quotes_the_prompt_exactly_in_fewer_passes(smol):
     """Asked to repeat a paragraph, the model quotes it: lookup proposes the quote from the
     prompt, the target keeps most of it, and the answer is plain greedy's token for token."""
-    paragraph = ("The lighthouse stood on the northern cliff for two hundred years. Its keeper, Margaret Lowe, "
-                 "climbed the one hundred and twelve steps every evening to light the lamp, and every morning "
-                 "she wrote the weather in a green ledger.")
+    paragraph = (
+        "The lighthouse stood on the northern cliff for two hundred years. Its keeper, Margaret Lowe, "
+        "climbed the one hundred and twelve steps every evening to light the lamp, and every morning "
+        "she wrote the weather in a green ledger."
+    )
     prompt = "Repeat the following paragraph word for word:\n\n" + paragraph
     plain = finished(Session(smol, greedy(max_tokens=60, spec_decode="off")).send(prompt))
     looked = finished(Session(smol, greedy(max_tokens=60, spec_decode="auto")).send(prompt))

@@ -29,8 +29,9 @@ def finished(worker, command):
 
 
 def first_chat(lm, folder):
-    worker = EngineWorker({"tiny-llama": lm}.__getitem__, memory_available=lambda: 2**30,
-                          saved_caches=SavedCaches(folder))
+    worker = EngineWorker(
+        {"tiny-llama": lm}.__getitem__, memory_available=lambda: 2**30, saved_caches=SavedCaches(folder)
+    )
     done = finished(worker, Answer(1, settings(), [Message("user", DOCUMENT)]))
     worker.close()  # the app exits
     return [Message("user", DOCUMENT), Message("assistant", done.text), Message("user", "What was reviewed?")], done
@@ -39,8 +40,9 @@ def first_chat(lm, folder):
 def test_a_reopened_chat_reads_only_its_new_message(tiny_llama, tmp_path):
     history, first = first_chat(tiny_llama, tmp_path)
     assert (tmp_path / "chat-1.safetensors").stat().st_mode & 0o777 == 0o600
-    reopened = EngineWorker({"tiny-llama": tiny_llama}.__getitem__, memory_available=lambda: 2**30,
-                            saved_caches=SavedCaches(tmp_path))
+    reopened = EngineWorker(
+        {"tiny-llama": tiny_llama}.__getitem__, memory_available=lambda: 2**30, saved_caches=SavedCaches(tmp_path)
+    )
     follow = finished(reopened, Answer(1, settings(), history))
     assert follow.metrics.cached_tokens >= first.metrics.prompt_tokens
     cold = list(Session(tiny_llama, settings()).answer(history))
@@ -53,8 +55,9 @@ def test_a_saved_cache_of_another_model_is_refused_and_deleted(tiny_llama, tmp_p
 
     history, _ = first_chat(tiny_llama, tmp_path)
     other = load_folder(make_tiny_model(tmp_path / "other", "llama", seed=7), model_id="other")
-    worker = EngineWorker({"other": other}.__getitem__, memory_available=lambda: 2**30,
-                          saved_caches=SavedCaches(tmp_path))
+    worker = EngineWorker(
+        {"other": other}.__getitem__, memory_available=lambda: 2**30, saved_caches=SavedCaches(tmp_path)
+    )
     follow = finished(worker, Answer(1, settings(model="other"), history))
     assert follow.metrics.cached_tokens == 0 and not (tmp_path / "chat-1.safetensors").exists()
 
@@ -62,8 +65,9 @@ def test_a_saved_cache_of_another_model_is_refused_and_deleted(tiny_llama, tmp_p
 def test_a_damaged_saved_cache_costs_one_prefill_not_the_chat(tiny_llama, tmp_path):
     history, _ = first_chat(tiny_llama, tmp_path)
     (tmp_path / "chat-1.safetensors").write_bytes(b"half a file")
-    worker = EngineWorker({"tiny-llama": tiny_llama}.__getitem__, memory_available=lambda: 2**30,
-                          saved_caches=SavedCaches(tmp_path))
+    worker = EngineWorker(
+        {"tiny-llama": tiny_llama}.__getitem__, memory_available=lambda: 2**30, saved_caches=SavedCaches(tmp_path)
+    )
     follow = finished(worker, Answer(1, settings(), history))
     assert follow.metrics.cached_tokens == 0 and follow.token_ids
 

@@ -55,17 +55,23 @@ def engine_answer(tiny_home, text, **settings):
 
 
 def raw(live, path, body, *, headers=None):
-    return httpx.post(f"{live.url}{path}", content=body if isinstance(body, bytes) else json.dumps(body),
-                      headers={"Content-Type": "application/json", **(headers or {})}, timeout=120)
+    return httpx.post(
+        f"{live.url}{path}",
+        content=body if isinstance(body, bytes) else json.dumps(body),
+        headers={"Content-Type": "application/json", **(headers or {})},
+        timeout=120,
+    )
 
 
 def test_a_chat_answer_is_the_engines_own_with_usage_and_metrics(served, tiny_home):
     client = served.client()
     got = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=12, temperature=0)
+        model="tiny", messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=12, temperature=0
+    )
     answer, body = got.parse(), got.http_response.json()
-    assert answer.choices[0].message.content == engine_answer(tiny_home, "The quick brown fox", max_tokens=12,
-                                                              temperature=0)
+    assert answer.choices[0].message.content == engine_answer(
+        tiny_home, "The quick brown fox", max_tokens=12, temperature=0
+    )
     assert answer.choices[0].finish_reason in ("stop", "length") and answer.object == "chat.completion"
     assert answer.usage.completion_tokens == body["brisk"]["metrics"]["generated_tokens"] > 0
     assert answer.usage.prompt_tokens == body["brisk"]["metrics"]["prompt_tokens"] > 0
@@ -74,11 +80,23 @@ def test_a_chat_answer_is_the_engines_own_with_usage_and_metrics(served, tiny_ho
 
 def test_streaming_sends_the_same_text_and_usage_last(served):
     client = served.client()
-    whole = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Once upon"}],
-                                           max_tokens=10, temperature=0).choices[0].message.content
-    chunks = list(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Once upon"}],
-                                                 max_tokens=10, temperature=0, stream=True,
-                                                 stream_options={"include_usage": True}))
+    whole = (
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Once upon"}], max_tokens=10, temperature=0
+        )
+        .choices[0]
+        .message.content
+    )
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Once upon"}],
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -89,8 +107,7 @@ def test_streaming_sends_the_same_text_and_usage_last(served):
 def test_completions_read_the_prompt_as_is(served, tiny_home):
     got = served.client().completions.create(model="tiny", prompt="abc def", max_tokens=8, temperature=0)
     assert got.object == "text_completion"
-    assert got.choices[0].text == engine_answer(tiny_home, "abc def", max_tokens=8, temperature=0,
-                                                chat_template=False)
+    assert got.choices[0].text == engine_answer(tiny_home, "abc def", max_tokens=8, temperature=0, chat_template=False)
 
 
 def test_models_lists_what_is_installed_and_health_the_queue(served):
@@ -101,8 +118,12 @@ def test_models_lists_what_is_installed_and_health_the_queue(served):
 
 def test_brisk_controls_are_honoured_and_reported(served):
     got = served.client().chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "user", "content": "Tell me"}], max_tokens=6, temperature=0,
-        extra_body={"brisk": {"k_bits": 8, "spec_decode": "off", "prefill": "uniprefill"}})
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell me"}],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"brisk": {"k_bits": 8, "spec_decode": "off", "prefill": "uniprefill"}},
+    )
     brisk = got.http_response.json()["brisk"]
     assert brisk["controls"] == {"k_bits": 8, "spec_decode": "off", "prefill": "uniprefill"}
     assert brisk["metrics"]["k_bits"] == 8 and brisk["metrics"]["v_bits"] == 16
@@ -114,8 +135,10 @@ def test_a_growing_conversation_reuses_the_prompt_cache(served):
     client = served.client()
     first = [{"role": "user", "content": "Remember the number seven, please."}]
     answer = client.chat.completions.create(model="tiny", messages=first, max_tokens=6, temperature=0)
-    follow = first + [{"role": "assistant", "content": answer.choices[0].message.content},
-                      {"role": "user", "content": "Which number?"}]
+    follow = first + [
+        {"role": "assistant", "content": answer.choices[0].message.content},
+        {"role": "user", "content": "Which number?"},
+    ]
     again = client.chat.completions.create(model="tiny", messages=follow, max_tokens=6, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens > 0
 
@@ -129,49 +152,73 @@ def test_a_stop_sequence_ends_the_answer_before_it(served):
         pytest.skip(f"the tiny model's answer is too short to cut: {text!r}")
     stop = text[3:6]
     cut = client.chat.completions.create(model="tiny", messages=messages, max_tokens=16, temperature=0, stop=[stop])
-    assert cut.choices[0].message.content == text[:text.find(stop)]
+    assert cut.choices[0].message.content == text[: text.find(stop)]
     assert cut.choices[0].finish_reason == "stop"
 
 
-@pytest.mark.parametrize("body, status, said", [
-    (b"{not json", 400, "not valid JSON"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools_please": 1}, 400, "tools_please"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
-    ({"model": "tiny", "messages": "hi"}, 400, "messages must be a non-empty list"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n must be 1"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"kv_bits": 5}}, 400,
-     "kv_bits must be 16, 8 or 4"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"v_bits": 4}}, 400,
-     "does not divide this model's head dimension"),  # the engine's own refusal, passed on
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"warp": 9}}, 400,
-     "Unknown brisk control"),
-    ({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, 404, "does not exist"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"draft": "nope"}}, 404,
-     "'nope' does not exist"),
-    ({"model": "tiny", "messages": [{"role": "user", "content": "word " * 2000}]}, 400, "holds at most 512"),
-    (b"x" * (9 << 20), 413, "larger than"),
-])
+@pytest.mark.parametrize(
+    "body, status, said",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools_please": 1}, 400, "tools_please"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": "hot"}, 400, "temperature"),
+        ({"model": "tiny", "messages": "hi"}, 400, "messages must be a non-empty list"),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "n": 2}, 400, "n must be 1"),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"kv_bits": 5}},
+            400,
+            "kv_bits must be 16, 8 or 4",
+        ),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"v_bits": 4}},
+            400,
+            "does not divide this model's head dimension",
+        ),  # the engine's own refusal, passed on
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"warp": 9}},
+            400,
+            "Unknown brisk control",
+        ),
+        ({"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}, 404, "does not exist"),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "brisk": {"draft": "nope"}},
+            404,
+            "'nope' does not exist",
+        ),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "word " * 2000}]}, 400, "holds at most 512"),
+        (b"x" * (9 << 20), 413, "larger than"),
+    ],
+)
 def test_bad_input_gets_an_openai_error_and_the_server_keeps_serving(served, body, status, said):
     response = raw(served, "/v1/chat/completions", body)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert said in error["message"] and {"type", "param", "code"} <= set(error)
-    ok = served.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                 max_tokens=2)
+    ok = served.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     assert ok.choices[0].message.content is not None
 
 
 def test_the_context_overflow_says_so_in_openais_code(served):
-    response = raw(served, "/v1/chat/completions",
-                   {"model": "tiny", "messages": [{"role": "user", "content": "word " * 2000}], "stream": True})
+    response = raw(
+        served,
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "user", "content": "word " * 2000}], "stream": True},
+    )
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
 
 
 def test_a_client_that_disconnects_cancels_its_request(served):
     served_before = served.queue.stats()["served"]
     cancelled_before = served.queue.stats()["finished"].get("cancelled", 0)
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "Go on and on"}], "max_tokens": 400,
-            "temperature": 1.0, "stream": True}
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Go on and on"}],
+        "max_tokens": 400,
+        "temperature": 1.0,
+        "stream": True,
+    }
     with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, timeout=60) as response:
         for _ in response.iter_lines():
             break  # one event, then hang up
@@ -180,16 +227,23 @@ def test_a_client_that_disconnects_cancels_its_request(served):
         assert time.monotonic() - closed < 10, "the request kept running after its client left"
         time.sleep(0.02)
     assert served.queue.stats()["finished"]["cancelled"] == cancelled_before + 1
-    quick = served.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                                    max_tokens=2)
+    quick = served.client().chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    )
     assert quick.choices
 
 
 def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it(served):
     """Non-streaming: the server notices the closed connection while tokens keep coming."""
     for seed in range(20):  # a seed whose answer runs to max_tokens, timed whole
-        body = {"model": "tiny", "messages": [{"role": "user", "content": "Go on"}], "max_tokens": 480,
-                "temperature": 1.0, "seed": seed, "brisk": {"spec_decode": "off"}}
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Go on"}],
+            "max_tokens": 480,
+            "temperature": 1.0,
+            "seed": seed,
+            "brisk": {"spec_decode": "off"},
+        }
         started = time.monotonic()
         whole = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60).json()
         took = time.monotonic() - started
@@ -217,8 +271,9 @@ def test_fifty_sequential_and_eight_concurrent_clients_without_error_or_leak(ser
     client = served.client()
 
     def ask(i):
-        got = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": f"Request {i}"}],
-                                             max_tokens=4, temperature=0)
+        got = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": f"Request {i}"}], max_tokens=4, temperature=0
+        )
         return got.choices[0].message.content is not None
 
     for i in range(10):  # warm up: caches, allocator pools, the session LRU
@@ -226,8 +281,9 @@ def test_fifty_sequential_and_eight_concurrent_clients_without_error_or_leak(ser
     before = _rss()
     assert all(ask(i) for i in range(50))
     results = []
-    threads = [threading.Thread(target=lambda i=i: results.append(all(ask(f"{i}-{j}") for j in range(4))))
-               for i in range(8)]
+    threads = [
+        threading.Thread(target=lambda i=i: results.append(all(ask(f"{i}-{j}") for j in range(4)))) for i in range(8)
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -271,8 +327,11 @@ def test_smollm2_answers_paris_through_the_openai_client(real_store):
     live = Live(Server(queue, default_model=REAL_MODEL, known_model=real_store.has).app())
     try:
         answer = live.client().chat.completions.create(
-            model=REAL_MODEL, messages=[{"role": "user", "content": "What is the capital of France?"}],
-            max_tokens=16, temperature=0)
+            model=REAL_MODEL,
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=16,
+            temperature=0,
+        )
     finally:
         live.stop()
         queue.close()

@@ -28,9 +28,9 @@ class FakeWorker:
             self.release.wait(10)
         self.order.append(command.messages[-1].content)
         yield ConversationEvent(command.conversation_id, TokenEmitted(1, "ok"))
-        yield ConversationEvent(command.conversation_id, TurnFinished(
-            "ok", [1], TurnMetrics(finish_reason="stop", kv_bytes=self.kv_bytes)))
-
+        yield ConversationEvent(
+            command.conversation_id, TurnFinished("ok", [1], TurnMetrics(finish_reason="stop", kv_bytes=self.kv_bytes))
+        )
 
 
 def job(client, *texts, done=None):
@@ -77,8 +77,9 @@ def test_slots_beyond_the_byte_bound_are_forgotten_oldest_first():
     queue = EngineQueue(worker, cache_bytes=250)
     for text in ("one", "two", "three", "four"):
         done = threading.Event()
-        queue.submit(Job("x", [Message("user", text)], ChatSettings(model="m"),
-                         lambda e, done=done: e is DONE and done.set()))
+        queue.submit(
+            Job("x", [Message("user", text)], ChatSettings(model="m"), lambda e, done=done: e is DONE and done.set())
+        )
         assert done.wait(10)
     queue.close()
     assert len(worker.forgotten) == 2 and queue.stats()["cached_bytes"] == 200

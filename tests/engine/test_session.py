@@ -138,8 +138,9 @@ def test_truncate_oldest_drops_whole_turns_and_says_so(tiny_llama):
     history = []
     for i in range(6):
         history += [Message("user", f"question {i} " + "fox " * 40), Message("assistant", "answer " * 20)]
-    session = Session(tiny_llama, ChatSettings(model="tiny", context_overflow="truncate_oldest", **GREEDY),
-                      messages=history)
+    session = Session(
+        tiny_llama, ChatSettings(model="tiny", context_overflow="truncate_oldest", **GREEDY), messages=history
+    )
     events, done, errors = run(session.send("last question"))
     truncated = [e for e in events if isinstance(e, ContextTruncated)]
     assert not errors and truncated and truncated[0].dropped_messages % 2 == 0

@@ -22,15 +22,16 @@ from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
 # "-q4"/"-q8": the same architecture with quantized weights (native quantized layers)
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8"]
-DOC = ("Report on regional water use. The northern districts used more water while the southern "
-       "reservoirs stayed full. Engineers proposed new pipes. ") * 6
+DOC = (
+    "Report on regional water use. The northern districts used more water while the southern "
+    "reservoirs stayed full. Engineers proposed new pipes. "
+) * 6
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("sp")
-    return {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048))
-            for arch in ARCHS}
+    return {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048)) for arch in ARCHS}
 
 
 def turn(session, text):

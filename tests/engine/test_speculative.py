@@ -31,19 +31,22 @@ def models(tmp_path_factory):
     out = {}
     for arch in ARCHS:
         out[arch] = load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048))
-        out[arch + "-draft"] = load_folder(make_tiny_model_by_key(root / f"{arch}-d", arch, seed=2,
-                                                                  context_length=2048))
+        out[arch + "-draft"] = load_folder(
+            make_tiny_model_by_key(root / f"{arch}-d", arch, seed=2, context_length=2048)
+        )
     # another vocabulary: a cross-tokenizer draft for any target
-    out["cross"] = load_folder(make_tiny_model(root / "cross", "qwen2", seed=3, context_length=2048,
-                                               tokenizer_vocab=300))
+    out["cross"] = load_folder(
+        make_tiny_model(root / "cross", "qwen2", seed=3, context_length=2048, tokenizer_vocab=300)
+    )
     out["short"] = load_folder(make_tiny_model(root / "short", "llama", seed=2, context_length=40))
     return out
 
 
 def settings(**kw):
     # lookup off: these tests are about the draft model (tests/engine/test_lookup.py: both)
-    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 24, "prefill_step_size": 64,
-                           "lookup": False, **kw})
+    return ChatSettings(
+        **{"model": "m", "temperature": 0.0, "max_tokens": 24, "prefill_step_size": 64, "lookup": False, **kw}
+    )
 
 
 def chat(session, texts):
@@ -231,8 +234,9 @@ def test_rejection_sampling_accepts_more_than_matching(models):
     rates = {}
     for rule in ("rejection", "match"):
         mx.random.seed(1)
-        session = Session(target, settings(temperature=0.7, spec_decode="on", spec_rule=rule, max_tokens=48),
-                          draft=draft)
+        session = Session(
+            target, settings(temperature=0.7, spec_decode="on", spec_rule=rule, max_tokens=48), draft=draft
+        )
         accepted = proposed = 0
         for text in PROMPTS * 3:
             m = chat(session, [text])[0][0].metrics
@@ -243,8 +247,15 @@ def test_rejection_sampling_accepts_more_than_matching(models):
 
 # --- translation across tokenizers ------------------------------------------------
 
-HARD_TEXT = ["Zażółć gęślą jaźń, w Warszawie", "東京は日本の首都です。", "Emoji: 🙂🚀 done",
-             "def main():\n\treturn 42  # tabs\n", "numbers 1234567890", "   leading spaces", "quickbrownfox"]
+HARD_TEXT = [
+    "Zażółć gęślą jaźń, w Warszawie",
+    "東京は日本の首都です。",
+    "Emoji: 🙂🚀 done",
+    "def main():\n\treturn 42  # tabs\n",
+    "numbers 1234567890",
+    "   leading spaces",
+    "quickbrownfox",
+]
 
 
 @pytest.mark.parametrize("text", HARD_TEXT)
@@ -272,7 +283,7 @@ def test_translating_drafter_keeps_draft_tokens_in_step_with_the_text(models):
     for piece in HARD_TEXT:
         for token in target.tokenizer.encode(piece):
             drafter.observe_tokens([token])
-        answer = decode_text(target.tokenizer, drafter.target[drafter.answer_from:]).rstrip("\ufffd")
+        answer = decode_text(target.tokenizer, drafter.target[drafter.answer_from :]).rstrip("\ufffd")
         assert decode_text(draft.tokenizer, drafter.answer_ids) == answer
         assert drafter.tc.tokens + drafter.pending == drafter.base + drafter.answer_ids
 
@@ -287,17 +298,20 @@ def feed(controller, *, plain_s, draft_s, verify_s, alpha, cycles=40):
             controller.observe_plain(plain_s)
         else:
             accepted = min(k, round(alpha * k))
-            controller.observe_cycle(drafted=k, proposed=k, accepted=accepted, draft_s=draft_s * k,
-                                     verify_s=verify_s(k))
+            controller.observe_cycle(
+                drafted=k, proposed=k, accepted=accepted, draft_s=draft_s * k, verify_s=verify_s(k)
+            )
     return controller
 
 
 def test_controller_drafts_when_it_pays_and_stops_when_it_loses():
-    cheap = feed(DraftLengthController("auto", 3), plain_s=0.1, draft_s=0.01, verify_s=lambda k: 0.1 + 0.005 * k,
-                 alpha=0.9)
+    cheap = feed(
+        DraftLengthController("auto", 3), plain_s=0.1, draft_s=0.01, verify_s=lambda k: 0.1 + 0.005 * k, alpha=0.9
+    )
     assert cheap.choose() >= 3
-    costly = feed(DraftLengthController("auto", 3), plain_s=0.1, draft_s=0.08, verify_s=lambda k: 0.1 + 0.05 * k,
-                  alpha=0.3)
+    costly = feed(
+        DraftLengthController("auto", 3), plain_s=0.1, draft_s=0.08, verify_s=lambda k: 0.1 + 0.05 * k, alpha=0.3
+    )
     assert costly.choose() == 0
 
 
@@ -359,8 +373,14 @@ def test_controller_fits_verify_time_through_measured_lengths():
 def test_after_a_rejection_the_next_draft_is_at_most_twice_as_long():
     """Slow start: α, a slow average, still says 0.9 when the text turns free; the next
     cycle drafts at most 2n + 1 after one that kept n."""
-    c = feed(DraftLengthController("auto", 3), plain_s=0.3, draft_s=0.02, verify_s=lambda k: 0.3 + 0.01 * k,
-             alpha=1.0, cycles=60)
+    c = feed(
+        DraftLengthController("auto", 3),
+        plain_s=0.3,
+        draft_s=0.02,
+        verify_s=lambda k: 0.3 + 0.01 * k,
+        alpha=1.0,
+        cycles=60,
+    )
     assert c.choose() == 8
     c.observe_cycle(drafted=8, proposed=8, accepted=1, draft_s=0.16, verify_s=0.38)
     assert c.alpha > 0.8 and c.choose() == 3
@@ -370,8 +390,14 @@ def test_after_a_rejection_the_next_draft_is_at_most_twice_as_long():
 
 def test_fully_accepted_probes_lengthen_until_long_drafts_pay():
     """Draft at 2/3 of a target step, verify 1.5x: one token never pays, four always-accepted do."""
-    c = feed(DraftLengthController("auto", 3), plain_s=0.3, draft_s=0.2, verify_s=lambda k: 0.45 + 0.01 * k,
-             alpha=1.0, cycles=120)
+    c = feed(
+        DraftLengthController("auto", 3),
+        plain_s=0.3,
+        draft_s=0.2,
+        verify_s=lambda k: 0.45 + 0.01 * k,
+        alpha=1.0,
+        cycles=120,
+    )
     assert c.choose() >= 4
 
 
@@ -401,8 +427,14 @@ def test_a_scout_that_finds_low_acceptance_skips_the_probe():
     """Draft and verify costs known from an earlier conversation: a scout measuring low
     acceptance backs off without a probe; one measuring high acceptance drafts."""
     pair, costs = ("target", "draft"), PairCosts()
-    first = feed(DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair, costs=costs), plain_s=0.3, draft_s=0.1,
-                 verify_s=lambda k: 0.45 + 0.01 * k, alpha=1.0, cycles=120)
+    first = feed(
+        DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair, costs=costs),
+        plain_s=0.3,
+        draft_s=0.1,
+        verify_s=lambda k: 0.45 + 0.01 * k,
+        alpha=1.0,
+        cycles=120,
+    )
     assert first.choose() > 0  # it drafted, measuring the costs
     for rate, drafts in ((0.2, False), (1.0, True)):
         c = DraftLengthController("auto", 3, cost_ratio=0.2, pair=pair, costs=costs)
@@ -454,8 +486,7 @@ def test_drafting_stops_after_a_token_the_draft_is_unsure_of(models, monkeypatch
     prompt = target.tokenizer.encode(PROMPTS[0])
     seen = []
     original = TokenDistribution.confidence
-    monkeypatch.setattr(TokenDistribution, "confidence",
-                        lambda self, *a: seen.append(original(self, *a)) or seen[-1])
+    monkeypatch.setattr(TokenDistribution, "confidence", lambda self, *a: seen.append(original(self, *a)) or seen[-1])
 
     def propose(stop_below):
         mx.random.seed(5)
@@ -472,7 +503,7 @@ def test_drafting_stops_after_a_token_the_draft_is_unsure_of(models, monkeypatch
     threshold = sorted(confidences)[2] + 1e-9
     stop = next(i for i, c in enumerate(confidences) if c < threshold)
     cut = propose(threshold)
-    assert cut.drafted == stop + 1 and cut.tokens == full.tokens[:stop + 1]
+    assert cut.drafted == stop + 1 and cut.tokens == full.tokens[: stop + 1]
     assert DraftLengthController("auto", 3).stop_below() > 0 and DraftLengthController("on", 3).stop_below() == 0
 
 
@@ -483,8 +514,10 @@ def test_only_a_same_tokenizer_draft_scouts(models):
     prompt = target.tokenizer.encode(PROMPTS[0])
     dist = TokenDistribution(settings())
     scouted = {}
-    for name, drafter in (("same", SameTokenizerDrafter(target, dist, None, 64)),
-                          ("cross", TranslatingDrafter(models["cross"], target.tokenizer, dist, None, 64))):
+    for name, drafter in (
+        ("same", SameTokenizerDrafter(target, dist, None, 64)),
+        ("cross", TranslatingDrafter(models["cross"], target.tokenizer, dist, None, 64)),
+    ):
         cache = make_prompt_cache(target.model)
         target.model(mx.array(prompt[:-1])[None], cache=cache)
         controller = SpeculationAutopilot("auto", 3, has_draft=True, lookup=False, cost_ratio=0.01)
@@ -500,8 +533,7 @@ def test_only_a_same_tokenizer_draft_scouts(models):
 def test_a_drafting_turn_reports_the_draft_steps_measured_cost(models):
     """The app ranks drafts by this: a draft step's time over a target step's, both measured."""
     target, draft = models["qwen2"], models["qwen2-draft"]
-    events = list(Session(target, settings(spec_decode="on", max_tokens=40, num_draft=4), draft=draft).send(
-        PROMPTS[0]))
+    events = list(Session(target, settings(spec_decode="on", max_tokens=40, num_draft=4), draft=draft).send(PROMPTS[0]))
     done = next(e for e in events if isinstance(e, TurnFinished))
     assert done.metrics.draft_tokens and 0.0 < done.metrics.draft_cost_ratio < 10.0
     plain = list(Session(target, settings(spec_decode="off", max_tokens=8)).send(PROMPTS[0]))

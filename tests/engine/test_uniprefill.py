@@ -29,21 +29,26 @@ from tests.tiny_models import make_tiny_model_by_key
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8"]
 SUPPORTED = ["llama", "qwen2", "qwen3", "nemotron_h", "llama-q4", "qwen3-q8"]
-DOC = ("Report on regional water use. The northern districts used more water while the southern "
-       "reservoirs stayed full. Engineers proposed new pipes, auditors asked for figures. ") * 14
+DOC = (
+    "Report on regional water use. The northern districts used more water while the southern "
+    "reservoirs stayed full. Engineers proposed new pipes, auditors asked for figures. "
+) * 14
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("uni")
-    built = {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=2, context_length=4096))
-             for arch in ARCHS}
+    built = {
+        arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=2, context_length=4096)) for arch in ARCHS
+    }
     # head_dim 64, so the int4 KV cache's groups of 32 fit
-    built["wide"] = load_folder(make_tiny_model_by_key(root / "wide", "qwen2", seed=2, context_length=4096,
-                                                       hidden_size=256))
+    built["wide"] = load_folder(
+        make_tiny_model_by_key(root / "wide", "qwen2", seed=2, context_length=4096, hidden_size=256)
+    )
     # sliding-window and full layers alternating: full layers have sliding ones after them
-    built["gemma-alternating"] = load_folder(make_tiny_model_by_key(
-        root / "ga", "gemma3_text", seed=2, context_length=4096, sliding_window_pattern=2))
+    built["gemma-alternating"] = load_folder(
+        make_tiny_model_by_key(root / "ga", "gemma3_text", seed=2, context_length=4096, sliding_window_pattern=2)
+    )
     return built
 
 
@@ -63,6 +68,7 @@ def random_tokens(n, seed=0, vocab=300):
 
 # --- scoring and selection ---------------------------------------------------------------
 
+
 def test_key_mass_is_the_causal_softmax_summed_over_rows_and_heads():
     rng = np.random.RandomState(0)
     q = rng.randn(1, 4, 5, 8).astype(np.float32)
@@ -72,7 +78,7 @@ def test_key_mass_is_the_causal_softmax_summed_over_rows_and_heads():
     for h in range(4):
         for i in range(5):
             row = q[0, h, i] @ k[0, h // 2].T * 0.3
-            row[12 - 5 + i + 1:] = -np.inf  # row i sees keys up to S - Lq + i
+            row[12 - 5 + i + 1 :] = -np.inf  # row i sees keys up to S - Lq + i
             p = np.exp(row - row.max())
             want += p / p.sum()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
@@ -96,7 +102,7 @@ def test_blocks_are_kept_while_the_mass_before_them_is_at_most_p():
 def test_sinks_and_the_query_window_always_stay_and_short_prompts_drop_nothing():
     n = 10 * BLOCK
     mass = np.zeros(n)
-    mass[5 * BLOCK:6 * BLOCK] = 1.0  # all the mass in one middle block
+    mass[5 * BLOCK : 6 * BLOCK] = 1.0  # all the mass in one middle block
     kept = set(select_blocks(mass, np.arange(n), 0.5).tolist())
     assert set(range(SINKS)) <= kept and set(range(n - QUERY_WINDOW, n)) <= kept
     assert set(range(5 * BLOCK, 6 * BLOCK)) <= kept
@@ -119,6 +125,7 @@ def test_runs_and_flops():
 
 
 # --- exactness and positions -------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_p_one_equals_dense_prefill_token_for_token_also_after_a_cached_prefix(models, arch):
@@ -176,7 +183,7 @@ def test_survivors_keep_their_keys_and_positions_and_decode_resumes_at_the_true_
     kept = np.concatenate([np.arange(s, e) for s, e in runner.reports[0].kept_runs])
     assert 256 <= len(kept) < len(tokens) - 1
     layer = cache.layers[1]
-    got = layer.keys[..., :layer.offset, :]
+    got = layer.keys[..., : layer.offset, :]
     want = dense.layers[1].keys[..., mx.array(kept), :]
     # equal up to float rounding of RoPE angles (a wrong position differs by O(1))
     assert mx.abs(got - want).max().item() < 1e-5
@@ -213,6 +220,7 @@ def test_drops_shrink_later_layers_and_the_answer_uses_true_positions(models):
 
 
 # --- composition -------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("arch, draft", [("llama", "llama-q4"), ("gemma-alternating", "gemma-alternating")])
 def test_speculative_decoding_on_top_is_still_exact(models, arch, draft):
@@ -271,6 +279,7 @@ def test_cancel_between_layers_loses_nothing_and_the_next_turn_works(models):
 
 
 # --- routing, settings, declines ---------------------------------------------------------
+
 
 def test_router_reasons(models):
     lm = models["llama"]

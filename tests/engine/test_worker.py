@@ -19,6 +19,7 @@ def worker_for(lm):
         if model_id != lm.id:
             raise ModelNotFound(f"Model {model_id} is not installed")
         return lm
+
     return EngineWorker(load, memory_available=lambda: 2**30)
 
 
@@ -81,8 +82,9 @@ def test_choosing_a_draft_mid_chat_keeps_the_targets_prompt_cache(tiny_llama, tm
     from engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
-    draft = load_folder(make_tiny_model(tmp_path / "d", "llama", hidden_size=32, intermediate_size=64),
-                        model_id="tiny-draft")
+    draft = load_folder(
+        make_tiny_model(tmp_path / "d", "llama", hidden_size=32, intermediate_size=64), model_id="tiny-draft"
+    )
     models = {"tiny-llama": tiny_llama, "tiny-draft": draft}
     worker = EngineWorker(models.__getitem__, memory_available=lambda: 2**30)
     first = [e.event for e in run(worker, Answer(5, settings(), [Message("user", "The quick brown fox")]))]

@@ -25,16 +25,19 @@ def _relative_error(got, want) -> float:
     return (mx.max(mx.abs(got - want)) / mx.max(mx.abs(want))).item()
 
 
-@pytest.mark.parametrize("shape", [
-    # B, Hq, Hkv, L, S, D
-    (1, 9, 3, 1, 37, 64),     # decode, GQA 3
-    (1, 9, 3, 5, 100, 64),    # a verify pass after cached tokens
-    (2, 4, 4, 17, 17, 128),   # batch 2, no GQA, a whole prompt
-    (1, 14, 2, 70, 300, 64),  # a prefill chunk after cached tokens, GQA 7, several query tiles
-    (1, 8, 1, 3, 9, 256),     # head dim 256, one KV head
-    (1, 6, 2, 33, 70, 80),    # head dim 80 (not a multiple of 32)
-    (1, 4, 2, 1, 1, 96),      # a single key
-])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # B, Hq, Hkv, L, S, D
+        (1, 9, 3, 1, 37, 64),  # decode, GQA 3
+        (1, 9, 3, 5, 100, 64),  # a verify pass after cached tokens
+        (2, 4, 4, 17, 17, 128),  # batch 2, no GQA, a whole prompt
+        (1, 14, 2, 70, 300, 64),  # a prefill chunk after cached tokens, GQA 7, several query tiles
+        (1, 8, 1, 3, 9, 256),  # head dim 256, one KV head
+        (1, 6, 2, 33, 70, 80),  # head dim 80 (not a multiple of 32)
+        (1, 4, 2, 1, 1, 96),  # a single key
+    ],
+)
 @pytest.mark.parametrize("causal", [True, False])
 def test_the_kernel_equals_mlx_attention(shape, causal):
     b, hq, hkv, length, keys_n, d = shape
@@ -44,8 +47,8 @@ def test_the_kernel_equals_mlx_attention(shape, causal):
     k_buffer, v_buffer = mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2
     k, v = k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
     mask = "causal" if causal else None
-    want = attention_reference(q, k, v, scale=d ** -0.5, mask=mask)
-    got = attention_native(q, k, v, scale=d ** -0.5, mask=mask)
+    want = attention_reference(q, k, v, scale=d**-0.5, mask=mask)
+    got = attention_native(q, k, v, scale=d**-0.5, mask=mask)
     assert got.shape == want.shape and got.dtype == mx.float32
     assert _relative_error(got, want) < 1e-5
 
@@ -131,13 +134,14 @@ def test_loaded_models_attend_through_the_kernel_with_mlx_logits(tmp_path, arch,
         cache = make_prompt_cache(lm.model)
         out = [lm.model(ids[:, :20], cache=cache), lm.model(ids[:, 20:40], cache=cache)]  # two prefill chunks
         out.append(lm.model(ids[:, 40:45], cache=cache))  # a verify pass
-        out += [lm.model(ids[:, i:i + 1], cache=cache) for i in range(45, 48)]  # decode
+        out += [lm.model(ids[:, i : i + 1], cache=cache) for i in range(45, 48)]  # decode
         return mx.concatenate(out, axis=1)
 
     calls = []
     real = fused_attention.attention_native
-    monkeypatch.setattr(fused_attention, "attention_native",
-                        lambda q, *a, **k: calls.append(q.shape[2]) or real(q, *a, **k))
+    monkeypatch.setattr(
+        fused_attention, "attention_native", lambda q, *a, **k: calls.append(q.shape[2]) or real(q, *a, **k)
+    )
     with mlx_attention_only():
         want = logits()
     assert calls == []

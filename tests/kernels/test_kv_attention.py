@@ -36,22 +36,33 @@ def layout(kind: str, x: mx.array, bits: int, recent: int = 0):
 
 def make(hq, hkv, q_len, k_len, d, seed=0):
     mx.random.seed(seed)
-    return (mx.random.normal((1, hq, q_len, d)), mx.random.normal((1, hkv, k_len, d)),
-            mx.random.normal((1, hkv, k_len, d)))
+    return (
+        mx.random.normal((1, hq, q_len, d)),
+        mx.random.normal((1, hkv, k_len, d)),
+        mx.random.normal((1, hkv, k_len, d)),
+    )
 
 
 @pytest.mark.parametrize("path", PATH_PARAMS)
-@pytest.mark.parametrize("keys,k_bits,values,v_bits", [
-    ("channel", 4, "token", 4), ("channel", 8, "token", 4), ("channel", 4, "token", 8),
-    ("channel", 4, "dense", 16), ("dense", 16, "token", 4), ("token", 4, "token", 4)])
+@pytest.mark.parametrize(
+    "keys,k_bits,values,v_bits",
+    [
+        ("channel", 4, "token", 4),
+        ("channel", 8, "token", 4),
+        ("channel", 4, "token", 8),
+        ("channel", 4, "dense", 16),
+        ("dense", 16, "token", 4),
+        ("token", 4, "token", 4),
+    ],
+)
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (14, 2)])
 @pytest.mark.parametrize("recent", [0, 37])
 def test_decode_step_matches_reference(path, keys, k_bits, values, v_bits, d, hq, hkv, recent):
     q, k, v = make(hq, hkv, 1, 8 * TOKEN_GROUP + recent, d)
     kl, vl = layout(keys, k, k_bits, recent), layout(values, v, v_bits)
-    ref = kv_attention_reference(q, kl, vl, scale=d ** -0.5)
-    got = PATHS[path](q, kl, vl, scale=d ** -0.5)
+    ref = kv_attention_reference(q, kl, vl, scale=d**-0.5)
+    got = PATHS[path](q, kl, vl, scale=d**-0.5)
     assert got.shape == ref.shape
     assert mx.allclose(got, ref, atol=2e-4, rtol=2e-4).item()
 
@@ -71,8 +82,8 @@ def test_causal_rows_match_reference(path, q_len, packed_groups, recent):
 def test_native_head_dims(d):
     q, k, v = make(4, 2, 2, 3 * TOKEN_GROUP + 7, d, seed=2)
     kl, vl = layout("channel", k, 4, 7), (Dense(v) if d == 80 else layout("token", v, 4))
-    ref = kv_attention_reference(q, kl, vl, scale=d ** -0.5, mask="causal")
-    got = kv_attention_native(q, kl, vl, scale=d ** -0.5, mask="causal")
+    ref = kv_attention_reference(q, kl, vl, scale=d**-0.5, mask="causal")
+    got = kv_attention_native(q, kl, vl, scale=d**-0.5, mask="causal")
     assert mx.allclose(got, ref, atol=2e-4, rtol=2e-4).item()
 
 
@@ -126,15 +137,23 @@ def test_rows_with_their_own_packed_limits_match_reference(path, hq, hkv):
     and rows before the boundary read it dense, rows after it packed."""
     q, k, v = make(hq, hkv, 8, 200, 64, seed=6)
     both = ChannelPacked.pack(k[:, :, :192], bits=4)
-    keys = ChannelPacked(both.data, both.scales, both.biases, 4, k[:, :, 160:].astype(mx.float16), recent_from=160,
-                         limits=(160,) * 3 + (192,) * 5)
+    keys = ChannelPacked(
+        both.data,
+        both.scales,
+        both.biases,
+        4,
+        k[:, :, 160:].astype(mx.float16),
+        recent_from=160,
+        limits=(160,) * 3 + (192,) * 5,
+    )
     values = layout("token", v, 4)
     ref = kv_attention_reference(q, keys, values, scale=0.125, mask="causal")
     assert mx.allclose(PATHS[path](q, keys, values, scale=0.125, mask="causal"), ref, atol=2e-4, rtol=2e-4).item()
     # and the limits matter: reading the group dense in every row gives another answer
     all_dense = ChannelPacked(both.data, both.scales, both.biases, 4, keys.recent, recent_from=160)
-    assert not mx.allclose(kv_attention_reference(q, all_dense, values, scale=0.125, mask="causal")[:, :, 3:],
-                           ref[:, :, 3:], atol=1e-4).item()
+    assert not mx.allclose(
+        kv_attention_reference(q, all_dense, values, scale=0.125, mask="causal")[:, :, 3:], ref[:, :, 3:], atol=1e-4
+    ).item()
 
 
 def test_dequantized_path_refuses_rows_with_their_own_limits():

@@ -97,6 +97,7 @@ def test_kernels_live_under_brisk_home_when_it_is_set(monkeypatch, tmp_path):
 
 # The MLX primitives module (kernels/mlx_extension.py) shares the same guard.
 
+
 @pytest.fixture
 def fresh_primitives(monkeypatch, fresh):
     from kernels import mlx_extension
@@ -125,8 +126,9 @@ def test_a_planted_primitives_module_never_runs_and_is_rebuilt(fresh_primitives,
 
 def test_without_nanobind_the_primitives_say_why_and_the_ctypes_path_stays(fresh_primitives, monkeypatch):
     real = fresh_primitives.importlib.util.find_spec
-    monkeypatch.setattr(fresh_primitives.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "nanobind" else real(name, *a))
+    monkeypatch.setattr(
+        fresh_primitives.importlib.util, "find_spec", lambda name, *a: None if name == "nanobind" else real(name, *a)
+    )
     assert fresh_primitives.load() is None
     assert "nanobind" in fresh_primitives.unavailable_reason()
 

@@ -81,11 +81,14 @@ def test_a_prebuilt_folder_others_can_write_is_refused(shipped):
     assert loaded.value is None and "writable by others" in loaded.note
 
 
-@pytest.mark.parametrize("change, said", [
-    ({"sources": "0" * 64}, "built from other kernel sources"),
-    ({"cpu": ["avx2", "imaginary_simd"]}, "CPU features this machine lacks: imaginary_simd"),
-    ({"requires": {"platform": "linux-riscv64-cpython-399"}}, "built for platform linux-riscv64-cpython-399"),
-])
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        ({"sources": "0" * 64}, "built from other kernel sources"),
+        ({"cpu": ["avx2", "imaginary_simd"]}, "CPU features this machine lacks: imaginary_simd"),
+        ({"requires": {"platform": "linux-riscv64-cpython-399"}}, "built for platform linux-riscv64-cpython-399"),
+    ],
+)
 def test_a_prebuilt_library_for_other_sources_cpus_or_platforms_is_not_used(shipped, change, said):
     edit_manifest(shipped, "ctypes", **change)
     loaded = native.status()
@@ -96,9 +99,12 @@ def test_prebuilt_primitives_for_another_mlx_are_not_used(shipped):
     from kernels import mlx_extension
 
     edit_manifest(shipped, "mlx_primitives", requires={"platform": prebuilt.platform_tag(), "mlx": "0.0.1"})
-    path, why = prebuilt.lookup("mlx_primitives", mlx_extension.all_sources(),
-                                {"platform": prebuilt.platform_tag(), "mlx": mlx_extension._mlx_version()},
-                                native.cpu_features())
+    path, why = prebuilt.lookup(
+        "mlx_primitives",
+        mlx_extension.all_sources(),
+        {"platform": prebuilt.platform_tag(), "mlx": mlx_extension._mlx_version()},
+        native.cpu_features(),
+    )
     assert path is None and "built for mlx 0.0.1" in why
 
 

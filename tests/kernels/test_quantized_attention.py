@@ -26,8 +26,9 @@ PATHS = {
     "dispatch": quantized_attention,
     "dispatch_portable": lambda *a, **k: quantized_attention(*a, native=False, **k),
     "dispatch_fused_only": lambda *a, **k: quantized_attention(*a, fused_max_rows=10**9, native=False, **k),
-    "dispatch_small_budget": lambda *a, **k: quantized_attention(*a, max_score_elements=64,
-                                                                 fused_max_rows=10**9, native=False, **k),
+    "dispatch_small_budget": lambda *a, **k: quantized_attention(
+        *a, max_score_elements=64, fused_max_rows=10**9, native=False, **k
+    ),
 }
 
 PATH_PARAMS = [pytest.param(name, marks=needs_native) if name == "native" else name for name in PATHS]
@@ -48,7 +49,7 @@ def make(b, hq, hkv, q_len, k_len, d, group_size, bits, seed=0):
 @pytest.mark.parametrize("group_size,bits", [(32, 4), (64, 4), (32, 8)])
 def test_decode_step_matches_reference(path, d, hq, hkv, group_size, bits):
     q, qk, qv = make(1, hq, hkv, 1, 301, d, group_size, bits)
-    kw = dict(scale=d ** -0.5, mask=None, group_size=group_size, bits=bits)
+    kw = dict(scale=d**-0.5, mask=None, group_size=group_size, bits=bits)
     ref = quantized_attention_reference(q, qk, qv, **kw)
     got = PATHS[path](q, qk, qv, **kw)
     assert got.shape == ref.shape
@@ -120,7 +121,7 @@ def test_native_reads_sliced_cache_views_in_place(bits):
     batch 2 and one KV head: strides of size-1 axes must not matter."""
     q, qk, qv = make(2, 5, 1, 2, 700, 128, 64, bits, seed=3)
     view = lambda p: tuple(x[:, :, :517, :] for x in p)  # noqa: E731
-    kw = dict(scale=128 ** -0.5, mask="causal", group_size=64, bits=bits)
+    kw = dict(scale=128**-0.5, mask="causal", group_size=64, bits=bits)
     ref = quantized_attention_reference(q, view(qk), view(qv), **kw)
     assert mx.allclose(quantized_attention_native(q, view(qk), view(qv), **kw), ref, atol=1e-4, rtol=1e-4).item()
 
@@ -142,8 +143,11 @@ def test_dispatcher_sends_decode_steps_to_the_native_kernel_on_the_cpu(monkeypat
     import kernels.quantized_attention as qa
 
     calls = []
-    monkeypatch.setattr(qa, "quantized_attention_native", lambda *a, **k: calls.append(a[0].shape) or
-                        quantized_attention_native(*a, **k))
+    monkeypatch.setattr(
+        qa,
+        "quantized_attention_native",
+        lambda *a, **k: calls.append(a[0].shape) or quantized_attention_native(*a, **k),
+    )
     q, qk, qv = make(1, 6, 2, 1, 100, 64, 32, 4)
     qa.quantized_attention(q, qk, qv, scale=0.125)
     assert calls == [(1, 6, 1, 64)]
@@ -205,6 +209,6 @@ def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, t
 def test_native_head_dim_96_holds_row_sums_in_blocks_of_four():
     """96 = 12 vectors of 8: the kernel keeps a row's value sums in registers four at a time."""
     q, qk, qv = make(1, 8, 2, 2, 333, 96, 32, 4, seed=4)
-    kw = dict(scale=96 ** -0.5, mask="causal", group_size=32, bits=4)
+    kw = dict(scale=96**-0.5, mask="causal", group_size=32, bits=4)
     ref = quantized_attention_reference(q, qk, qv, **kw)
     assert mx.allclose(quantized_attention_native(q, qk, qv, **kw), ref, atol=1e-4, rtol=1e-4).item()

@@ -19,8 +19,10 @@ from kernels.quantized_matmul import (
 )
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
-pytestmark = [pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel"),
-              pytest.mark.usefixtures("kernel_path")]
+pytestmark = [
+    pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernel"),
+    pytest.mark.usefixtures("kernel_path"),
+]
 
 
 def _quantized(n, k, bits, group, dtype, seed):
@@ -69,8 +71,9 @@ def test_shapes_the_kernel_does_not_take_are_declined():
 def test_the_lookup_equals_mlx_dequantize(bits, kernel_path):
     packed, scales, biases = _quantized(50, 64, bits, 32, mx.float16, seed=3)
     ids = mx.array([[0, 49, 7], [7, 3, 1]])
-    want = mx.dequantize(packed[ids], scales[ids].astype(mx.float32), biases[ids].astype(mx.float32),
-                         group_size=32, bits=bits)
+    want = mx.dequantize(
+        packed[ids], scales[ids].astype(mx.float32), biases[ids].astype(mx.float32), group_size=32, bits=bits
+    )
     got = quantized_gather_native(ids, packed, scales, biases, bits=bits, group_size=32)
     assert got.shape == (2, 3, 64) and mx.allclose(got, want, atol=1e-6).item()
     if kernel_path == "ctypes":  # an id out of the table: declined before anything runs
@@ -79,8 +82,9 @@ def test_the_lookup_equals_mlx_dequantize(bits, kernel_path):
     else:  # the lazy node finds it when it runs, and says so
         with pytest.raises(RuntimeError, match="outside the vocabulary"):
             mx.eval(quantized_gather_native(mx.array([50]), packed, scales, biases, bits=bits, group_size=32))
-        assert mx.allclose(quantized_gather_native(ids, packed, scales, biases, bits=bits, group_size=32), want,
-                           atol=1e-6).item()  # and the next lookup is fine
+        assert mx.allclose(
+            quantized_gather_native(ids, packed, scales, biases, bits=bits, group_size=32), want, atol=1e-6
+        ).item()  # and the next lookup is fine
 
 
 @pytest.mark.parametrize("rows", [1, 4, 40])
@@ -125,8 +129,9 @@ def test_swapped_quantized_layers_run_natively_and_keep_the_function(monkeypatch
     assert net.proj.weight is weight  # the same arrays, not a copy
     calls = []
     real = quantized_matmul.quantized_matmul_native
-    monkeypatch.setattr(quantized_matmul, "quantized_matmul_native",
-                        lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k))
+    monkeypatch.setattr(
+        quantized_matmul, "quantized_matmul_native", lambda x, *a, **k: calls.append(x.shape) or real(x, *a, **k)
+    )
     assert mx.allclose(net(ids), want, atol=1e-4, rtol=1e-4).item()
     assert calls == [(1, 5, 64), (1, 5, 96), (1, 5, 64)]  # proj, down and the tied head
     with blas_only(net):  # the benchmark's A/B: MLX's own quantized matmul

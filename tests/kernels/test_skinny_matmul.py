@@ -88,8 +88,9 @@ def test_swapped_layers_route_few_rows_to_the_kernel_and_keep_the_function(monke
     assert type(net.proj) is SkinnyLinear and type(net.embed) is SkinnyEmbedding
     assert net.proj.weight is weight  # the same arrays, not a copy
     calls = []
-    monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
-                        lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
+    monkeypatch.setattr(
+        skinny_matmul, "skinny_matmul_native", lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a)
+    )
     assert mx.allclose(net(ids), want_many, atol=1e-5).item()
     assert calls == [(1, 5, 32), (1, 5, 64), (1, 5, 32)]  # proj, down, tied head
     assert mx.allclose(net(ids[:, :1]), want_one, atol=1e-5).item()
@@ -111,8 +112,9 @@ def test_quantized_and_half_precision_layers_stay_with_mlx(monkeypatch):
     assert use_native_layers(net) == 4  # embed, proj, head and the quantized down projection
     assert type(net.down) is NativeQuantizedLinear  # kernels/quantized_matmul.py's, not this kernel's
     calls = []
-    monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
-                        lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
+    monkeypatch.setattr(
+        skinny_matmul, "skinny_matmul_native", lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a)
+    )
     net.set_dtype(mx.bfloat16)
     out = net(mx.array([[1, 2, 3]]))
     assert calls == [] and out.dtype == mx.bfloat16
@@ -143,8 +145,9 @@ def test_loaded_models_verify_through_the_kernel_with_the_same_logits(tmp_path, 
         return lm.model(ids[:, 20:], cache=cache)
 
     calls = []
-    monkeypatch.setattr(skinny_matmul, "skinny_matmul_native",
-                        lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a))
+    monkeypatch.setattr(
+        skinny_matmul, "skinny_matmul_native", lambda x, *a: calls.append(x.shape) or skinny_matmul_native(x, *a)
+    )
     with blas_only(lm.model):
         want = logits()
     assert calls == []

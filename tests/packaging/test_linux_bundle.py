@@ -12,8 +12,10 @@ import pytest
 
 BUNDLE = os.environ.get("BRISK_BUNDLE")
 pytestmark = [
-    pytest.mark.skipif(not BUNDLE, reason="set BRISK_BUNDLE to a tarball from packaging/linux/build.sh "
-                                          "(.ci/run builds one and sets it)"),
+    pytest.mark.skipif(
+        not BUNDLE,
+        reason="set BRISK_BUNDLE to a tarball from packaging/linux/build.sh (.ci/run builds one and sets it)",
+    ),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the Linux bundle runs on Linux"),
 ]
 
@@ -32,13 +34,19 @@ def bare_env(tmp_path_factory):
     """Nothing of this machine's: an empty home and data folder, no Python or compiler on PATH."""
     home = tmp_path_factory.mktemp("home")
     empty_bin = tmp_path_factory.mktemp("bin")
-    return {"HOME": str(home), "PATH": str(empty_bin), "LANG": "C.UTF-8", "BRISK_HOME": str(home / "brisk"),
-            "QT_QPA_PLATFORM": "offscreen"}
+    return {
+        "HOME": str(home),
+        "PATH": str(empty_bin),
+        "LANG": "C.UTF-8",
+        "BRISK_HOME": str(home / "brisk"),
+        "QT_QPA_PLATFORM": "offscreen",
+    }
 
 
 def run(folder, env, *args):
-    done = subprocess.run([str(folder / args[0]), *args[1:]], cwd=folder, env=env, capture_output=True,
-                          text=True, timeout=900)
+    done = subprocess.run(
+        [str(folder / args[0]), *args[1:]], cwd=folder, env=env, capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, f"{args}: {done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -66,8 +74,18 @@ def test_the_cli_answers_and_uses_the_prebuilt_kernels(unpacked, bare_env):
     info = run(unpacked, bare_env, "brisk", "info")
     assert f"kernels_ctypes: prebuilt ({unpacked}" in info and f"kernels_mlx_ops: prebuilt ({unpacked}" in info
     assert "blas: mkl" in info
-    answer = run(unpacked, bare_env, "brisk", "run", "--prompt", "What is the capital of France?",
-                 "--max-tokens", "12", "--temp", "0")
+    answer = run(
+        unpacked,
+        bare_env,
+        "brisk",
+        "run",
+        "--prompt",
+        "What is the capital of France?",
+        "--max-tokens",
+        "12",
+        "--temp",
+        "0",
+    )
     assert "Paris" in answer
     assert run(unpacked, bare_env, "brisk", "--version").startswith("Brisk ")
 
@@ -75,5 +93,8 @@ def test_the_cli_answers_and_uses_the_prebuilt_kernels(unpacked, bare_env):
 def test_only_the_mkl_libraries_mkl_can_load_for_our_calls_are_shipped(unpacked):
     shipped = {p.name for p in (unpacked / "_internal" / "lib").iterdir()}
     assert {"libmkl_rt.so.3", "libmkl_core.so.3", "libmkl_intel_thread.so.3", "libiomp5.so"} <= shipped
-    assert not [name for name in shipped if any(cut in name for cut in ("scalapack", "blacs", "omptarget", "sycl",
-                                                                          "ilp64", "tbb_thread", "gnu_thread"))]
+    assert not [
+        name
+        for name in shipped
+        if any(cut in name for cut in ("scalapack", "blacs", "omptarget", "sycl", "ilp64", "tbb_thread", "gnu_thread"))
+    ]

@@ -62,8 +62,12 @@ def run_spec(spec: Path, monkeypatch, **env) -> dict:
 
 
 def test_the_macos_spec_builds_a_windowed_arm64_app_with_the_single_sourced_version(monkeypatch, tmp_path):
-    made = run_spec(MACOS / "Brisk.spec", monkeypatch, BRISK_PREBUILT=str(tmp_path / "prebuilt"),
-                    BRISK_ICNS=str(tmp_path / "Brisk.icns"))
+    made = run_spec(
+        MACOS / "Brisk.spec",
+        monkeypatch,
+        BRISK_PREBUILT=str(tmp_path / "prebuilt"),
+        BRISK_ICNS=str(tmp_path / "Brisk.icns"),
+    )
     bundle = made["BUNDLE"].kwargs
     assert bundle["name"] == "Brisk.app" and bundle["icon"] == str(tmp_path / "Brisk.icns")
     assert bundle["info_plist"]["CFBundleShortVersionString"] == __version__
@@ -79,8 +83,12 @@ def test_the_macos_spec_builds_a_windowed_arm64_app_with_the_single_sourced_vers
 def test_the_linux_spec_ships_mkl_from_the_folder_it_is_given(monkeypatch, tmp_path):
     for name in ("libmkl_rt.so.3", "libmkl_core.so.3", "libmkl_scalapack_lp64.so.2"):
         (tmp_path / name).write_bytes(b"")
-    made = run_spec(ROOT / "packaging" / "linux" / "brisk.spec", monkeypatch, BRISK_PREBUILT=str(tmp_path / "pb"),
-                    BRISK_MKL_DIR=str(tmp_path))
+    made = run_spec(
+        ROOT / "packaging" / "linux" / "brisk.spec",
+        monkeypatch,
+        BRISK_PREBUILT=str(tmp_path / "pb"),
+        BRISK_MKL_DIR=str(tmp_path),
+    )
     shipped = sorted(Path(src).name for src, dest in made["Analysis"].kwargs["binaries"])
     assert shipped == ["libmkl_core.so.3", "libmkl_rt.so.3"]  # ScaLAPACK stays out
     assert made["COLLECT"].kwargs["name"] == "brisk"

@@ -43,8 +43,11 @@ def test_the_wheel_holds_the_package_data_and_kernel_sources(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = {f"resources/icons/{icon}.svg" for icon in resources.ICON_NAMES}
     wanted |= {f"resources/styles/{style}" for style in resources.STYLES}
-    wanted |= {"resources/text/kv_selftest.txt", "kernels/csrc/packed_attention.cpp",
-               "kernels/csrc/mlx_primitives/primitives.cpp"}
+    wanted |= {
+        "resources/text/kv_selftest.txt",
+        "kernels/csrc/packed_attention.cpp",
+        "kernels/csrc/mlx_primitives/primitives.cpp",
+    }
     assert wanted <= names
     assert not [n for n in names if "screenshots" in n]  # README material, not the app's
 

@@ -52,7 +52,13 @@ def plan_sparse_prefill(pair, target, layers, tokens: list[int], cached: int, se
         return SparsePlan(None, "declined", str(exc), time.perf_counter() - started, flat=exc.flat)
     except Exception as exc:  # any failure here costs speed, never the turn
         log.warning("sparse prefill fell back to full prefill: %s", exc)
-        return SparsePlan(None, "fallback", f"fallback: {exc}", time.perf_counter() - started,
-                          warning=f"Sparse prefill unavailable, running a full prefill: {exc}")
-    return SparsePlan(selection, "used", f"used: kept {selection.kept} of {selection.total} new tokens",
-                      time.perf_counter() - started)
+        return SparsePlan(
+            None,
+            "fallback",
+            f"fallback: {exc}",
+            time.perf_counter() - started,
+            warning=f"Sparse prefill unavailable, running a full prefill: {exc}",
+        )
+    return SparsePlan(
+        selection, "used", f"used: kept {selection.kept} of {selection.total} new tokens", time.perf_counter() - started
+    )

@@ -81,8 +81,7 @@ def layer_importance(queries, keys, scale: float, start: int, end: int) -> mx.ar
     return _pool(probs[..., start:end]).max(axis=(0, 1, 2))  # max over heads
 
 
-def score_tokens(draft_model, cache, first_token: int, start: int, end: int,
-                 steps: int = LOOKAHEAD_STEPS) -> mx.array:
+def score_tokens(draft_model, cache, first_token: int, start: int, end: int, steps: int = LOOKAHEAD_STEPS) -> mx.array:
     """Importance of cached positions [start, end) from `steps` greedy lookahead steps.
     The lookahead tokens are trimmed off `cache` afterwards."""
     from mlx_lm.models.cache import trim_prompt_cache
@@ -108,8 +107,9 @@ def score_tokens(draft_model, cache, first_token: int, start: int, end: int,
     return total / steps
 
 
-def select_chunks(importance: mx.array, *, keep: float | None, window: int | None = None,
-                  mass: float = AUTO_MASS) -> Selection:
+def select_chunks(
+    importance: mx.array, *, keep: float | None, window: int | None = None, mass: float = AUTO_MASS
+) -> Selection:
     """Chunks to keep. keep=None is `auto` (importance mass); raises SparsePrefillDeclined."""
     scores = importance.tolist()
     total = len(scores)
@@ -129,8 +129,9 @@ def select_chunks(importance: mx.array, *, keep: float | None, window: int | Non
                 break
         fraction = needed / n_chunks
         if fraction > AUTO_MAX_KEEP:
-            raise SparsePrefillDeclined(f"auto: importance is flat ({fraction:.0%} of chunks hold {mass:.0%}"
-                                        " of it); full prefill", flat=True)
+            raise SparsePrefillDeclined(
+                f"auto: importance is flat ({fraction:.0%} of chunks hold {mass:.0%} of it); full prefill", flat=True
+            )
         n_keep = max(needed, math.ceil(AUTO_MIN_KEEP * n_chunks))
     else:
         n_keep = math.ceil(keep * total / CHUNK)
@@ -150,8 +151,9 @@ def select_chunks(importance: mx.array, *, keep: float | None, window: int | Non
     return Selection(runs, kept, total, kept / total)
 
 
-def sparse_prefill(model, cache, tokens: list[int], runs: list[tuple[int, int]], *, base: int, step: int
-                   ) -> Iterator[int]:
+def sparse_prefill(
+    model, cache, tokens: list[int], runs: list[tuple[int, int]], *, base: int, step: int
+) -> Iterator[int]:
     """Prefill tokens[s:e] for each run at logical positions base + s (yields tokens done).
 
     Each run is shifted, in each layer from the slots that layer holds, so its RoPE
@@ -160,7 +162,7 @@ def sparse_prefill(model, cache, tokens: list[int], runs: list[tuple[int, int]],
     done = 0
     for s, e in runs:
         for c in range(s, e, step):
-            chunk = tokens[c:min(c + step, e)]
+            chunk = tokens[c : min(c + step, e)]
             if not any(hasattr(layer, "offset") for layer in cache):
                 raise NotImplementedError("the target's cache has no positional layer to map from")
             # per layer: after a UniPrefill turn, layers hold different numbers of slots

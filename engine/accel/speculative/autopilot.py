@@ -92,8 +92,9 @@ class SpeculationAutopilot(DraftLengthController):
 
     def _draft_speed(self, draft_usable: bool) -> float:
         """The draft's best expected tokens per second while it is known to pay, else 0."""
-        if self.mode == "on" or not (self.has_draft and draft_usable and self.drafting
-                                     and self.t_draft.value is not None):
+        if self.mode == "on" or not (
+            self.has_draft and draft_usable and self.drafting and self.t_draft.value is not None
+        ):
             return 0.0  # (`on` takes a lookup offer first, its draft otherwise)
         return max(self.expected_speed(k) for k in range(1, self.k_cap + 1))
 

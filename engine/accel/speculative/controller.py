@@ -94,8 +94,16 @@ class PairCosts:
 
 
 class DraftLengthController:
-    def __init__(self, mode: str, k: int, *, max_k: int = DEFAULT_MAX_K, cost_ratio: float | None = None,
-                 pair: tuple | None = None, costs: PairCosts | None = None):
+    def __init__(
+        self,
+        mode: str,
+        k: int,
+        *,
+        max_k: int = DEFAULT_MAX_K,
+        cost_ratio: float | None = None,
+        pair: tuple | None = None,
+        costs: PairCosts | None = None,
+    ):
         """`cost_ratio`: the draft step's expected cost relative to the target's (decode
         streams the weights, so their byte ratio), used until the draft is measured.
         `pair`: (target id, draft id, verify path), to start from the costs `costs` holds
@@ -171,7 +179,7 @@ class DraftLengthController:
     def observe_scout(self, hits: float, positions: int) -> None:
         """The draft would have proposed `hits` of the last `positions` target tokens."""
         if positions:  # as many observations as positions: older evidence decays per token
-            fade = DECAY ** positions
+            fade = DECAY**positions
             self.accepted = fade * self.accepted + hits
             self.rejected = fade * self.rejected + (positions - hits)
             self.scouted = True
@@ -182,8 +190,10 @@ class DraftLengthController:
         if ratio is None:
             return True
         t = self.t_plain.measured
-        return any(expected_tokens(self.alpha, k) / (k * ratio * t + self.verify_time(k)) > MIN_GAIN / t
-                   for k in range(1, self.max_k + 1))
+        return any(
+            expected_tokens(self.alpha, k) / (k * ratio * t + self.verify_time(k)) > MIN_GAIN / t
+            for k in range(1, self.max_k + 1)
+        )
 
     def _back_off(self) -> int:
         self.scouted, self.plain_since_probe = False, 0
@@ -196,8 +206,10 @@ class DraftLengthController:
         if ratio is None:
             return True
         t = self.t_plain.value or 1.0  # the answer only depends on ratios
-        return any(expected_tokens(OPTIMISTIC_ALPHA, k) / (k * ratio * t + self.verify_time(k))
-                   > MIN_GAIN / t for k in range(1, self.max_k + 1))
+        return any(
+            expected_tokens(OPTIMISTIC_ALPHA, k) / (k * ratio * t + self.verify_time(k)) > MIN_GAIN / t
+            for k in range(1, self.max_k + 1)
+        )
 
     def plain_run(self) -> int:
         """How many plain steps to take before asking again (they can then be pipelined)."""
@@ -296,7 +308,11 @@ class DraftLengthController:
 
     def note(self) -> str:
         """Why `auto` drafted nothing, when it decided so without trying."""
-        if self.mode == "auto" and self.t_draft.value is None and self.t_plain.value is not None \
-                and not self.could_pay():
+        if (
+            self.mode == "auto"
+            and self.t_draft.value is None
+            and self.t_plain.value is not None
+            and not self.could_pay()
+        ):
             return f"drafting cannot pay: a draft step costs ~{self.draft_ratio():.2f}x a target step"
         return ""

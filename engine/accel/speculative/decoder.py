@@ -96,11 +96,11 @@ def accept_rejection(p: mx.array, q: mx.array, tokens: list[int]) -> tuple[int, 
     while n < m and u[n] * q_x[n] < p_x[n]:
         n += 1
     if n == m:
-        return n, int(sample(p[m:m + 1]).item())
+        return n, int(sample(p[m : m + 1]).item())
     residual = mx.maximum(p[n] - q[n], 0.0)
     mass = float(residual.sum().item())
     if mass <= 1e-12:  # p == q at this position (cannot reject then, but guard rounding)
-        return n, int(sample(p[n:n + 1]).item())
+        return n, int(sample(p[n : n + 1]).item())
     return n, int(sample((residual / mass)[None]).item())
 
 
@@ -122,8 +122,18 @@ class SpeculativeDecoder:
     turn's prompt cache picks up from there); a cache it cannot bring back is reset.
     `drafter` may be None (lookup only); `index` None turns lookup off."""
 
-    def __init__(self, model, cache, drafter, controller: SpeculationAutopilot, dist: TokenDistribution,
-                 *, rule: str = "rejection", max_tokens: int, index: ContextIndex | None = None):
+    def __init__(
+        self,
+        model,
+        cache,
+        drafter,
+        controller: SpeculationAutopilot,
+        dist: TokenDistribution,
+        *,
+        rule: str = "rejection",
+        max_tokens: int,
+        index: ContextIndex | None = None,
+    ):
         if rule not in ACCEPTANCE_RULES:
             raise ValueError(f"acceptance rule must be one of {ACCEPTANCE_RULES}")
         if rule == "rejection" and drafter is not None and not drafter.same_tokenizer:
@@ -160,8 +170,9 @@ class SpeculativeDecoder:
                 self._draft_failed, self.index = True, None
                 self.stats.status = f"off: {exc}"
                 if self.drafter is not None or self.controller.mode == "on":  # asked for explicitly
-                    self.warnings.append(EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}",
-                                                      "spec_decode"))
+                    self.warnings.append(
+                        EngineWarned(f"Speculative decoding needs a cache it can rewind: {exc}", "spec_decode")
+                    )
             # The draft reads the prompt before the first token (like the target's prefill,
             # it counts in TTFT), unless `auto` already knows this draft cannot pay.
             if not self._draft_failed and (self.controller.mode == "on" or self._auto_worth_starting(prompt)):
@@ -172,8 +183,12 @@ class SpeculativeDecoder:
                 # A translating draft's scout counts hits in its own tokens over the target's
                 # text, which overstated acceptance (0.62-0.84 scouted, ~0.45 kept in cycles,
                 # code, SmolLM2 -> Qwen): it probes with real cycles instead.
-                if (self._draft_ready and not self._draft_failed and self.drafter.same_tokenizer
-                        and self.controller.scout_due()):
+                if (
+                    self._draft_ready
+                    and not self._draft_failed
+                    and self.drafter.same_tokenizer
+                    and self.controller.scout_due()
+                ):
                     self._scout()
                 offer = self._lookup_offer()
                 source, k = self.controller.pick(offer, draft_usable=not self._draft_failed)
@@ -188,8 +203,15 @@ class SpeculativeDecoder:
                 elif source == "draft" and k > 0:
                     steps = self._draft_cycle(sequence, k)
                 else:
-                    steps = self._plain_run(sequence, min(self.controller.plain_run(
-                        draft_usable=not self._draft_failed, lookup=self.index is not None), left))
+                    steps = self._plain_run(
+                        sequence,
+                        min(
+                            self.controller.plain_run(
+                                draft_usable=not self._draft_failed, lookup=self.index is not None
+                            ),
+                            left,
+                        ),
+                    )
                 for token, drafted in steps:
                     self.stats.sources.append(drafted)
                     yielded += 1
@@ -222,8 +244,10 @@ class SpeculativeDecoder:
         catch_up = self.drafter.catch_up(prompt)
         if catch_up > AUTO_MAX_CATCH_UP * self.max_tokens:
             self._draft_failed = True
-            self.stats.status = (f"off: the draft would first read {catch_up} new prompt tokens "
-                                 f"for at most {self.max_tokens} answer tokens")
+            self.stats.status = (
+                f"off: the draft would first read {catch_up} new prompt tokens "
+                f"for at most {self.max_tokens} answer tokens"
+            )
             return False
         return True
 
@@ -232,7 +256,7 @@ class SpeculativeDecoder:
         try:
             self.drafter.start(prompt)
             if len(sequence) > len(prompt):
-                self.drafter.observe_tokens(sequence[len(prompt):])
+                self.drafter.observe_tokens(sequence[len(prompt) :])
             self._draft_ready = True
             return None
         except Exception as exc:
@@ -306,8 +330,9 @@ class SpeculativeDecoder:
         self._after_plain(sequence, token, time.perf_counter() - started, tell_draft=tell_draft)
         return token
 
-    def _after_plain(self, sequence, token: int, elapsed: float, *, tell_draft: bool = True,
-                     timed: bool = True) -> None:
+    def _after_plain(
+        self, sequence, token: int, elapsed: float, *, tell_draft: bool = True, timed: bool = True
+    ) -> None:
         offer = self._lookup_offer()
         if offer is not None:  # would the lookup have proposed it? (α for free)
             self.controller.observe_lookup_scout(offer, token)
@@ -357,8 +382,9 @@ class SpeculativeDecoder:
         s.draft_tokens += len(proposal.tokens)
         s.accepted_tokens += n
         s.k_total += k
-        self.controller.observe_cycle(drafted=proposal.drafted, proposed=len(proposal.tokens), accepted=n,
-                                      draft_s=draft_s, verify_s=verified)
+        self.controller.observe_cycle(
+            drafted=proposal.drafted, proposed=len(proposal.tokens), accepted=n, draft_s=draft_s, verify_s=verified
+        )
         return [(t, "draft" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
 
     def _lookup_cycle(self, sequence: list[int], offer: LookupOffer, k: int) -> list[tuple[int, str]]:

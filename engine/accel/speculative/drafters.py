@@ -47,14 +47,16 @@ class _Drafter:
 
     def _sync(self, sequence: list[int]) -> None:
         if len(sequence) + 1 > self.draft.context_length:
-            raise DraftUnavailable(f"the draft holds {self.draft.context_length} tokens, "
-                                   f"this conversation needs {len(sequence)}")
+            raise DraftUnavailable(
+                f"the draft holds {self.draft.context_length} tokens, this conversation needs {len(sequence)}"
+            )
         for _ in self.tc.sync(sequence[:-1], self.step):
             pass
         self.pending = sequence[-1:]
 
-    def _draft(self, k: int, history: list[int], eos: set[int],
-               stop_below: float = 0.0) -> tuple[list[int], list[mx.array]]:
+    def _draft(
+        self, k: int, history: list[int], eos: set[int], stop_below: float = 0.0
+    ) -> tuple[list[int], list[mx.array]]:
         """Feed the pending tokens, then sample up to k draft tokens, stopping after EOS or
         after a token the draft gave less than `stop_below` probability: where the draft
         is unsure the target usually disagrees, and every token drafted past it is wasted."""
@@ -69,8 +71,11 @@ class _Drafter:
             rows.append(probs)
             if token in eos:
                 break
-            if stop_below and i + 1 < k and self.dist.confidence(logits, probs, history + drafted[:-1],
-                                                                 token) < stop_below:
+            if (
+                stop_below
+                and i + 1 < k
+                and self.dist.confidence(logits, probs, history + drafted[:-1], token) < stop_below
+            ):
                 break
             feed = [token]
         self.pending = []
@@ -85,8 +90,10 @@ class _Drafter:
         if self.tc.layers is None or not feed:
             return 0.0, 0
         if len(self.tc.tokens) + len(self.pending) + 1 > self.draft.context_length:
-            raise DraftUnavailable(f"the draft holds {self.draft.context_length} tokens, "
-                                   f"this conversation needs {len(self.tc.tokens) + len(self.pending)}")
+            raise DraftUnavailable(
+                f"the draft holds {self.draft.context_length} tokens, "
+                f"this conversation needs {len(self.tc.tokens) + len(self.pending)}"
+            )
         history = self.tc.tokens + feed[:1]
         logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0]  # (n, V)
         self.tc.tokens += feed
@@ -134,7 +141,7 @@ class SameTokenizerDrafter(_Drafter):
         """Keep the cache on the longest prefix of the sequence it holds; the rest is pending."""
         common = self.tc.common_prefix(self.target[:-1])
         self._rewind_to(common)
-        self.pending = self.target[len(self.tc.tokens):]
+        self.pending = self.target[len(self.tc.tokens) :]
 
 
 class TranslatingDrafter(_Drafter):
@@ -162,15 +169,15 @@ class TranslatingDrafter(_Drafter):
         sequence = self.base + self.answer_ids
         drafted, _ = self._draft(k, sequence, set(self.draft.tokenizer.eos_token_ids), stop_below)
         eos = set(self.draft.tokenizer.eos_token_ids)
-        clean = drafted[:next((i for i, t in enumerate(drafted) if t in eos), len(drafted))]
-        text = _continuation(self.draft.tokenizer, sequence[-self.prefix:], clean)
-        tokens = _continuation_ids(self.target_tokenizer, self.target[-self.prefix:], text)[:k]
+        clean = drafted[: next((i for i, t in enumerate(drafted) if t in eos), len(drafted))]
+        text = _continuation(self.draft.tokenizer, sequence[-self.prefix :], clean)
+        tokens = _continuation_ids(self.target_tokenizer, self.target[-self.prefix :], text)[:k]
         return Proposal(tokens, None, len(drafted))
 
     def _follow(self) -> None:
         """Re-tokenize the answer's tail into draft tokens (the last `prefix` draft tokens
         are redone with the new text, so merges across the boundary come out right)."""
-        text = decode_text(self.target_tokenizer, self.target[self.answer_from:]).rstrip("\ufffd")
+        text = decode_text(self.target_tokenizer, self.target[self.answer_from :]).rstrip("\ufffd")
         keep = max(0, len(self.answer_ids) - self.prefix)
         spans = self.answer_spans
         # never cut inside a character: byte-level tokens can split one (their spans overlap)
@@ -182,7 +189,7 @@ class TranslatingDrafter(_Drafter):
         self.answer_spans = spans[:keep] + [(covered + a, covered + b) for a, b in new_spans]
         sequence = self.base + self.answer_ids
         self._rewind_to(self.tc.common_prefix(sequence[:-1]))
-        self.pending = sequence[len(self.tc.tokens):]
+        self.pending = sequence[len(self.tc.tokens) :]
 
 
 def draft_compatibility(target, draft) -> tuple[str, str]:
@@ -191,8 +198,10 @@ def draft_compatibility(target, draft) -> tuple[str, str]:
     if draft.id == target.id:
         return "incompatible", "the draft is the target itself: drafting would only add work"
     if draft.parameters >= target.parameters:
-        return "incompatible", (f"the draft ({draft.parameters / 1e6:.0f}M parameters) is not smaller than the "
-                                f"target ({target.parameters / 1e6:.0f}M): it could never speed it up")
+        return "incompatible", (
+            f"the draft ({draft.parameters / 1e6:.0f}M parameters) is not smaller than the "
+            f"target ({target.parameters / 1e6:.0f}M): it could never speed it up"
+        )
     if draft.tokenizer_fingerprint == target.tokenizer_fingerprint:
         return "same tokenizer", "exact rejection sampling on the draft's own tokens"
     return "cross tokenizer", "draft text is re-tokenized for the target (acceptance by matching samples)"
@@ -206,8 +215,9 @@ def check_draft_pair(target, draft) -> None:
     from engine.errors import InvalidSettings
 
     def entry(lm):
-        return SimpleNamespace(id=lm.id, parameters=lm.info.parameters,
-                               tokenizer_fingerprint=lm.info.tokenizer_fingerprint)
+        return SimpleNamespace(
+            id=lm.id, parameters=lm.info.parameters, tokenizer_fingerprint=lm.info.tokenizer_fingerprint
+        )
 
     verdict, why = draft_compatibility(entry(target), entry(draft))
     if verdict == "incompatible":
@@ -230,7 +240,7 @@ def _continuation(tokenizer, context: list[int], new: list[int]) -> str:
     leading space when a token is decoded alone). Incomplete UTF-8 at the end is held back."""
     before = decode_text(tokenizer, context)
     after = decode_text(tokenizer, context + new)
-    text = after[len(before):] if after.startswith(before) else decode_text(tokenizer, new)
+    text = after[len(before) :] if after.startswith(before) else decode_text(tokenizer, new)
     return text.rstrip("\ufffd")
 
 
@@ -241,6 +251,6 @@ def _continuation_ids(tokenizer, context: list[int], text: str) -> list[int]:
     if not text:
         return []  # the context absorbed the draft's characters: nothing to verify
     together = encode_with_spans(tokenizer, decode_text(tokenizer, context) + text)[0]
-    if together[:len(context)] == context:
-        return together[len(context):]
+    if together[: len(context)] == context:
+        return together[len(context) :]
     return encode_with_spans(tokenizer, text)[0]

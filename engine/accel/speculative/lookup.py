@@ -68,7 +68,7 @@ class ContextIndex:
             end = len(self.tokens) - 1
             for n, table in self._tables.items():
                 if end + 1 >= n:
-                    table.setdefault(tuple(self.tokens[end + 1 - n:]), []).append(end)
+                    table.setdefault(tuple(self.tokens[end + 1 - n :]), []).append(end)
 
     def truncate(self, length: int) -> None:
         """Forget every token from `length` on (positions are appended in order, so each
@@ -77,7 +77,7 @@ class ContextIndex:
             end = len(self.tokens) - 1
             for n, table in self._tables.items():
                 if end + 1 >= n:
-                    key = tuple(self.tokens[end + 1 - n:])
+                    key = tuple(self.tokens[end + 1 - n :])
                     ends = table[key]
                     ends.pop()
                     if not ends:
@@ -90,11 +90,11 @@ class ContextIndex:
         for n in KEY_LENGTHS:
             if end + 1 < n:
                 continue
-            ends = self._tables[n].get(tuple(tokens[end + 1 - n:]))
+            ends = self._tables[n].get(tuple(tokens[end + 1 - n :]))
             if not ends or (len(ends) == 1 and ends[0] == end):
                 continue
             best, best_len = -1, 0
-            for start in reversed(ends[-CANDIDATES - 1:]):
+            for start in reversed(ends[-CANDIDATES - 1 :]):
                 if start == end:
                     continue  # the suffix itself
                 length = n
@@ -103,5 +103,5 @@ class ContextIndex:
                 if length > best_len:
                     best, best_len = start, length
             if best_len >= MIN_MATCH:
-                return LookupOffer(tokens[best + 1:best + 1 + k], best_len)
+                return LookupOffer(tokens[best + 1 : best + 1 + k], best_len)
         return None

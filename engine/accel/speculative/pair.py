@@ -55,23 +55,42 @@ class DraftPair:
         """The drafter for speculative decoding with this pair."""
         if self.same_tokenizer:
             return SameTokenizerDrafter(self.draft, dist, self.cache, settings.prefill_step_size)
-        return TranslatingDrafter(self.draft, self.target.tokenizer, dist, self.cache, settings.prefill_step_size,
-                                  prefix=settings.translation_prefix)
+        return TranslatingDrafter(
+            self.draft,
+            self.target.tokenizer,
+            dist,
+            self.cache,
+            settings.prefill_step_size,
+            prefix=settings.translation_prefix,
+        )
 
-    def make_decoder(self, target_cache: PromptCache, settings, *, max_tokens: int, costs: PairCosts,
-                     index: ContextIndex | None) -> SpeculativeDecoder:
+    def make_decoder(
+        self, target_cache: PromptCache, settings, *, max_tokens: int, costs: PairCosts, index: ContextIndex | None
+    ) -> SpeculativeDecoder:
         """The speculative decoder for one turn over `target_cache` (lookup too, with `index`)."""
         dist = TokenDistribution(settings)
         key = (settings.spec_decode, settings.num_draft, index is not None)
         if self.controller is None or self.controller_key != key:
             self.controller = SpeculationAutopilot(
-                settings.spec_decode, settings.num_draft, has_draft=True, lookup=index is not None,
+                settings.spec_decode,
+                settings.num_draft,
+                has_draft=True,
+                lookup=index is not None,
                 cost_ratio=cost_ratio(self.draft, self.target),
-                pair=(self.target.id, self.draft.id, verify_path(self.target.model)), costs=costs)
+                pair=(self.target.id, self.draft.id, verify_path(self.target.model)),
+                costs=costs,
+            )
             self.controller_key = key
-        return SpeculativeDecoder(target_cache.model_view(), target_cache, self.make_drafter(dist, settings),
-                                  self.controller, dist, rule=settings.spec_rule, max_tokens=max_tokens,
-                                  index=index)
+        return SpeculativeDecoder(
+            target_cache.model_view(),
+            target_cache,
+            self.make_drafter(dist, settings),
+            self.controller,
+            dist,
+            rule=settings.spec_rule,
+            max_tokens=max_tokens,
+            index=index,
+        )
 
 
 @dataclass
@@ -83,15 +102,28 @@ class LookupOnly:
     controller: SpeculationAutopilot | None = field(default=None, repr=False)
     controller_key: tuple | None = None
 
-    def make_decoder(self, target_cache: PromptCache, settings, *, max_tokens: int, costs: PairCosts,
-                     index: ContextIndex) -> SpeculativeDecoder:
+    def make_decoder(
+        self, target_cache: PromptCache, settings, *, max_tokens: int, costs: PairCosts, index: ContextIndex
+    ) -> SpeculativeDecoder:
         key = (settings.spec_decode, settings.num_draft)
         if self.controller is None or self.controller_key != key:
             # verify costs are the target's: shared with every chat on this model
             self.controller = SpeculationAutopilot(
-                settings.spec_decode, settings.num_draft, has_draft=False, lookup=True,
-                pair=(self.target.id, None, verify_path(self.target.model)), costs=costs)
+                settings.spec_decode,
+                settings.num_draft,
+                has_draft=False,
+                lookup=True,
+                pair=(self.target.id, None, verify_path(self.target.model)),
+                costs=costs,
+            )
             self.controller_key = key
-        return SpeculativeDecoder(target_cache.model_view(), target_cache, None, self.controller,
-                                  TokenDistribution(settings), rule=settings.spec_rule, max_tokens=max_tokens,
-                                  index=index)
+        return SpeculativeDecoder(
+            target_cache.model_view(),
+            target_cache,
+            None,
+            self.controller,
+            TokenDistribution(settings),
+            rule=settings.spec_rule,
+            max_tokens=max_tokens,
+            index=index,
+        )

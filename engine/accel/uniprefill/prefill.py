@@ -90,8 +90,10 @@ def record_layer_calls(model, cache, tokens: mx.array) -> list[tuple[mx.array, t
         raise UniPrefillUnsupported(f"{type(model).__module__} does not call each layer once, in order")
     for (_, previous, _, _), (index, x, _, _) in zip(calls, calls[1:]):
         if x is not previous:
-            raise UniPrefillUnsupported(f"{type(model).__module__} changes the hidden state between layers "
-                                        f"{index - 1} and {index}; its layers cannot be driven one by one")
+            raise UniPrefillUnsupported(
+                f"{type(model).__module__} changes the hidden state between layers "
+                f"{index - 1} and {index}; its layers cannot be driven one by one"
+            )
     return [(x, args, kwargs) for _, x, args, kwargs in calls]
 
 
@@ -115,8 +117,10 @@ def _windowed(layer_cache) -> bool:
 
 def _with_mask(args: tuple, kwargs: dict, mask) -> tuple[tuple, dict]:
     """The layer's arguments with its mask (an array, or "causal") replaced by `mask`."""
+
     def swap(a):
         return mask if isinstance(a, mx.array) or (isinstance(a, str) and a == "causal") else a
+
     return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
 
 
@@ -177,15 +181,20 @@ class UniPrefill:
         if windowed:
             raise UniPrefillUnsupported(f"drop layers {windowed} have no full-attention cache to score the prompt with")
         first_drop = self.drop_layers[0]
-        late = [i for i in range(first_drop + 1, n)
-                if _position_dependent(*calls[i][1:]) and not _windowed(self.layer_caches[i])]
+        late = [
+            i
+            for i in range(first_drop + 1, n)
+            if _position_dependent(*calls[i][1:]) and not _windowed(self.layer_caches[i])
+        ]
         if late:
-            raise UniPrefillUnsupported(f"layers {late[:4]} after the first drop layer ({first_drop}) take a mask "
-                                        "built for the whole prompt that their cache cannot rebuild for the survivors")
+            raise UniPrefillUnsupported(
+                f"layers {late[:4]} after the first drop layer ({first_drop}) take a mask "
+                "built for the whole prompt that their cache cannot rebuild for the survivors"
+            )
         # Sliding-window layers after a drop see the last `window` survivors (the released
         # code's window over the compacted sequence); the last `window` tokens always stay,
         # so in decode that is exactly the last `window` positions.
-        windows = [c.max_size for c in self.layer_caches[first_drop + 1:] if _windowed(c)]
+        windows = [c.max_size for c in self.layer_caches[first_drop + 1 :] if _windowed(c)]
         self.tail = max([QUERY_WINDOW, *windows])
 
     def _layer(self, i: int, h, args, kwargs, positions: np.ndarray):
@@ -203,13 +212,15 @@ class UniPrefill:
             call_args, call_kwargs = args, kwargs
             if windowed:  # the chunk's window mask, from the layer's own cache (as the model builds it)
                 call_args, call_kwargs = _with_mask(args, kwargs, layer_cache.make_mask(e - s))
-            with token_positions(self.model, mx.array(positions[s:e], mx.int32)), \
-                    (capture_attention(self.model, captured) if scoring else nullcontext()):
+            with (
+                token_positions(self.model, mx.array(positions[s:e], mx.int32)),
+                capture_attention(self.model, captured) if scoring else nullcontext(),
+            ):
                 out = layer(h[:, s:e], *call_args, **call_kwargs)
             mx.eval(out, layer_cache.state if layer_cache is not None else [])
             outs.append(out)
             if scoring:  # only the calls holding the last QUERY_WINDOW queries are needed
-                captured[:] = captured[-(QUERY_WINDOW // self.step + 2):]
+                captured[:] = captured[-(QUERY_WINDOW // self.step + 2) :]
         h = outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=1)
         mx.eval(h)
         if not scoring:
@@ -221,7 +232,7 @@ class UniPrefill:
 
     def _select(self, queries, keys, positions: np.ndarray) -> np.ndarray:
         q, scale = queries
-        mass = key_mass(q, keys, scale)[-len(positions):]
+        mass = key_mass(q, keys, scale)[-len(positions) :]
         return select_blocks(np.array(mass), positions, self.p, tail=self.tail)
 
 

@@ -32,7 +32,7 @@ def key_mass(queries: mx.array, keys: mx.array, scale: float) -> mx.array:
     visible = mx.arange(s)[None] <= row_end  # (Lq, S)
     total = mx.zeros((s,), mx.float32)
     for h in range(hkv):
-        q = queries[0, h * rep:(h + 1) * rep].astype(mx.float32) * scale  # (rep, Lq, D)
+        q = queries[0, h * rep : (h + 1) * rep].astype(mx.float32) * scale  # (rep, Lq, D)
         scores = q @ keys[0, h].astype(mx.float32).T  # (rep, Lq, S)
         scores = mx.where(visible, scores, -mx.inf)
         total = total + mx.softmax(scores, axis=-1).sum(axis=(0, 1))
