@@ -22,8 +22,9 @@ from PySide6.QtWidgets import (
 
 from app.api_server import HOST as API_HOST
 from app.api_server import PORT as API_PORT
+from app.chat_files import export_json, export_markdown, import_json
 from app.controller import ChatController
-from app.store import StoreError, export_markdown
+from app.store import StoreError
 from app.widgets.chat_view import ChatView
 from app.widgets.composer import Composer
 from app.widgets.dashboard import Dashboard
@@ -307,7 +308,7 @@ class MainWindow(QMainWindow):
         data = (
             export_markdown(self.store, cid)
             if kind == "md"
-            else json.dumps(self.store.export_json(cid), indent=2, ensure_ascii=False)
+            else json.dumps(export_json(self.store, cid), indent=2, ensure_ascii=False)
         )
         Path(path).write_text(data, encoding="utf-8")
         self.statusBar().showMessage(f"Exported to {path}", 5000)
@@ -319,7 +320,7 @@ class MainWindow(QMainWindow):
             return
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            cid = self.store.import_json(data)
+            cid = import_json(self.store, data)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, StoreError) as exc:
             self.statusBar().showMessage(f"Cannot import {Path(path).name}: {exc}", 10000)
             return

@@ -3,7 +3,7 @@ Undo that waits for the user, and a dashboard that collapses (issue 15)."""
 
 from PySide6.QtWidgets import QFileDialog
 
-from app.store import close_open_fence, export_markdown
+from app.chat_files import close_open_fence, export_markdown
 
 
 def test_menus_have_the_usual_entries_and_quit_is_ctrl_q(qtbot, make_window):

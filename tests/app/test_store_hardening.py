@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import app.store as store_module
+from app.chat_files import import_json
 from app.store import Store, StoreError, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -277,7 +278,7 @@ GOOD_EXPORT = {
 def test_imports_with_wrong_types_are_refused_and_add_nothing(tmp_path, change, match):
     store = Store(tmp_path / "b.db")
     with pytest.raises(StoreError, match=match):
-        store.import_json({**GOOD_EXPORT, **change})
+        import_json(store, {**GOOD_EXPORT, **change})
     assert store.conversations() == []
-    cid = store.import_json(json.loads(json.dumps(GOOD_EXPORT)))
+    cid = import_json(store, json.loads(json.dumps(GOOD_EXPORT)))
     assert [m.content for m in store.messages(cid)] == ["hi", "yo"]
