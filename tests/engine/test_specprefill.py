@@ -84,7 +84,8 @@ def masked_dense_logits(model, tokens, visible):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 @pytest.mark.parametrize("prefix", [0, 40])
-def test_kept_tokens_sit_at_their_original_positions(models, arch, prefix):
+@pytest.mark.parametrize("step", [16, 24])  # 24: passes that hold the end of one run and the start of the next
+def test_kept_tokens_sit_at_their_original_positions(models, arch, prefix, step):
     """Sparse prefill == a dense pass in which dropped tokens are invisible: so every kept
     token, and the first decoded one, ran at its original RoPE position."""
     model = models[arch].model
@@ -93,7 +94,7 @@ def test_kept_tokens_sit_at_their_original_positions(models, arch, prefix):
     cache = make_prompt_cache(model)
     if prefix:
         model(mx.array(tokens[:prefix])[None], cache=cache)
-    list(sparse_prefill(model, cache, tokens[prefix:], runs, base=prefix, step=16))
+    list(sparse_prefill(model, cache, tokens[prefix:], runs, base=prefix, step=step))
     with position_shift(model, len(tokens) - 1 - cache[0].offset):
         sparse_logits = model(mx.array(tokens[-1:])[None], cache=cache)[0, -1]
     visible = [True] * prefix + [any(s <= i < e for s, e in runs) or i == 199 for i in range(200)]

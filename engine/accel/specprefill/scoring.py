@@ -29,7 +29,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from engine.accel.attention_capture import capture_attention
-from engine.accel.positions import install_position_shift, position_shift
+from engine.accel.positions import install_position_shift, token_positions
 from engine.events import PrefillProgressed, result_of
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
@@ -154,24 +154,23 @@ def select_chunks(
 def sparse_prefill(
     model, cache, tokens: list[int], runs: list[tuple[int, int]], *, base: int, step: int
 ) -> Iterator[int]:
-    """Prefill tokens[s:e] for each run at logical positions base + s (yields tokens done).
+    """Prefill tokens[s:e] for each run, each token at its logical position base + its index
+    (yields tokens done).
 
-    Each run is shifted, in each layer from the slots that layer holds, so its RoPE
-    positions are its original ones."""
+    The kept tokens of all runs go through the model `step` at a time, each with its own
+    RoPE position: a run of 32 tokens does not cost a forward pass of its own (short passes
+    are what quantized matmuls do worst). Slots stay in order, so the causal mask over
+    them is the one the kept tokens need."""
     install_position_shift(model)
-    done = 0
-    for s, e in runs:
-        for c in range(s, e, step):
-            chunk = tokens[c : min(c + step, e)]
-            if not any(hasattr(layer, "offset") for layer in cache):
-                raise NotImplementedError("the target's cache has no positional layer to map from")
-            # per layer: after a UniPrefill turn, layers hold different numbers of slots
-            deltas = [base + c - layer.offset if hasattr(layer, "offset") else 0 for layer in cache]
-            with position_shift(model, 0, deltas):
-                model(mx.array(chunk)[None], cache=cache)
-            mx.eval([x.state for x in cache])
-            done += len(chunk)
-            yield done
+    if not any(hasattr(layer, "offset") for layer in cache):
+        raise NotImplementedError("the target's cache has no positional layer to map from")
+    kept = [i for s, e in runs for i in range(s, e)]
+    for c in range(0, len(kept), step):
+        index = kept[c : c + step]
+        with token_positions(model, mx.array([base + i for i in index], dtype=mx.int32)):
+            model(mx.array([tokens[i] for i in index])[None], cache=cache)
+        mx.eval([x.state for x in cache])
+        yield c + len(index)
 
 
 class DraftScorer:
