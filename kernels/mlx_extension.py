@@ -34,7 +34,7 @@ SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 # attention.cpp is built only here: it has no ctypes path (MLX's own attention is the fallback).
 KERNELS = [native.CSRC / "quantized_matmul.cpp", native.CSRC / "skinny_matmul.cpp", native.CSRC / "attention.cpp"]
 MODULE = "_brisk_mlx_ops"
-VERSION = 1
+VERSION = 2
 
 _lock = threading.Lock()
 _state: dict = {}

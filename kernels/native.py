@@ -36,7 +36,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = {
     CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 3),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
-    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 1),
+    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 2),
 }
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_skinny_matmul.restype = ctypes.c_int
     lib.brisk_skinny_matmul.argtypes = [p] * 4 + [i] * 4
     lib.brisk_quantized_matmul_rows.restype = ctypes.c_int
-    lib.brisk_quantized_matmul_rows.argtypes = [p] * 4 + [i, p, p] + [i] * 6
+    lib.brisk_quantized_matmul_rows.argtypes = [p] * 4 + [i, p, p] + [i] * 7
+    lib.brisk_quantized_matmul_has_integer_x.restype = ctypes.c_int
+    lib.brisk_quantized_matmul_has_integer_x.argtypes = []
     lib.brisk_quantized_matmul_dense.restype = ctypes.c_int
     lib.brisk_quantized_matmul_dense.argtypes = [p] * 4 + [i, p, p] + [i] * 6
     lib.brisk_quantized_gather.restype = ctypes.c_int

@@ -231,4 +231,7 @@ def test_a_verify_pass_reads_keys_as_one_token_steps_do(lm, start):
             )
         else:
             logits.append(lm.model(tokens[:, start : start + 8], cache=cache))
-    assert mx.allclose(logits[0], logits[1], atol=1e-4, rtol=1e-4).item()
+    # Float rounding differs between the two orders by about 1e-6; with 4-bit weights the
+    # decode kernel rounds x to integers, where such a difference can move one step of
+    # q (max|x| / 16256) and the logits by up to about 1e-3. Keys read wrongly cost 1e-1.
+    assert mx.allclose(logits[0], logits[1], atol=2e-3, rtol=1e-3).item()

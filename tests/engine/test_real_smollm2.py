@@ -166,6 +166,37 @@ def test_quantized_weights_agree_with_the_float32_import_of_the_same_gguf(smol, 
     assert len(done.token_ids) >= 128 and agreement >= 0.98 and mean_kl < 0.1
 
 
+def test_decode_steps_with_integer_activations_agree_with_float_x(smol, monkeypatch):
+    """One-token decode steps round x to 15-bit integers for the 4-bit kernel. Teacher-forced
+    over 128 greedy tokens (SmolLM2 has outlier channels of 10-100x its typical activations,
+    which plain int8 x could not carry), they pick the float-x path's top token everywhere."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from kernels import quantized_matmul
+
+    session = Session(smol, greedy(max_tokens=128, lookup=False))
+    done = finished(session.send("Tell me about the history of Rome."))
+    prompt = encode_messages(smol, session.messages[:1])
+
+    def step_logits(integer: bool) -> mx.array:
+        monkeypatch.setattr(quantized_matmul, "INTEGER_ACTIVATIONS", integer)
+        cache = make_prompt_cache(smol.model)
+        smol.model(mx.array(prompt[:-1])[None], cache=cache)
+        steps = []
+        for token in [prompt[-1], *done.token_ids[:-1]]:
+            steps.append(smol.model(mx.array([[token]]), cache=cache)[0, -1])
+            mx.eval(steps[-1])  # one step at a time, as decoding runs
+        return mx.stack(steps)
+
+    exact, fast = step_logits(False), step_logits(True)
+    assert not mx.array_equal(exact, fast).item()  # the two paths really differ
+    agreement = mx.mean(mx.argmax(fast, -1) == mx.argmax(exact, -1)).item()
+    log_p, log_q = (a - mx.logsumexp(a, -1, keepdims=True) for a in (exact, fast))
+    mean_kl = mx.mean(mx.sum(mx.exp(log_p) * (log_p - log_q), -1)).item()
+    print(f"integer x against float x: top-1 agreement {agreement:.4f}, mean KL {mean_kl:.2e}")
+    assert len(done.token_ids) >= 64 and agreement >= 0.99 and mean_kl < 1e-3
+
+
 def test_quantized_weights_agree_with_llama_cpp_on_the_same_gguf(smol, real_store):
     """The same comparison against llama.cpp's own logits for the GGUF Brisk imported."""
     llama_cpp = pytest.importorskip(

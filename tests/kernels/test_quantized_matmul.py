@@ -4,6 +4,7 @@ import shutil
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 import pytest
 
 from kernels import native, quantized_matmul
@@ -32,6 +33,15 @@ def _quantized(n, k, bits, group, dtype, seed):
     return packed, scales.astype(dtype), biases.astype(dtype)
 
 
+def _integer_rounded(x: mx.array) -> mx.array:
+    """x as the integer few-row path sees it: each block of 32 values rounded to q * d, with
+    d = max|x| / (127 * 128) and q = rint(x / d) (float32 throughout, as the kernel computes it)."""
+    v = np.array(x, np.float32).reshape(-1, 32)
+    d = np.abs(v).max(axis=1, keepdims=True) / np.float32(127 * 128)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    return mx.array((np.rint(v * inverse) * d).reshape(x.shape))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
@@ -41,9 +51,56 @@ def test_native_equals_mlx(bits, group, dtype, rows):
     x = mx.random.normal((1, rows, 192))
     bias = mx.random.normal((67,))
     want = quantized_matmul_reference(x, packed, scales, biases, bits=bits, group_size=group, bias=bias)
-    got = quantized_matmul_native(x, packed, scales, biases, bits=bits, group_size=group, bias=bias)
+    got = quantized_matmul_native(
+        x, packed, scales, biases, bits=bits, group_size=group, bias=bias, integer_activations=False
+    )
     assert got.shape == want.shape == (1, rows, 67) and got.dtype == mx.float32
     assert mx.allclose(got, want.astype(mx.float32), atol=1e-4, rtol=1e-4).item()
+
+
+def _has_integer_path() -> bool:
+    lib = native.load()
+    return lib is not None and lib.brisk_quantized_matmul_has_integer_x() == 1
+
+
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16])
+def test_integer_activations_equal_mlx_on_the_rounded_x(group, dtype, rows):
+    """The fast few-row path for 4-bit weights is exactly the product of x rounded to 15-bit
+    integers per block of 32 with the weights' scaled part s * q, plus each group's bias b
+    times the float sum of x: the integer sums leave only float rounding (the nibble order
+    and the split of q into two bytes included)."""
+    if not _has_integer_path():
+        pytest.skip("this build has no integer path (no AVX2): x stays float32")
+    packed, scales, biases = _quantized(67, 192, 4, group, dtype, seed=rows + group)
+    x = mx.random.normal((1, rows, 192))
+    x = x.at[0, 0, 5].add(40.0)  # an outlier channel, as SmolLM2's activations have
+    bias = mx.random.normal((67,))
+    s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
+    offsets = mx.repeat(b32, group, axis=1)  # (N, K): each weight's b
+    scaled = mx.dequantize(packed, s32, b32, group_size=group, bits=4) - offsets
+    want = _integer_rounded(x) @ scaled.T + x @ offsets.T + bias
+    got = quantized_matmul_native(
+        x, packed, scales, biases, bits=4, group_size=group, bias=bias, integer_activations=True
+    )
+    assert mx.abs(got - want).max().item() < 5e-5  # the float x would be off by 3e-4 or more here
+    exact = quantized_matmul_reference(x, packed, scales, biases, bits=4, group_size=group, bias=bias)
+    error = mx.abs(got - exact.astype(mx.float32)).max().item() / mx.abs(exact).max().item()
+    assert 0 < error < 1e-3  # the integers really are used, and cost about 1e-4 of the output
+
+
+def test_integer_rows_alone_and_in_a_tile_give_the_same_bits():
+    """A verify pass's rows (tiles of 4) must match one-row decode steps bit for bit, or
+    greedy speculative decoding would drift from plain decoding."""
+    packed, scales, biases = _quantized(40, 256, 4, 64, mx.float16, seed=9)
+    x = mx.random.normal((6, 256))
+    together = quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=64, integer_activations=True)
+    for i in range(6):
+        alone = quantized_matmul_native(
+            x[i : i + 1], packed, scales, biases, bits=4, group_size=64, integer_activations=True
+        )
+        assert mx.array_equal(alone[0], together[i]).item()
 
 
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
@@ -95,8 +152,11 @@ def test_the_primitive_stays_lazy_inside_a_compiled_graph(rows, kernel_path):
     packed, scales, biases = _quantized(96, 64, 4, 32, mx.float16, seed=rows)
     bias = mx.random.normal((96,))
 
-    def layer(x):
-        return mx.tanh(quantized_matmul_native(x * 2, packed, scales, biases, bits=4, group_size=32, bias=bias))
+    def layer(x):  # float x: the exact comparison below checks the graph, not the rounding
+        y = quantized_matmul_native(
+            x * 2, packed, scales, biases, bits=4, group_size=32, bias=bias, integer_activations=False
+        )
+        return mx.tanh(y)
 
     x = mx.random.normal((rows, 64))
     want = mx.tanh(quantized_matmul_reference(x * 2, packed, scales, biases, bits=4, group_size=32, bias=bias))

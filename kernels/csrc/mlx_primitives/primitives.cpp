@@ -33,7 +33,7 @@
 
 extern "C" {
 int brisk_quantized_matmul_rows(const float*, const uint32_t*, const void*, const void*, int, const float*, float*,
-                                int, int, int, int, int, int);
+                                int, int, int, int, int, int, int);
 int brisk_quantized_matmul_dense(const float*, const uint32_t*, const void*, const void*, int, const float*, float*,
                                  int, int, int, int, int, int);
 int brisk_quantized_gather(const int32_t*, int, const uint32_t*, const void*, const void*, int, float*, int, int,
@@ -96,9 +96,9 @@ class CpuPrimitive : public mx::Primitive {
 // y = x @ dequantize(w).T (+ bias), x float32 (..., K), w MLX affine-quantized (N, K).
 class QuantizedMatmul : public CpuPrimitive {
  public:
-  QuantizedMatmul(mx::Stream s, int bits, int group, int scale_type, int threads, bool has_bias)
+  QuantizedMatmul(mx::Stream s, int bits, int group, int scale_type, int threads, bool has_bias, bool integer_x)
       : CpuPrimitive(s), bits_(bits), group_(group), scale_type_(scale_type), threads_(threads),
-        has_bias_(has_bias) {}
+        has_bias_(has_bias), integer_x_(integer_x) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
@@ -108,9 +108,9 @@ class QuantizedMatmul : public CpuPrimitive {
     encoder.dispatch([x = x.data<float>(), w = w.data<uint32_t>(), s = scales.data<void>(),
                       b = biases.data<void>(), bias = has_bias_ ? inputs[4].data<float>() : nullptr,
                       y = out.data<float>(), M, K, N, bits = bits_, group = group_, type = scale_type_,
-                      threads = threads_]() {
+                      threads = threads_, integer_x = int(integer_x_)]() {
       const int code = M <= kMaxFewRows
-                           ? brisk_quantized_matmul_rows(x, w, s, b, type, bias, y, M, K, N, bits, group, threads)
+                           ? brisk_quantized_matmul_rows(x, w, s, b, type, bias, y, M, K, N, bits, group, threads, integer_x)
                            : brisk_quantized_matmul_dense(x, w, s, b, type, bias, y, M, K, N, bits, group, threads);
       if (code) throw std::runtime_error("brisk quantized matmul declined (code " + std::to_string(code) + ")");
     });
@@ -121,7 +121,7 @@ class QuantizedMatmul : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const QuantizedMatmul&>(other);
     return bits_ == o.bits_ && group_ == o.group_ && scale_type_ == o.scale_type_ && threads_ == o.threads_ &&
-           has_bias_ == o.has_bias_;
+           has_bias_ == o.has_bias_ && integer_x_ == o.integer_x_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -130,7 +130,7 @@ class QuantizedMatmul : public CpuPrimitive {
 
  private:
   int bits_, group_, scale_type_, threads_;
-  bool has_bias_;
+  bool has_bias_, integer_x_;
 };
 
 // Rows `ids` of a quantized (V, K) table, dequantized to float32: the embedding lookup.
@@ -280,7 +280,8 @@ class Attention : public CpuPrimitive {
 mx::Stream cpu_stream() { return mx::default_stream(mx::Device::cpu); }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                           std::optional<mx::array> bias, int bits, int group, int scale_type, int threads) {
+                           std::optional<mx::array> bias, int bits, int group, int scale_type, int threads,
+                           bool integer_x) {
   require_plain_weight(w);
   const auto s = cpu_stream();
   std::vector<mx::array> inputs{plain(x, mx::float32, s), plain(w, mx::uint32, s), plain(scales, scales.dtype(), s),
@@ -288,7 +289,7 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
   if (bias) inputs.push_back(plain(*bias, mx::float32, s));
   auto shape = with_last(x, int(w.shape(0)));
   return mx::array(std::move(shape), mx::float32,
-                   std::make_shared<QuantizedMatmul>(s, bits, group, scale_type, threads, bias.has_value()),
+                   std::make_shared<QuantizedMatmul>(s, bits, group, scale_type, threads, bias.has_value(), integer_x),
                    std::move(inputs));
 }
 
@@ -334,7 +335,7 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.doc() = "Brisk's native CPU kernels as lazy MLX primitives (kernels/mlx_extension.py builds this)";
   m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("weight"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("bias").none(), nb::arg("bits"), nb::arg("group_size"), nb::arg("scale_type"),
-        nb::arg("threads"));
+        nb::arg("threads"), nb::arg("integer_activations"));
   m.def("quantized_gather", &quantized_gather, nb::arg("ids"), nb::arg("weight"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"), nb::arg("scale_type"));
   m.def("skinny_matmul", &skinny_matmul, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
@@ -342,5 +343,5 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("attention", &attention, nb::arg("queries"), nb::arg("keys"), nb::arg("values"), nb::arg("scale"),
         nb::arg("causal"), nb::arg("sinks").none(), nb::arg("threads"));
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 1; });
+  m.def("version", [] { return 2; });
 }
