@@ -204,7 +204,6 @@ struct Rows {
   std::vector<float> x;    // M x K, reordered per block
   std::vector<float> sum;  // M x groups
   const float* row(int m) const { return x.data() + int64_t(m) * K; }
-  const float* sum_row(int m) const { return sum.data() + int64_t(m) * groups; }
 };
 
 void prepare_rows(const float* x, int M, int K, int bits, int group, Rows& out) {
@@ -296,6 +295,19 @@ void column_dots(const uint8_t* row, const float* scale, int per_group_shift, co
 constexpr int kRowTile = 4;
 constexpr int kMaxGroups = 1 << 12;  // K up to 131072 in groups of 32
 
+// Output column n of M rows: each row's dot plus, per group, the group's bias times the float
+// sum of x over it (sums: M x groups), plus the layer's bias.
+void finish_column(const Weights& w, const float* dots, const float* offset, const float* sums, int M,
+                   const float* bias, float* out, int n) {
+  const int groups = w.groups();
+  for (int m = 0; m < M; ++m) {
+    const float* row_sums = sums + int64_t(m) * groups;
+    float total = dots[m];
+    for (int g = 0; g < groups; ++g) total += offset[g] * row_sums[g];
+    out[int64_t(m) * w.N + n] = total + (bias ? bias[n] : 0.f);
+  }
+}
+
 template <int BITS>
 void few_rows_column(const Weights& w, const Rows& x, const float* bias, float* out, int n) {
   const int groups = w.groups(), shift = w.group == 64 ? 1 : 0;
@@ -314,12 +326,7 @@ void few_rows_column(const Weights& w, const Rows& x, const float* bias, float* 
       default: column_dots<BITS, 4>(row, scale, shift, xf, x.blocks, dots + m0); break;
     }
   }
-  for (int m = 0; m < x.M; ++m) {  // each group adds its bias times the sum of its x
-    const float* sums = x.sum_row(m);
-    float total = dots[m];
-    for (int g = 0; g < groups; ++g) total += offset[g] * sums[g];
-    out[int64_t(m) * w.N + n] = total + (bias ? bias[n] : 0.f);
-  }
+  finish_column(w, dots, offset, x.sum.data(), x.M, bias, out, n);
 }
 
 // Whole columns per thread: each thread streams one contiguous stretch of the weight, which
@@ -425,12 +432,7 @@ void integer_column(const Weights& w, const IntegerRows& x, const float* bias, f
   int m = 0;  // the same sums in the same order for a row alone or in a tile of 4
   for (; m + 4 <= x.M; m += 4) integer_dots<GROUP, 4>(w.row(n), scale, x, m, dots + m);
   for (; m < x.M; ++m) integer_dots<GROUP, 1>(w.row(n), scale, x, m, dots + m);
-  for (m = 0; m < x.M; ++m) {
-    const float* sums = x.sum.data() + int64_t(m) * groups;
-    float total = dots[m];
-    for (int g = 0; g < groups; ++g) total += offset[g] * sums[g];
-    out[int64_t(m) * w.N + n] = total + (bias ? bias[n] : 0.f);
-  }
+  finish_column(w, dots, offset, x.sum.data(), x.M, bias, out, n);
 }
 
 void integer_matmul(const Weights& w, const float* x, const float* bias, float* out, int M, int threads) {
