@@ -31,10 +31,16 @@ from types import ModuleType
 from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
-# attention.cpp is built only here: it has no ctypes path (MLX's own attention is the fallback).
-KERNELS = [native.CSRC / "quantized_matmul.cpp", native.CSRC / "skinny_matmul.cpp", native.CSRC / "attention.cpp"]
+# attention.cpp and norm_rope.cpp are built only here: they have no ctypes path (MLX's own
+# ops are their fallback).
+KERNELS = [
+    native.CSRC / "quantized_matmul.cpp",
+    native.CSRC / "skinny_matmul.cpp",
+    native.CSRC / "attention.cpp",
+    native.CSRC / "norm_rope.cpp",
+]
 MODULE = "_brisk_mlx_ops"
-VERSION = 2
+VERSION = 3
 
 _lock = threading.Lock()
 _state: dict = {}

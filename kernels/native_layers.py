@@ -4,7 +4,9 @@
 - float `nn.Linear` / `nn.Embedding` by SkinnyLinear / SkinnyEmbedding (few-row float32
   products: the speculative verify pass; kernels/skinny_matmul.py);
 - `nn.QuantizedLinear` / `nn.QuantizedEmbedding` by their native versions (every quantized
-  product, the lookup and a tied head; kernels/quantized_matmul.py).
+  product, the lookup and a tied head; kernels/quantized_matmul.py);
+- `nn.RMSNorm`, `nn.RoPE` and mlx-lm's `Llama3RoPE` by one-node native versions (MLX's CPU
+  runs them as graphs of ~11 and ~30 small ops; kernels/norm_rope.py).
 All of a model's swapped layers share one `Route`: data on the model, so two models can
 differ and a benchmark can send one model to MLX's own paths (`blas_only`).
 """
@@ -15,8 +17,10 @@ from contextlib import contextmanager
 
 import mlx.nn as nn
 from mlx.utils import tree_map_with_path
+from mlx_lm.models.rope_utils import Llama3RoPE
 
 from kernels import native
+from kernels.norm_rope import NativeLlama3RoPE, NativeRMSNorm, NativeRoPE
 from kernels.quantized_matmul import NativeQuantizedEmbedding, NativeQuantizedLinear
 from kernels.skinny_matmul import SkinnyEmbedding, SkinnyLinear
 
@@ -61,6 +65,9 @@ SWAPS = {
     nn.Embedding: SkinnyEmbedding,
     nn.QuantizedLinear: NativeQuantizedLinear,
     nn.QuantizedEmbedding: NativeQuantizedEmbedding,
+    nn.RMSNorm: NativeRMSNorm,
+    nn.RoPE: NativeRoPE,
+    Llama3RoPE: NativeLlama3RoPE,
 }
 
 

@@ -65,14 +65,20 @@ class ShiftedRoPE(nn.Module):
 
 
 def _is_rope(module) -> bool:
-    return isinstance(module, nn.RoPE) or type(module).__module__ == rope_utils.__name__
+    # kernels/native_layers.py swaps in subclasses (NativeRoPE, NativeLlama3RoPE)
+    return isinstance(module, nn.RoPE) or any(c.__module__ == rope_utils.__name__ for c in type(module).__mro__)
 
 
 ROPE_IN_SOURCE = re.compile(r"\brope\b|initialize_rope|RoPE|rotary")
 
 
+def _defining_module(cls) -> str:
+    """Where a layer class comes from, past Brisk's native subclasses (kernels/native_layers.py)."""
+    return next((c.__module__ for c in cls.__mro__ if not c.__module__.startswith("kernels.")), cls.__module__)
+
+
 def _source_uses_rope(model) -> bool:
-    modules = {type(m).__module__ for _, m in model.named_modules()}
+    modules = {_defining_module(type(m)) for _, m in model.named_modules()}
     for name in modules:
         try:
             if ROPE_IN_SOURCE.search(inspect.getsource(sys.modules[name])):

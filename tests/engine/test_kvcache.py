@@ -12,6 +12,7 @@ from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
 from engine.models.loader import load_folder
 from engine.session import Session
 from engine.settings import ChatSettings
+from kernels import quantized_matmul
 from kernels.kv_attention import kv_attention_reference
 from tests.tiny_models import make_tiny_model
 
@@ -69,9 +70,12 @@ def reference_sdpa(queries, keys, values, scale, mask, group_size=64, bits=8):
 
 
 @pytest.mark.parametrize("k_bits,v_bits", [(4, 4), (8, 4), (16, 4), (4, 16)])
-def test_packed_attention_inside_the_model_matches_the_reference(lm, k_bits, v_bits):
+def test_packed_attention_inside_the_model_matches_the_reference(lm, k_bits, v_bits, monkeypatch):
     """The same packed cache, attended by Brisk's dispatcher and by dequantize-then-attend:
     same logits, for a multi-token causal step and a decode step."""
+    # Float x in the quantized kernel: its integer x rounds each block to 15 bits, and a 1e-6
+    # difference in attention can move a rounding step, which two random layers amplify.
+    monkeypatch.setattr(quantized_matmul, "INTEGER_ACTIVATIONS", False)
     tokens = mx.array(lm.tokenizer.encode(PROMPT))[None]
     logits = {}
     for name, fn in (("reference", reference_sdpa), ("brisk", None)):

@@ -18,6 +18,8 @@
 #include <nanobind/stl/variant.h>
 
 #include <array>
+#include <functional>
+#include <numeric>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
@@ -42,6 +44,9 @@ int brisk_quantized_matmul_has_sgemm();
 int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, int, int, int);
 int brisk_attention(const float*, const float*, const float*, float*, int, int, int, int, int, int, const int64_t*,
                     const int64_t*, float, int, const float*, int);
+int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
+int brisk_rope(const float*, const int64_t*, float*, int, int, int, int, int, int, float, float, int64_t, const int32_t*,
+               int, const float*);
 }
 
 namespace nb = nanobind;
@@ -61,9 +66,47 @@ mx::Shape with_last(const mx::array& x, int last) {
 
 void allocate(mx::array& out) { out.set_data(mx::allocator::malloc(out.nbytes())); }
 
-// The kernels read plain row-major buffers: a strided view is copied first (lazily).
+// The kernels read plain row-major buffers: a strided view is copied first (lazily). An array
+// already in memory as one (a weight) needs no Contiguous node: a decode step held ~630 of
+// them, a few microseconds each.
 mx::array plain(const mx::array& a, mx::Dtype dtype, const mx::Stream& s) {
+  if (a.dtype() == dtype && a.is_available() && a.flags().row_contiguous) return a;
   return mx::contiguous(mx::astype(a, dtype, s), false, s);
+}
+
+// A float32 input as a row-major buffer, for an input still lazy when the node is built (its
+// layout is known only once MLX evaluates the graph): read in place when it is row-major, as
+// it nearly always is, else gathered into a temporary on the stream just before the kernel.
+struct RowMajor {
+  const float* source;
+  float* copy = nullptr;
+  mx::Shape shape;
+  mx::Strides strides;
+
+  const float* data() const { return copy ? copy : source; }
+
+  void gather() const {
+    if (!copy) return;
+    std::vector<int> index(shape.size(), 0);
+    const int64_t total = std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<int64_t>());
+    for (int64_t i = 0; i < total; ++i) {
+      int64_t at = 0;
+      for (size_t a = 0; a < shape.size(); ++a) at += index[a] * strides[a];
+      copy[i] = source[at];
+      for (int a = int(shape.size()) - 1; a >= 0 && ++index[a] == shape[a]; --a) index[a] = 0;
+    }
+  }
+};
+
+RowMajor row_major(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
+  RowMajor view{a.data<float>(), nullptr, a.shape(), a.strides()};
+  if (!a.flags().row_contiguous) {
+    mx::array copy(a.shape(), mx::float32, nullptr, {});
+    allocate(copy);
+    view.copy = copy.data<float>();
+    encoder.add_temporary(std::move(copy));  // freed once the task has run
+  }
+  return view;
 }
 
 // A weight already in memory as a strided view would be copied on every call, which costs
@@ -105,10 +148,12 @@ class QuantizedMatmul : public CpuPrimitive {
     mx::array& out = outputs[0];
     auto& encoder = prepare(inputs, out);
     const int M = int(leading_rows(x)), K = int(x.shape(-1)), N = int(w.shape(0));
-    encoder.dispatch([x = x.data<float>(), w = w.data<uint32_t>(), s = scales.data<void>(),
+    encoder.dispatch([xs = row_major(x, encoder), w = w.data<uint32_t>(), s = scales.data<void>(),
                       b = biases.data<void>(), bias = has_bias_ ? inputs[4].data<float>() : nullptr,
                       y = out.data<float>(), M, K, N, bits = bits_, group = group_, type = scale_type_,
                       threads = threads_, integer_x = int(integer_x_)]() {
+      xs.gather();
+      const float* x = xs.data();
       const int code = M <= kMaxFewRows
                            ? brisk_quantized_matmul_rows(x, w, s, b, type, bias, y, M, K, N, bits, group, threads, integer_x)
                            : brisk_quantized_matmul_dense(x, w, s, b, type, bias, y, M, K, N, bits, group, threads);
@@ -179,9 +224,11 @@ class SkinnyMatmul : public CpuPrimitive {
     mx::array& out = outputs[0];
     auto& encoder = prepare(inputs, out);
     const int M = int(leading_rows(x)), K = int(x.shape(-1)), N = int(w.shape(0));
-    encoder.dispatch([x = x.data<float>(), w = w.data<float>(), bias = has_bias_ ? inputs[2].data<float>() : nullptr,
-                      y = out.data<float>(), M, K, N, threads = threads_]() {
-      if (brisk_skinny_matmul(x, w, bias, y, M, K, N, threads))
+    encoder.dispatch([xs = row_major(x, encoder), w = w.data<float>(),
+                      bias = has_bias_ ? inputs[2].data<float>() : nullptr, y = out.data<float>(), M, K, N,
+                      threads = threads_]() {
+      xs.gather();
+      if (brisk_skinny_matmul(xs.data(), w, bias, y, M, K, N, threads))
         throw std::runtime_error("brisk skinny matmul declined");
     });
   }
@@ -218,11 +265,12 @@ class Attention : public CpuPrimitive {
     const int Hkv = int(inputs[1].shape(1)), S = int(inputs[1].shape(2));
     View k = view(inputs[1], encoder), v = view(inputs[2], encoder);
     const float* sinks = has_sinks_ ? inputs[3].data<float>() : nullptr;
-    encoder.dispatch([q = q.data<float>(), k, v, sinks, y = out.data<float>(), B, Hq, Hkv, L, S, D, scale = scale_,
-                      causal = causal_, threads = threads_]() {
+    encoder.dispatch([qs = row_major(q, encoder), k, v, sinks, y = out.data<float>(), B, Hq, Hkv, L, S, D,
+                      scale = scale_, causal = causal_, threads = threads_]() {
+      qs.gather();
       k.gather_rows();
       v.gather_rows();
-      if (brisk_attention(q, k.data(), v.data(), y, B, Hq, Hkv, L, S, D, k.strides.data(), v.strides.data(), scale,
+      if (brisk_attention(qs.data(), k.data(), v.data(), y, B, Hq, Hkv, L, S, D, k.strides.data(), v.strides.data(), scale,
                           causal, sinks, threads))
         throw std::runtime_error("brisk attention declined its shapes");
     });
@@ -277,6 +325,84 @@ class Attention : public CpuPrimitive {
   int threads_;
 };
 
+// x * rsqrt(mean(x^2) + eps) * w over the last axis of float32 x: mx.fast.rms_norm in one node.
+class RmsNorm : public CpuPrimitive {
+ public:
+  RmsNorm(mx::Stream s, float eps) : CpuPrimitive(s), eps_(eps) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array &x = inputs[0], &w = inputs[1];
+    mx::array& out = outputs[0];
+    auto& encoder = prepare(inputs, out);
+    encoder.dispatch([xs = row_major(x, encoder), w = w.data<float>(), y = out.data<float>(),
+                      rows = leading_rows(x), D = int(x.shape(-1)), eps = eps_]() {
+      xs.gather();
+      brisk_rms_norm(xs.data(), w, y, rows, D, eps);
+    });
+  }
+
+  const char* name() const override { return "BriskRmsNorm"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return eps_ == static_cast<const RmsNorm&>(other).eps_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  float eps_;
+};
+
+// Rotary embedding of float32 x (B, H, L, D) or (B, L, D) at positions (offset + l) * scale:
+// mx.fast.rope in one node. The offset is an integer, or an int32 array with one per batch
+// entry (sparse prefill's per-token positions). Rows are read in place through their strides
+// (the transposed projections mlx-lm hands it); the output is row-major.
+class Rope : public CpuPrimitive {
+ public:
+  Rope(mx::Stream s, int dims, bool traditional, float base, float scale, int64_t offset, bool has_offsets,
+       bool has_freqs)
+      : CpuPrimitive(s), dims_(dims), traditional_(traditional), base_(base), scale_(scale), offset_(offset),
+        has_offsets_(has_offsets), has_freqs_(has_freqs) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array& x = inputs[0];
+    mx::array& out = outputs[0];
+    auto& encoder = prepare(inputs, out);
+    const bool three = x.ndim() == 3;  // (B, L, D): one head
+    const int B = int(x.shape(0)), H = three ? 1 : int(x.shape(1)), L = int(x.shape(-2)), D = int(x.shape(-1));
+    RowMajor xs{x.data<float>(), nullptr, x.shape(), x.strides()};
+    std::array<int64_t, 3> strides{x.strides()[0], three ? 0 : x.strides()[1], x.strides()[x.ndim() - 2]};
+    if (x.strides().back() != 1 && D > 1) {  // a strided row: gather a row-major copy first
+      xs = row_major(x, encoder);
+      strides = {int64_t(H) * L * D, int64_t(L) * D, D};
+    }
+    const mx::array* offsets = has_offsets_ ? &inputs[1] : nullptr;
+    const mx::array* freqs = has_freqs_ ? &inputs[has_offsets_ ? 2 : 1] : nullptr;
+    encoder.dispatch([xs, strides, y = out.data<float>(), B, H, L, D, dims = dims_, traditional = int(traditional_),
+                      base = base_, scale = scale_, offset = offset_,
+                      offsets = offsets ? offsets->data<int32_t>() : nullptr,
+                      offsets_count = offsets ? int(offsets->size()) : 0,
+                      freqs = freqs ? freqs->data<float>() : nullptr]() {
+      xs.gather();
+      brisk_rope(xs.data(), strides.data(), y, B, H, L, D, dims, traditional, base, scale, offset, offsets,
+                 offsets_count, freqs);
+    });
+  }
+
+  const char* name() const override { return "BriskRope"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const Rope&>(other);
+    return dims_ == o.dims_ && traditional_ == o.traditional_ && base_ == o.base_ && scale_ == o.scale_ &&
+           offset_ == o.offset_ && has_offsets_ == o.has_offsets_ && has_freqs_ == o.has_freqs_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  int dims_;
+  bool traditional_;
+  float base_, scale_;
+  int64_t offset_;
+  bool has_offsets_, has_freqs_;
+};
+
 mx::Stream cpu_stream() { return mx::default_stream(mx::Device::cpu); }
 
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
@@ -284,8 +410,8 @@ mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::arr
                            bool integer_x) {
   require_plain_weight(w);
   const auto s = cpu_stream();
-  std::vector<mx::array> inputs{plain(x, mx::float32, s), plain(w, mx::uint32, s), plain(scales, scales.dtype(), s),
-                                plain(biases, biases.dtype(), s)};
+  std::vector<mx::array> inputs{mx::astype(x, mx::float32, s), plain(w, mx::uint32, s),
+                                plain(scales, scales.dtype(), s), plain(biases, biases.dtype(), s)};
   if (bias) inputs.push_back(plain(*bias, mx::float32, s));
   auto shape = with_last(x, int(w.shape(0)));
   return mx::array(std::move(shape), mx::float32,
@@ -306,7 +432,7 @@ mx::array quantized_gather(const mx::array& ids, const mx::array& w, const mx::a
 mx::array skinny_matmul(const mx::array& x, const mx::array& w, std::optional<mx::array> bias, int threads) {
   require_plain_weight(w);
   const auto s = cpu_stream();
-  std::vector<mx::array> inputs{plain(x, mx::float32, s), plain(w, mx::float32, s)};
+  std::vector<mx::array> inputs{mx::astype(x, mx::float32, s), plain(w, mx::float32, s)};
   if (bias) inputs.push_back(plain(*bias, mx::float32, s));
   auto shape = with_last(x, int(w.shape(0)));
   return mx::array(std::move(shape), mx::float32, std::make_shared<SkinnyMatmul>(s, threads, bias.has_value()),
@@ -322,11 +448,40 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   if (sinks && (sinks->ndim() != 1 || sinks->shape(0) != q.shape(1)))
     throw std::invalid_argument("attention sinks of a shape the kernel does not take (one per query head)");
   const auto s = cpu_stream();
-  std::vector<mx::array> inputs{plain(q, mx::float32, s), mx::astype(k, mx::float32, s),
+  std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), mx::astype(k, mx::float32, s),
                                 mx::astype(v, mx::float32, s)};
   if (sinks) inputs.push_back(plain(*sinks, mx::float32, s));
   return mx::array(q.shape(), mx::float32,
                    std::make_shared<Attention>(s, scale, causal, sinks.has_value(), threads), std::move(inputs));
+}
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
+  if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(-1) || x.dtype() != mx::float32)
+    throw std::invalid_argument("rms_norm shapes or dtypes the kernel does not take");
+  const auto s = cpu_stream();
+  return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {x, plain(w, mx::float32, s)});
+}
+
+// Positions start at `offset`, or, when `offsets` is given, at its one integer or its one per
+// batch entry.
+mx::array rope(const mx::array& x, int dims, bool traditional, float base, float scale, int64_t offset,
+               std::optional<mx::array> offsets, std::optional<mx::array> freqs) {
+  if ((x.ndim() != 3 && x.ndim() != 4) || x.dtype() != mx::float32 || dims <= 0 || dims % 2 || dims > x.shape(-1) ||
+      (freqs && (freqs->ndim() != 1 || freqs->shape(0) != dims / 2)))
+    throw std::invalid_argument("rope shapes or dtypes the kernel does not take");
+  const auto s = cpu_stream();
+  std::vector<mx::array> inputs{x};
+  if (offsets) {
+    if (offsets->ndim() > 1 || (offsets->size() != 1 && offsets->size() != x.shape(0)) ||
+        !mx::issubdtype(offsets->dtype(), mx::integer))
+      throw std::invalid_argument("rope offsets the kernel does not take (one integer per batch entry)");
+    inputs.push_back(plain(*offsets, mx::int32, s));
+  }
+  if (freqs) inputs.push_back(plain(*freqs, mx::float32, s));
+  return mx::array(x.shape(), mx::float32,
+                   std::make_shared<Rope>(s, dims, traditional, base, scale, offsets ? 0 : offset,
+                                          offsets.has_value(), freqs.has_value()),
+                   std::move(inputs));
 }
 
 }  // namespace
@@ -342,6 +497,9 @@ NB_MODULE(_brisk_mlx_ops, m) {
         nb::arg("threads"));
   m.def("attention", &attention, nb::arg("queries"), nb::arg("keys"), nb::arg("values"), nb::arg("scale"),
         nb::arg("causal"), nb::arg("sinks").none(), nb::arg("threads"));
+  m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
+  m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
+        nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 2; });
+  m.def("version", [] { return 3; });
 }
