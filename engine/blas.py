@@ -107,6 +107,10 @@ def preload_optimized_blas() -> BlasState:
             note = "MKL not found (pip install mkl); MLX falls back to its reference BLAS"
         else:
             try:
+                # MKL's OpenMP threads spin 200 ms after each sgemm by default, taking the
+                # cores that the dequantizing pool and MLX's other ops run on between
+                # sgemms: 0 makes them sleep at once (prefill ~10% faster on two cores).
+                os.environ.setdefault("KMP_BLOCKTIME", "0")
                 ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
                 loaded = str(path)
                 note = "MKL loaded before mlx (RTLD_GLOBAL)"
