@@ -216,3 +216,26 @@ def test_without_the_primitives_mlx_runs_norms_and_ropes(monkeypatch):
     x = mx.random.normal((1, 2, 5, 64))
     assert _max_error(holder.norm(x), rms_norm_reference(x, holder.norm.weight, 1e-5)) == 0
     assert "Sin" in _op_names(holder.rope(x, offset=3))  # MLX's fallback graph
+
+
+def test_a_model_loaded_without_the_primitives_says_so(tmp_path, monkeypatch, caplog):
+    from engine.models import loader
+
+    folder = make_tiny_model(tmp_path / "m", "llama")
+    loader._warn_without_primitives.cache_clear()
+    failed = Loaded(None, "failed", note="no C++ compiler found (set CXX or install one)")
+    monkeypatch.setattr(mlx_extension, "_state", {"loaded": failed})
+    with caplog.at_level("WARNING", logger="engine.models.loader"):
+        load_folder(folder)
+        load_folder(folder)
+    warnings = [r.getMessage() for r in caplog.records if "MLX primitives" in r.getMessage()]
+    assert len(warnings) == 1 and "no C++ compiler" in warnings[0] and "brisk info" in warnings[0]
+    loader._warn_without_primitives.cache_clear()
+    caplog.clear()
+    monkeypatch.setattr(
+        mlx_extension, "_state", {"loaded": Loaded(None, "off", note="turned off by BRISK_MLX_PRIMITIVES=0")}
+    )
+    with caplog.at_level("WARNING", logger="engine.models.loader"):
+        load_folder(folder)
+    assert not [r for r in caplog.records if "MLX primitives" in r.getMessage()]  # chosen, not a surprise
+    loader._warn_without_primitives.cache_clear()

@@ -205,3 +205,33 @@ def test_without_the_native_library_mlx_runs_the_quantized_layers(monkeypatch):
     nn.quantize(net, group_size=32, bits=8)
     assert use_native_layers(net) == 0 and type(net.proj) is nn.QuantizedLinear
     assert net(mx.array([[1, 2]])).shape == (1, 2, 100)
+
+
+def test_a_layer_keeps_its_checked_call_only_for_the_arrays_it_checked(kernel_path):
+    """The prepared fast path must follow the layer's weights: new weights are checked anew."""
+    mx.random.seed(11)
+    net = _TinyNet()
+    nn.quantize(net, group_size=32, bits=4)
+    use_native_layers(net)
+    x = mx.random.normal((1, 64))
+    first = net.proj(x)
+    prepared = net.proj.__dict__.get("_prepared")
+    assert (prepared is not None) == (kernel_path == "mlx-primitive")  # ctypes calls take no shortcut
+    assert mx.allclose(net.proj(x), first, atol=1e-6).item()  # the shortcut gives the same numbers
+    packed, scales, biases = mx.quantize(mx.random.normal((96, 64)), group_size=32, bits=4)
+    net.proj.update({"weight": packed, "scales": scales, "biases": biases})
+    want = quantized_matmul_reference(x, packed, scales, biases, bits=4, group_size=32, bias=net.proj.bias)
+    assert mx.allclose(net.proj(x), want, atol=2e-3, rtol=2e-3).item()
+    assert not mx.allclose(net.proj(x), first, atol=1e-2).item()
+    strided = _TinyNet()
+    nn.quantize(strided, group_size=32, bits=8)
+    use_native_layers(strided)
+    packed = strided.proj.weight
+    view = mx.contiguous(packed.T).T  # the same values, as a strided view in memory
+    mx.eval(view)
+    strided.proj.update({"weight": view})
+    want = quantized_matmul_reference(
+        x, packed, strided.proj.scales, strided.proj.biases, bits=8, group_size=32, bias=strided.proj.bias
+    )
+    assert mx.allclose(strided.proj(x), want, atol=1e-4).item()  # MLX's op takes it
+    assert strided.proj.__dict__.get("_prepared") is None  # the kernel declined it, so no shortcut either
