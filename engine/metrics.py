@@ -62,6 +62,55 @@ class TurnMetrics:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def update(self, values: dict) -> None:
+        """Set the named fields (a phase's results); an unknown name is a bug, not a new field."""
+        unknown = set(values) - set(self.__dataclass_fields__)
+        if unknown:
+            raise AttributeError(f"TurnMetrics has no field {', '.join(sorted(unknown))}")
+        for name, value in values.items():
+            setattr(self, name, value)
+
+
+def turn_rates(
+    metrics: TurnMetrics, *, generated: int, start: float, prompt_read_at: float, first_at: float | None, end: float
+) -> dict:
+    """A finished turn's totals and rates, from its clock readings."""
+    rates: dict = {"total_s": end - start, "generation_s": end - prompt_read_at, "generated_tokens": generated}
+    if first_at is None:
+        return rates
+    # The prompt tokens this turn served (read or, under sparse prefill, skipped) per second
+    # of TTFT: a sparse turn is compared with a dense one on the same footing.
+    rates["prefill_tps"] = (metrics.prompt_tokens - metrics.cached_tokens) / max(metrics.ttft_s, 1e-9)
+    if metrics.draft_tokens:
+        # A draft cycle yields its tokens together: first-to-last intervals can be ~0 (8,685
+        # tok/s was reported), so drafting turns divide by the whole generation.
+        rates["decode_tps"] = generated / max(rates["generation_s"], 1e-9)
+    elif generated > 1:
+        rates["decode_tps"] = (generated - 1) / max(end - first_at, 1e-9)
+    return rates
+
+
+def kv_measurements(layers, config: dict) -> dict:
+    """The cache's bytes: measured on its arrays, as allocated, and by the formula."""
+    from engine.kvcache import kv_shape
+
+    measured = {"kv_bytes": kv_bytes_measured(layers), "kv_bytes_allocated": kv_bytes_allocated(layers)}
+    shape = kv_shape(config)
+    if shape:
+        measured["kv_bytes_formula"] = kv_bytes_formula(layers, **shape, itemsize=_unpacked_itemsize(layers))
+    return measured
+
+
+def _unpacked_itemsize(cache) -> int:
+    """Bytes per element of the unpacked layers (packed layers' formula does not use it)."""
+    import mlx.core as mx
+
+    for layer in cache:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, mx.array):
+            return keys.dtype.size
+    return 4
+
 
 def kv_bytes_measured(cache) -> int:
     from engine.kvcache import held_arrays

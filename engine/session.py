@@ -28,8 +28,8 @@ from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
 from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
 from engine.kv_fidelity import checked_kv_settings
-from engine.kvcache import check_kv_packable, kv_shape
-from engine.metrics import TurnMetrics, kv_bytes_allocated, kv_bytes_formula, kv_bytes_measured
+from engine.kvcache import check_kv_packable
+from engine.metrics import TurnMetrics, kv_measurements, turn_rates
 from engine.models.loader import LoadedModel
 from engine.prompt import render_prompt
 from engine.sampling import make_sampling, with_prompt_history
@@ -202,8 +202,7 @@ class Session:
         finally:
             steps.close()
             if decoder is not None:
-                for name, value in decoder.metrics().items():
-                    setattr(metrics, name, value)
+                metrics.update(decoder.metrics())
                 metrics.sources = decoder.stats.sources[: len(answer.token_ids)]
             tail = text.flush()
             answer.content += tail
@@ -230,37 +229,12 @@ class Session:
         self, metrics: TurnMetrics, start: float, first_at: float | None, n: int, prompt_read_at: float
     ) -> None:
         end = time.perf_counter()
-        metrics.total_s = end - start
-        metrics.generation_s = end - prompt_read_at
-        metrics.generated_tokens = n
-        if first_at is not None:
-            # The prompt tokens this turn served (read or, under sparse prefill, skipped) per
-            # second of TTFT: a sparse turn is compared with a dense one on the same footing.
-            served = metrics.prompt_tokens - metrics.cached_tokens
-            metrics.prefill_tps = served / max(metrics.ttft_s, 1e-9)
-            if metrics.draft_tokens:
-                # A draft cycle yields its tokens together: first-to-last intervals can be ~0
-                # (8,685 tok/s was reported), so drafting turns divide by the whole generation.
-                metrics.decode_tps = n / max(metrics.generation_s, 1e-9)
-            elif n > 1:
-                metrics.decode_tps = (n - 1) / max(end - first_at, 1e-9)
-        layers = self.cache.layers
-        if layers is not None:
-            metrics.kv_bytes = kv_bytes_measured(layers)
-            metrics.kv_bytes_allocated = kv_bytes_allocated(layers)
-            shape = kv_shape(self.lm.config)
-            if shape:
-                metrics.kv_bytes_formula = kv_bytes_formula(layers, **shape, itemsize=_cache_itemsize(layers))
+        metrics.update(
+            turn_rates(metrics, generated=n, start=start, prompt_read_at=prompt_read_at, first_at=first_at, end=end)
+        )
+        if self.cache.layers is not None:
+            metrics.update(kv_measurements(self.cache.layers, self.lm.config))
         metrics.peak_memory_bytes = mx.get_peak_memory()
-
-
-def _cache_itemsize(cache) -> int:
-    """Bytes per element of the unpacked layers (packed layers' formula does not use it)."""
-    for layer in cache:
-        keys = getattr(layer, "keys", None)
-        if isinstance(keys, mx.array):
-            return keys.dtype.size
-    return 4
 
 
 def _drain_warnings(decoder) -> Iterator[EngineWarned]:

@@ -194,3 +194,25 @@ def test_a_crash_inside_generation_becomes_an_error_event(tiny_llama, monkeypatc
     monkeypatch.undo()
     _, done, errors = run(session.regenerate())
     assert done is not None and not errors
+
+
+def test_turn_metrics_take_only_their_own_fields():
+    from engine.metrics import TurnMetrics
+
+    metrics = TurnMetrics()
+    metrics.update({"decode_tps": 12.5, "generated_tokens": 3})
+    assert (metrics.decode_tps, metrics.generated_tokens) == (12.5, 3)
+    with pytest.raises(AttributeError, match="decode_tsp"):
+        metrics.update({"decode_tsp": 1.0})  # a misspelt phase result is caught, not stored
+    assert not hasattr(metrics, "decode_tsp")
+
+
+def test_drafting_turns_divide_by_the_whole_generation():
+    from engine.metrics import TurnMetrics, turn_rates
+
+    clock = dict(start=0.0, prompt_read_at=1.0, first_at=2.0, end=5.0)
+    plain = turn_rates(TurnMetrics(prompt_tokens=10, ttft_s=2.0), generated=7, **clock)
+    assert plain["decode_tps"] == 6 / 3.0 and plain["prefill_tps"] == 5.0 and plain["generation_s"] == 4.0
+    drafted = turn_rates(TurnMetrics(prompt_tokens=10, ttft_s=2.0, draft_tokens=4), generated=7, **clock)
+    assert drafted["decode_tps"] == 7 / 4.0  # a cycle's tokens arrive together: first-to-last would flatter it
+    assert "decode_tps" not in turn_rates(TurnMetrics(), generated=3, **{**clock, "first_at": None})
