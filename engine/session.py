@@ -171,7 +171,10 @@ class Session:
         metrics.prefilled_tokens = len(tokens) - cached
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
-        yield from TurnPrefill(self.lm, self.cache, self.pair).run(tokens, cached, settings, metrics, cancel, pack)
+        prefill = TurnPrefill(self.lm, self.cache, self.pair)
+        route, routed = yield from prefill.route(tokens, cached, settings)
+        metrics.update(routed)
+        metrics.update((yield from prefill.read(route, tokens, cached, settings, cancel, pack)))
         prompt_read_at = time.perf_counter()
 
         if settings.seed is not None:
