@@ -279,10 +279,11 @@ def auto_precision(results: dict, group_size: int) -> tuple[int, int]:
     return 16, 16
 
 
-def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
+def checked_kv_settings(lm, settings, cancelled: Callable[[], bool]):
     """A turn's settings with packed KV as far as the model's self-test allows (a generator
-    of events; returns the settings): `auto` takes the smallest precision that passed; a
-    fixed one that failed is used and warned about. Records what the test said in `metrics`."""
+    of events; returns the settings and what the test said, for the metrics' `kv_check`):
+    `auto` takes the smallest precision that passed; a fixed one that failed is used and
+    warned about."""
     from dataclasses import replace
 
     from engine.errors import TurnCancelled
@@ -290,7 +291,7 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
 
     precision, auto = settings.kv_precision(), settings.kv_auto
     if not auto and precision == (16, 16):
-        return settings
+        return settings, ""
     group = settings.kv_group_size
     wanted = packable(lm.config, CANDIDATES if auto else [precision], group)
     store = FidelityStore(lm.path)
@@ -309,13 +310,12 @@ def checked_kv_settings(lm, settings, metrics, cancelled: Callable[[], bool]):
         settings = replace(settings, k_bits=precision[0], v_bits=precision[1], kv_auto=False)
     result = results.get(result_key(precision[0], precision[1], group))
     if result is None:  # auto found nothing that passed, or this model cannot pack that precision
-        metrics.kv_check = "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
-        return settings
-    metrics.kv_check = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: {result['why']}"
+        return settings, "auto: no packed precision passed the self-test; 16-bit KV" if auto else ""
+    said = f"K{precision[0]}/V{precision[1]} {'passed' if result['passed'] else 'failed'}: {result['why']}"
     if not result["passed"]:
         yield EngineWarned(
             f"{precision[0]}-bit keys / {precision[1]}-bit values on {lm.id}: the self-test "
             f"{result['why']}. Answers may differ from 16-bit KV; `auto` picks a precision that "
             "keeps them."
         )
-    return settings
+    return settings, said

@@ -145,7 +145,7 @@ class Session:
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
         settings = self.settings.validate()
         # the KV self-test (once per model) runs before the clock: it is not the prompt's time
-        settings = yield from checked_kv_settings(self.lm, settings, metrics, lambda: cancel.cancelled)
+        settings, metrics.kv_check = yield from checked_kv_settings(self.lm, settings, lambda: cancel.cancelled)
         start = time.perf_counter()
         mx.reset_peak_memory()
         rendered = render_prompt(self.lm, self.messages, settings, cancelled=lambda: cancel.cancelled)
