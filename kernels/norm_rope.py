@@ -53,11 +53,9 @@ def rope_native(x, dims: int, *, traditional: bool, base, scale: float, offset, 
         raise NativeUnsupported(f"an offset of type {type(offset).__name__}")
     if x.dtype != mx.float32:
         raise NativeUnsupported("the native RoPE takes float32")
+    start, offsets = (offset, None) if isinstance(offset, int) else (0, offset)
     try:
-        primitives = _primitives()
-        if isinstance(offset, int):
-            return primitives.rope(x, dims, traditional, float(base or 1.0), float(scale), offset, None, freqs)
-        return primitives.rope(x, dims, traditional, float(base or 1.0), float(scale), 0, offset, freqs)
+        return _primitives().rope(x, dims, traditional, float(base or 1.0), float(scale), start, offsets, freqs)
     except ValueError as declined:
         raise NativeUnsupported(str(declined)) from None
 

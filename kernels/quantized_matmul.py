@@ -161,11 +161,13 @@ class _Prepared:
     these arrays, so a decode step's ~200 calls skip them (~1.5 ms of Python a step)."""
 
     def __init__(self, primitives, weight, scales, biases, bias, bits: int, group_size: int):
-        self.primitives, self.weight, self.k = primitives, weight, weight.shape[1] * 32 // bits
-        self.args = (weight, scales, biases, bias, bits, group_size, SCALE_TYPES[scales.dtype])
+        self.primitives, self.k = primitives, weight.shape[1] * 32 // bits
+        self.arrays = (weight, scales, biases, bias)  # the layer's arrays as checked
+        self.args = (*self.arrays, bits, group_size, SCALE_TYPES[scales.dtype])
 
-    def takes(self, x: mx.array, weight: mx.array) -> bool:
-        return weight is self.weight and x.dtype == mx.float32 and x.ndim >= 1 and x.shape[-1] == self.k and x.size > 0
+    def takes(self, x: mx.array, arrays: tuple) -> bool:
+        same = all(a is b for a, b in zip(arrays, self.arrays))  # any array replaced: check anew
+        return same and x.dtype == mx.float32 and x.ndim >= 1 and x.shape[-1] == self.k and x.size > 0
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.primitives.quantized_matmul(x, *self.args, threads(), INTEGER_ACTIVATIONS)
@@ -180,7 +182,7 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
         weight, scales, biases, bias = self["weight"], self["scales"], self.get("biases"), self.get("bias")
         on_cpu = self._route.native and mx.default_device() == mx.cpu
         prepared = self.__dict__.get("_prepared")
-        if on_cpu and prepared is not None and prepared.takes(x, weight):
+        if on_cpu and prepared is not None and prepared.takes(x, (weight, scales, biases, bias)):
             return prepared(x)
         kwargs = dict(bits=self.bits, group_size=self.group_size, bias=bias)
         if on_cpu and x.dtype in (mx.float32, mx.float16, mx.bfloat16):

@@ -223,6 +223,10 @@ def test_a_layer_keeps_its_checked_call_only_for_the_arrays_it_checked(kernel_pa
     want = quantized_matmul_reference(x, packed, scales, biases, bits=4, group_size=32, bias=net.proj.bias)
     assert mx.allclose(net.proj(x), want, atol=2e-3, rtol=2e-3).item()
     assert not mx.allclose(net.proj(x), first, atol=1e-2).item()
+    doubled = net.proj.scales * 2  # only the scales replaced: still checked anew
+    net.proj.update({"scales": doubled})
+    want = quantized_matmul_reference(x, packed, doubled, biases, bits=4, group_size=32, bias=net.proj.bias)
+    assert mx.allclose(net.proj(x), want, atol=2e-3, rtol=2e-3).item()
     strided = _TinyNet()
     nn.quantize(strided, group_size=32, bits=8)
     use_native_layers(strided)
