@@ -44,6 +44,7 @@ class TurnMetrics:
     # What a sparse prefill read at full depth (engine/accel/coverage.py): the app's coverage map.
     coverage: dict = field(default_factory=dict)
     spec_decode: str = "off"  # mode and rule, or off and why
+    decode_step: str = ""  # plain decoding's step: "compiled", or "mlx-lm: why not" (engine/plain_decode.py)
     acceptance_rate: float = 0.0  # accepted / proposed draft tokens
     draft_tokens: int = 0  # target tokens proposed by the draft
     accepted_tokens: int = 0

@@ -2,8 +2,8 @@
 
 A turn renders the chat template, reuses the longest cached token prefix, prefills
 only the new tokens (engine/turn_prefill.py: in chunks, reporting progress and honouring
-cancellation; with SpecPrefill or UniPrefill only what they keep), then decodes with
-mlx-lm's `generate_step` or the speculative decoder. The cache may be packed to int8/int4
+cancellation; with SpecPrefill or UniPrefill only what they keep), then decodes
+(engine/plain_decode.py) or runs the speculative decoder. The cache may be packed to int8/int4
 (engine/kvcache.py). Editing or regenerating an earlier message trims the cache back to
 the common prefix. Errors come out as `EngineErrored` events, degradations as
 `EngineWarned`.
@@ -31,8 +31,8 @@ from engine.kv_fidelity import checked_kv_settings
 from engine.kvcache import check_kv_packable
 from engine.metrics import TurnMetrics, kv_measurements, turn_rates
 from engine.models.loader import LoadedModel
+from engine.plain_decode import plain_steps
 from engine.prompt import render_prompt
-from engine.sampling import make_sampling, with_prompt_history
 from engine.settings import ChatSettings
 from engine.turn_prefill import TurnPrefill
 
@@ -181,7 +181,7 @@ class Session:
             mx.random.seed(settings.seed)
         # Both decoders keep `self.cache.tokens` true as they go (plain: every yielded
         # token is in the cache; speculative: all but the last, set when it stops).
-        steps, decoder = self._decoding(tokens, max_tokens, settings)
+        steps, decoder = self._decoding(tokens, max_tokens, settings, metrics)
         text = StreamingText(self.lm.tokenizer, seed=tokens)
         eos = set(self.lm.tokenizer.eos_token_ids)
         first_at = None
@@ -214,12 +214,13 @@ class Session:
         if tail:
             yield TokenEmitted(tail, -1)
 
-    def _decoding(self, tokens, max_tokens, settings):
-        """The token steps of this turn, (token, source) pairs: mlx-lm's generate_step, or
-        the speculative decoder when a draft or lookup is on (returned too, for its stats)."""
+    def _decoding(self, tokens, max_tokens, settings, metrics):
+        """The token steps of this turn, (token, source) pairs: plain decoding
+        (engine/plain_decode.py), or the speculative decoder when a draft or lookup is on
+        (returned too, for its stats)."""
         index = self.context_index if settings.lookup else None
         if settings.spec_decode == "off" or (self.draft is None and index is None):
-            return _plain_steps(tokens, self.cache, max_tokens, settings), None
+            return plain_steps(tokens, self.cache, max_tokens, settings, metrics), None
         speculation = self.pair if self.draft is not None else self.lookup_only
         decoder = speculation.make_decoder(
             self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs, index=index
@@ -244,29 +245,3 @@ def _drain_warnings(decoder) -> Iterator[EngineWarned]:
     """The speculative decoder's degradations, reported as events between tokens."""
     while decoder is not None and decoder.warnings:
         yield decoder.warnings.pop(0)
-
-
-def _plain_steps(tokens, cache: PromptCache, max_tokens, settings) -> Iterator[tuple[int, str]]:
-    """mlx-lm's generate_step over the cache's layers (which hold all prompt tokens but
-    the last). It runs each token it yields before yielding it (it computes the next one
-    ahead), so the cache holds every yielded token, and `cache.tokens` says so."""
-    from mlx_lm.generate import generate_step
-
-    sampler, processors = make_sampling(settings)
-    steps = generate_step(
-        mx.array(tokens[-1:]),
-        cache.model_view(),
-        max_tokens=max_tokens,
-        sampler=sampler,
-        logits_processors=with_prompt_history(processors, tokens[:-1]),
-        prompt_cache=cache.layers,
-        prefill_step_size=settings.prefill_step_size,
-    )
-    cache.tokens = list(tokens)
-    try:
-        for step, _ in steps:
-            token = int(step)  # mlx-lm yields the id as a Python int (its stubs say array)
-            cache.tokens.append(token)
-            yield token, ""
-    finally:
-        steps.close()

@@ -38,8 +38,9 @@ def attention_reference(queries, keys, values, *, scale: float, mask=None, sinks
     return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
 
 
-def attention_native(queries, keys, values, *, scale: float, mask=None, sinks=None) -> mx.array:
-    """softmax(q k^T * scale) v for float32 (B, H, L, D) queries and (B, Hkv, S, D) keys/values."""
+def attention_native(queries, keys, values, *, scale: float, mask=None, sinks=None, length=None) -> mx.array:
+    """softmax(q k^T * scale) v for float32 (B, H, L, D) queries and (B, Hkv, S, D) keys/values;
+    with `length` (an integer array, read when the graph runs) over the first `length` keys only."""
     primitives = mlx_extension.load()
     if primitives is None:
         raise NativeUnsupported(mlx_extension.unavailable_reason())
@@ -48,18 +49,24 @@ def attention_native(queries, keys, values, *, scale: float, mask=None, sinks=No
     if not all(a.dtype == mx.float32 for a in (queries, keys, values)):
         raise NativeUnsupported("the fused attention takes float32")
     try:
-        return primitives.attention(queries, keys, values, float(scale), mask is not None, sinks, threads())
+        return primitives.attention(queries, keys, values, float(scale), mask is not None, sinks, length, threads())
     except ValueError as declined:
         raise NativeUnsupported(str(declined)) from None
 
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mask, sinks=None) -> mx.array:
-    """mlx-lm's function, with float attention on the CPU sent to the fused kernel."""
+    """mlx-lm's function, with float attention on the CPU sent to the fused kernel. A cache
+    with a `length` (engine/compiled_decode.py's fixed buffers) counts only that many keys."""
+    length = getattr(cache, "length", None)
     if SWITCH.native and not hasattr(cache, "bits") and mx.default_device() == mx.cpu:
         try:
-            return attention_native(queries, keys, values, scale=scale, mask=mask, sinks=sinks)
+            return attention_native(queries, keys, values, scale=scale, mask=mask, sinks=sinks, length=length)
         except NativeUnsupported:
             pass
+    if length is not None:  # one query (the compiled decode step): the buffer's tail masked off
+        if mask is not None:
+            raise ValueError("a fixed-length cache takes one query at a time, with no mask")
+        mask = mx.arange(keys.shape[2]) < length
     return MLX_LM_SDPA(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
@@ -77,6 +84,13 @@ def use_fused_attention(model) -> int:
         if getattr(module, "scaled_dot_product_attention", None) is scaled_dot_product_attention:
             rebound += 1
     return rebound
+
+
+def attends_through_here(model) -> bool:
+    """Whether every module of `model` that calls mlx-lm's attention calls this module's."""
+    names = {type(m).__module__ for _, m in model.named_modules()}
+    bound = [getattr(sys.modules.get(n), "scaled_dot_product_attention", None) for n in names]
+    return all(f is None or f is scaled_dot_product_attention for f in bound) and any(bound)
 
 
 @contextmanager

@@ -40,7 +40,7 @@ KERNELS = [
     native.CSRC / "norm_rope.cpp",
 ]
 MODULE = "_brisk_mlx_ops"
-VERSION = 3
+VERSION = 4
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -139,6 +139,8 @@ class Dashboard(QWidget):
         self.saved.setText("; ".join(notes))
         self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
         self.speed.setText(f"Last turn: prefill {rate:,.1f} tok/s · decode {m.get('decode_tps') or 0.0:,.1f} tok/s")
+        step = m.get("decode_step")  # which decode step ran: compiled, or mlx-lm's and why
+        self.speed.setToolTip(f"Decode step: {step}" if step else "")
         self._show_speculation(m)
         used = m.get("kv_bytes", 0)
         held = m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)

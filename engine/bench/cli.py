@@ -191,6 +191,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--runs", type=_positive, default=2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _specdecode(a))
+    p = bench.add_parser("decode-step", help="plain decoding: the compiled step vs mlx-lm's generate_step")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[512, 2048])
+    p.add_argument("--runs", type=_positive, default=3)
+    p.add_argument("--gen-tokens", type=_positive, default=64)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _decode_step(a))
     p = bench.add_parser("verify", help="a verify pass of R rows, in plain steps: native few-row matmul vs BLAS")
     p.add_argument("--model", required=True)
     p.add_argument("--rows", type=_ints, default=[2, 3, 5, 9])
@@ -389,6 +396,13 @@ def _specdecode(args) -> int:
         as_json=args.json,
         blas_ks=args.blas_verify,
     )
+    return 0
+
+
+def _decode_step(args) -> int:
+    from engine.bench.decode_step import run_decode_step
+
+    run_decode_step(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, as_json=args.json)
     return 0
 
 

@@ -35,6 +35,7 @@ def metrics(**kw):
         accepted_tokens=3,
         tokens_per_cycle=2.5,
         mean_k=2.0,
+        decode_step="compiled",
     )
     return TurnMetrics(**{**base, **kw})
 
@@ -93,6 +94,7 @@ def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
     )
     assert d.kv.value == pytest.approx(0.1)
     assert d.speed.text() == "Last turn: prefill 80.0 tok/s · decode 12.5 tok/s"
+    assert d.speed.toolTip() == "Decode step: compiled"
     assert d.memory.text() == "Process memory: 123.0 MiB"
 
 

@@ -40,6 +40,22 @@ def test_greedy_answer_equals_mlx_lm(tiny_llama):
     assert "".join(e.text for e in events if isinstance(e, TokenEmitted)) == done.text
 
 
+def test_plain_decoding_takes_the_compiled_step_with_mlx_lm_answers(tiny_llama):
+    session = Session(tiny_llama, ChatSettings(model="tiny", spec_decode="off", **GREEDY))
+    _, done, errors = run(session.send("The quick brown fox"))
+    assert not errors
+    assert done.token_ids == mlx_lm_greedy(tiny_llama, encode_messages(tiny_llama, session.messages[:1]), 24)
+    assert done.metrics.decode_step == "compiled"  # engine/compiled_decode.py
+
+
+def test_a_packed_kv_turn_decodes_with_generate_step_and_says_why(tiny_llama):
+    settings = ChatSettings(model="tiny", spec_decode="off", k_bits=8, v_bits=16, kv_quant_start=0, **GREEDY)
+    session = Session(tiny_llama, settings)
+    _, done, errors = run(session.send("The quick brown fox"))
+    assert not errors and done.token_ids
+    assert done.metrics.decode_step == "mlx-lm: a packed KV cache (it is repacked between tokens)"
+
+
 def test_second_turn_prefills_only_new_tokens_and_matches_a_cold_run(tiny_llama):
     warm = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY))
     _, first, _ = run(warm.send("The quick brown fox"))

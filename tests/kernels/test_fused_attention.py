@@ -92,6 +92,24 @@ def test_it_runs_lazily_inside_a_compiled_graph():
     assert _relative_error(mx.compile(block)(q, k, v), want) < 1e-5
 
 
+def test_a_length_counts_only_the_first_keys_of_a_fixed_buffer():
+    q = mx.random.normal((1, 6, 1, 64))
+    k_buffer, v_buffer = mx.random.normal((2, 1, 2, 256, 64))
+    for used in (1, 37, 256):
+        want = attention_reference(q, k_buffer[:, :, :used], v_buffer[:, :, :used], scale=0.125)
+        got = attention_native(q, k_buffer, v_buffer, scale=0.125, length=mx.array([used], dtype=mx.int32))
+        assert _relative_error(got, want) < 1e-5
+        # the drop-in, given a cache with a length, masks the rest when MLX's attention runs
+        cache = type("FixedSlot", (), {"length": mx.array([used], dtype=mx.int32)})()
+        with mlx_attention_only():
+            masked = scaled_dot_product_attention(q, k_buffer, v_buffer, cache, scale=0.125, mask=None)
+        assert _relative_error(masked, want) < 1e-5
+    with pytest.raises(RuntimeError, match="length outside the keys"):
+        mx.eval(attention_native(q, k_buffer, v_buffer, scale=0.125, length=mx.array([257], dtype=mx.int32)))
+    with pytest.raises(NativeUnsupported, match="length"):
+        attention_native(q, k_buffer, v_buffer, scale=0.125, length=mx.array([3, 4], dtype=mx.int32))
+
+
 def test_what_the_kernel_does_not_take_is_declined():
     q, k, v = mx.random.normal((3, 1, 4, 6, 64))
     with pytest.raises(NativeUnsupported, match="mask array"):

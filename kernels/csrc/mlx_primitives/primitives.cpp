@@ -68,9 +68,9 @@ void allocate(mx::array& out) { out.set_data(mx::allocator::malloc(out.nbytes())
 
 // The kernels read plain row-major buffers: a strided view is copied first (lazily). An array
 // already in memory as one (a weight) needs no Contiguous node: a decode step held ~630 of
-// them, a few microseconds each.
+// them, a few microseconds each. Nor does a single value (an offset or a length), lazy or not.
 mx::array plain(const mx::array& a, mx::Dtype dtype, const mx::Stream& s) {
-  if (a.dtype() == dtype && a.is_available() && a.flags().row_contiguous) return a;
+  if (a.dtype() == dtype && ((a.is_available() && a.flags().row_contiguous) || a.size() == 1)) return a;
   return mx::contiguous(mx::astype(a, dtype, s), false, s);
 }
 
@@ -252,10 +252,13 @@ class SkinnyMatmul : public CpuPrimitive {
 // softmax(q k^T * scale) v for float32 q (B, Hq, L, D), k and v (B, Hkv, S, D); causal puts
 // query i at position S - L + i (MLX's "causal"). Keys and values are read in place through
 // their strides (a KV cache's sliced views), rows copied only if a row itself is strided.
+// With a `length` input (an int32 scalar, read when the node runs) only the first `length`
+// key positions count: a compiled decode step attends over a fixed-size cache buffer.
 class Attention : public CpuPrimitive {
  public:
-  Attention(mx::Stream s, float scale, bool causal, bool has_sinks, int threads)
-      : CpuPrimitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), threads_(threads) {}
+  Attention(mx::Stream s, float scale, bool causal, bool has_sinks, bool has_length, int threads)
+      : CpuPrimitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), has_length_(has_length),
+        threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& q = inputs[0];
@@ -265,13 +268,16 @@ class Attention : public CpuPrimitive {
     const int Hkv = int(inputs[1].shape(1)), S = int(inputs[1].shape(2));
     View k = view(inputs[1], encoder), v = view(inputs[2], encoder);
     const float* sinks = has_sinks_ ? inputs[3].data<float>() : nullptr;
-    encoder.dispatch([qs = row_major(q, encoder), k, v, sinks, y = out.data<float>(), B, Hq, Hkv, L, S, D,
+    const int32_t* length = has_length_ ? inputs.back().data<int32_t>() : nullptr;
+    encoder.dispatch([qs = row_major(q, encoder), k, v, sinks, length, y = out.data<float>(), B, Hq, Hkv, L, S, D,
                       scale = scale_, causal = causal_, threads = threads_]() {
       qs.gather();
       k.gather_rows();
       v.gather_rows();
-      if (brisk_attention(qs.data(), k.data(), v.data(), y, B, Hq, Hkv, L, S, D, k.strides.data(), v.strides.data(), scale,
-                          causal, sinks, threads))
+      if (length && (*length < L || *length > S)) throw std::out_of_range("brisk attention: a length outside the keys");
+      const int used = length ? *length : S;
+      if (brisk_attention(qs.data(), k.data(), v.data(), y, B, Hq, Hkv, L, used, D, k.strides.data(), v.strides.data(),
+                          scale, causal, sinks, threads))
         throw std::runtime_error("brisk attention declined its shapes");
     });
   }
@@ -280,7 +286,8 @@ class Attention : public CpuPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const Attention&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_ && has_sinks_ == o.has_sinks_ && threads_ == o.threads_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && has_sinks_ == o.has_sinks_ && has_length_ == o.has_length_ &&
+           threads_ == o.threads_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
@@ -321,7 +328,7 @@ class Attention : public CpuPrimitive {
   }
 
   float scale_;
-  bool causal_, has_sinks_;
+  bool causal_, has_sinks_, has_length_;
   int threads_;
 };
 
@@ -440,7 +447,7 @@ mx::array skinny_matmul(const mx::array& x, const mx::array& w, std::optional<mx
 }
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                    std::optional<mx::array> sinks, int threads) {
+                    std::optional<mx::array> sinks, std::optional<mx::array> length, int threads) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || k.shape() != v.shape() || q.shape(0) != k.shape(0) ||
       q.shape(3) != k.shape(3) || q.shape(1) % k.shape(1) || q.shape(3) % 8 || q.shape(3) > 256 ||
       q.shape(2) > k.shape(2) || q.shape(2) < 1 || q.shape(1) / k.shape(1) > 64)
@@ -451,8 +458,14 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), mx::astype(k, mx::float32, s),
                                 mx::astype(v, mx::float32, s)};
   if (sinks) inputs.push_back(plain(*sinks, mx::float32, s));
+  if (length) {
+    if (length->size() != 1 || !mx::issubdtype(length->dtype(), mx::integer))
+      throw std::invalid_argument("an attention length the kernel does not take (one integer)");
+    inputs.push_back(plain(*length, mx::int32, s));
+  }
   return mx::array(q.shape(), mx::float32,
-                   std::make_shared<Attention>(s, scale, causal, sinks.has_value(), threads), std::move(inputs));
+                   std::make_shared<Attention>(s, scale, causal, sinks.has_value(), length.has_value(), threads),
+                   std::move(inputs));
 }
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
@@ -496,10 +509,10 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("skinny_matmul", &skinny_matmul, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
         nb::arg("threads"));
   m.def("attention", &attention, nb::arg("queries"), nb::arg("keys"), nb::arg("values"), nb::arg("scale"),
-        nb::arg("causal"), nb::arg("sinks").none(), nb::arg("threads"));
+        nb::arg("causal"), nb::arg("sinks").none(), nb::arg("length").none(), nb::arg("threads"));
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 3; });
+  m.def("version", [] { return 4; });
 }
