@@ -84,7 +84,7 @@ class _FixedSlot:
         return self.keys, self.values
 
 
-def _traced_step(model, *, normalize: bool):
+def traced_step(model, *, normalize: bool):
     """token (1,), then per layer its offset, length, keys and values buffers -> the last
     logits (1, V), as log-probabilities when `normalize` (no processor needs the logits
     first), then the buffers. Offsets and lengths come in as inputs, not computed in the
@@ -105,6 +105,38 @@ def _grown(buffer: mx.array) -> mx.array:
     return mx.concatenate([buffer, mx.zeros((b, h, GROWTH, d), buffer.dtype)], axis=2)
 
 
+class CompiledRun:
+    """Steps of one traced `step` (from `traced_step`) written into `layers`' buffers, which
+    the run holds (the layers' keys and values are None) until `release()` puts them back."""
+
+    def __init__(self, step, layers: list):
+        self.step, self.layers = step, layers
+        # KVCache's own buffers, spare positions and all: attention reads only `length` of them
+        self.buffers = [a for layer in layers for a in (layer.keys, layer.values)]
+        # positions each layer holds once the built steps have run (UniPrefill leaves them unequal)
+        self.written = [layer.offset for layer in layers]
+        for layer in layers:  # nothing else may hold the buffers: each step writes them in place
+            layer.keys = layer.values = None
+
+    def __call__(self, token: mx.array) -> mx.array:
+        """The step for `token` (1,), built, not run: its logits (1, V) (or log-probabilities)."""
+        buffers, written = self.buffers, self.written
+        for i, held in enumerate(written):
+            if held >= buffers[2 * i].shape[2]:
+                buffers[2 * i : 2 * i + 2] = [_grown(b) for b in buffers[2 * i : 2 * i + 2]]
+        # offset and length arrays, shared by the layers that hold as many tokens (all, mostly)
+        places = {held: (mx.array([held], dtype=mx.int32), mx.array([held + 1], dtype=mx.int32)) for held in written}
+        out = self.step(
+            token, *[a for i, held in enumerate(written) for a in (*places[held], *buffers[2 * i : 2 * i + 2])]
+        )
+        self.buffers, self.written = list(out[1:]), [held + 1 for held in written]  # the old buffers go
+        return out[0]
+
+    def release(self) -> None:
+        for i, layer in enumerate(self.layers):
+            layer.keys, layer.values, layer.offset = self.buffers[2 * i], self.buffers[2 * i + 1], self.written[i]
+
+
 def compiled_steps(
     model, layers: list, first: int, *, max_tokens: int, sampler, processors
 ) -> Generator[int, None, None]:
@@ -114,26 +146,15 @@ def compiled_steps(
     token is run before it is yielded (the next step is built ahead), so at every yield, and
     after the generator closes, the layers hold every yielded token as generate_step's would.
     """
-    step = _traced_step(model, normalize=not processors)
-    # KVCache's own buffers, spare positions and all: attention reads only `length` of them
-    buffers = [a for layer in layers for a in (layer.keys, layer.values)]
-    # positions each layer holds once the built steps have run (UniPrefill leaves them unequal)
-    written = [layer.offset for layer in layers]
+    run = CompiledRun(traced_step(model, normalize=not processors), layers)
     history: mx.array | None = None
 
     def build(token: mx.array):
-        nonlocal buffers, written, history
-        for i, held in enumerate(written):
-            if held >= buffers[2 * i].shape[2]:
-                buffers[2 * i : 2 * i + 2] = [_grown(b) for b in buffers[2 * i : 2 * i + 2]]
-        # offset and length arrays, shared by the layers that hold as many tokens (all, mostly)
-        places = {held: (mx.array([held], dtype=mx.int32), mx.array([held + 1], dtype=mx.int32)) for held in written}
-        out = step(token, *[a for i, held in enumerate(written) for a in (*places[held], *buffers[2 * i : 2 * i + 2])])
-        buffers, written = list(out[1:]), [held + 1 for held in written]  # the old buffers go: written in place
-        logprobs = out[0]
+        nonlocal history
+        logprobs = run(token)
         if processors:  # on the logits, then normalized, as in generate_step
             history = token if history is None else mx.concatenate([history, token])
-            logits = out[0]
+            logits = logprobs
             for processor in processors:
                 logits = processor(history, logits)
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
@@ -142,8 +163,6 @@ def compiled_steps(
         return sampled
 
     try:
-        for layer in layers:  # the buffers are the step's now: nothing else may hold them
-            layer.keys = layer.values = None
         y = build(mx.array([first], dtype=mx.uint32))
         for n in range(max_tokens):
             following = build(y)  # y's own keys go in before y is yielded, as in generate_step
@@ -152,5 +171,4 @@ def compiled_steps(
                 mx.clear_cache()
             y = following
     finally:
-        for i, layer in enumerate(layers):
-            layer.keys, layer.values, layer.offset = buffers[2 * i], buffers[2 * i + 1], written[i]
+        run.release()

@@ -151,10 +151,25 @@ def test_a_step_that_cannot_be_traced_falls_back_to_generate_step(tiny_llama, mo
 
         return step
 
-    monkeypatch.setattr(compiled_decode, "_traced_step", untraceable)
+    monkeypatch.setattr(compiled_decode, "traced_step", untraceable)
     fell_back = TurnMetrics()
     got, got_cache = _plain_turn(tiny_llama, settings, fell_back)
     assert fell_back.decode_step.startswith("mlx-lm: the compiled step failed (ValueError")
     assert got == want
     assert got_cache.tokens == want_cache.tokens and got_cache.tokens[40:] == got
     _same_cache(got_cache.layers, want_cache.layers)
+
+
+def test_the_speculative_decoders_plain_runs_replay_the_compiled_step(tiny_llama):
+    from engine.session import Session
+
+    def answer(**kw):
+        session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0.0, max_tokens=30, **kw))
+        return next(e for e in session.send("The quick brown fox") if type(e).__name__ == "TurnFinished")
+
+    plain, lookup = answer(spec_decode="off"), answer(spec_decode="on", lookup=True)
+    assert lookup.metrics.spec_decode.startswith("on (lookup)")
+    assert lookup.metrics.decode_step == "compiled"
+    assert lookup.token_ids == plain.token_ids
+    packed = answer(spec_decode="on", lookup=True, k_bits=8, v_bits=16, kv_quant_start=0)
+    assert packed.metrics.decode_step == "model calls: a packed KV cache (it is repacked between tokens)"

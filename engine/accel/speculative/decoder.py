@@ -34,6 +34,7 @@ from engine.accel.speculative.autopilot import LOOKUP_MAX_K, SpeculationAutopilo
 from engine.accel.speculative.drafters import DraftUnavailable, Proposal
 from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 from engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
+from engine.compiled_decode import CompiledRun, traced_step, why_not_compiled
 from engine.events import EngineWarned
 from engine.sampling import TokenDistribution, sample
 
@@ -150,12 +151,22 @@ class SpeculativeDecoder:
         self._draft_failed = drafter is None
         self._offer_at, self._offer = -1, None
         self.warnings: list[EngineWarned] = []  # degradations, in order, for the caller to report
+        # plain runs replay one compiled step (engine/compiled_decode.py), traced on first use
+        self._step, self._run, self._kv_bits = None, None, dist.settings.kv_precision()
+        self._compiled_off: str | None = None  # why plain runs call the model instead, once known
 
     def metrics(self) -> dict:
         """The turn's speculation metrics, with the draft step's cost in target steps when
         both were measured (the app ranks drafts by it; 0.0 when not measured)."""
         draft, plain = self.controller.t_draft.value, self.controller.t_plain.value
-        return {**self.stats.to_metrics(), "draft_cost_ratio": draft / plain if draft and plain else 0.0}
+        step = "" if self._step is None and self._compiled_off is None else "compiled"
+        if self._compiled_off:
+            step = f"model calls: {self._compiled_off}"
+        return {
+            **self.stats.to_metrics(),
+            "draft_cost_ratio": draft / plain if draft and plain else 0.0,
+            "decode_step": step,  # how plain runs stepped (none ran: "")
+        }
 
     def steps(self, prompt: list[int]) -> Iterator[object]:
         sequence = list(prompt)
@@ -297,26 +308,55 @@ class SpeculativeDecoder:
                     return
             return
         run_started = started = time.perf_counter()
-        queued = self._queue_step(mx.array(sequence[-1:]))
-        i = 0
-        while i < count:
-            current = queued
-            if i + 1 < count:
-                queued = self._queue_step(current)
-            token = int(current.item())
-            now = time.perf_counter()
-            self._after_plain(sequence, token, now - started, timed=False)
-            started = now
-            i += 1
-            yield token, ""
-            if i + 1 < count and self.controller.lookup_pays(self._lookup_offer()):
-                count = i + 1  # read the step already queued, queue no more
+        self._start_compiled_run()
+        try:
+            queued = self._queue_step(mx.array(sequence[-1:]))
+            i = 0
+            while i < count:
+                current = queued
+                if i + 1 < count:
+                    queued = self._queue_step(current)
+                token = int(current.item())
+                now = time.perf_counter()
+                self._after_plain(sequence, token, now - started, timed=False)
+                started = now
+                i += 1
+                yield token, ""
+                if i + 1 < count and self.controller.lookup_pays(self._lookup_offer()):
+                    count = i + 1  # read the step already queued, queue no more
+        finally:
+            self._end_compiled_run()
         # Reading a token back may wait for the step queued after it too, so single
         # intervals alternate between ~2 steps and ~0: the controller gets the run's mean.
         self.controller.observe_plain((started - run_started) / count, count)
 
+    def _start_compiled_run(self) -> None:
+        if not self._compiled_off:
+            self._compiled_off = why_not_compiled(self.prompt_cache.model, self.cache, kv_bits=self._kv_bits)
+        if self._compiled_off:
+            return
+        self._step = self._step or traced_step(self.model, normalize=False)
+        self._run = CompiledRun(self._step, self.cache)
+
+    def _end_compiled_run(self) -> None:
+        if self._run is not None:
+            self._run.release()
+            self._run = None
+
+    def _step_logits(self, token: mx.array) -> mx.array:
+        """The target's next-token logits (1, V) after `token`, built lazily: by the run's
+        compiled step when one is open (a step it cannot trace ends it, for the turn)."""
+        if self._run is not None:
+            try:
+                return self._run(token)
+            except Exception as failed:  # noqa: BLE001  (the buffers are untouched: decode on)
+                log.warning("the compiled decode step failed, decoding with the model's: %s", failed)
+                self._compiled_off = f"the compiled step failed ({type(failed).__name__}: {failed})"
+                self._end_compiled_run()
+        return self.model(token[None], cache=self.cache)[0]
+
     def _queue_step(self, token: mx.array) -> mx.array:
-        logits = self.model(token[None], cache=self.cache)[0]  # (1, V)
+        logits = self._step_logits(token)
         self._held += 1
         nxt = mx.argmax(logits, axis=-1) if self.dist.greedy else sample(self.dist.probs(logits, [], []))
         mx.async_eval(nxt)
