@@ -173,3 +173,10 @@ def test_the_speculative_decoders_plain_runs_replay_the_compiled_step(tiny_llama
     assert lookup.token_ids == plain.token_ids
     packed = answer(spec_decode="on", lookup=True, k_bits=8, v_bits=16, kv_quant_start=0)
     assert packed.metrics.decode_step == "model calls: a packed KV cache (it is repacked between tokens)"
+
+
+def test_the_overhead_bench_runs_brisk_without_speculation(tiny_llama):
+    from engine.bench.overhead import _brisk_run
+
+    run = _brisk_run(tiny_llama, "The quick brown fox", 6, 512)
+    assert run["spec_decode"] == "off" and run["decode_step"] == "compiled"
