@@ -13,12 +13,12 @@ as an array, and attention reads only the first `length` positions
 
 Sampling stays outside the compiled step and runs as in `generate_step` (processors on the
 token history, log-probabilities, the sampler), so the two paths choose the same tokens.
-Which turns take this path: `why_not_compiled`; any other turn runs `generate_step`.
+Which turns take this path: `why_not_compiled`; any other turn runs `generate_step`. The
+speculative decoder's plain runs replay the same step through `CompiledRun`.
 """
 
 from __future__ import annotations
 
-import logging
 from contextlib import contextmanager
 from typing import Generator, Iterator
 
@@ -26,8 +26,6 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from kernels.fused_attention import attends_through_here
-
-log = logging.getLogger(__name__)
 
 # Architectures whose attention only reads `cache.offset` as RoPE's offset and calls
 # `update_and_fetch` then `scaled_dot_product_attention(..., cache=cache)`: each is checked
