@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 import resources
+from engine.mx_values import item_float, item_int
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,8 @@ def compare(
         kl = mx.sum(mx.exp(d_logp) * (d_logp - p_logp))
         same = mx.argmax(logits) == token
         mx.eval(kl, same)
-        kls.append(max(float(kl.item()), 0.0))  # type: ignore[arg-type]  # mlx types item() as any scalar
-        agree += int(same.item())
+        kls.append(max(item_float(kl), 0.0))
+        agree += item_int(same)
         logits = lm.model(mx.array([[token]]), cache=cache)[0, -1]
     del cache
     result = {
@@ -143,7 +144,7 @@ def _free_running(lm, tokens: list[int], gen: int, mode: PackedMode, group_size:
     out = []
     for _ in range(gen):
         token = mx.argmax(logits)
-        out.append(int(token.item()))  # type: ignore[arg-type]  # mlx types item() as any scalar
+        out.append(item_int(token))
         logits = lm.model(token.reshape(1, 1), cache=cache)[0, -1]
     return out
 

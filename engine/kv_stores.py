@@ -20,9 +20,11 @@ class RowStore:
     packed per token. Written in place at a position; capacity grows in steps."""
 
     def __init__(self, bits: int, group: int):
-        self.bits, self.group, self.buffers = bits, group, None
+        self.bits, self.group = bits, group
+        self.buffers: list[mx.array] | None = None
 
     def write(self, x: mx.array, start: int, step: int) -> None:
+        parts: tuple[mx.array, ...]
         if self.bits >= 16:
             parts = (x,)
         else:
@@ -38,8 +40,13 @@ class RowStore:
             buffer[..., start:stop, :] = part
 
     def view(self, n: int) -> KVLayout:
+        if self.buffers is None:
+            raise RuntimeError("the store holds nothing yet")
         held = [b[..., :n, :] for b in self.buffers]
-        return Dense(held[0]) if self.bits >= 16 else TokenPacked(*held, self.bits, self.group)
+        if self.bits >= 16:
+            return Dense(held[0])
+        data, scales, biases = held
+        return TokenPacked(data, scales, biases, self.bits, self.group)
 
     def arrays(self, n: int) -> list:
         return [] if self.buffers is None or not n else [b[..., :n, :] for b in self.buffers]
@@ -67,7 +74,9 @@ class ChannelStore:
     speculative decoding stays equal to plain decoding."""
 
     def __init__(self, bits: int):
-        self.bits, self.buffers, self.packed, self.recent_from, self.recent = bits, None, 0, 0, None
+        self.bits, self.packed, self.recent_from = bits, 0, 0
+        self.buffers: list[mx.array] | None = None
+        self.recent: mx.array | None = None  # dense float16 rows from recent_from on
         self.limits: tuple[int, ...] | None = None  # the current step's rows
 
     def begin(self, start: int, steps: int, step: int) -> None:
@@ -79,11 +88,17 @@ class ChannelStore:
         else:
             self.limits = (clip(start),) * steps
         if self.limits[-1] > self.packed:
-            dense = self.recent[..., self.packed - self.recent_from : self.limits[-1] - self.recent_from, :]
+            dense = self._rows()[..., self.packed - self.recent_from : self.limits[-1] - self.recent_from, :]
             self._store(ChannelPacked.pack(dense, bits=self.bits), step)
         drop = self.limits[0] - self.recent_from
         if drop:
-            self.recent, self.recent_from = self.recent[..., drop:, :], self.limits[0]
+            self.recent, self.recent_from = self._rows()[..., drop:, :], self.limits[0]
+
+    def _rows(self) -> mx.array:
+        """The dense rows (a step that packs or drops some has written them)."""
+        if self.recent is None:
+            raise RuntimeError("no dense key rows to pack or drop")
+        return self.recent
 
     def append(self, keys: mx.array) -> None:
         new = keys.astype(SCALE_DTYPE)

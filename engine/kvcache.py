@@ -22,13 +22,13 @@
 
 from __future__ import annotations
 
-from mlx.utils import tree_flatten
 from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from engine.errors import InvalidSettings
 from engine.kv_stores import ChannelStore, RowStore
+from engine.mx_values import tree_leaves
 from kernels.kv_attention import kv_attention
 from kernels.packed_kv import SCALE_DTYPE, TOKEN_GROUP, Dense, KVLayout, TokenPacked
 from kernels.quantized_attention import quantized_attention
@@ -71,12 +71,13 @@ class PackedKVCache(QuantizedKVCache):
         self.k = ChannelStore(self.k_bits) if by_channel else RowStore(self.k_bits, self.group_size)
         self.v = RowStore(self.v_bits, self.group_size)
 
+    # mlx-lm's caches hold keys and values as attributes; here they are views of the stores
     @property
-    def keys(self) -> KVLayout | None:  # None when empty, as mlx-lm's caches say it
+    def keys(self) -> KVLayout | None:  # type: ignore[override]  # None when empty, as mlx-lm's caches say it
         return self.views()[0] if self.offset else None
 
     @property
-    def values(self) -> KVLayout | None:
+    def values(self) -> KVLayout | None:  # type: ignore[override]
         return self.views()[1] if self.offset else None
 
     def update_and_fetch(self, keys, values):
@@ -165,7 +166,7 @@ class PackedKVCache(QuantizedKVCache):
 
 
 # mlx-lm's load_prompt_cache rebuilds caches by class name from its own module.
-mlx_lm_cache.PackedKVCache = PackedKVCache
+setattr(mlx_lm_cache, "PackedKVCache", PackedKVCache)
 
 
 def maybe_quantize_kv_cache(
@@ -187,11 +188,11 @@ def held_arrays(layer) -> list:
     if isinstance(layer, PackedKVCache):
         return layer.held_arrays()
     if not hasattr(layer, "keys"):  # e.g. recurrent state: all of it is held
-        return [a for _, a in tree_flatten(layer.state) if a is not None]
+        return [a for a in tree_leaves(layer.state) if a is not None]
     if layer.keys is None:
         return []
     held = layer.size()
-    return [a[..., :held, :] for _, a in tree_flatten([layer.keys, layer.values])]
+    return [a[..., :held, :] for a in tree_leaves([layer.keys, layer.values])]
 
 
 def _packed_row_bytes(head_dim: int, bits: int, group: int) -> float:
@@ -214,11 +215,11 @@ def layer_bytes_formula(layer, *, kv_heads: int, head_dim: int, itemsize: int) -
         values = _packed_row_bytes(head_dim, layer.v_bits, layer.group_size) * tokens
     if layer.k_bits >= 16:
         keys = head_dim * itemsize * tokens
-    elif layer.key_layout == "token":
-        keys = _packed_row_bytes(head_dim, layer.k_bits, layer.group_size) * tokens
-    else:
+    elif isinstance(layer.k, ChannelStore):
         dense = tokens - layer.k.recent_from  # the recent keys, float16 (the newest packed group may be both)
         keys = _packed_row_bytes(head_dim, layer.k_bits, TOKEN_GROUP) * layer.k.packed + head_dim * 2 * dense
+    else:  # keys packed per token
+        keys = _packed_row_bytes(head_dim, layer.k_bits, layer.group_size) * tokens
     return int(kv_heads * (keys + values))
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from engine.mx_values import item_float
 from engine.settings import ChatSettings
 
 
@@ -82,9 +83,9 @@ class TokenDistribution:
         """The probability the model gives its own pick `token` from one row: its sampling
         probability, or when greedy the softmax of the processed logits (one-hot says nothing)."""
         if not self.greedy:
-            return float(probs[0, token].item())  # type: ignore[arg-type]  # mlx types item() as any scalar
+            return item_float(probs[0, token])
         row = mx.softmax(self.process(logits, history, [])[0], precise=True)
-        return float(row[token].item())  # type: ignore[arg-type]
+        return item_float(row[token])
 
     def _filtered(self, logits: mx.array) -> mx.array:
         from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p

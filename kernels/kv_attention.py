@@ -29,9 +29,8 @@ from kernels.quantized_attention import FUSED_MAX_ROWS, NATIVE_MAX_ROWS, _fold, 
 def _select_by_row(packed: mx.array | None, dense: mx.array | None, keys: ChannelPacked, limits: list[int]):
     """Scores against packed keys (…, rows, P) and dense recent keys (…, rows, R) -> (…, rows,
     S): key j of row r from the packed scores when j < limits[r], else from the dense ones."""
-    parts = [p for p in (packed, dense) if p is not None]
-    if len(parts) == 1:
-        return parts[0]
+    if packed is None or dense is None:  # one part only (a step reads at least one)
+        return dense if packed is None else packed
     length, first = keys.length, keys.recent_from
     if len(set(limits)) == 1:  # one boundary for every row: just join the two parts there
         cut = limits[0]

@@ -71,7 +71,7 @@ SWAPS = {
 }
 
 
-def _swap(module: nn.Module, cls: type, route: Route) -> nn.Module:
+def _swap(module: nn.Module, cls: type[nn.Module], route: Route) -> nn.Module:
     # A module of the subclass holding the same arrays and state (no copy of the weights).
     fresh = cls.__new__(cls)
     fresh.__dict__.update(module.__dict__)

@@ -131,27 +131,36 @@ def quantized_attention_split(
     n_kv, k_len = q_keys[0].shape[1], q_keys[0].shape[2]
     rows = _fold(queries * scale, n_kv)
     additive = _folded_mask(mask, queries, k_len, n_kv, rows.dtype)
-    running_max = running_sum = out = None
+    running: tuple[mx.array, mx.array, mx.array] | None = None  # max, sum, output so far
     for start in range(0, k_len, block):
         stop = min(start + block, k_len)
-        kb = tuple(x[..., start:stop, :] for x in q_keys)
-        vb = tuple(x[..., start:stop, :] for x in q_values)
-        scores = mx.quantized_matmul(rows, *kb, transpose=True, group_size=group_size, bits=bits)
+        scores = mx.quantized_matmul(
+            rows, *_key_block(q_keys, start, stop), transpose=True, group_size=group_size, bits=bits
+        )
         if additive is not None:
             scores = scores + additive[..., start:stop]
         block_max = scores.max(axis=-1, keepdims=True)
-        new_max = block_max if running_max is None else mx.maximum(running_max, block_max)
+        new_max = block_max if running is None else mx.maximum(running[0], block_max)
         probs = mx.exp(scores - new_max)
-        partial = mx.quantized_matmul(probs, *vb, transpose=False, group_size=group_size, bits=bits)
-        if running_max is None:
-            running_sum, out = probs.sum(axis=-1, keepdims=True), partial
+        partial = mx.quantized_matmul(
+            probs, *_key_block(q_values, start, stop), transpose=False, group_size=group_size, bits=bits
+        )
+        if running is None:
+            running = (new_max, probs.sum(axis=-1, keepdims=True), partial)
         else:
-            correction = mx.exp(running_max - new_max)  # rescale what earlier blocks summed
-            running_sum = running_sum * correction + probs.sum(axis=-1, keepdims=True)
-            out = out * correction + partial
-        running_max = new_max
-    out = out / running_sum
+            correction = mx.exp(running[0] - new_max)  # rescale what earlier blocks summed
+            total = running[1] * correction + probs.sum(axis=-1, keepdims=True)
+            running = (new_max, total, running[2] * correction + partial)
+    if running is None:
+        raise ValueError("attention over no keys")
+    out = running[2] / running[1]
     return out.reshape(b, hq, length, out.shape[-1])
+
+
+def _key_block(packed: Packed, start: int, stop: int) -> Packed:
+    """Keys (or values) [start, stop) of a packed layout."""
+    data, scales, biases = packed
+    return data[..., start:stop, :], scales[..., start:stop, :], biases[..., start:stop, :]
 
 
 def quantized_attention_dequantized(

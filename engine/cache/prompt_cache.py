@@ -194,11 +194,12 @@ def kv_digest(layers) -> str:
     """sha256 over every array the layers save, as raw bytes, in layer order."""
     import mlx.core as mx
     import numpy as np
-    from mlx.utils import tree_flatten
+
+    from engine.mx_values import tree_leaves
 
     digest = hashlib.sha256()
     for layer in layers or []:
-        for _, value in tree_flatten(layer.state):  # type: ignore[str-unpack]  # mlx stubs: pairs, typed as str
+        for value in tree_leaves(layer.state):
             if not isinstance(value, mx.array):  # e.g. an offset beside the arrays
                 digest.update(repr(value).encode())
                 continue

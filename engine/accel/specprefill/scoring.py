@@ -31,6 +31,7 @@ import mlx.core as mx
 from engine.accel.attention_capture import capture_attention
 from engine.accel.positions import install_position_shift, token_positions
 from engine.events import PrefillProgressed, result_of
+from engine.mx_values import float_list, item_int
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 CHUNK = 32  # selection granularity (tokens)
@@ -87,7 +88,7 @@ def score_tokens(draft_model, cache, first_token: int, start: int, end: int, ste
     from mlx_lm.models.cache import trim_prompt_cache
 
     token = mx.array([[first_token]])
-    total = None
+    total: mx.array | None = None
     fed = 0
     try:
         for _ in range(steps):
@@ -104,6 +105,8 @@ def score_tokens(draft_model, cache, first_token: int, start: int, end: int, ste
             mx.eval(total, token)
     finally:
         trim_prompt_cache(cache, fed)
+    if total is None:
+        raise ValueError("scoring needs at least one lookahead step")
     return total / steps
 
 
@@ -111,7 +114,7 @@ def select_chunks(
     importance: mx.array, *, keep: float | None, window: int | None = None, mass: float = AUTO_MASS
 ) -> Selection:
     """Chunks to keep. keep=None is `auto` (importance mass); raises SparsePrefillDeclined."""
-    scores = importance.tolist()
+    scores = float_list(importance)
     total = len(scores)
     # Chunks are aligned to the end, so the last one is a full 32 tokens ending with the
     # question; a short remainder, if any, is the first chunk.
@@ -200,7 +203,7 @@ class DraftScorer:
         draft_ids, draft_spans = encode_with_spans(self.draft.tokenizer, text)
         char_start = target_spans[start][0]
         draft_start = next(i for i, (_, e) in enumerate(draft_spans) if e > char_start)
-        scores = (yield from self.importance_steps(draft_ids, draft_start, step)).tolist()
+        scores = float_list((yield from self.importance_steps(draft_ids, draft_start, step)))
         return mx.array(project(scores, draft_spans[draft_start:], target_spans[start:]))
 
     def importance_steps(self, tokens: list[int], start: int, step: int):
@@ -217,7 +220,7 @@ class DraftScorer:
         yield PrefillProgressed(0, len(tokens) - start, "select")
         logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self.cache.layers)
         self.cache.tokens = list(tokens)
-        first = int(mx.argmax(logits[0, -1]).item())
+        first = item_int(mx.argmax(logits[0, -1]))
         scores = score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens))
         if not can_trim_prompt_cache(self.cache.layers):
             self.cache.reset()  # the lookahead tokens could not be taken back out

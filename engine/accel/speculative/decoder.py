@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 import mlx.core as mx
 
@@ -36,6 +36,7 @@ from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 from engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
 from engine.compiled_decode import CompiledRun, traced_step, why_not_compiled
 from engine.events import EngineWarned
+from engine.mx_values import float_list, int_list, item_float, item_int
 from engine.sampling import TokenDistribution, sample
 
 log = logging.getLogger(__name__)
@@ -91,23 +92,23 @@ def accept_rejection(p: mx.array, q: mx.array, tokens: list[int]) -> tuple[int, 
     rows = mx.arange(m)
     p_x, q_x, u = p[rows, idx], q[rows, idx], mx.random.uniform(shape=(m,))
     mx.eval(p_x, q_x, u)
-    p_x, q_x, u = p_x.tolist(), q_x.tolist(), u.tolist()
+    p_list, q_list, u_list = float_list(p_x), float_list(q_x), float_list(u)
     n = 0
     # u < p/q without dividing: a q that underflowed to 0 accepts whenever p > 0
-    while n < m and u[n] * q_x[n] < p_x[n]:
+    while n < m and u_list[n] * q_list[n] < p_list[n]:
         n += 1
     if n == m:
-        return n, int(sample(p[m : m + 1]).item())
+        return n, item_int(sample(p[m : m + 1]))
     residual = mx.maximum(p[n] - q[n], 0.0)
-    mass = float(residual.sum().item())
+    mass = item_float(residual.sum())
     if mass <= 1e-12:  # p == q at this position (cannot reject then, but guard rounding)
-        return n, int(sample(p[n : n + 1]).item())
-    return n, int(sample((residual / mass)[None]).item())
+        return n, item_int(sample(p[n : n + 1]))
+    return n, item_int(sample((residual / mass)[None]))
 
 
 def accept_match(p: mx.array, tokens: list[int], greedy: bool) -> tuple[int, int]:
     """Sample the target's own token at each position; keep drafts while they agree."""
-    own = (mx.argmax(p, axis=-1) if greedy else sample(p)).tolist()
+    own = int_list(mx.argmax(p, axis=-1) if greedy else sample(p))
     n = 0
     while n < len(tokens) and own[n] == tokens[n]:
         n += 1
@@ -149,10 +150,13 @@ class SpeculativeDecoder:
         self.consistent = True  # False: the cache could not be brought back; drop it
         self._draft_ready = False
         self._draft_failed = drafter is None
-        self._offer_at, self._offer = -1, None
+        self._offer_at = -1  # the context length the offer below was looked up at
+        self._offer: LookupOffer | None = None
         self.warnings: list[EngineWarned] = []  # degradations, in order, for the caller to report
         # plain runs replay one compiled step (engine/compiled_decode.py), traced on first use
-        self._step, self._run, self._kv_bits = None, None, dist.settings.kv_precision()
+        self._step: Callable | None = None
+        self._run: CompiledRun | None = None
+        self._kv_bits = dist.settings.kv_precision()
         self._compiled_off: str | None = None  # why plain runs call the model instead, once known
 
     def metrics(self) -> dict:
@@ -209,7 +213,8 @@ class SpeculativeDecoder:
                     if warning:
                         self.warnings.append(warning)
                         k = 0
-                if source == "lookup" and k > 0:
+                steps: Iterable[tuple[int, str]]
+                if source == "lookup" and k > 0 and offer is not None:
                     steps = self._lookup_cycle(sequence, offer, k)
                 elif source == "draft" and k > 0:
                     steps = self._draft_cycle(sequence, k)
@@ -316,7 +321,7 @@ class SpeculativeDecoder:
                 current = queued
                 if i + 1 < count:
                     queued = self._queue_step(current)
-                token = int(current.item())
+                token = item_int(current)
                 now = time.perf_counter()
                 self._after_plain(sequence, token, now - started, timed=False)
                 started = now
@@ -398,8 +403,8 @@ class SpeculativeDecoder:
 
     def _sample_one(self, logits, sequence) -> int:
         if self.dist.greedy:
-            return int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1).item())
-        return int(sample(self.dist.probs(logits, sequence, [])).item())
+            return item_int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1))
+        return item_int(sample(self.dist.probs(logits, sequence, [])))
 
     def _draft_cycle(self, sequence: list[int], k: int) -> list[tuple[int, str]]:
         started = time.perf_counter()
@@ -459,7 +464,7 @@ class SpeculativeDecoder:
     def _accept(self, logits, sequence, proposal) -> tuple[int, int]:
         candidates = proposal.tokens
         if self.dist.greedy:
-            own = mx.argmax(self.dist.process(logits, sequence, candidates), axis=-1).tolist()
+            own = int_list(mx.argmax(self.dist.process(logits, sequence, candidates), axis=-1))
             n = 0
             while n < len(candidates) and own[n] == candidates[n]:
                 n += 1

@@ -18,6 +18,7 @@ import mlx.core as mx
 from engine.accel.speculative.rewind import CacheCheckpoint
 from engine.accel.translate import decode_text, encode_with_spans
 from engine.cache import PromptCache
+from engine.mx_values import item_float, item_int
 from engine.sampling import TokenDistribution, sample
 
 # Tokens of context re-encoded with a translation, so word boundaries come out as each
@@ -43,7 +44,12 @@ class _Drafter:
         self.draft, self.dist, self.step = draft, dist, step
         self.tc = cache or PromptCache(draft.model)
         self.pending: list[int] = []
+        self.target: list[int] = []  # the target's tokens so far (each drafter sets it in start)
         self._mark: tuple[CacheCheckpoint, int] | None = None
+
+    def _follow(self) -> None:
+        """Bring the draft's pending tokens up to `self.target`."""
+        raise NotImplementedError
 
     def _sync(self, sequence: list[int]) -> None:
         if len(sequence) + 1 > self.draft.context_length:
@@ -61,12 +67,12 @@ class _Drafter:
         after a token the draft gave less than `stop_below` probability: where the draft
         is unsure the target usually disagrees, and every token drafted past it is wasted."""
         self._mark = (CacheCheckpoint(self.tc.layers, len(self.pending) + k), len(self.tc.tokens))
-        feed, drafted, rows = list(self.pending), [], []
+        feed, drafted, rows = list(self.pending), list[int](), list[mx.array]()
         for i in range(k):
             logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0, -1:]  # (1, V)
             self.tc.tokens += feed
             probs = self.dist.probs(logits, history + drafted, [])
-            token = int((mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs)).item())
+            token = item_int(mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs))
             drafted.append(token)
             rows.append(probs)
             if token in eos:
@@ -101,7 +107,7 @@ class _Drafter:
         q = self.dist.probs(logits, history, feed[1:])
         following = mx.array(feed[1:] + self.pending)
         hits = q[mx.arange(len(feed)), following].sum()
-        return float(hits.item()), len(feed)
+        return item_float(hits), len(feed)
 
     def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
         """The target kept `accepted` proposed tokens, then chose `token`."""
@@ -227,10 +233,10 @@ def check_draft_pair(target, draft) -> None:
 def cost_ratio(draft, target) -> float:
     """Expected draft step cost relative to the target's: decoding streams every weight
     once per step, so the ratio of their bytes (a prior until the draft is measured)."""
-    from mlx.utils import tree_flatten
+    from engine.mx_values import tree_leaves
 
     def weight_bytes(lm) -> int:
-        return sum(v.nbytes for _, v in tree_flatten(lm.model.parameters()))
+        return sum(v.nbytes for v in tree_leaves(lm.model.parameters()))
 
     return weight_bytes(draft) / max(1, weight_bytes(target))
 
