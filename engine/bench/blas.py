@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 from engine.bench.common import interleave, median, print_table
 
@@ -25,7 +26,7 @@ def _probe(blas: str) -> dict:
 def run_blas(*, runs: int, as_json: bool) -> dict:
     res = interleave(runs, {"reference": lambda: _probe("reference"), "brisk": lambda: _probe("auto")})
     ref, brisk = res["reference"], res["brisk"]
-    payload = {
+    payload: dict[str, Any] = {
         "runs": runs,
         "brisk_blas": brisk[0]["blas"],
         "brisk_library": brisk[0]["library"],

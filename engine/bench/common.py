@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import statistics
-from typing import Callable
+import time
+from typing import Callable, Iterable
 
 FILLER = (
     "The committee reviewed the quarterly report on regional water usage, noting that "
@@ -22,10 +23,35 @@ def filler_text(tokenizer, n_tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
+def attention_shape(config: dict) -> dict:
+    """kv_heads and head_dim of a model the bench was told to run (refuses one without
+    attention heads in its config, which a KV bench cannot measure)."""
+    from engine.kvcache import kv_shape
+
+    shape = kv_shape(config)
+    if shape is None:
+        raise ValueError("this model's config names no attention heads")
+    return shape
+
+
+def token_clock(stream: Iterable) -> tuple[float, float, int]:
+    """When a token stream yielded its first and its last token (perf_counter), and how
+    many it yielded; refuses a stream that yields none."""
+    first = last = 0.0
+    count = 0
+    for _ in stream:
+        last = time.perf_counter()
+        first = first if count else last
+        count += 1
+    if not count:
+        raise RuntimeError("the model produced no token")
+    return first, last, count
+
+
 def interleave(runs: int, variants: dict[str, Callable[[], dict]]) -> dict[str, list[dict]]:
     """Run each variant `runs` times, alternating the order every round (ABAB, BABA...)."""
     names = list(variants)
-    results = {name: [] for name in names}
+    results: dict[str, list[dict]] = {name: [] for name in names}
     for r in range(runs):
         order = names if r % 2 == 0 else list(reversed(names))
         for name in order:

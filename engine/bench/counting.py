@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import random
 import re
+from typing import Any
 
 from engine.bench.common import print_table
 from engine.errors import InvalidSettings
+from engine.vocabulary import AccelMode
 
 COLOURS = ("red", "blue", "yellow", "white", "black", "grey", "brown", "orange")
 OBJECTS = ("box", "crate", "bag", "barrel", "parcel", "case", "drum", "sack")
@@ -80,8 +82,19 @@ def run_counting(
     from engine.settings import ChatSettings
 
     target, draft = load_model(target_id), load_model(draft_id)
-    modes = {"full": ("off", keep), f"keep {keep}": ("on", keep), "auto": ("auto", keep)}
-    payload = {"target": target_id, "draft": draft_id, "entries": entries, "green": green, "keep": keep, "rows": []}
+    modes: dict[str, tuple[AccelMode, float]] = {
+        "full": ("off", keep),
+        f"keep {keep}": ("on", keep),
+        "auto": ("auto", keep),
+    }
+    payload: dict[str, Any] = {
+        "target": target_id,
+        "draft": draft_id,
+        "entries": entries,
+        "green": green,
+        "keep": keep,
+        "rows": [],
+    }
     rows = []
     for seed in seeds:
         text, cities = counting_document(entries, green, seed)

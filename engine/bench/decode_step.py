@@ -8,6 +8,7 @@ answers were the same tokens (they must be: engine/compiled_decode.py).
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import Callable
 
 from engine.bench.common import filler_text, interleave, median, paired_ratio, print_table
 
@@ -41,7 +42,7 @@ def run_decode_step(model_id: str, prompt_tokens: list[int], *, runs: int, gen_t
     table = []
     for n in prompt_tokens:
         text = filler_text(lm.tokenizer, n) + "\nWrite a long story about the committee."
-        variants = {
+        variants: dict[str, Callable[[], dict]] = {
             "compiled": lambda: _turn(lm, text, gen_tokens, compiled=True),
             "generate_step": lambda: _turn(lm, text, gen_tokens, compiled=False),
         }

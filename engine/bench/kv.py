@@ -15,8 +15,10 @@ Variants are interleaved round by round; medians.
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Any, Callable
 
-from engine.bench.common import interleave, median, print_table
+from engine.bench.common import attention_shape, interleave, median, print_table
 
 
 def _timed(fn) -> float:
@@ -49,7 +51,7 @@ def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, ru
     def dequant_then_attend():
         return mx.fast.scaled_dot_product_attention(q, keys.dequantize(), values.dequantize(), scale=scale)
 
-    variants = {
+    variants: dict[str, Callable[[], float]] = {
         "dequant_then_attend": lambda: _timed(dequant_then_attend),
         # mlx-lm scales its queries argument in place: hand it a copy
         "mlx_lm_quantized": lambda: _timed(lambda: MLX_LM_QUANTIZED_SDPA(q * 1, qk, qv, scale, None, **q_args)),
@@ -60,17 +62,22 @@ def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, ru
     }
     for fn in variants.values():
         fn()  # warm-up
-    rows = interleave(runs, {name: (lambda fn=fn: {"s": fn()}) for name, fn in variants.items()})
+    rows = interleave(runs, {name: _as_row("s", fn) for name, fn in variants.items()})
     return {name: median(r, "s") for name, r in rows.items()}
+
+
+def _as_row(key: str, measure: Callable[[], float]) -> Callable[[], dict]:
+    """A measurement as interleave() takes it: a function returning one result row."""
+    return lambda: {key: measure()}
 
 
 def _filled_cache(lm, context: int, bits: int, group_size: int):
     import mlx.core as mx
     from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
-    from engine.kvcache import kv_shape, maybe_quantize_kv_cache
+    from engine.kvcache import maybe_quantize_kv_cache
 
-    shape = kv_shape(lm.config)
+    shape = attention_shape(lm.config)
     cache = make_prompt_cache(lm.model)
     for layer in cache:
         n = context if type(layer) is KVCache else min(context, getattr(layer, "max_size", context))
@@ -117,16 +124,16 @@ def run_kv(
 ) -> dict:
     import mlx.core as mx
 
-    from engine.kvcache import check_kv_packable, kv_shape
+    from engine.kvcache import check_kv_packable
     from engine.metrics import kv_bytes_formula, kv_bytes_measured
     from engine.models.loader import load_model
     from kernels import native
 
     lm = load_model(model_id)
     check_kv_packable(lm.config, v_bits=4, group_size=group_size)
-    shape = kv_shape(lm.config)
+    shape = attention_shape(lm.config)
     n_q = (lm.config.get("text_config") or lm.config)["num_attention_heads"]
-    payload = {
+    payload: dict[str, Any] = {
         "model": model_id,
         "group_size": group_size,
         "runs": runs,
@@ -141,7 +148,9 @@ def run_kv(
             n_q, shape["kv_heads"], shape["head_dim"], context, runs=runs, group_size=group_size
         )
         caches = {16: _filled_cache(lm, context, 16, group_size), 4: _filled_cache(lm, context, 4, group_size)}
-        tps = interleave(runs, {bits: (lambda c=c: {"tps": decode_tps(lm, c, steps)}) for bits, c in caches.items()})
+        tps = interleave(
+            runs, {str(bits): _as_row("tps", partial(decode_tps, lm, c, steps)) for bits, c in caches.items()}
+        )
         sizes = {bits: (kv_bytes_measured(c), kv_bytes_formula(c, **shape, itemsize=4)) for bits, c in caches.items()}
         entry = {
             "context": context,
@@ -149,8 +158,8 @@ def run_kv(
             "brisk_vs_mlx_lm": attn["mlx_lm_quantized"] / attn["brisk_packed"],
             "brisk_vs_dequant": attn["dequant_then_attend"] / attn["brisk_packed"],
             "channel_vs_token_keys": attn["brisk_token_keys"] / attn["brisk_packed"],
-            "decode_tps_16": median(tps[16], "tps"),
-            "decode_tps_4": median(tps[4], "tps"),
+            "decode_tps_16": median(tps["16"], "tps"),
+            "decode_tps_4": median(tps["4"], "tps"),
             "kv_bytes_16": sizes[16][0],
             "kv_bytes_4": sizes[4][0],
             "kv_formula_matches": all(measured == formula for measured, formula in sizes.values()),

@@ -11,7 +11,9 @@ in one run.
 
 from __future__ import annotations
 
-from engine.bench.common import filler_text, print_table
+from typing import Any
+
+from engine.bench.common import attention_shape, filler_text, print_table
 from engine.kv_fidelity import PackedMode, compare, reference_run
 
 
@@ -24,7 +26,7 @@ def run_kv_quality(
     as_json: bool,
     modes: list[PackedMode] | None = None,
 ) -> dict:
-    from engine.kvcache import check_kv_packable, kv_shape
+    from engine.kvcache import check_kv_packable
     from engine.models.loader import load_model
 
     modes = modes or [PackedMode(4, 4)]
@@ -32,8 +34,8 @@ def run_kv_quality(
     for mode in modes:
         check_kv_packable(lm.config, v_bits=mode.v_bits, group_size=group_size)
     args = lm.config.get("text_config") or lm.config
-    scale = args.get("query_pre_attn_scalar", kv_shape(lm.config)["head_dim"]) ** -0.5
-    payload = {"model": model_id, "group_size": group_size, "attention_scale": scale, "lengths": []}
+    scale = args.get("query_pre_attn_scalar", attention_shape(lm.config)["head_dim"]) ** -0.5
+    payload: dict[str, Any] = {"model": model_id, "group_size": group_size, "attention_scale": scale, "lengths": []}
     rows = []
     for n in lengths:
         n = min(n, lm.context_length - gen - 1)

@@ -9,8 +9,9 @@ size, greedy, no speculation; A and B runs interleaved, medians reported. Goal: 
 from __future__ import annotations
 
 import time
+from typing import Any
 
-from engine.bench.common import filler_text, interleave, median, paired_ratio, print_table
+from engine.bench.common import filler_text, interleave, median, paired_ratio, print_table, token_clock
 
 
 def _brisk_run(lm, text: str, max_tokens: int, step: int) -> dict:
@@ -41,13 +42,9 @@ def _mlx_lm_run(lm, tokens: list[int], max_tokens: int, step: int) -> dict:
     from mlx_lm.generate import stream_generate
 
     start = time.perf_counter()
-    first = last = None
-    n = 0
-    for response in stream_generate(lm.model, lm.tokenizer, tokens, max_tokens=max_tokens, prefill_step_size=step):
-        last = time.perf_counter()
-        if first is None:
-            first = last
-        n += 1
+    first, last, n = token_clock(
+        stream_generate(lm.model, lm.tokenizer, tokens, max_tokens=max_tokens, prefill_step_size=step)
+    )
     mx.clear_cache()
     return {"ttft_s": first - start, "decode_tps": (n - 1) / max(last - first, 1e-9), "tokens": n}
 
@@ -60,7 +57,14 @@ def run_overhead(
     from engine.prompt import encode_messages
 
     lm = load_model(model_id)
-    rows, payload = [], {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "prefill_step": step, "lengths": []}
+    rows = []
+    payload: dict[str, Any] = {
+        "model": model_id,
+        "runs": runs,
+        "gen_tokens": gen_tokens,
+        "prefill_step": step,
+        "lengths": [],
+    }
     for n in prompt_tokens:
         text = filler_text(lm.tokenizer, n) + "\nRepeat the first sentence above."
         tokens = encode_messages(lm, [Message("user", text)])

@@ -17,8 +17,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-from engine.bench.common import filler_text, median, print_table
+from engine.bench.common import filler_text, median, print_table, token_clock
 
 ENGINES = ("brisk", "mlx_lm", "llama_cpp")
 
@@ -54,21 +55,18 @@ def _mlx_lm(folder: str, texts: list[str], gen: int) -> list[dict]:
     from mlx_lm.generate import generate_step
     from mlx_lm.utils import load
 
-    model, tokenizer = load(folder)
+    model, tokenizer = load(folder)[:2]
     rows = []
     for text in texts:
         tokens = tokenizer.encode(text)
         start = time.perf_counter()
-        first = last = None
-        for n, _ in enumerate(generate_step(mx.array(tokens), model, max_tokens=gen)):
-            last = time.perf_counter()
-            first = first or last
+        first, last, count = token_clock(generate_step(mx.array(tokens), model, max_tokens=gen))
         rows.append(
             {
                 "prompt_tokens": len(tokens),
                 "ttft_s": first - start,
                 "prefill_tps": len(tokens) / (first - start),
-                "decode_tps": n / max(last - first, 1e-9),
+                "decode_tps": (count - 1) / max(last - first, 1e-9),
             }
         )
         mx.clear_cache()
@@ -163,7 +161,7 @@ def run_peers(
         targets["llama_cpp"] = str(gguf_path)
     del lm
     targets = {name: target for name, target in targets.items() if name in engines}
-    results = {name: [] for name in targets}
+    results: dict[str, list[dict]] = {name: [] for name in targets}
     for _ in range(runs):
         for name, target in targets.items():
             done = subprocess.run(
@@ -175,7 +173,7 @@ def run_peers(
             if done.returncode != 0:
                 raise RuntimeError(f"{name} failed: {done.stderr.strip()[-800:]}")
             results[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    payload = {
+    payload: dict[str, Any] = {
         "model": model_id,
         "runs": runs,
         "gen_tokens": gen_tokens,
@@ -189,7 +187,7 @@ def run_peers(
     }
     rows = []
     for i, n in enumerate(prompt_tokens):
-        entry = {"requested_tokens": n}
+        entry: dict[str, float] = {"requested_tokens": n}
         for name, rounds in results.items():
             per = [r["rows"][i] for r in rounds]
             for key in ("prompt_tokens", "ttft_s", "prefill_tps", "decode_tps"):

@@ -72,7 +72,7 @@ def profile_time(lm, prompt_tokens: int, step: int) -> dict | None:
     if not layers or not hasattr(layers[0], "self_attn") or not hasattr(layers[0], "mlp"):
         return None  # not the standard mlx-lm decoder layout
     hidden, n_q, n_kv, head_dim, n_layers = _shape(lm)
-    prefill = {}
+    prefill: dict[str, float] = {}
     for start in range(0, prompt_tokens, step):
         length = min(step, prompt_tokens - start)
         for key, value in _layer_parts(layers[0], hidden, n_q, n_kv, head_dim, length, start + length).items():
@@ -81,6 +81,6 @@ def profile_time(lm, prompt_tokens: int, step: int) -> dict | None:
         k: v * n_layers for k, v in _layer_parts(layers[0], hidden, n_q, n_kv, head_dim, 1, prompt_tokens).items()
     }
     x = mx.random.normal((1, 1, hidden))
-    head = getattr(lm.model, "lm_head", None) or body.embed_tokens.as_linear  # tied embeddings
+    head = getattr(lm.model, "lm_head", None) or getattr(body, "embed_tokens").as_linear  # tied embeddings
     decode["lm_head"] = _timed(lambda: head(x))
     return {"prefill": prefill, "decode": decode}

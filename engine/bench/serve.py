@@ -13,9 +13,11 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from typing import Any
 
 from engine.bench.common import interleave, paired_ratio, print_table
 from engine.conversation import Message
+from engine.events import TurnFinished
 from engine.session import Session
 from engine.settings import ChatSettings
 
@@ -25,6 +27,8 @@ PROMPT = "Request {i}: in two sentences, why do rivers meander across flat plain
 def _in_process(lm, settings: ChatSettings, i: int) -> dict:
     start = time.perf_counter()
     finished = list(Session(lm, settings).answer([Message("user", PROMPT.format(i=i))]))[-1]
+    if not isinstance(finished, TurnFinished):
+        raise RuntimeError(f"the turn ended with {finished!r}")
     m = finished.metrics
     return {"latency_s": time.perf_counter() - start, "ttft_s": m.ttft_s, "tokens": m.generated_tokens}
 
@@ -93,7 +97,7 @@ def run_serve_bench(model_id: str, *, clients: list[int], requests: int, gen_tok
                 "http": lambda: _over_http(client, settings, next(counter)),
             },
         )
-        one = {name: _summary(rows) for name, rows in runs.items()}
+        one: dict[str, Any] = {name: _summary(rows) for name, rows in runs.items()}
         # each round ran both paths back to back: the median of per-round ratios
         one["overhead"] = paired_ratio(runs["http"], runs["in_process"], "latency_s") - 1
         report["one_client"] = one

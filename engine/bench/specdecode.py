@@ -18,8 +18,12 @@ verify" run with the few-row native matmul off (kernels/skinny_matmul.py): its A
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Any, Callable, Sequence
 
 from engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
+from engine.mx_values import item_float, item_int
+from engine.vocabulary import AccelMode, SpecRule
 
 FREE = {
     "structured": "Write a JSON array with one object per month of the year, each with the fields "
@@ -94,9 +98,9 @@ def _brisk(
     draft,
     messages: list,
     *,
-    mode: str,
+    mode: AccelMode,
     k: int,
-    rule: str,
+    rule: SpecRule,
     gen: int,
     temp: float,
     seed: int,
@@ -188,17 +192,17 @@ def run_specdecode(
     runs: int,
     gen: int,
     temp: float,
-    rules: list[str],
+    rules: list[SpecRule],
     mlx_lm_ks: list[int],
     as_json: bool,
-    blas_ks: list = (),
+    blas_ks: Sequence[int] = (),
 ) -> dict:
     from engine.models.loader import load_model
 
     target = load_model(target_id)
     draft = load_model(draft_id) if draft_id else None
     same = draft is not None and target.info.tokenizer_fingerprint == draft.info.tokenizer_fingerprint
-    payload = {
+    payload: dict[str, Any] = {
         "target": target_id,
         "draft": draft_id,
         "same_tokenizer": same,
@@ -230,7 +234,7 @@ def run_specdecode(
                 lookup=lookup,
             )
 
-        variants = {"plain": brisk("off"), "lookup": brisk("auto", lookup=True)}
+        variants: dict[str, Callable[[], dict]] = {"plain": brisk("off"), "lookup": brisk("auto", lookup=True)}
         if draft is not None:
             for rule in rules:
                 for k in ks:
@@ -249,7 +253,7 @@ def run_specdecode(
                 for k in mlx_lm_ks:
                     # Stock mlx-lm verifies through BLAS: so does this baseline.
                     variants[f"mlx-lm k={k}"] = with_blas_verify(
-                        lambda k=k: _mlx_lm(target, draft, messages, k=k, gen=gen), target.model, draft.model
+                        partial(_mlx_lm, target, draft, messages, k=k, gen=gen), target.model, draft.model
                     )
         res = interleave(runs, variants)
         plain = res["plain"]
@@ -329,7 +333,7 @@ def run_acceptance(
     if target.info.tokenizer_fingerprint != draft.info.tokenizer_fingerprint:
         raise SystemExit("spec-acceptance compares rules over one vocabulary: use a same-tokenizer pair")
     dist = TokenDistribution(ChatSettings(model=target_id, temperature=temp))
-    payload = {"target": target_id, "draft": draft_id, "temperature": temp, "gen": gen, "rows": []}
+    payload: dict[str, Any] = {"target": target_id, "draft": draft_id, "temperature": temp, "gen": gen, "rows": []}
     rows = []
     mx.random.seed(seed)
     for content in contents:
@@ -341,13 +345,13 @@ def run_acceptance(
             q = dist.probs(draft.model(mx.array(feed)[None], cache=d_cache)[0, -1:], tokens, [])
             width = min(p.shape[-1], q.shape[-1])
             p_, q_ = p[:, :width], q[:, :width]
-            rejection.append(float(mx.minimum(p_, q_).sum().item()))
-            match.append(float((p_ * q_).sum().item()))
-            token = int(sample(p).item())
+            rejection.append(item_float(mx.minimum(p_, q_).sum()))
+            match.append(item_float((p_ * q_).sum()))
+            token = item_int(sample(p))
             if token in target.tokenizer.eos_token_ids:
                 break
             tokens, feed = tokens + [token], [token]
-        entry = {
+        entry: dict[str, Any] = {
             "content": content,
             "positions": len(rejection),
             "rejection": sum(rejection) / len(rejection),

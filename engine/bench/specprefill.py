@@ -11,12 +11,17 @@ it with full prefill and with sparse prefill.
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any, Callable
+
 from engine.bench.common import filler_text, interleave, median, print_table
+from engine.mx_values import item_float
+from engine.vocabulary import AccelMode
 
 QUESTION = "\n\nIn one sentence, what did the committee discuss?"
 
 
-def _ttft(target, draft, text: str, *, mode: str, keep: float) -> dict:
+def _ttft(target, draft, text: str, *, mode: AccelMode, keep: float) -> dict:
     from engine.events import TurnFinished
     from engine.session import Session
     from engine.settings import ChatSettings
@@ -49,14 +54,14 @@ def run_specprefill(
     from engine.models.loader import load_model
 
     target, draft = load_model(target_id), load_model(draft_id)
-    payload = {"target": target_id, "draft": draft_id, "runs": runs, "rows": []}
+    payload: dict[str, Any] = {"target": target_id, "draft": draft_id, "runs": runs, "rows": []}
     rows = []
     _ttft(target, draft, filler_text(target.tokenizer, 256) + QUESTION, mode="on", keep=0.2)  # warm-up
     for n in lengths:
         text = filler_text(target.tokenizer, n) + QUESTION
-        variants = {"full": lambda: _ttft(target, None, text, mode="off", keep=1.0)}
+        variants: dict[str, Callable[[], dict]] = {"full": lambda: _ttft(target, None, text, mode="off", keep=1.0)}
         for k in keeps:
-            variants[f"keep {k}"] = lambda k=k: _ttft(target, draft, text, mode="on", keep=k)
+            variants[f"keep {k}"] = partial(_ttft, target, draft, text, mode="on", keep=k)
         res = interleave(runs, variants)
         full = median(res["full"], "ttft_s")
         for k in keeps:
@@ -114,7 +119,7 @@ def run_needle(
 
     target, draft = load_model(target_id), load_model(draft_id)
     filler = filler_text(target.tokenizer, tokens)
-    payload = {
+    payload: dict[str, Any] = {
         "target": target_id,
         "draft": draft_id,
         "tokens": tokens,
@@ -128,7 +133,7 @@ def run_needle(
         name, code = ["Aurora", "Basalt", "Cedar", "Delta", "Ember"][i % 5], str(48213 + 1111 * i)
         cut = filler.rfind(". ", 0, int(len(filler) * depth)) + 2
         text = filler[:cut] + NEEDLE.format(name=name, code=code) + " " + filler[cut:] + ASK.format(name=name)
-        result = {"depth": depth}
+        result: dict[str, Any] = {"depth": depth}
         for mode in ("off", "on"):
             settings = ChatSettings(
                 model=target_id,
@@ -181,7 +186,7 @@ def _continuation_nll(model, cache, last: int, continuation: list[int], shift: i
         logits = model(mx.array([last] + continuation[:-1])[None], cache=cache)[0]  # (C, V)
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     nll = -mx.take_along_axis(logp, mx.array(continuation)[:, None], axis=-1).mean()
-    return nll.item()
+    return item_float(nll)
 
 
 def run_perplexity(
@@ -200,7 +205,13 @@ def run_perplexity(
 
     target, draft = load_model(target_id), load_model(draft_id)
     ids = target.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"))
-    payload = {"target": target_id, "draft": draft_id, "keep": keep, "text": Path(text_file).name, "rows": []}
+    payload: dict[str, Any] = {
+        "target": target_id,
+        "draft": draft_id,
+        "keep": keep,
+        "text": Path(text_file).name,
+        "rows": [],
+    }
     rows = []
     for n in lengths:
         context, cont = ids[:n], ids[n : n + continuation]

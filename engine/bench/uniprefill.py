@@ -13,9 +13,12 @@ precedes it.
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Any, Callable
 
 from engine.bench.common import filler_text, interleave, median, print_table
 from engine.bench.specprefill import ASK, NEEDLE, QUESTION
+from engine.mx_values import item_float
 
 
 def _settings(model_id: str, p: float | None, **kw):
@@ -77,14 +80,14 @@ def run_uniprefill(
     from engine.models.loader import load_model
 
     lm = load_model(model_id)
-    payload = {"model": model_id, "runs": runs, "text": text_file or "filler", "rows": []}
+    payload: dict[str, Any] = {"model": model_id, "runs": runs, "text": text_file or "filler", "rows": []}
     rows = []
     _ttft(lm, _prompt(lm, min(512, *lengths), text_file), ps[0], drop_layers)  # warm-up (kernels, caches)
     for n in lengths:
         text = _prompt(lm, n, text_file)
-        variants = {"dense": lambda: _ttft(lm, text, None, drop_layers)}
+        variants: dict[str, Callable[[], dict]] = {"dense": lambda: _ttft(lm, text, None, drop_layers)}
         for p in ps:
-            variants[f"p {p}"] = lambda p=p: _ttft(lm, text, p, drop_layers)
+            variants[f"p {p}"] = partial(_ttft, lm, text, p, drop_layers)
         res = interleave(runs, variants)
         dense = median(res["dense"], "ttft_s")
         for p in ps:
@@ -147,15 +150,16 @@ def _continuation_ppl(lm, context: list[int], continuation: list[int], p: float 
 
     cache = PromptCache(lm.model)
     cache.reuse(context)
+    layers = cache.layers or []  # reuse() made them
     if p is None:
-        list(prefill_chunks(lm.model, cache.layers, context[:-1], 512))
+        list(prefill_chunks(lm.model, layers, context[:-1], 512))
     else:
-        list(UniPrefill(lm.model, cache.layers, drop_layers=drop_layers, p=p, step=512).run(context[:-1], base=0))
+        list(UniPrefill(lm.model, layers, drop_layers=drop_layers, p=p, step=512).run(context[:-1], base=0))
     cache.mark_sparse(context[:-1])
     logits = cache.model_view()(mx.array([context[-1]] + continuation[:-1])[None], cache=cache.layers)[0]
     logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     nll = -mx.take_along_axis(logp, mx.array(continuation)[:, None], axis=-1).mean()
-    return math.exp(nll.item())
+    return math.exp(item_float(nll))
 
 
 def run_uniprefill_quality(
@@ -179,7 +183,7 @@ def run_uniprefill_quality(
     from engine.models.loader import load_model
 
     lm = load_model(model_id)
-    payload = {"model": model_id, "p": p, "needle": [], "counting": [], "ppl": []}
+    payload: dict[str, Any] = {"model": model_id, "p": p, "needle": [], "counting": [], "ppl": []}
     rows = []
     filler = filler_text(lm.tokenizer, tokens)
     for i, depth in enumerate(depths):

@@ -10,6 +10,8 @@ less than the tokens it yields: this is the cost side of that equation.
 from __future__ import annotations
 
 import time
+from functools import partial
+from typing import Any, Callable
 
 from engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
 
@@ -39,15 +41,15 @@ def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, 
     for start in range(0, len(prompt), 512):
         lm.model(mx.array(prompt[start : start + 512])[None], cache=cache)
         mx.eval([c.state for c in cache])
-    variants = {"1 row": lambda: _step(lm.model, cache, 1, 0)}
+    variants: dict[str, Callable[[], dict]] = {"1 row": lambda: _step(lm.model, cache, 1, 0)}
     for rows in rows_list:
-        variants[f"{rows} native"] = lambda rows=rows: _step(lm.model, cache, rows, rows)
-        variants[f"{rows} blas"] = with_blas_verify(lambda rows=rows: _step(lm.model, cache, rows, rows), lm.model)
+        variants[f"{rows} native"] = partial(_step, lm.model, cache, rows, rows)
+        variants[f"{rows} blas"] = with_blas_verify(partial(_step, lm.model, cache, rows, rows), lm.model)
     for run in variants.values():
         run()  # warm-up: first calls build the kernel and fault the weights in
     res = interleave(runs, variants)
     one = res["1 row"]
-    payload = {"model": model_id, "context": len(prompt), "runs": runs, "rows": []}
+    payload: dict[str, Any] = {"model": model_id, "context": len(prompt), "runs": runs, "rows": []}
     table = []
     for rows in rows_list:
         native, blas = res[f"{rows} native"], res[f"{rows} blas"]
