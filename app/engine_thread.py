@@ -19,6 +19,7 @@ from PySide6.QtCore import QObject, Signal
 
 from engine.conversation import CancelToken
 from engine.events import EngineErrored
+from engine.mlx_threads import MlxThread
 
 log = logging.getLogger(__name__)
 _SHUTDOWN = object()
@@ -58,7 +59,7 @@ class EngineThread(QObject):
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # submitted and not finished, the running one first
-        self._thread = threading.Thread(target=self._run, name="brisk-engine", daemon=True)
+        self._thread = MlxThread(self._run, name="brisk-engine")  # never ends: see engine/mlx_threads.py
         self._thread.start()
 
     def submit(self, command, **callbacks) -> Job:

@@ -19,6 +19,7 @@ from typing import Callable
 
 from engine.conversation import CancelToken, Message
 from engine.events import TurnFinished
+from engine.mlx_threads import MlxThread
 from engine.settings import ChatSettings
 from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
 
@@ -88,7 +89,7 @@ class EngineQueue:
         self._closed = False
         self.served = 0
         self.finished: Counter[str] = Counter()  # requests by how they ended (stop, length, cancelled, ...)
-        self._thread = threading.Thread(target=self._loop, name="brisk-serve-engine", daemon=True)
+        self._thread = MlxThread(self._loop, name="brisk-serve-engine")  # never ends: see engine/mlx_threads.py
         self._thread.start()
 
     # --- the HTTP side ------------------------------------------------------------------

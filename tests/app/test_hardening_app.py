@@ -139,3 +139,33 @@ def test_every_event_is_also_emitted_with_the_id_of_the_job_that_caused_it(qtbot
     assert seen == [(first.id, "a started"), (first.id, "a done"), (second.id, "b started"), (second.id, "b done")]
     assert first.id != second.id
     thread.shutdown()
+
+
+APP_EXIT_AFTER_A_COMPILED_TURN = """
+import threading
+from app.engine_thread import EngineThread
+import mlx.core as mx
+
+double = mx.compile(lambda x: x * 2 + 1)
+
+class CompiledWorker:  # runs a compiled function, as the decode step does
+    def handle(self, command, cancel):
+        yield float(mx.sum(double(mx.ones((4,)))).item())
+
+thread = EngineThread(CompiledWorker())
+events, done = [], threading.Event()
+thread.submit("turn", on_event=events.append, on_done=done.set)
+assert done.wait(30) and events == [12.0], events
+thread.shutdown(30)
+"""
+
+
+def test_the_app_quits_cleanly_after_its_engine_thread_ran_a_compiled_step():
+    """Quitting joined the engine thread, then exited while MLX's per-thread compile cache
+    was still being destroyed on it: the process aborted about 4 times in 10."""
+    import subprocess
+    import sys
+
+    for _ in range(6):
+        done = subprocess.run([sys.executable, "-c", APP_EXIT_AFTER_A_COMPILED_TURN], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-400:]
