@@ -11,7 +11,6 @@ import mlx.core as mx
 
 from engine.cache import PromptCache
 from engine.compiled_decode import compiled_steps, why_not_compiled
-from engine.metrics import TurnMetrics
 from engine.sampling import make_sampling, with_prompt_history
 from engine.settings import ChatSettings
 
@@ -19,16 +18,17 @@ log = logging.getLogger(__name__)
 
 
 def plain_steps(
-    tokens: list[int], cache: PromptCache, max_tokens: int, settings: ChatSettings, metrics: TurnMetrics
-) -> Iterator[tuple[int, str]]:
+    tokens: list[int], cache: PromptCache, max_tokens: int, settings: ChatSettings, report: dict
+) -> Generator[tuple[int, str], None, None]:
     """(token, "") pairs after the cache's layers, which hold all prompt tokens but the last.
-    `metrics.decode_step` says which step ran: "compiled", or "mlx-lm" and why not."""
+    `report["decode_step"]` (a TurnMetrics field) says which step ran: "compiled", or
+    "mlx-lm" and why not; it is set before the first token comes out."""
     sampler, processors = make_sampling(settings)
     processors = with_prompt_history(processors, tokens[:-1])
     cache.tokens = list(tokens)
     reason = why_not_compiled(cache.model, cache.layers, kv_bits=settings.kv_precision())
     if reason is None and cache.layers is not None:
-        metrics.decode_step = "compiled"
+        report["decode_step"] = "compiled"
         steps = compiled_steps(
             cache.model_view(), cache.layers, tokens[-1], max_tokens=max_tokens, sampler=sampler, processors=processors
         )
@@ -40,7 +40,7 @@ def plain_steps(
         else:
             yield from _recorded(cache, _chain(first, steps))
             return
-    metrics.decode_step = f"mlx-lm: {reason}"
+    report["decode_step"] = f"mlx-lm: {reason}"
     yield from _recorded(cache, _generate_steps(tokens, cache, max_tokens, settings, sampler, processors))
 
 

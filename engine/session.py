@@ -3,7 +3,7 @@
 A turn renders the chat template, reuses the longest cached token prefix, prefills
 only the new tokens (engine/turn_prefill.py: in chunks, reporting progress and honouring
 cancellation; with SpecPrefill or UniPrefill only what they keep), then decodes
-(engine/plain_decode.py) or runs the speculative decoder. The cache may be packed to int8/int4
+(engine/turn_decode.py: plain, or the speculative decoder). The cache may be packed to int8/int4
 (engine/kvcache.py). Editing or regenerating an earlier message trims the cache back to
 the common prefix. Errors come out as `EngineErrored` events, degradations as
 `EngineWarned`.
@@ -24,16 +24,15 @@ from engine.accel.speculative.pair import DraftPair, LookupOnly
 from engine.cache import PromptCache
 from engine.conversation import CancelToken, Message  # noqa: F401  (re-exported: the Session API)
 from engine.crash_log import user_message
-from engine.detokenize import StreamingText
 from engine.errors import BriskError, ContextOverflow, InvalidSettings, TurnCancelled
-from engine.events import ContextTruncated, EngineErrored, EngineWarned, PrefillProgressed, TokenEmitted, TurnFinished
+from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TurnFinished
 from engine.kv_fidelity import checked_kv_settings
 from engine.kvcache import check_kv_packable
 from engine.metrics import TurnMetrics, kv_measurements, turn_rates
 from engine.models.loader import LoadedModel
-from engine.plain_decode import plain_steps
 from engine.prompt import render_prompt
 from engine.settings import ChatSettings
+from engine.turn_decode import TurnDecode
 from engine.turn_prefill import TurnPrefill
 
 log = logging.getLogger(__name__)
@@ -179,53 +178,29 @@ class Session:
 
         if settings.seed is not None:
             mx.random.seed(settings.seed)
-        # Both decoders keep `self.cache.tokens` true as they go (plain: every yielded
-        # token is in the cache; speculative: all but the last, set when it stops).
-        steps, decoder = self._decoding(tokens, max_tokens, settings, metrics)
-        text = StreamingText(self.lm.tokenizer, seed=tokens)
-        eos = set(self.lm.tokenizer.eos_token_ids)
-        first_at = None
-        metrics.finish_reason = "context" if max_tokens < settings.max_tokens else "length"
+        decode = TurnDecode(self.lm, self.cache, *self._speculation(settings), costs=self.pair_costs)
         try:
-            for token, source in steps:
-                yield from _drain_warnings(decoder)
-                pack()
-                if first_at is None:
-                    first_at = time.perf_counter()
-                    metrics.ttft_s = first_at - start
-                    yield PrefillProgressed(metrics.prefilled_tokens, metrics.prefilled_tokens)
-                if token in eos:
-                    metrics.finish_reason = "stop"
-                    break
-                answer.token_ids.append(token)
-                delta = text.add(token)
-                answer.content += delta
-                yield TokenEmitted(delta, token, source)
-                cancel.check()
+            yield from decode.run(
+                tokens,
+                max_tokens,
+                settings,
+                answer,
+                cancel,
+                pack,
+                started=start,
+                prefilled=metrics.prefilled_tokens,
+            )
         finally:
-            steps.close()
-            if decoder is not None:
-                metrics.update(decoder.metrics())
-                metrics.sources = decoder.stats.sources[: len(answer.token_ids)]
-            tail = text.flush()
-            answer.content += tail
-            self._finish_metrics(metrics, start, first_at, len(answer.token_ids), prompt_read_at)
-        yield from _drain_warnings(decoder)
-        if tail:
-            yield TokenEmitted(tail, -1)
+            metrics.update(decode.results())
+            self._finish_metrics(metrics, start, decode.first_at, len(answer.token_ids), prompt_read_at)
 
-    def _decoding(self, tokens, max_tokens, settings, metrics):
-        """The token steps of this turn, (token, source) pairs: plain decoding
-        (engine/plain_decode.py), or the speculative decoder when a draft or lookup is on
-        (returned too, for its stats)."""
+    def _speculation(self, settings: ChatSettings) -> tuple[object | None, ContextIndex | None]:
+        """What this turn speculates with (the draft pair, or lookup alone; None: plain
+        decoding), and the conversation's index when lookup is on."""
         index = self.context_index if settings.lookup else None
         if settings.spec_decode == "off" or (self.draft is None and index is None):
-            return plain_steps(tokens, self.cache, max_tokens, settings, metrics), None
-        speculation = self.pair if self.draft is not None else self.lookup_only
-        decoder = speculation.make_decoder(
-            self.cache, settings, max_tokens=max_tokens, costs=self.pair_costs, index=index
-        )
-        return decoder.steps(tokens), decoder
+            return None, index
+        return (self.pair if self.draft is not None else self.lookup_only), index
 
     # --- helpers ------------------------------------------------------------------
 
@@ -239,9 +214,3 @@ class Session:
         if self.cache.layers is not None:
             metrics.update(kv_measurements(self.cache.layers, self.lm.config))
         metrics.peak_memory_bytes = mx.get_peak_memory()
-
-
-def _drain_warnings(decoder) -> Iterator[EngineWarned]:
-    """The speculative decoder's degradations, reported as events between tokens."""
-    while decoder is not None and decoder.warnings:
-        yield decoder.warnings.pop(0)

@@ -9,7 +9,6 @@ from mlx_lm.models.cache import make_prompt_cache
 from engine import compiled_decode
 from engine.cache import PromptCache
 from engine.compiled_decode import ARCHITECTURES, compiled_steps, why_not_compiled
-from engine.metrics import TurnMetrics
 from engine.models.loader import load_folder
 from engine.plain_decode import plain_steps
 from engine.sampling import make_sampling
@@ -133,21 +132,21 @@ def test_what_is_left_to_generate_step(tiny_llama, tmp_path):
     assert "gemma3" in why_not_compiled(gemma.model, _prefilled(gemma.model, 20), kv_bits=(16, 16))
 
 
-def _plain_turn(lm, settings, metrics):
+def _plain_turn(lm, settings, report):
     cache = PromptCache(lm.model)
     tokens = [(i * 37) % 300 + 3 for i in range(40)]
     cache.layers = make_prompt_cache(lm.model)
     lm.model(mx.array([tokens[:-1]]), cache=cache.layers)
-    steps = plain_steps(tokens, cache, 8, settings, metrics)
+    steps = plain_steps(tokens, cache, 8, settings, report)
     out = [t for t, _ in steps]
     return out, cache
 
 
 def test_a_step_that_cannot_be_traced_falls_back_to_generate_step(tiny_llama, monkeypatch):
     settings = ChatSettings(model="x", temperature=0.0)
-    compiled = TurnMetrics()
+    compiled: dict = {}
     want, want_cache = _plain_turn(tiny_llama, settings, compiled)
-    assert compiled.decode_step == "compiled"
+    assert compiled["decode_step"] == "compiled"
 
     def untraceable(model, *, normalize):
         def step(*args):
@@ -156,9 +155,9 @@ def test_a_step_that_cannot_be_traced_falls_back_to_generate_step(tiny_llama, mo
         return step
 
     monkeypatch.setattr(compiled_decode, "traced_step", untraceable)
-    fell_back = TurnMetrics()
+    fell_back: dict = {}
     got, got_cache = _plain_turn(tiny_llama, settings, fell_back)
-    assert fell_back.decode_step.startswith("mlx-lm: the compiled step failed (ValueError")
+    assert fell_back["decode_step"].startswith("mlx-lm: the compiled step failed (ValueError")
     assert got == want
     assert got_cache.tokens == want_cache.tokens and got_cache.tokens[40:] == got
     _same_cache(got_cache.layers, want_cache.layers)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Generator, Iterable, Iterator
 
 import mlx.core as mx
 
@@ -172,7 +172,7 @@ class SpeculativeDecoder:
             "decode_step": step,  # how plain runs stepped (none ran: "")
         }
 
-    def steps(self, prompt: list[int]) -> Iterator[object]:
+    def steps(self, prompt: list[int]) -> Generator[tuple[int, str], None, None]:
         sequence = list(prompt)
         self._held = len(prompt) - 1  # tokens of `sequence` in the target's cache
         if self.index is not None:
