@@ -4,8 +4,9 @@ For a prompt of N tokens prefilled in chunks of S, every chunk at offset P runs,
 layer: the q/k/v/o projections, attention over P+S keys (split into the two matmuls
 QK^T and PV, and the rest: scaling, mask, softmax), and the MLP. Decode at context N is
 the same with S = 1, plus the LM head. Pieces are timed in isolation (median of
-repeats) and scaled by the layer count, then set against the measured end-to-end time;
-the gap is what isolation misses (norms, RoPE, cache writes, dispatch).
+repeats) and scaled by the layer count, then set against the measured end-to-end time.
+Isolation misses some work (norms, RoPE, cache writes) and adds some (each piece pays its
+own dispatch and thread wake-up), so their sum is reported as a share of the measured time.
 """
 
 from __future__ import annotations

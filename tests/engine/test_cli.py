@@ -389,3 +389,15 @@ def test_the_package_version_is_the_one_in_engine_version():
     from engine.version import __version__
 
     assert version("brisk") == __version__
+
+
+def test_bench_overhead_time_split_says_how_the_pieces_compare_with_the_measured_time():
+    """Pieces timed alone can sum to more than the measured step (each pays its own
+    dispatch): the line gave that as a negative "other" share; now it is a plain ratio."""
+    from engine.bench.overhead import split_line
+
+    over = split_line("decode", "ms/token", 1000.0, {"measured_total": 0.010, "mlp": 0.008, "lm_head": 0.004})
+    assert "mlp 8 (67%)" in over and "lm_head 4 (33%)" in over
+    assert "sum to 120% of the measured time" in over and "-" not in over
+    under = split_line("prefill", "s", 1.0, {"measured_total": 2.0, "mlp": 1.0, "projections": 0.5})
+    assert "sum to 75% of the measured time" in under
