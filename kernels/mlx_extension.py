@@ -40,7 +40,7 @@ KERNELS = [
     native.CSRC / "norm_rope.cpp",
 ]
 MODULE = "_brisk_mlx_ops"
-VERSION = 4
+VERSION = 5
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -2,14 +2,14 @@
 
 MLX's own `quantized_matmul` reads packed weights at about 1 GB/s on the CPU: 4x slower
 than a float32 gemv, 27x slower than sgemm at 512 rows (shared/CPU.md). The kernel reads
-them at memory speed for 1-16 rows and dequantizes tiles for sgemm above that.
+them once for all rows of x up to 32 rows and dequantizes tiles for sgemm above that.
 
 - `quantized_matmul_reference`: MLX's own op, the definition the kernel is tested against.
 - `quantized_matmul_native`: the kernel; raises NativeUnsupported for what it does not take.
   It is a lazy node of MLX's graph when the MLX primitives build (kernels/mlx_extension.py),
   else an eager ctypes call that evaluates its inputs first.
 - `quantized_matmul`: the dispatcher the layers use.
-For 1-16 rows the kernel rounds x to 15-bit integers per block of 32 values with a float
+For 1-32 rows the kernel rounds x to 15-bit integers per block of 32 values with a float
 scale, so weights and x meet in integer multiply-adds (about 2x faster decode layers; the
 rounding costs about 1e-4 of a layer's output). `BRISK_INTEGER_ACTIVATIONS=0`, or
 `integer_activations=False` per call, keeps x in float32, where the kernel agrees with the
@@ -27,7 +27,11 @@ import numpy as np
 from kernels import mlx_extension, native
 from kernels.native_attention import NativeUnsupported, threads
 
-MAX_FEW_ROWS = 16
+# Few-row passes cost about linearly in rows (compute-bound); the dense path first dequantizes
+# the whole weight. A whole Qwen-1.5B q4 pass over 16 rows took 695 ms, over 17 (dense) 1664
+# ms; the two meet near 48 rows on Qwen 0.5B/1.5B and SmolLM2. A draft's catch-up or scout of
+# 17+ tokens and a long lookup's verify land here.
+MAX_FEW_ROWS = 32
 # Read once: the dispatcher runs ~200 times per decoded token.
 INTEGER_ACTIVATIONS = os.environ.get("BRISK_INTEGER_ACTIVATIONS", "1") != "0"
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
@@ -198,7 +202,7 @@ class NativeQuantizedLinear(nn.QuantizedLinear):
 
 def _prepare(weight, scales, biases, bias, bits: int, group_size: int) -> _Prepared | None:
     """The checked call for arrays the kernel just took, when it took them as a primitive for
-    any number of rows (without sgemm, more than 16 rows go through ctypes)."""
+    any number of rows (without sgemm, more than MAX_FEW_ROWS rows go through ctypes)."""
     primitives = mlx_extension.load()
     if primitives is None or not primitives.has_sgemm():
         return None

@@ -7,7 +7,7 @@
 // about 1 GB/s, 4x slower than a float32 gemv; decode is bound by the bytes of weights
 // read per token, so that gave up everything quantization buys.
 //
-// Few rows (decode, the speculative verify pass; 1-16 rows): each weight block is read once
+// Few rows (decode, the speculative verify pass; 1-32 rows): each weight block is read once
 // and multiplied by every row of x. By default (AVX2) x is rounded to 15-bit integers per
 // block of 32 values with a float scale, and weights and x meet in integer multiply-adds
 // (vpmaddubsw) 64 weights at a time: that made decode layers about 2x faster than widening
@@ -43,7 +43,7 @@
 namespace {
 
 constexpr int kBlock = 32;       // weights widened at a time; every group is 1 or 2 blocks
-constexpr int kMaxRows = 16;
+constexpr int kMaxRows = 32;  // above this, dequantized tiles + sgemm win (see kernels/quantized_matmul.py)
 constexpr int kColumnUnit = 16;  // a thread's stretch of output columns is a multiple of this
 
 enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
@@ -576,5 +576,5 @@ void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* 
 // before it builds a node, since a node cannot decline once queued).
 int brisk_quantized_matmul_has_sgemm() { return find_sgemm() != nullptr; }
 
-int brisk_quantized_matmul_version() { return 2; }
+int brisk_quantized_matmul_version() { return 3; }
 }

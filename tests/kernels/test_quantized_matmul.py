@@ -45,7 +45,7 @@ def _integer_rounded(x: mx.array) -> mx.array:
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 40])  # 1-16 the few-row path, above it tiles + sgemm
+@pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 32, 33, 40])  # 1-32 the few-row path, above it tiles + sgemm
 def test_native_equals_mlx(bits, group, dtype, rows):
     packed, scales, biases = _quantized(67, 192, bits, group, dtype, seed=rows + bits + group)  # N odd
     x = mx.random.normal((1, rows, 192))
@@ -65,7 +65,7 @@ def _has_integer_path() -> bool:
 
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 32])
 def test_integer_activations_equal_mlx_on_the_rounded_x(group, dtype, rows):
     """The fast few-row path for 4-bit weights is exactly the product of x rounded to 15-bit
     integers per block of 32 with the weights' scaled part s * q, plus each group's bias b
@@ -94,9 +94,9 @@ def test_integer_rows_alone_and_in_a_tile_give_the_same_bits():
     """A verify pass's rows (tiles of 4) must match one-row decode steps bit for bit, or
     greedy speculative decoding would drift from plain decoding."""
     packed, scales, biases = _quantized(40, 256, 4, 64, mx.float16, seed=9)
-    x = mx.random.normal((6, 256))
+    x = mx.random.normal((30, 256))  # up to the few-row limit: 7 tiles of 4, then 2 rows alone
     together = quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=64, integer_activations=True)
-    for i in range(6):
+    for i in range(30):
         alone = quantized_matmul_native(
             x[i : i + 1], packed, scales, biases, bits=4, group_size=64, integer_activations=True
         )

@@ -54,7 +54,7 @@ namespace mx = mlx::core;
 
 namespace {
 
-constexpr int kMaxFewRows = 16;  // the few-row kernels' limit (quantized_matmul.cpp, skinny_matmul.cpp)
+constexpr int kMaxQuantizedFewRows = 32;  // quantized_matmul.cpp's few-row limit
 
 int64_t leading_rows(const mx::array& x) { return x.ndim() == 0 ? 1 : x.size() / x.shape(-1); }
 
@@ -154,7 +154,7 @@ class QuantizedMatmul : public CpuPrimitive {
                       threads = threads_, integer_x = int(integer_x_)]() {
       xs.gather();
       const float* x = xs.data();
-      const int code = M <= kMaxFewRows
+      const int code = M <= kMaxQuantizedFewRows
                            ? brisk_quantized_matmul_rows(x, w, s, b, type, bias, y, M, K, N, bits, group, threads, integer_x)
                            : brisk_quantized_matmul_dense(x, w, s, b, type, bias, y, M, K, N, bits, group, threads);
       if (code) throw std::runtime_error("brisk quantized matmul declined (code " + std::to_string(code) + ")");
@@ -514,5 +514,5 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 4; });
+  m.def("version", [] { return 5; });
 }
