@@ -455,6 +455,29 @@ def test_a_scout_that_finds_low_acceptance_skips_the_probe():
             assert c.probe_gap > 8 and not c.scout_due()  # backed off: the next scout comes later
 
 
+def test_once_measured_costs_say_no_draft_can_pay_auto_stops_scouting_and_probing():
+    """Qwen-1.5B with a 0.5B draft on this CPU: a compiled plain step 90 ms, a draft step 61 ms,
+    a verify of k tokens ~120 + 50k ms. Even with every draft kept no k beats plain decoding,
+    so after the first probes measured that, a scout (the draft reading 16 tokens: ~0.7 s)
+    or a probe can only lose time."""
+    c = DraftLengthController("auto", 3, cost_ratio=0.3)  # the weight-bytes guess says it could pay
+    scouts_after, cycles_after, measured_at = 0, 0, None
+    for step in range(400):
+        if c.scout_due():
+            c.observe_scout(8.0, 8)  # the draft would have proposed everything
+            scouts_after += measured_at is not None
+        k = c.choose()
+        if k:
+            c.observe_cycle(drafted=k, proposed=k, accepted=k, draft_s=0.061 * k, verify_s=0.12 + 0.05 * k)
+            cycles_after += measured_at is not None
+        else:
+            c.observe_plain(0.09)
+        if measured_at is None and c.t_draft.value is not None and not c.could_pay():
+            measured_at = step
+    assert measured_at is not None and measured_at < 100
+    assert scouts_after == 0 and cycles_after == 0
+
+
 def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):
     """A pipelined run's single intervals alternate (a read may wait for the next queued
     step too), so the controller gets each run's mean: the same total time, one value."""

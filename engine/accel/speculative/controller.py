@@ -35,9 +35,12 @@ DECAY = 0.9
 OUTLIER_CLIP = 1.5
 # Drafting must promise this much over plain decoding to be chosen (noise in the timings).
 MIN_GAIN = 1.03
-# Decode streams the weights once whatever the number of positions: each extra position
-# is assumed to add this share of a plain step until measured.
+# Each extra position of a verify pass is assumed to add this share of a plain step until
+# measured. On a GPU decode streams the weights once whatever the number of positions; on a
+# CPU the few-row kernels are compute-bound: each extra position cost 0.26 (SmolLM2) to 0.41
+# (Qwen-1.5B q4) of a compiled plain step here, and 0.05 sent a turn's first lookups long.
 EXTRA_POSITION_COST = 0.05
+EXTRA_POSITION_COST_CPU = 0.3
 # `auto` drafts stop after a token the draft gives less than this probability (Hugging
 # Face's assistant_confidence_threshold default): a long draft into free text otherwise
 # costs several plain steps for one token.
@@ -103,13 +106,15 @@ class DraftLengthController:
         cost_ratio: float | None = None,
         pair: tuple | None = None,
         costs: PairCosts | None = None,
+        position_cost: float = EXTRA_POSITION_COST,
     ):
         """`cost_ratio`: the draft step's expected cost relative to the target's (decode
         streams the weights, so their byte ratio), used until the draft is measured.
         `pair`: (target id, draft id, verify path), to start from the costs `costs` holds
-        from earlier conversations (and to add this one's)."""
+        from earlier conversations (and to add this one's). `position_cost`: a verify
+        pass's cost per extra position, in plain steps, until measured."""
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
-        self.cost_ratio = cost_ratio
+        self.cost_ratio, self.position_cost = cost_ratio, position_cost
         self.known = (costs or PairCosts()).for_pair(pair) if pair else None
         # acceptance as decayed counts, from a uniform prior (Laplace: one of each), so that
         # a scout that saw every token proposed can say so (8 of 8 reads as α ≈ 0.95)
@@ -155,7 +160,9 @@ class DraftLengthController:
         if self.drafting:  # it just stopped paying: start counting towards a probe
             self.drafting, self.plain_since_probe = False, 0
         if self.plain_since_probe >= self.probe_gap:
-            if self.scouted:  # α was just measured with the draft's cost known: no k pays
+            # α was just measured with the draft's cost known and no k pays; or the measured
+            # costs say no k could pay even if every draft were kept: a probe can only lose
+            if self.scouted or not self.could_pay():
                 return self._back_off()
             self.plain_since_probe = 0
             self.probing = True
@@ -170,9 +177,9 @@ class DraftLengthController:
         """Should the draft score the target's recent tokens now (a probe is due)?"""
         if self.mode != "auto" or self.plain_samples < PLAIN_SAMPLES_FIRST or self.scouted:
             return False
-        if self.t_draft.value is None and not self.could_pay():
-            return False
         if self.t_draft.value is not None and self.drafting:
+            return False
+        if not self.could_pay():  # α cannot change the answer: the scout's pass would be wasted
             return False
         return self.plain_since_probe >= self.probe_gap
 
@@ -243,10 +250,10 @@ class DraftLengthController:
         if not measured and self.known:  # nothing this conversation: what earlier ones measured
             measured = sorted(self.known["verify_s"].items())
         if not measured:
-            return base * (1 + EXTRA_POSITION_COST * m)
+            return base * (1 + self.position_cost * m)
         if len(measured) == 1:
             n, t = measured[0]
-            return max(base, t + EXTRA_POSITION_COST * base * (m - n))
+            return max(base, t + self.position_cost * base * (m - n))
         mean_n = sum(n for n, _ in measured) / len(measured)
         mean_t = sum(t for _, t in measured) / len(measured)
         slope = sum((n - mean_n) * (t - mean_t) for n, t in measured) / sum((n - mean_n) ** 2 for n, _ in measured)
