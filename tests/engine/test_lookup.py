@@ -245,6 +245,28 @@ def test_a_costly_verify_needs_more_acceptance():
     assert pilot.pick(QUOTE, draft_usable=False)[0] == "lookup"
 
 
+def test_before_any_verify_is_timed_a_cpu_turn_does_not_bet_on_a_long_lookup(models):
+    """A turn's first lookup has no verify timing yet. A 12-token verify assumed to cost
+    1.6 plain steps (the GPU prior) looked worth it at even odds; on this CPU it cost about
+    4-5 (Qwen-1.5B q4), so a default turn lost to plain decoding on structured text. The
+    decoder's autopilot is priced for the device it runs on."""
+    from engine.accel.speculative.controller import PairCosts
+    from engine.accel.speculative.pair import LookupOnly
+
+    target = models["llama"]
+    decoder = LookupOnly(target).make_decoder(
+        PromptCache(target.model), settings(), max_tokens=8, costs=PairCosts(), index=ContextIndex()
+    )
+    pilot = decoder.controller
+    pilot.observe_plain(0.1, 3)
+    even_odds = LookupOffer(list(range(12)), 20)  # a long match: the prior says 50/50
+    assert pilot.lookup_alpha(even_odds) == pytest.approx(0.5, abs=0.1)
+    source, k = pilot.pick(even_odds, draft_usable=False)
+    assert source == "plain" or k <= 2
+    gpu = _warmed()  # the GPU prior: long verifies are nearly free
+    assert gpu.pick(even_odds, draft_usable=False)[1] >= 4
+
+
 def test_a_faster_draft_wins_over_a_weak_lookup_and_loses_to_a_quote():
     pilot = _warmed(has_draft=True, cost_ratio=0.05)
     for _ in range(20):  # the draft keeps 90% of its tokens, at 5% of a target step

@@ -11,9 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import mlx.core as mx
+
 from engine.accel.specprefill.scoring import DraftScorer
 from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.controller import PairCosts
+from engine.accel.speculative.controller import EXTRA_POSITION_COST, EXTRA_POSITION_COST_CPU, PairCosts
 from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
 from engine.accel.speculative.lookup import ContextIndex
@@ -23,6 +25,11 @@ from kernels.native_layers import verify_path
 
 if TYPE_CHECKING:
     from engine.models.loader import LoadedModel
+
+
+def position_cost() -> float:
+    """A verify pass's cost per extra position, in plain steps, before it is measured."""
+    return EXTRA_POSITION_COST_CPU if mx.default_device() == mx.cpu else EXTRA_POSITION_COST
 
 
 @dataclass
@@ -79,6 +86,7 @@ class DraftPair:
                 cost_ratio=cost_ratio(self.draft, self.target),
                 pair=(self.target.id, self.draft.id, verify_path(self.target.model)),
                 costs=costs,
+                position_cost=position_cost(),
             )
             self.controller_key = key
         return SpeculativeDecoder(
@@ -115,6 +123,7 @@ class LookupOnly:
                 lookup=True,
                 pair=(self.target.id, None, verify_path(self.target.model)),
                 costs=costs,
+                position_cost=position_cost(),
             )
             self.controller_key = key
         return SpeculativeDecoder(
