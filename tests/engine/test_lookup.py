@@ -11,6 +11,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine.accel.speculative import decoder as speculative
 from engine.accel.speculative.autopilot import SpeculationAutopilot
+from engine.accel.speculative.controller import EXTRA_POSITION_COST
 from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 from engine.cache import PromptCache
@@ -122,6 +123,12 @@ def test_greedy_lookup_decoding_equals_plain(models, arch, mode):
     plain, plain_next = (done for done, _ in chat(Session(target, settings(spec_decode="off")), [PROMPT, "And then?"]))
     session = Session(target, settings(spec_decode=mode, num_draft=4))
     session.context_index = OracleIndex(plain.token_ids, target.model.args.vocab_size)
+    if mode == "auto":  # verifies priced as cheap before they are timed (a tiny model's are), so the
+        # turn's first lookups are long enough to hit a wrong token whatever this machine's timings
+        session.lookup_only.controller = SpeculationAutopilot(
+            "auto", 4, has_draft=False, lookup=True, position_cost=EXTRA_POSITION_COST
+        )
+        session.lookup_only.controller_key = ("auto", 4)
     done, events = chat(session, [PROMPT])[0]
     assert done.token_ids == plain.token_ids
     m = done.metrics

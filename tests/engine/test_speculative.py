@@ -476,6 +476,7 @@ def test_once_measured_costs_say_no_draft_can_pay_auto_stops_scouting_and_probin
             measured_at = step
     assert measured_at is not None and measured_at < 100
     assert scouts_after == 0 and cycles_after == 0
+    assert c.note().startswith("drafting stopped: measured, a draft step costs ~0.68x")  # said in the turn's status
 
 
 def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):

@@ -314,12 +314,11 @@ class DraftLengthController:
         return self.cost_ratio
 
     def note(self) -> str:
-        """Why `auto` drafted nothing, when it decided so without trying."""
-        if (
-            self.mode == "auto"
-            and self.t_draft.value is None
-            and self.t_plain.value is not None
-            and not self.could_pay()
-        ):
-            return f"drafting cannot pay: a draft step costs ~{self.draft_ratio():.2f}x a target step"
-        return ""
+        """Why `auto` drafts no more: decided without trying, or from what it measured."""
+        if self.mode != "auto" or self.t_plain.value is None or self.could_pay():
+            return ""
+        ratio = f"a draft step costs ~{self.draft_ratio():.2f}x a target step"
+        if self.t_draft.value is None:
+            return f"drafting cannot pay: {ratio}"
+        verify = self.verify_time(1) / self.t_plain.value
+        return f"drafting stopped: measured, {ratio} and verifying one token ~{verify:.1f}x"
