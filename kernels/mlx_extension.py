@@ -38,9 +38,10 @@ KERNELS = [
     native.CSRC / "skinny_matmul.cpp",
     native.CSRC / "attention.cpp",
     native.CSRC / "norm_rope.cpp",
+    native.CSRC / "packed_attention.cpp",
 ]
 MODULE = "_brisk_mlx_ops"
-VERSION = 5
+VERSION = 6
 
 _lock = threading.Lock()
 _state: dict = {}

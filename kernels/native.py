@@ -34,7 +34,7 @@ from kernels import prebuilt
 CSRC = Path(__file__).with_name("csrc")
 # Each source's version function and the version this Python side speaks.
 SOURCES = {
-    CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 3),
+    CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 4),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
     CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 3),
 }

@@ -2,9 +2,12 @@
 dequantize-then-attend reference: keys dense, per token or per channel (with dense recent
 rows), values dense or per token, at their own bits."""
 
+from unittest import mock
+
 import mlx.core as mx
 import pytest
 
+from kernels import mlx_extension, native
 from kernels.kv_attention import (
     kv_attention,
     kv_attention_dequantized,
@@ -15,14 +18,25 @@ from kernels.native_attention import NativeUnsupported, kv_attention_native
 from kernels.packed_kv import TOKEN_GROUP, ChannelPacked, Dense, TokenPacked
 from tests.kernels.test_quantized_attention import needs_native
 
+
+def native_ctypes(*args, **kwargs):
+    """The native kernel through its ctypes library, as on a machine without the primitives."""
+    with mock.patch.object(mlx_extension, "load", return_value=None):
+        return kv_attention_native(*args, **kwargs)
+
+
 PATHS = {
     "fused": kv_attention_fused,
     "dequantized": kv_attention_dequantized,
-    "native": kv_attention_native,
+    "native": kv_attention_native,  # the lazy MLX primitive where it can be built
+    "native_ctypes": native_ctypes,
     "dispatch": kv_attention,
     "dispatch_portable": lambda *a, **k: kv_attention(*a, native=False, **k),
 }
-PATH_PARAMS = [pytest.param(name, marks=needs_native) if name == "native" else name for name in PATHS]
+PATH_PARAMS = [pytest.param(name, marks=needs_native) if name.startswith("native") else name for name in PATHS]
+needs_primitives = pytest.mark.skipif(
+    mlx_extension.load() is None, reason=f"no MLX primitives module: {mlx_extension.unavailable_reason()}"
+)
 
 
 def layout(kind: str, x: mx.array, bits: int, recent: int = 0):
@@ -96,6 +110,35 @@ def test_native_spreads_long_contexts_over_threads_on_group_bounds(monkeypatch):
     kl, vl = layout("channel", k, 4, 11), layout("token", v, 4)
     ref = kv_attention_reference(q, kl, vl, scale=0.125)
     assert mx.allclose(kv_attention_native(q, kl, vl, scale=0.125), ref, atol=2e-4, rtol=2e-4).item()
+
+
+@needs_primitives
+def test_native_runs_as_a_lazy_primitive_without_the_ctypes_library():
+    """The node is built without evaluating anything: the ctypes path (which evaluates its
+    inputs per layer) is never asked for, and the graph stays lazy until mx.eval."""
+    q, k, v = make(14, 2, 1, 4 * TOKEN_GROUP + 5, 64, seed=4)
+    kl, vl = layout("channel", k, 4, 5), layout("token", v, 4)
+    ref = kv_attention_reference(q, kl, vl, scale=0.125)
+    with mock.patch.object(native, "load", side_effect=AssertionError("the ctypes library was used")):
+        got = kv_attention_native(q * 1.0, kl, vl, scale=0.125)
+    assert mx.allclose(got, ref, atol=2e-4, rtol=2e-4).item()
+
+
+@needs_primitives
+def test_native_primitive_reads_arrays_whose_last_axis_is_strided():
+    """A transposed view (last axis not contiguous) is copied before the kernel reads it."""
+    q, k, v = make(4, 2, 1, 3 * TOKEN_GROUP, 64, seed=5)
+    values = layout("token", v, 4)
+    strided = TokenPacked(
+        mx.contiguous(values.data.swapaxes(-1, -2)).swapaxes(-1, -2),
+        values.scales,
+        values.biases,
+        values.bits,
+        values.group,
+    )
+    keys = Dense(mx.contiguous(k.swapaxes(-1, -2)).swapaxes(-1, -2))
+    ref = kv_attention_reference(q, Dense(k), values, scale=0.125)
+    assert mx.allclose(kv_attention_native(q, keys, strided, scale=0.125), ref, atol=2e-4, rtol=2e-4).item()
 
 
 @needs_native

@@ -6,8 +6,8 @@
 // into a fresh array, and that cost SmolLM2's 4-bit decode more than the kernels' own
 // time (shared/CPU.md, issue 17). As primitives the kernels only enqueue work.
 //
-// The kernels themselves are the extern "C" functions of ../quantized_matmul.cpp and
-// ../skinny_matmul.cpp, compiled into this module; kernels/mlx_extension.py builds it
+// The kernels themselves are the extern "C" functions of ../quantized_matmul.cpp,
+// ../skinny_matmul.cpp, ../attention.cpp, ../norm_rope.cpp and ../packed_attention.cpp, compiled into this module; kernels/mlx_extension.py builds it
 // against the installed mlx wheel's headers and libmlx, with nanobind in MLX's domain so
 // the functions take and return mlx.core.array. The Python side checks every shape,
 // dtype and format before building a node: a node is only made for calls the kernel
@@ -15,9 +15,11 @@
 
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/array.h>
 #include <nanobind/stl/variant.h>
 
 #include <array>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <cstdint>
@@ -45,6 +47,8 @@ int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, i
 int brisk_attention(const float*, const float*, const float*, float*, int, int, int, int, int, int, const int64_t*,
                     const int64_t*, float, int, const float*, int);
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
+int brisk_kv_attention_flat(const float*, float*, int, int, int, int, int, int, int, float, int, const int32_t*,
+                            const void* const*, const int64_t*, const int32_t*, const void* const*, const int64_t*);
 int brisk_rope(const float*, const int64_t*, float*, int, int, int, int, int, int, float, float, int64_t, const int32_t*,
                int, const float*);
 }
@@ -332,6 +336,113 @@ class Attention : public CpuPrimitive {
   int threads_;
 };
 
+// Decode attention over a packed KV cache (../packed_attention.cpp). Inputs: the queries,
+// then for K and then V its packed data, scales and biases (when packed), its dense rows
+// (when it has any) and its per-row packed limits (keys, when given). `meta` is the kernel's
+// layout, bits, group, packed, dense_from, scales_half, dense_half for each.
+class PackedAttention : public CpuPrimitive {
+ public:
+  struct Part {
+    std::array<int32_t, 7> meta;
+    bool packed, dense, limits;
+    bool operator==(const Part&) const = default;
+  };
+
+  PackedAttention(mx::Stream s, int keys, int kv_heads, float scale, bool causal, int threads, Part k, Part v)
+      : CpuPrimitive(s), keys_(keys), kv_heads_(kv_heads), scale_(scale), causal_(causal), threads_(threads), k_(k),
+        v_(v) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array& q = inputs[0];
+    mx::array& out = outputs[0];
+    auto& encoder = prepare(inputs, out);
+    const int B = int(q.shape(0)), Hq = int(q.shape(1)), L = int(q.shape(2)), D = int(q.shape(3));
+    size_t next = 1;
+    Flat k = flat(k_, inputs, next, encoder), v = flat(v_, inputs, next, encoder);
+    encoder.dispatch([qs = row_major(q, encoder), k, v, y = out.data<float>(), B, Hq, L, D, keys = keys_,
+                      kv_heads = kv_heads_, scale = scale_, causal = causal_, threads = threads_]() {
+      qs.gather();
+      k.gather();
+      v.gather();
+      if (brisk_kv_attention_flat(qs.data(), y, B, Hq, kv_heads, L, keys, D, causal, scale, threads, k.meta.data(),
+                                  k.pointers.data(), k.strides.data(), v.meta.data(), v.pointers.data(),
+                                  v.strides.data()))
+        throw std::runtime_error("brisk packed attention declined its layout");
+    });
+  }
+
+  const char* name() const override { return "BriskPackedAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const PackedAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_ && threads_ == o.threads_ && k_ == o.k_ && v_ == o.v_ &&
+           keys_ == o.keys_ && kv_heads_ == o.kv_heads_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  // One of K or V as the kernel's flat arguments. An array whose last axis is strided (none
+  // that Brisk's caches make) is copied, element by element, just before the kernel runs.
+  struct Copy {
+    const char* source;
+    char* target;
+    size_t itemsize;
+    mx::Shape shape;
+    mx::Strides strides;
+  };
+  struct Flat {
+    std::array<int32_t, 7> meta;
+    std::array<const void*, 5> pointers{};
+    std::array<int64_t, 12> strides{};
+    std::vector<Copy> copies;
+
+    void gather() const {
+      for (const auto& c : copies) {
+        size_t i = 0;
+        for (int a = 0; a < c.shape[0]; ++a)
+          for (int b = 0; b < c.shape[1]; ++b)
+            for (int p = 0; p < c.shape[2]; ++p)
+              for (int d = 0; d < c.shape[3]; ++d, ++i) {
+                const int64_t at = a * c.strides[0] + b * c.strides[1] + p * c.strides[2] + d * c.strides[3];
+                std::memcpy(c.target + i * c.itemsize, c.source + at * c.itemsize, c.itemsize);
+              }
+      }
+    }
+  };
+
+  static Flat flat(const Part& part, const std::vector<mx::array>& inputs, size_t& next,
+                   mx::cpu::CommandEncoder& encoder) {
+    Flat f{part.meta};
+    const auto place = [&](const mx::array& a, int pointer, int stride_slot) {
+      const char* base = a.data<char>();
+      mx::Strides st = a.strides();
+      if (a.shape(-1) > 1 && st.back() != 1) {
+        mx::array copy(a.shape(), a.dtype(), nullptr, {});
+        allocate(copy);
+        f.copies.push_back({base, copy.data<char>(), a.itemsize(), a.shape(), st});
+        base = copy.data<char>();
+        st = {int64_t(a.shape(1)) * a.shape(2) * a.shape(3), int64_t(a.shape(2)) * a.shape(3), a.shape(3), 1};
+        encoder.add_temporary(std::move(copy));  // freed once the task has run
+      }
+      f.pointers[pointer] = base;
+      if (stride_slot >= 0)
+        for (int i = 0; i < 3; ++i) f.strides[stride_slot * 3 + i] = a.shape(i) == 1 ? 0 : st[i];
+    };
+    if (part.packed)
+      for (int i = 0; i < 3; ++i) place(inputs[next++], i, i);
+    if (part.dense) place(inputs[next++], 3, 3);
+    if (part.limits) f.pointers[4] = inputs[next++].data<int32_t>();
+    return f;
+  }
+
+  int keys_, kv_heads_;
+  float scale_;
+  bool causal_;
+  int threads_;
+  Part k_, v_;
+};
+
 // x * rsqrt(mean(x^2) + eps) * w over the last axis of float32 x: mx.fast.rms_norm in one node.
 class RmsNorm : public CpuPrimitive {
  public:
@@ -468,6 +579,46 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
                    std::move(inputs));
 }
 
+// `k_meta`/`v_meta`: the kernel's seven layout integers (see PackedAttention); the arrays of
+// each part as that layout has them. kernels/native_attention.py checks the layout first.
+mx::array packed_attention(const mx::array& q, int keys, int kv_heads, float scale, bool causal, int threads,
+                           std::array<int32_t, 7> k_meta, std::optional<mx::array> k_data,
+                           std::optional<mx::array> k_scales, std::optional<mx::array> k_biases,
+                           std::optional<mx::array> k_dense, std::optional<mx::array> k_limits,
+                           std::array<int32_t, 7> v_meta, std::optional<mx::array> v_data,
+                           std::optional<mx::array> v_scales, std::optional<mx::array> v_biases,
+                           std::optional<mx::array> v_dense) {
+  if (q.ndim() != 4 || q.dtype() != mx::float32 || kv_heads <= 0 || q.shape(1) % kv_heads || q.shape(2) > keys)
+    throw std::invalid_argument("packed attention queries the kernel does not take");
+  const auto s = cpu_stream();
+  std::vector<mx::array> inputs{q};
+  const auto add = [&](std::array<int32_t, 7> meta, std::optional<mx::array>& data, std::optional<mx::array>& scales,
+                       std::optional<mx::array>& biases, std::optional<mx::array>& dense,
+                       std::optional<mx::array> limits) {
+    PackedAttention::Part part{meta, data.has_value(), dense.has_value(), limits.has_value()};
+    if (part.packed != (scales.has_value() && biases.has_value()) || (!part.packed && !part.dense))
+      throw std::invalid_argument("a packed attention part with missing arrays");
+    for (auto* a : {&data, &scales, &biases, &dense})
+      if (*a && (*a)->ndim() != 4) throw std::invalid_argument("packed attention arrays of other than 4 dimensions");
+    if (part.packed) {
+      inputs.push_back(*data);
+      inputs.push_back(*scales);
+      inputs.push_back(*biases);
+    }
+    if (part.dense) inputs.push_back(*dense);
+    if (part.limits) {
+      if (limits->size() != size_t(q.shape(2))) throw std::invalid_argument("packed limits for another row count");
+      inputs.push_back(plain(*limits, mx::int32, s));
+    }
+    return part;
+  };
+  const auto k = add(k_meta, k_data, k_scales, k_biases, k_dense, k_limits);
+  const auto v = add(v_meta, v_data, v_scales, v_biases, v_dense, std::nullopt);
+  return mx::array(q.shape(), mx::float32,
+                   std::make_shared<PackedAttention>(s, keys, kv_heads, scale, causal, threads, k, v),
+                   std::move(inputs));
+}
+
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
   if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(-1) || x.dtype() != mx::float32)
     throw std::invalid_argument("rms_norm shapes or dtypes the kernel does not take");
@@ -510,9 +661,14 @@ NB_MODULE(_brisk_mlx_ops, m) {
         nb::arg("threads"));
   m.def("attention", &attention, nb::arg("queries"), nb::arg("keys"), nb::arg("values"), nb::arg("scale"),
         nb::arg("causal"), nb::arg("sinks").none(), nb::arg("length").none(), nb::arg("threads"));
+  m.def("packed_attention", &packed_attention, nb::arg("queries"), nb::arg("keys"), nb::arg("kv_heads"),
+        nb::arg("scale"), nb::arg("causal"), nb::arg("threads"), nb::arg("k_meta"), nb::arg("k_data").none(),
+        nb::arg("k_scales").none(), nb::arg("k_biases").none(), nb::arg("k_dense").none(),
+        nb::arg("k_limits").none(), nb::arg("v_meta"), nb::arg("v_data").none(), nb::arg("v_scales").none(),
+        nb::arg("v_biases").none(), nb::arg("v_dense").none());
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 5; });
+  m.def("version", [] { return 6; });
 }
