@@ -35,6 +35,7 @@ namespace {
 // on x86 and to NEON pairs on arm64, without per-ISA intrinsics.
 typedef float v8f __attribute__((vector_size(32), aligned(32)));
 typedef uint32_t v8u __attribute__((vector_size(32), aligned(32)));
+typedef int32_t v8i __attribute__((vector_size(32), aligned(32)));
 
 inline float hsum(v8f v) {
   float total = 0.f;
@@ -123,11 +124,13 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-inline v8f unpack8(const uint32_t* words, int bits) {  // eight values, lowest bits first
+// Eight values, lowest bits first. They are converted as signed integers (they are below 256):
+// AVX2 has no unsigned conversion, and GCC emulates one in five instructions instead of one.
+inline v8f unpack8(const uint32_t* words, int bits) {
   const v8u shifts4 = v8u{0, 4, 8, 12, 16, 20, 24, 28}, shifts8 = v8u{0, 8, 16, 24, 0, 8, 16, 24};
-  if (bits == 4) return __builtin_convertvector(((v8u{} + words[0]) >> shifts4) & 15u, v8f);
+  if (bits == 4) return __builtin_convertvector((v8i)(((v8u{} + words[0]) >> shifts4) & 15u), v8f);
   const uint32_t a = words[0], b = words[1];
-  return __builtin_convertvector((v8u{a, a, a, a, b, b, b, b} >> shifts8) & 255u, v8f);
+  return __builtin_convertvector((v8i)((v8u{a, a, a, a, b, b, b, b} >> shifts8) & 255u), v8f);
 }
 
 inline float load_affine_value(const void* base, int64_t index, bool half) {
