@@ -7,8 +7,9 @@
   keys are stored so that q·Kᵀ is a plain transpose=False product), so no full-precision K
   or V is made; GQA query heads are folded into matmul rows.
 - `kv_attention_dequantized`: many rows (prefill chunks): dequantize this layer's K/V
-  transiently and use MLX's SDPA (the fused matmul is the wrong tool for many rows on the
-  CPU; see quantized_attention.py).
+  transiently and attend with the fused float kernel on the CPU (kernels/fused_attention.py),
+  else MLX's SDPA (the fused matmul is the wrong tool for many rows on the CPU; see
+  quantized_attention.py).
 - `kv_attention`: the dispatcher. On the CPU, decode-like steps go to the native kernel
   (kernels/native_attention.py) when it can be had.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from kernels.fused_attention import attend
 from kernels.native_attention import NativeUnsupported, kv_attention_native
 from kernels.native_attention import available as native_available
 from kernels.packed_kv import ChannelPacked, Dense, KVLayout, TokenPacked
@@ -140,7 +142,7 @@ def kv_attention_dequantized(queries, keys: KVLayout, values: KVLayout, *, scale
     else:
         k = keys.dequantize(queries.dtype)
     v = values.dequantize(queries.dtype)
-    return mx.fast.scaled_dot_product_attention(queries, k, v, scale=scale, mask=mask)
+    return attend(queries, k, v, scale=scale, mask=mask)
 
 
 def kv_attention(

@@ -13,7 +13,8 @@ dequantizes inside the dot products, so no full-precision copy of K or V is made
 - `quantized_attention_dequantized`: for many query rows (prefill chunks, verify) the
   fused matmul is the wrong tool on the CPU (810 ms vs 82 ms at 1536 rows x 4096 keys):
   dequantizing costs ~2 ns per element, so this layer's K/V are dequantized transiently
-  and attended with MLX's SDPA, as Open-TQ-Metal does for multi-token prefill.
+  and attended as Open-TQ-Metal does for multi-token prefill: by Brisk's fused float
+  kernel on the CPU (kernels/fused_attention.py), MLX's SDPA elsewhere.
 - `quantized_attention`: the dispatcher. On the CPU, decode-like steps go to the native
   kernel (kernels/native_attention.py, built on first use) when it can be had; otherwise,
   and on every GPU backend (no Metal/CUDA kernel here yet), the portable MLX paths above,
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from kernels.fused_attention import attend
 from kernels.native_attention import NativeUnsupported, quantized_attention_native
 from kernels.native_attention import available as native_available
 
@@ -168,7 +170,7 @@ def quantized_attention_dequantized(
 ) -> mx.array:
     keys = _dequantize(q_keys, group_size, bits, queries.dtype)  # (B, Hkv, S, D), this layer only
     values = _dequantize(q_values, group_size, bits, queries.dtype)
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+    return attend(queries, keys, values, scale=scale, mask=mask)
 
 
 def quantized_attention(

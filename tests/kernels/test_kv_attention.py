@@ -141,6 +141,29 @@ def test_native_primitive_reads_arrays_whose_last_axis_is_strided():
     assert mx.allclose(kv_attention_native(q, keys, strided, scale=0.125), ref, atol=2e-4, rtol=2e-4).item()
 
 
+@needs_primitives
+def test_prefill_chunks_attend_dequantized_keys_with_the_fused_kernel(monkeypatch):
+    """Many rows (a prefill chunk) dequantize this layer's K/V and attend with Brisk's fused
+    float kernel, not MLX's CPU SDPA (which made a packed cache read a 4K prompt in twice
+    the time of a float one)."""
+    from kernels import fused_attention
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return real(*args, **kwargs)
+
+    real = fused_attention.attention_native
+    monkeypatch.setattr(fused_attention, "attention_native", counted)
+    q, k, v = make(8, 2, 40, 4 * TOKEN_GROUP + 40, 64, seed=6)
+    kl, vl = layout("channel", k, 4, 40), layout("token", v, 4)
+    ref = kv_attention_reference(q, kl, vl, scale=0.125, mask="causal")
+    got = kv_attention(q, kl, vl, scale=0.125, mask="causal")
+    assert calls == [(1, 8, 40, 64)]
+    assert mx.allclose(got, ref, atol=2e-4, rtol=2e-4).item()
+
+
 @needs_native
 def test_native_declines_a_mask_array():
     q, k, v = make(2, 1, 1, 64, 64)
