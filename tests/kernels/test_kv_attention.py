@@ -141,6 +141,30 @@ def test_native_primitive_reads_arrays_whose_last_axis_is_strided():
     assert mx.allclose(kv_attention_native(q, keys, strided, scale=0.125), ref, atol=2e-4, rtol=2e-4).item()
 
 
+@needs_native
+def test_a_verify_pass_of_many_gqa_rows_takes_the_native_kernel(monkeypatch):
+    """Nine tokens on a GQA-7 model are 63 rows per KV head: the kernel's limit is 64, and
+    past the old limit of 16 the pass went to MLX's quantized matmul (3-6x slower)."""
+    import kernels.kv_attention as dispatcher
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return kv_attention_native(*args, **kwargs)
+
+    monkeypatch.setattr(dispatcher, "kv_attention_native", counted)
+    q, k, v = make(14, 2, 9, 6 * TOKEN_GROUP + 20, 64, seed=7)
+    packed = 5 * TOKEN_GROUP
+    keys = ChannelPacked.pack(k[:, :, :packed], bits=4, recent=k[:, :, packed:].astype(mx.float16))
+    keys = ChannelPacked(keys.data, keys.scales, keys.biases, 4, keys.recent, packed, (packed,) * 9)
+    vl = layout("token", v, 4)
+    ref = kv_attention_reference(q, keys, vl, scale=0.125, mask="causal")
+    got = kv_attention(q, keys, vl, scale=0.125, mask="causal")
+    assert calls == [(1, 14, 9, 64)]
+    assert mx.allclose(got, ref, atol=2e-4, rtol=2e-4).item()
+
+
 @needs_primitives
 def test_prefill_chunks_attend_dequantized_keys_with_the_fused_kernel(monkeypatch):
     """Many rows (a prefill chunk) dequantize this layer's K/V and attend with Brisk's fused
