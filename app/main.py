@@ -34,6 +34,7 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     from app.engine_thread import EngineThread
     from app.store import Store
     from app.window import MainWindow
+    from engine.accel.speculative.costs_file import StoredPairCosts
     from engine.cache.saved import SavedCaches
     from engine.models.store import ModelStore
     from engine.settings import ChatSettings
@@ -42,7 +43,7 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     store = Store(store_path, default_location=store_path == default_database())
     # Chats' prompt caches are kept beside the database they belong to.
     saved = SavedCaches(Path(store_path).with_name(Path(store_path).name + ".caches"))
-    engine = EngineThread(worker or EngineWorker(saved_caches=saved))
+    engine = EngineThread(worker or EngineWorker(saved_caches=saved, pair_costs=StoredPairCosts()))
     window = MainWindow(
         store,
         engine,

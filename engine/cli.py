@@ -207,6 +207,7 @@ def load_for_chat(model_id: str):
 
 
 def cmd_run(args) -> int:
+    from engine.accel.speculative.costs_file import StoredPairCosts
     from engine.session import Session
 
     prompt = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
@@ -214,7 +215,7 @@ def cmd_run(args) -> int:
         raise BriskError("The prompt is empty: give some text with --prompt or --prompt-file")
     settings = settings_from_args(args)
     lm, draft = load_pair(settings)
-    session = Session(lm, settings, draft=draft)
+    session = Session(lm, settings, draft=draft, pair_costs=StoredPairCosts())
     finished = None
     for event in session.send(prompt):
         if isinstance(event, TokenEmitted) and not args.json:
@@ -263,11 +264,12 @@ def cmd_run(args) -> int:
 
 
 def cmd_chat(args) -> int:
+    from engine.accel.speculative.costs_file import StoredPairCosts
     from engine.session import CancelToken, Session
 
     settings = settings_from_args(args)
     lm, draft = load_pair(settings)
-    session = Session(lm, settings, draft=draft)
+    session = Session(lm, settings, draft=draft, pair_costs=StoredPairCosts())
     print(f"Brisk chat with {lm.id} ({lm.compute_dtype}). Ctrl-C stops an answer; Ctrl-D or /quit exits.")
     while True:
         try:

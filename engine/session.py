@@ -134,6 +134,7 @@ class Session:
             self.cache.reset()  # the cache may hold a half-applied step
             metrics.finish_reason = "error"
             yield EngineErrored(user_message(exc, context="Generation"), "internal", traceback.format_exc())
+        self.pair_costs.save()  # what this turn measured, for the next conversation (a file for the app's)
         answer.finish_reason = metrics.finish_reason
         answer.metrics = metrics.to_dict()
         if answer.content or answer.finish_reason in ("stop", "length", "context", "cancelled"):

@@ -92,6 +92,7 @@ class EngineWorker:
         *,
         memory_available: Callable[[], int] | None = None,
         saved_caches: SavedCaches | None = None,
+        pair_costs: PairCosts | None = None,
     ):
         from engine.models.bundled import load_installing_default
 
@@ -106,7 +107,8 @@ class EngineWorker:
         self._models: OrderedDict[str, object] = OrderedDict()
         self._sessions: OrderedDict[int, Session] = OrderedDict()
         self._memory_available = memory_available or _memory_available
-        self._pair_costs = PairCosts()  # measured draft/verify costs, for every chat's sessions
+        # measured draft/verify costs, for every chat's sessions (the app's outlive restarts)
+        self._pair_costs = pair_costs or PairCosts()
         self._saved = saved_caches  # prompt caches kept across app restarts (None: in memory only)
 
     def _progress(self, model_id: str, message: str) -> None:

@@ -186,6 +186,12 @@ def add_bench_parser(sub) -> None:
         default=[],
         help="k values (or auto) also run with the few-row native matmul off, e.g. 4,auto",
     )
+    p.add_argument(
+        "--cold-costs",
+        action="store_true",
+        help="every run learns the pair's draft and verify costs afresh (a first conversation with "
+        "a pair); by default the runs share what earlier ones measured, as the app's chats do",
+    )
     p.add_argument("--gen", type=_positive, default=64)
     p.add_argument("--temp", type=float, default=0.0)
     p.add_argument("--runs", type=_positive, default=2)
@@ -395,6 +401,7 @@ def _specdecode(args) -> int:
         mlx_lm_ks=args.mlx_lm,
         as_json=args.json,
         blas_ks=args.blas_verify,
+        cold_costs=args.cold_costs,
     )
     return 0
 

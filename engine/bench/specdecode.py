@@ -13,6 +13,8 @@ token rates would flatter drafting: a cycle yields its first token together with
 rest. Then the paired ratio to plain decoding, acceptance, tokens per target pass, mean k,
 and whether the output equals plain decoding's (greedy: it must). Variants marked "blas
 verify" run with the few-row native matmul off (kernels/skinny_matmul.py): its A/B.
+The runs share one PairCosts, as the app's chats do (`--cold-costs`: every run learns the
+pair's costs afresh, as the first conversation with a pair on a machine does).
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def _brisk(
     temp: float,
     seed: int,
     lookup: bool = False,
+    costs=None,
 ) -> dict:
     from engine.events import EngineErrored, TurnFinished
     from engine.session import Session
@@ -120,7 +123,8 @@ def _brisk(
         seed=seed,
         lookup=lookup,
     )
-    for event in Session(target, settings, draft=draft if mode != "off" else None).answer(list(messages)):
+    session = Session(target, settings, draft=draft if mode != "off" else None, pair_costs=costs)
+    for event in session.answer(list(messages)):
         if isinstance(event, EngineErrored):
             raise SystemExit(f"{target.id} could not answer: {event.message}")
         if isinstance(event, TurnFinished):
@@ -196,7 +200,9 @@ def run_specdecode(
     mlx_lm_ks: list[int],
     as_json: bool,
     blas_ks: Sequence[int] = (),
+    cold_costs: bool = False,
 ) -> dict:
+    from engine.accel.speculative.controller import PairCosts
     from engine.models.loader import load_model
 
     target = load_model(target_id)
@@ -209,8 +215,12 @@ def run_specdecode(
         "temperature": temp,
         "runs": runs,
         "gen": gen,
+        "cold_costs": cold_costs,
         "rows": [],
     }
+    # One PairCosts for every run, as the app's engine keeps one for all its chats (and
+    # across restarts): later runs start from the costs earlier ones measured.
+    shared = PairCosts()
     from engine.session import Message
 
     _brisk(
@@ -232,6 +242,7 @@ def run_specdecode(
                 temp=temp,
                 seed=0,
                 lookup=lookup,
+                costs=None if cold_costs else shared,
             )
 
         variants: dict[str, Callable[[], dict]] = {"plain": brisk("off"), "lookup": brisk("auto", lookup=True)}
@@ -291,7 +302,8 @@ def run_specdecode(
             )
     pair = f"draft {draft_id} ({'same' if same else 'cross'} tokenizer)" if draft is not None else "no draft model"
     print_table(
-        f"brisk bench specdecode: target {target_id}, {pair}, temperature {temp}, medians of {runs}",
+        f"brisk bench specdecode: target {target_id}, {pair}, temperature {temp}, medians of {runs}, "
+        + ("costs learned afresh every run" if cold_costs else "costs shared across runs"),
         [
             "content",
             "variant",

@@ -71,7 +71,9 @@ class EngineQueue:
         execute: Execute | None = None,
     ):
         if execute is None:
-            own = worker or EngineWorker()
+            from engine.accel.speculative.costs_file import StoredPairCosts
+
+            own = worker or EngineWorker(pair_costs=StoredPairCosts())
 
             def execute(command, cancel, deliver):
                 for event in own.handle(command, cancel):

@@ -84,16 +84,24 @@ OPTIMISTIC_ALPHA = 1.0
 
 
 class PairCosts:
-    """Draft step and verify times of each (target, draft, verify path) measured on this
-    machine. They belong to the machine and the models, not to one conversation's text, so
-    the owner (the engine worker) passes one to every session and a new conversation
-    starts from them instead of from the weight-bytes guess."""
+    """Draft step and verify costs of each (target, draft, verify path) measured on this
+    machine, in the target's plain steps. They belong to the machine and the models, not to
+    one conversation's text, so the owner (the engine worker) passes one to every session,
+    and a new conversation starts from them instead of from the weight-bytes guess. With a
+    `path` they also outlive the process: a pair measured once never has to scout and probe
+    again to learn that it cannot pay (engine/accel/speculative/pair_costs_file.py)."""
 
-    def __init__(self):
-        self._by_pair: dict[tuple, dict] = {}
+    def __init__(self, by_pair: dict[tuple, dict] | None = None):
+        self._by_pair: dict[tuple, dict] = by_pair or {}
 
     def for_pair(self, pair: tuple) -> dict:
-        return self._by_pair.setdefault(pair, {"draft_s": None, "verify_s": {}})
+        return self._by_pair.setdefault(tuple(pair), {"draft_steps": None, "verify_steps": {}})
+
+    def pairs(self) -> dict[tuple, dict]:
+        return self._by_pair
+
+    def save(self) -> None:
+        """Kept in memory only (StoredPairCosts writes a file)."""
 
 
 class DraftLengthController:
@@ -248,7 +256,7 @@ class DraftLengthController:
         base = self.t_plain.value or 1.0
         measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
         if not measured and self.known:  # nothing this conversation: what earlier ones measured
-            measured = sorted(self.known["verify_s"].items())
+            measured = sorted((n, steps * base) for n, steps in self.known["verify_steps"].items())
         if not measured:
             return base * (1 + self.position_cost * m)
         if len(measured) == 1:
@@ -297,11 +305,14 @@ class DraftLengthController:
         self._remember_costs()
 
     def _remember_costs(self) -> None:
-        if self.known is None:
+        """Keep this conversation's costs for the next, in plain steps (a later one may run at
+        another context length or machine load: the ratios carry over, the seconds do not)."""
+        plain = self.t_plain.value
+        if self.known is None or not plain:
             return
         if self.t_draft.value is not None:
-            self.known["draft_s"] = self.t_draft.value
-        self.known["verify_s"].update({m: e.value for m, e in self.t_verify.items() if e.value is not None})
+            self.known["draft_steps"] = self.t_draft.value / plain
+        self.known["verify_steps"].update({m: e.value / plain for m, e in self.t_verify.items() if e.value is not None})
 
     def draft_ratio(self) -> float | None:
         """The draft step's cost in target steps: measured in this conversation, else in an
@@ -309,8 +320,8 @@ class DraftLengthController:
         plain = self.t_plain.value
         if plain and self.t_draft.value is not None:
             return self.t_draft.value / plain
-        if plain and self.known and self.known["draft_s"] is not None:
-            return self.known["draft_s"] / plain
+        if self.known and self.known["draft_steps"] is not None:
+            return self.known["draft_steps"]
         return self.cost_ratio
 
     def note(self) -> str:
