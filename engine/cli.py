@@ -80,8 +80,9 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--uniprefill-threshold",
         type=int,
-        default=ChatSettings.uniprefill_threshold,
-        help="new-token count from which `auto` UniPrefill acts",
+        default=None,
+        help="new-token count from which `auto` UniPrefill acts (default: the break-even measured for "
+        "the model's architecture)",
     )
     p.add_argument("--keep", type=float, default=ChatSettings.sparse_keep, help="share of 32-token chunks kept (on)")
     p.add_argument(

@@ -58,7 +58,9 @@ class ChatSettings:
     uniprefill: AccelMode = "off"
     uniprefill_p: float | None = None  # attention mass kept at each drop layer (None: the model's default)
     drop_layers: list | None = None  # layer indices (None: chosen from the model's depth)
-    uniprefill_threshold: int = 4096  # `auto` acts on at least this many new tokens
+    # `auto` acts on at least this many new tokens (None: the break-even measured for the
+    # model's architecture, engine/accel/uniprefill/plan.py)
+    uniprefill_threshold: int | None = None
     # Speculative decoding (engine/accel/speculative/decoder.py) with the same draft; `auto` picks k
     # per cycle and decodes plainly when drafting would not pay.
     spec_decode: AccelMode = "auto"
@@ -113,7 +115,7 @@ class ChatSettings:
             isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 4096 for i in self.drop_layers
         ):
             problems.append(f"drop_layers must be layer indices (got {self.drop_layers!r})")
-        if self.uniprefill_threshold < 0:
+        if self.uniprefill_threshold is not None and self.uniprefill_threshold < 0:
             problems.append("uniprefill_threshold must be >= 0")
         if self.spec_decode not in SPEC_MODES:
             problems.append(f"spec_decode must be one of {SPEC_MODES}")
@@ -167,7 +169,10 @@ class ChatSettings:
     def from_dict(cls, data: dict[str, Any]) -> "ChatSettings":
         """Build from saved data, ignoring keys written by newer versions."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known}).validate()
+        kept = {k: v for k, v in data.items() if k in known}
+        if kept.get("uniprefill_threshold") == LEGACY_UNIPREFILL_THRESHOLD:
+            kept["uniprefill_threshold"] = None
+        return cls(**kept).validate()
 
 
 def layer_list(text: str) -> list[int]:
@@ -215,4 +220,16 @@ FIELD_TYPES: dict[str, type | tuple[type, ...]] = {
     "lookup": bool,
     "chat_template": bool,
 }
-OPTIONAL_FIELDS = {"system_prompt", "seed", "draft", "uniprefill_p", "drop_layers", "k_bits", "v_bits"}
+OPTIONAL_FIELDS = {
+    "system_prompt",
+    "seed",
+    "draft",
+    "uniprefill_p",
+    "drop_layers",
+    "uniprefill_threshold",
+    "k_bits",
+    "v_bits",
+}
+# The one UniPrefill threshold every chat saved before per-model break-evens carries; no
+# control set it, so it reads as "the model's" (None).
+LEGACY_UNIPREFILL_THRESHOLD = 4096

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 
 from app.preferences import measured_draft_cost
 from engine.accel.speculative.drafters import draft_compatibility
-from engine.accel.uniprefill.plan import DEFAULT_P
+from engine.accel.uniprefill.plan import ModelDefaults, defaults_for
 from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"
@@ -91,12 +91,7 @@ class SettingsPanel(QWidget):
         self.keep.setRange(5, 100)
         self.keep_label = QLabel()
         self.uniprefill = _combo(("off", "on", "auto"))
-        self.uniprefill.setToolTip(
-            "UniPrefill needs no draft: the model drops the blocks of a long prompt its own "
-            "attention ignores, from a few layers on. auto: prompts of "
-            f"{ChatSettings.uniprefill_threshold:,}+ new tokens only"
-        )
-        self.mass = _spin(0.80, 1.00, 0.01)
+        self.mass = _spin(0.80, 1.00, 0.005, decimals=3)  # per-model defaults such as 0.985
         self.mass.setToolTip(
             "Attention mass kept at each drop layer: 1.00 drops nothing; lower is faster and "
             "riskier (0.99 is the paper's setting)"
@@ -243,7 +238,7 @@ class SettingsPanel(QWidget):
         _select(self.sparse, settings.sparse_prefill)
         self.keep.setValue(round(settings.sparse_keep * 100))
         _select(self.uniprefill, settings.uniprefill)
-        self.mass.setValue(settings.uniprefill_p if settings.uniprefill_p is not None else DEFAULT_P)
+        self.mass.setValue(settings.uniprefill_p if settings.uniprefill_p is not None else self._uni_defaults().p)
         _select(self.spec, settings.spec_decode)
         self.lookup.setChecked(settings.lookup)
         self.num_draft.setValue(settings.num_draft)
@@ -288,6 +283,10 @@ class SettingsPanel(QWidget):
             max_tokens=self.max_tokens.value(),
             context_overflow=self.overflow.currentText(),
         )
+        if self._settings.uniprefill_p is None:  # the spin follows the (maybe new) model's default
+            self._loading = True
+            self.mass.setValue(self._uni_defaults().p)
+            self._loading = False
         self._refresh()
         self.changed.emit(self._settings)
 
@@ -332,12 +331,27 @@ class SettingsPanel(QWidget):
 
     def _mass(self) -> float | None:
         """The spin's p, or None (the model's default) while it shows the default untouched."""
-        value = round(self.mass.value(), 2)
-        return None if self._settings.uniprefill_p is None and value == DEFAULT_P else value
+        value = round(self.mass.value(), 3)
+        return None if self._settings.uniprefill_p is None and value == self._uni_defaults().p else value
+
+    def _uni_defaults(self) -> ModelDefaults:
+        """UniPrefill's p and `auto` break-even measured for the chat model's architecture."""
+        entry = self._entries.get(self._settings.model)
+        return defaults_for(getattr(entry, "architecture", ""))
 
     def _refresh(self) -> None:
         s = self._settings
         self.mass.setEnabled(s.uniprefill != "off")
+        threshold = s.uniprefill_threshold if s.uniprefill_threshold is not None else self._uni_defaults().break_even
+        tip = (
+            "UniPrefill needs no draft: the model drops the blocks of a long prompt its own "
+            f"attention ignores, from a few layers on. auto: prompts of {threshold:,}+ new tokens "
+            "(where it was measured to pay on this kind of model)"
+        )
+        self.uniprefill.setToolTip(tip)
+        label = self.layout().itemAt(0).layout().labelForField(self.uniprefill)
+        if label is not None:
+            label.setToolTip(tip)
         adapts = " (auto adapts it)" if s.sparse_prefill == "auto" else ""
         self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
@@ -375,11 +389,11 @@ def _combo(items) -> QComboBox:
     return combo
 
 
-def _spin(lo: float, hi: float, step: float) -> QDoubleSpinBox:
+def _spin(lo: float, hi: float, step: float, decimals: int = 2) -> QDoubleSpinBox:
     spin = QDoubleSpinBox()
+    spin.setDecimals(decimals)
     spin.setRange(lo, hi)
     spin.setSingleStep(step)
-    spin.setDecimals(2)
     return spin
 
 

@@ -6,8 +6,9 @@
   When its guard declines, nothing sparse runs: the same task would lose facts under
   UniPrefill too.
 - UniPrefill `on` runs on every prompt long enough to drop anything; `auto` only from
-  `uniprefill_threshold` new tokens on, the break-even length measured with
-  `brisk bench uniprefill` (below it the scoring costs more than the dropped work saves).
+  the break-even length `brisk bench uniprefill` measured for the model's architecture
+  (uniprefill/plan.py; below it the scoring costs more than the dropped work saves), or
+  from the chat's own `uniprefill_threshold`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.accel.specprefill.plan import SparsePlan, plan_sparse_prefill
-from engine.accel.uniprefill.plan import worth_dropping
+from engine.accel.uniprefill.plan import break_even, worth_dropping
 from engine.events import result_of
 
 PrefillMethod = Literal["dense", "specprefill", "uniprefill"]
@@ -51,8 +52,7 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
         )
     if not worth_dropping(new):
         return PrefillRoute("dense", f"dense: {new} new tokens are too few to drop any", spec)
-    if mode == "auto" and new < settings.uniprefill_threshold:
-        return PrefillRoute(
-            "dense", f"dense: {new} new tokens < UniPrefill's break-even {settings.uniprefill_threshold}", spec
-        )
+    threshold = break_even(settings, target.config)
+    if mode == "auto" and new < threshold:
+        return PrefillRoute("dense", f"dense: {new} new tokens < UniPrefill's break-even {threshold}", spec)
     return PrefillRoute("uniprefill", f"uniprefill: {mode}, {new} new tokens", spec)

@@ -65,9 +65,14 @@ class Entry:
     id: str
     parameters: int
     tokenizer_fingerprint: str
+    architecture: str
 
 
-MODELS = [Entry("big", 1_500_000_000, "qwen"), Entry("small", 500_000_000, "qwen"), Entry("tiny", 135_000_000, "smol")]
+MODELS = [
+    Entry("big", 1_500_000_000, "qwen", "qwen2"),
+    Entry("small", 500_000_000, "qwen", "qwen2"),
+    Entry("tiny", 135_000_000, "smol", "llama"),
+]
 
 
 @pytest.fixture

@@ -199,6 +199,24 @@ def test_draft_choice_updates_settings_badge(qtbot, make_window):
     assert panel.badge.text().startswith("incompatible")
 
 
+def test_uniprefill_settings_show_the_chat_models_measured_defaults(qtbot, make_window, monkeypatch):
+    from engine.accel.uniprefill import plan
+
+    monkeypatch.setitem(plan.BY_ARCHITECTURE, "qwen2", plan.ModelDefaults(p=0.985, break_even=1024))
+    panel = make_window().settings_panel
+    panel.model.setCurrentText("big")
+    panel.uniprefill.setCurrentText("auto")  # an edit elsewhere leaves p the model's (0.985 is shown whole)
+    assert round(panel.mass.value(), 3) == 0.985 and panel.settings().uniprefill_p is None
+    assert "1,024+ new tokens" in panel.uniprefill.toolTip()
+    panel.model.setCurrentText("tiny")  # llama: its own row
+    llama = plan.defaults_for("llama")
+    assert round(panel.mass.value(), 3) == llama.p and panel.settings().uniprefill_p is None
+    assert f"{llama.break_even:,}+ new tokens" in panel.uniprefill.toolTip()
+    panel.mass.setValue(0.95)  # the user's own p stays the chat's, whatever the model
+    panel.model.setCurrentText("big")
+    assert panel.settings().uniprefill_p == 0.95 and round(panel.mass.value(), 2) == 0.95
+
+
 def test_search_updates_sidebar(qtbot, make_window, engine):
     w = make_window()
     answer(engine, send(qtbot, w, "about rivers").conversation_id, ["The Vistula flows north."])

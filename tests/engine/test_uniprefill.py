@@ -293,6 +293,32 @@ def test_router_reasons(models):
     assert route_prefill(None, lm, None, tokens[:200], 0, greedy(uniprefill="on")).method == "dense"
 
 
+def test_auto_acts_from_the_break_even_measured_for_the_models_architecture(models, monkeypatch):
+    from engine.accel.uniprefill import plan
+
+    lm = models["qwen3"]  # no row of its own: the general defaults
+    tokens = random_tokens(1000)
+    route = lambda **kw: route_prefill(None, lm, None, tokens, 0, greedy(uniprefill="auto", **kw))  # noqa: E731
+    assert route().method == "dense" and f"break-even {plan.DEFAULT_BREAK_EVEN}" in route().reason
+    assert plan.default_p(lm.config) == plan.DEFAULT_P
+    monkeypatch.setitem(plan.BY_ARCHITECTURE, "qwen3", plan.ModelDefaults(p=0.97, break_even=512))
+    assert route().method == "uniprefill"  # 1,000 new tokens: past the architecture's own break-even
+    assert route(uniprefill_threshold=2048).method == "dense"  # the chat's own threshold wins
+    assert plan.default_p(lm.config) == 0.97
+    assert plan.make_uniprefill(lm, [], greedy()).p == 0.97
+    assert plan.make_uniprefill(lm, [], greedy(uniprefill_p=0.9)).p == 0.9
+
+
+def test_chats_saved_with_the_old_fixed_threshold_take_the_models_break_even():
+    assert ChatSettings.from_dict({"uniprefill_threshold": 4096}).uniprefill_threshold is None
+    assert ChatSettings.from_dict({"uniprefill_threshold": 2000}).uniprefill_threshold == 2000
+    assert ChatSettings.from_dict({}).uniprefill_threshold is None
+    with pytest.raises(InvalidSettings, match="uniprefill_threshold"):
+        ChatSettings.from_dict({"uniprefill_threshold": -1})
+    with pytest.raises(InvalidSettings, match="uniprefill_threshold"):
+        ChatSettings.from_dict({"uniprefill_threshold": "4096"})
+
+
 def test_settings_are_checked():
     with pytest.raises(InvalidSettings, match="uniprefill_p"):
         ChatSettings(uniprefill_p=1.5).validate()
