@@ -87,9 +87,9 @@ class PairCosts:
     """Draft step and verify costs of each (target, draft, verify path) measured on this
     machine, in the target's plain steps. They belong to the machine and the models, not to
     one conversation's text, so the owner (the engine worker) passes one to every session,
-    and a new conversation starts from them instead of from the weight-bytes guess. With a
-    `path` they also outlive the process: a pair measured once never has to scout and probe
-    again to learn that it cannot pay (engine/accel/speculative/pair_costs_file.py)."""
+    and a new conversation starts from them instead of from the weight-bytes guess.
+    StoredPairCosts (costs_file.py) also keeps them across restarts: a pair measured once
+    never has to scout and probe again to learn that it cannot pay."""
 
     def __init__(self, by_pair: dict[tuple, dict] | None = None):
         self._by_pair: dict[tuple, dict] = by_pair or {}

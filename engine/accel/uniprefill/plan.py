@@ -29,7 +29,8 @@ class ModelDefaults:
 #   with every quality goal kept; 0.985 1.55x, needle 3/3, counting recall 1.00 of dense
 #   (6 seeds), perplexity 0.99 of dense; 0.98 1.62x but recall 0.85.
 #   Qwen2.5-Coder-0.5B at 0.985: 1.20x at 1K, 1.44x at 2K.
-# - llama (SmolLM2-135M, p 0.99): 1.42x at 2K, 1.80x at 8K.
+# - llama (SmolLM2-135M, p 0.99): 1.42x at 2K, 1.80x at 8K. It lost the needle at 10%
+#   depth that dense finds at 0.99 and at 0.995 alike (perplexity 1.04x / 1.00x dense).
 # - gemma3_text (Gemma-3-270M): no p tested (0.95-0.99) kept the needle that dense finds at
 #   half depth; at 0.99 it was 0.99-1.13x dense at 8K and 1.10x at 16K: `auto` waits for
 #   long prompts.
