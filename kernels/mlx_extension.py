@@ -41,7 +41,7 @@ KERNELS = [
     native.CSRC / "packed_attention.cpp",
 ]
 MODULE = "_brisk_mlx_ops"
-VERSION = 6
+VERSION = 7
 
 _lock = threading.Lock()
 _state: dict = {}

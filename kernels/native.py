@@ -36,7 +36,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = {
     CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 4),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
-    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 3),
+    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 4),
 }
 
 log = logging.getLogger(__name__)

@@ -35,6 +35,7 @@ MAX_FEW_ROWS = 32
 # Read once: the dispatcher runs ~200 times per decoded token.
 INTEGER_ACTIVATIONS = os.environ.get("BRISK_INTEGER_ACTIVATIONS", "1") != "0"
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
+BITS = (4, 5, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly
 
 
 def quantized_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: int, bias=None):
@@ -65,7 +66,7 @@ def quantized_matmul_native(
     lib = native.load()
     if lib is None:
         raise NativeUnsupported(native.unavailable_reason())
-    if biases is None or bits not in (4, 8) or group_size not in (32, 64):
+    if biases is None or bits not in BITS or group_size not in (32, 64):
         raise NativeUnsupported(f"{bits}-bit weights in groups of {group_size} (mode without biases?)")
     if scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
         raise NativeUnsupported(f"scales in {scales.dtype}")
@@ -120,6 +121,8 @@ def quantized_gather_native(ids, weight, scales, biases, *, bits: int, group_siz
         raise NativeUnsupported(native.unavailable_reason())
     if biases is None or scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
         raise NativeUnsupported("scales without biases or of another dtype")
+    if bits not in BITS or group_size not in (32, 64):
+        raise NativeUnsupported(f"{bits}-bit weights in groups of {group_size}")
     primitives = mlx_extension.load()
     if primitives is not None:
         return primitives.quantized_gather(ids, weight, scales, biases, bits, group_size, SCALE_TYPES[scales.dtype])

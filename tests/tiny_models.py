@@ -158,7 +158,7 @@ def make_tiny_model(
     quantize: int | None = None,
     **overrides,
 ) -> Path:
-    """A random-weight model folder; `quantize=4` or 8 stores it as mlx-lm quantizes (groups of 32)."""
+    """A random-weight model folder; `quantize=4`, 5 or 8 stores it as mlx-lm quantizes (groups of 32)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten, tree_unflatten
@@ -190,6 +190,6 @@ def make_tiny_model(
 
 
 def make_tiny_model_by_key(folder: Path, key: str, **kwargs) -> Path:
-    """`key` is an architecture, or one with its weights quantized: "llama-q4", "qwen3-q8"."""
+    """`key` is an architecture, or one with its weights quantized: "llama-q4", "qwen2-q5", "qwen3-q8"."""
     arch, _, bits = key.partition("-q")
     return make_tiny_model(folder, arch, quantize=int(bits) if bits else None, **kwargs)

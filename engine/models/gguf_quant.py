@@ -4,12 +4,15 @@ A GGUF's quantized tensors stay quantized: a user's 98 MB Q4_1 file must not bec
 540 MB float32 model. Each tensor is converted on its own, so no float32 copy of the whole
 model exists at any point.
 
-- Q4_0, Q4_1 and Q8_0 are affine already, in blocks of 32: they map to MLX's 4- or 8-bit
-  groups of 32 exactly (Q4_0: scale d, bias -8d; Q4_1: d, m; Q8_0: d, -128d for q + 128).
+- Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 are affine already, in blocks of 32: they map to MLX's
+  4-, 5- or 8-bit groups of 32 exactly (Q4_0: scale d, bias -8d; Q4_1: d, m; Q5_0: d,
+  -16d; Q5_1: d, m; Q8_0: d, -128d for q + 128). Q5_0 is most of a Q4_K_M file whose rows
+  K-quants cannot take (Qwen2.5-0.5B's 896 columns are not a multiple of 256).
 - Other quantized types are dequantized (the `gguf` package reads them all) and quantized
   again by MLX to the nearest format that loses least: 4 bits in groups of 32 for the
   4-bit-or-less K-quants (Q4_K's sub-blocks of 32 are affine, so it maps almost exactly),
-  8 bits in groups of 32 for the 5- and 6-bit ones.
+  8 bits in groups of 32 for the 5- and 6-bit K-quants (their sub-blocks of 16 have scales
+  of their own, which one 5- or 6-bit group of 32 cannot keep).
 - Float tensors (norms, biases, an F16/F32 file) stay float.
 """
 
@@ -21,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 GROUP = 32
-DIRECT = ("Q4_0", "Q4_1", "Q8_0")
+DIRECT = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 FLOAT_TYPES = ("F32", "F16", "BF16", "F64")
 # GGUF type -> MLX bits when it is re-quantized; types not named here go to 8 bits.
 REQUANTIZED_BITS = {
@@ -74,26 +77,44 @@ def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
 
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
-    """(N, K) integers 0..2^bits-1 in MLX's packing: element k at bits * (k % (32/bits)) of word k // (32/bits)."""
+    """(N, K) integers 0..2^bits-1 in MLX's packing: each row one little-endian bit string,
+    element k at bits [bits * k, bits * (k + 1)) (for 5 bits, 8 elements in every 5 bytes)."""
     q = q.astype(np.uint8)
     if bits == 4:
         q = q[:, 0::2] | (q[:, 1::2] << 4)
+    elif bits == 5:
+        eights = q.reshape(q.shape[0], -1, 8).astype(np.uint64)
+        words = (eights << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1, dtype=np.uint64)
+        q = words[..., None].view(np.uint8)[..., :5].reshape(q.shape[0], -1)  # little-endian: low 5 bytes
     return np.ascontiguousarray(q).view(np.uint32)
 
 
+def _nibbles(blocks: np.ndarray) -> np.ndarray:
+    """A block's 32 4-bit values: GGUF keeps elements 0-15 in the low nibbles, 16-31 in the high ones."""
+    return np.concatenate([blocks & 0x0F, blocks >> 4], axis=-1)
+
+
 def direct(gguf_type: str, data: np.ndarray, rows: int) -> Quantized:
-    """Q4_0 / Q4_1 / Q8_0 blocks of 32 as MLX groups of 32, value for value."""
+    """Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks of 32 as MLX groups of 32, value for value."""
     if gguf_type == "Q8_0":  # d (f16), 32 x int8
         blocks = _blocks(data, rows, 34)
         d = _f16(blocks, 0)
         q = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).reshape(rows, -1)
         return Quantized(pack(q, 8), d, (d * np.float16(-128)).astype(np.float16), 8)
+    if gguf_type in ("Q5_0", "Q5_1"):  # d (f16)[, m (f16)], 32 high bits (u32), 16 bytes of low nibbles
+        with_min = gguf_type == "Q5_1"
+        at = 4 if with_min else 2
+        blocks = _blocks(data, rows, at + 20)
+        d = _f16(blocks, 0)
+        high = np.ascontiguousarray(blocks[..., at : at + 4]).view(np.uint32)  # bit e: element e's fifth bit
+        fifth = ((high >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8) << 4
+        q = (_nibbles(blocks[..., at + 4 :]) | fifth).reshape(rows, -1)
+        bias = _f16(blocks, 2) if with_min else (d * np.float16(-16)).astype(np.float16)
+        return Quantized(pack(q, 5), d, bias, 5)
     with_min = gguf_type == "Q4_1"  # Q4_1: d, m (f16), 16 bytes; Q4_0: d (f16), 16 bytes
     blocks = _blocks(data, rows, 20 if with_min else 18)
     d = _f16(blocks, 0)
-    nibbles = blocks[..., 4 if with_min else 2 :]
-    # GGUF keeps elements 0-15 in the low nibbles and 16-31 in the high ones.
-    q = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(rows, -1)
+    q = _nibbles(blocks[..., 4 if with_min else 2 :]).reshape(rows, -1)
     bias = _f16(blocks, 2) if with_min else (d * np.float16(-8)).astype(np.float16)
     return Quantized(pack(q, 4), d, bias, 4)
 

@@ -1,11 +1,13 @@
-// y = x @ dequantize(w).T (+ bias) for MLX's affine-quantized weights (bits 4 or 8,
+// y = x @ dequantize(w).T (+ bias) for MLX's affine-quantized weights (bits 4, 5 or 8,
 // groups of 32 or 64, scales and biases in float32, float16 or bfloat16).
 //
-// MLX stores row n of a quantized (N, K) weight as K * bits / 32 uint32 words, element k at
-// bits [bits * (k % (32 / bits)), ...) of word k / (32 / bits), and one scale s and bias b
-// per group: w = s * q + b. On the CPU, MLX's own quantized matmul reads those bytes at
-// about 1 GB/s, 4x slower than a float32 gemv; decode is bound by the bytes of weights
-// read per token, so that gave up everything quantization buys.
+// MLX stores row n of a quantized (N, K) weight as K * bits / 8 bytes, element k at bits
+// [bits * k, bits * (k + 1)) of the row read as one little-endian bit string (for 4 and 8
+// bits: nibbles and bytes in order; for 5 bits 8 elements in every 5 bytes), and one scale
+// s and bias b per group: w = s * q + b (5 bits holds GGUF's Q5_0/Q5_1 exactly). On the
+// CPU, MLX's own quantized matmul reads those bytes at about 1 GB/s, 4x slower than a
+// float32 gemv; decode is bound by the bytes of weights read per token, so that gave up
+// everything quantization buys.
 //
 // Few rows (decode, the speculative verify pass; 1-32 rows): each weight block is read once
 // and multiplied by every row of x. By default (AVX2) x is rounded to 15-bit integers per
@@ -192,6 +194,17 @@ struct Weights {
   int groups() const { return K / group; }
 };
 
+bool supported(int bits, int group) { return (bits == 4 || bits == 5 || bits == 8) && (group == 32 || group == 64); }
+
+// The 32 values of a 5-bit block (20 bytes), in order.
+inline void unpack5(const uint8_t* block, uint8_t q[kBlock]) {
+  for (int c = 0; c < 4; ++c) {
+    uint64_t chunk = 0;
+    std::memcpy(&chunk, block + 5 * c, 5);
+    for (int j = 0; j < 8; ++j) q[8 * c + j] = uint8_t((chunk >> (5 * j)) & 31);
+  }
+}
+
 // Group scales of rows [n, n + 1) as float32, `count` of them starting at `first`.
 void scales_to_float(const void* p, int type, int64_t first, int count, float* out) {
   int i = 0;
@@ -250,9 +263,12 @@ inline void widen_block(const uint8_t* row, int b, __m256 q[4]) {
     q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
     q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
   } else {
+    uint8_t unpacked[kBlock];
+    const uint8_t* bytes = row + b * 32;
+    if (BITS == 5) unpack5(row + b * 20, unpacked), bytes = unpacked;
     for (int i = 0; i < 4; ++i)
       q[i] = _mm256_cvtepi32_ps(
-          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + b * 32 + 8 * i))));
+          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * i))));
   }
 }
 
@@ -285,9 +301,11 @@ void column_dots(const uint8_t* row, const float* scale, int per_group_shift, co
   for (int r = 0; r < R; ++r) dots[r] = 0.f;
   for (int b = 0; b < blocks; ++b) {
     float q[kBlock];
+    uint8_t five[kBlock];
+    if (BITS == 5) unpack5(row + b * 20, five);
     for (int i = 0; i < kBlock; ++i) {
       const int slot = BITS == 4 ? (i % 2) * 16 + i / 2 : i;
-      q[slot] = float(BITS == 4 ? (row[b * 16 + i / 2] >> (4 * (i % 2))) & 15 : row[b * 32 + i]);
+      q[slot] = float(BITS == 4 ? (row[b * 16 + i / 2] >> (4 * (i % 2))) & 15 : BITS == 5 ? five[i] : row[b * 32 + i]);
     }
     const float s = scale[b >> per_group_shift];
     for (int r = 0; r < R; ++r) {
@@ -355,25 +373,35 @@ void parallel_columns(int N, int threads, const Column& column) {
 // both in vpmaddubsw. Plain int8 x (llama.cpp's Q8 activations) was tried first: twice as
 // cheap, but a block holding one of SmolLM2's outlier channels rounds its other values to
 // 0 or 1, and decode agreed with float x on only 95.7% of 256 greedy tokens.
-// 4-bit weights only: 8-bit ones read at memory speed on the float path already.
-// Weights are read 64 (a "span") at a time. A span's 32 bytes split into low nibbles (its
-// even elements) and high nibbles (its odd ones), so x is stored per span as its 32 evens,
-// then its 32 odds; the sums of the span's two blocks of 32 land in the low and high halves
-// of one register.
+// 4- and 5-bit weights: 8-bit ones read at memory speed on the float path already.
+// Weights are read 64 (a "span", two blocks) at a time as two registers of 32 bytes whose
+// low 128 bits hold block 0's values and high 128 bits block 1's, so the sums of the span's
+// two blocks land in the low and high halves of one register. x is stored per span in the
+// same order as the two registers:
+// - 4 bits: a span's 32 bytes split into low nibbles (its even elements) and high nibbles
+//   (its odd ones): x as the span's 32 evens, then its 32 odds;
+// - 5 bits: each block's 20 bytes unpacked into elements 0-15 and 16-31: x as block 0's
+//   0-15, block 1's 0-15, block 0's 16-31, block 1's 16-31.
 
 constexpr int kSpan = 64;
 constexpr float kLevels = 127.f * 128.f;  // |q| at most: hi stays within [-127, 127]
 
+// Where element e (0-63) of a span sits among its 64 stored values of x.
+inline int span_slot(int bits, int e) {
+  const int block = e / kBlock, i = e % kBlock;
+  return bits == 4 ? (e % 2) * 32 + e / 2 : (i / 16) * 32 + block * 16 + i % 16;
+}
+
 struct IntegerRows {
   int M = 0, K = 0, spans = 0, groups = 0;
-  std::vector<int8_t> hi, lo;  // M x K each, evens then odds per span
+  std::vector<int8_t> hi, lo;  // M x K each, per span in the weights' register order
   std::vector<float> d;        // M x spans x 8: each block's scale d, four times per half
   std::vector<float> sum;      // M x groups: float sum of x (the bias term)
   int64_t at(int m, int span) const { return int64_t(m) * K + span * kSpan; }
   const float* d_row(int m) const { return d.data() + int64_t(m) * spans * 8; }
 };
 
-void prepare_integer_rows(const float* x, int M, int K, int group, IntegerRows& out) {
+void prepare_integer_rows(const float* x, int M, int K, int bits, int group, IntegerRows& out) {
   out.M = M, out.K = K, out.spans = K / kSpan, out.groups = K / group;
   out.hi.resize(int64_t(M) * K);
   out.lo.resize(int64_t(M) * K);
@@ -388,8 +416,8 @@ void prepare_integer_rows(const float* x, int M, int K, int group, IntegerRows& 
       const float d = amax / kLevels, inverse = d > 0.f ? 1.f / d : 0.f;
       const int64_t span = out.at(m, block / 2);
       for (int i = 0; i < kBlock; ++i) {
-        const int q = int(std::nearbyint(v[i] * inverse)), e = half * kBlock + i;
-        const int64_t slot = span + (e % 2) * 32 + e / 2;
+        const int q = int(std::nearbyint(v[i] * inverse));
+        const int64_t slot = span + span_slot(bits, half * kBlock + i);
         out.hi[slot] = int8_t(q >> 7);  // arithmetic shift: floor(q / 128)
         out.lo[slot] = int8_t(q & 127);
       }
@@ -406,23 +434,73 @@ inline __m256i combine(__m256i hi_pairs, __m256i lo_pairs) {
   return _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi_pairs, ones), 7), _mm256_madd_epi16(lo_pairs, ones));
 }
 
-// sum over k of s[k / group] * w[k] * q[k] * d[k / 32] for R rows against one 4-bit row.
-template <int GROUP, int R>
+// 5-bit unpacking: the 8 elements of a 5-byte chunk, one per 16-bit lane (the two bytes
+// that hold it, or one), shifted right into place by a multiply-high: element j starts at
+// bit s = 5j % 8, and (word * 2^(16 - s)) >> 16 = word >> s. For s = 0 the byte goes in the
+// lane's high half and the multiplier is 2^8, which fits where 2^16 would not.
+struct Unpack5 {
+  __m256i pick[4], shift;
+  Unpack5() {
+    alignas(32) int8_t bytes[4][32];
+    alignas(32) uint16_t mul[16];
+    const int at[4] = {0, 5, 6, 11};  // chunks 0, 1 from a load at byte 0; 2, 3 from byte 4
+    constexpr int8_t kZero = int8_t(0x80);  // pshufb writes 0 for an index with its top bit set
+    for (int c = 0; c < 4; ++c)
+      for (int lane = 0; lane < 2; ++lane)
+        for (int j = 0; j < 8; ++j) {
+          const int byte = at[c] + 5 * j / 8, bit = 5 * j % 8;
+          int8_t* pair = &bytes[c][lane * 16 + 2 * j];
+          pair[0] = bit == 0 ? kZero : int8_t(byte);
+          pair[1] = bit == 0 ? int8_t(byte) : bit + 5 > 8 ? int8_t(byte + 1) : kZero;
+        }
+    for (int lane = 0; lane < 2; ++lane)
+      for (int j = 0; j < 8; ++j) mul[lane * 8 + j] = uint16_t(j == 0 ? 1 << 8 : 1 << (16 - 5 * j % 8));
+    for (int c = 0; c < 4; ++c) pick[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes[c]));
+    shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
+  }
+};
+
+inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low))),
+                                 _mm_loadu_si128(reinterpret_cast<const __m128i*>(high)), 1);
+}
+
+// A span's 64 weights as two registers (see above), values 0..2^bits - 1.
+template <int BITS>
+inline void span_weights(const uint8_t* row, int p, const Unpack5& five, __m256i& first, __m256i& second) {
+  if (BITS == 4) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
+    first = _mm256_and_si256(raw, nibble), second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+  } else {  // 5 bits: every load stays inside its own block's 20 bytes
+    const uint8_t* span = row + p * 40;
+    const __m256i front = two_lanes(span, span + 20), back = two_lanes(span + 4, span + 24);
+    const __m256i mask = _mm256_set1_epi16(31);  // before packing: packus saturates above 255
+    auto chunk = [&](__m256i bytes, int c) {
+      return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(bytes, five.pick[c]), five.shift), mask);
+    };
+    first = _mm256_packus_epi16(chunk(front, 0), chunk(front, 1));
+    second = _mm256_packus_epi16(chunk(back, 2), chunk(back, 3));
+  }
+}
+
+// sum over k of s[k / group] * w[k] * q[k] * d[k / 32] for R rows against one 4- or 5-bit row.
+template <int BITS, int GROUP, int R>
 void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, int m0, float* dots) {
+  static const Unpack5 five;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i nibble = _mm256_set1_epi8(0x0f);
   for (int p = 0; p < x.spans; ++p) {
     const __m256 s = GROUP == 64 ? _mm256_broadcast_ss(scale + p)
                                  : _mm256_set_m128(_mm_broadcast_ss(scale + 2 * p + 1), _mm_broadcast_ss(scale + 2 * p));
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
-    const __m256i evens = _mm256_and_si256(raw, nibble), odds = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+    __m256i first, second;
+    span_weights<BITS>(row, p, five, first, second);
     for (int r = 0; r < R; ++r) {
       const int64_t at = x.at(m0 + r, p);
-      const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(evens, load32(&x.hi[at])),
-                                          _mm256_maddubs_epi16(odds, load32(&x.hi[at + 32])));
-      const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(evens, load32(&x.lo[at])),
-                                          _mm256_maddubs_epi16(odds, load32(&x.lo[at + 32])));
+      const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.hi[at])),
+                                          _mm256_maddubs_epi16(second, load32(&x.hi[at + 32])));
+      const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.lo[at])),
+                                          _mm256_maddubs_epi16(second, load32(&x.lo[at + 32])));
       const __m256 sums = _mm256_cvtepi32_ps(combine(hi, lo));
       acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(s, _mm256_loadu_ps(x.d_row(m0 + r) + p * 8)), acc[r]);
     }
@@ -430,23 +508,24 @@ void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, 
   for (int r = 0; r < R; ++r) dots[r] = hsum(acc[r]);
 }
 
-template <int GROUP>
+template <int BITS, int GROUP>
 void integer_column(const Weights& w, const IntegerRows& x, const float* bias, float* out, int n) {
   const int groups = w.groups();
   float scale[kMaxGroups], offset[kMaxGroups], dots[kMaxRows];
   scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
   scales_to_float(w.biases, w.scale_type, int64_t(n) * groups, groups, offset);
   int m = 0;  // the same sums in the same order for a row alone or in a tile of 4
-  for (; m + 4 <= x.M; m += 4) integer_dots<GROUP, 4>(w.row(n), scale, x, m, dots + m);
-  for (; m < x.M; ++m) integer_dots<GROUP, 1>(w.row(n), scale, x, m, dots + m);
+  for (; m + 4 <= x.M; m += 4) integer_dots<BITS, GROUP, 4>(w.row(n), scale, x, m, dots + m);
+  for (; m < x.M; ++m) integer_dots<BITS, GROUP, 1>(w.row(n), scale, x, m, dots + m);
   finish_column(w, dots, offset, x.sum.data(), x.M, bias, out, n);
 }
 
+template <int BITS>
 void integer_matmul(const Weights& w, const float* x, const float* bias, float* out, int M, int threads) {
   IntegerRows rows;
-  prepare_integer_rows(x, M, w.K, w.group, rows);
+  prepare_integer_rows(x, M, w.K, BITS, w.group, rows);
   parallel_columns(w.N, threads, [&](int n) {
-    w.group == 64 ? integer_column<64>(w, rows, bias, out, n) : integer_column<32>(w, rows, bias, out, n);
+    w.group == 64 ? integer_column<BITS, 64>(w, rows, bias, out, n) : integer_column<BITS, 32>(w, rows, bias, out, n);
   });
 }
 #endif
@@ -454,9 +533,40 @@ void integer_matmul(const Weights& w, const float* x, const float* bias, float* 
 // ---------------------------------------------------------------------------------------
 // Many rows: dequantize a tile of weight rows, then sgemm.
 
+#ifdef BRISK_AVX2
+// A 5-bit row's spans unpacked as the integer path reads them, then scaled (no scalar loop
+// per element: a prefill chunk dequantizes every weight of the model once).
+void dequantize_row5(const Weights& w, int n, float* out) {
+  static const Unpack5 five;
+  const int groups = w.groups();
+  float scale[kMaxGroups], offset[kMaxGroups];
+  scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
+  scales_to_float(w.biases, w.scale_type, int64_t(n) * groups, groups, offset);
+  alignas(32) uint8_t q[kSpan];
+  for (int p = 0; p < w.K / kSpan; ++p) {
+    __m256i first, second;
+    span_weights<5>(w.row(n), p, five, first, second);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q), first);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32), second);
+    for (int e = 0; e < kSpan; e += 8) {  // 8 elements at a time, in order (consecutive slots)
+      const int g = (p * kSpan + e) / w.group;
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + span_slot(5, e)));
+      const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+      _mm256_storeu_ps(out + p * kSpan + e, _mm256_fmadd_ps(v, _mm256_set1_ps(scale[g]), _mm256_set1_ps(offset[g])));
+    }
+  }
+}
+#endif
+
 void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
   const int groups = w.K / w.group;
   for (int n = n0; n < n1; ++n) {
+#ifdef BRISK_AVX2
+    if (w.bits == 5 && w.K % kSpan == 0) {
+      dequantize_row5(w, n, dst + int64_t(n - n0) * w.K);
+      continue;
+    }
+#endif
     const uint8_t* row = w.row(n);
     float* out = dst + int64_t(n - n0) * w.K;
     for (int g = 0; g < groups; ++g) {
@@ -468,6 +578,12 @@ void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
           const uint8_t byte = row[k / 2];
           out[k] = s * float(byte & 15) + b;
           out[k + 1] = s * float(byte >> 4) + b;
+        }
+      } else if (w.bits == 5) {
+        uint8_t q[kBlock];
+        for (int k = k0; k < k0 + w.group; k += kBlock) {
+          unpack5(row + k / kBlock * 20, q);
+          for (int i = 0; i < kBlock; ++i) out[k + i] = s * float(q[i]) + b;
         }
       } else {
         for (int k = k0; k < k0 + w.group; ++k) out[k] = s * float(row[k]) + b;
@@ -494,17 +610,17 @@ extern "C" {
 // Returns 0 on success, or a positive code the caller falls back on:
 // 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
 // integer_x: round x to 15-bit integers per block of 32 (the fast path) where this build,
-// the weights and K allow it (AVX2, 4 bits, K a multiple of 64); 0 keeps x in float32.
+// the weights and K allow it (AVX2, 4 or 5 bits, K a multiple of 64); 0 keeps x in float32.
 int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                 int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
                                 int group, int threads, int integer_x) {
-  if ((bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group || N < 1) return 1;
+  if (!supported(bits, group) || K % group || N < 1) return 1;
   if (M < 1 || M > kMaxRows) return 2;
   if (K / group > kMaxGroups) return 1;
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
 #ifdef BRISK_AVX2
-  if (integer_x && bits == 4 && K % kSpan == 0) {
-    integer_matmul(weights, x, bias, out, M, threads);
+  if (integer_x && (bits == 4 || bits == 5) && K % kSpan == 0) {
+    bits == 4 ? integer_matmul<4>(weights, x, bias, out, M, threads) : integer_matmul<5>(weights, x, bias, out, M, threads);
     return 0;
   }
 #endif
@@ -513,6 +629,7 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
   prepare_rows(x, M, K, bits, group, rows);
   parallel_columns(N, threads, [&](int n) {
     if (bits == 4) few_rows_column<4>(weights, rows, bias, out, n);
+    else if (bits == 5) few_rows_column<5>(weights, rows, bias, out, n);
     else few_rows_column<8>(weights, rows, bias, out, n);
   });
   return 0;
@@ -530,7 +647,7 @@ int brisk_quantized_matmul_has_integer_x() {
 int brisk_quantized_matmul_dense(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                  int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
                                  int group, int threads) {
-  if ((bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group || N < 1 || M < 1) return 1;
+  if (!supported(bits, group) || K % group || N < 1 || M < 1) return 1;
   const Sgemm sgemm = find_sgemm();
   if (!sgemm) return 3;
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
@@ -557,7 +674,7 @@ int brisk_quantized_matmul_dense(const float* x, const uint32_t* w, const void* 
 // Rows `ids` of a quantized (V, K) embedding, dequantized: the embedding lookup.
 int brisk_quantized_gather(const int32_t* ids, int count, const uint32_t* w, const void* scales,
                            const void* biases, int scale_type, float* out, int V, int K, int bits, int group) {
-  if ((bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group) return 1;
+  if (!supported(bits, group) || K % group) return 1;
   const Weights weights{w, scales, biases, scale_type, K, V, bits, group};
   for (int i = 0; i < count; ++i) {
     if (ids[i] < 0 || ids[i] >= V) return 4;
@@ -576,5 +693,5 @@ void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* 
 // before it builds a node, since a node cannot decline once queued).
 int brisk_quantized_matmul_has_sgemm() { return find_sgemm() != nullptr; }
 
-int brisk_quantized_matmul_version() { return 3; }
+int brisk_quantized_matmul_version() { return 4; }
 }

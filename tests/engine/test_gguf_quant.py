@@ -1,4 +1,4 @@
-"""GGUF quantized tensors stay quantized: exact for Q4_0/Q4_1/Q8_0, nearest MLX format otherwise."""
+"""GGUF quantized tensors stay quantized: exact for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0, nearest MLX format otherwise."""
 
 import json
 from types import SimpleNamespace
@@ -35,7 +35,7 @@ def _mlx_values(q: gguf_quant.Quantized) -> np.ndarray:
     )
 
 
-@pytest.mark.parametrize("kind,bits", [("Q4_0", 4), ("Q4_1", 4), ("Q8_0", 8)])
+@pytest.mark.parametrize("kind,bits", [("Q4_0", 4), ("Q4_1", 4), ("Q5_0", 5), ("Q5_1", 5), ("Q8_0", 8)])
 def test_affine_gguf_blocks_map_to_mlx_groups_value_for_value(kind, bits):
     rng = np.random.default_rng(7)
     weight = (rng.standard_normal((48, 96)) * 0.05).astype(np.float32)
@@ -48,10 +48,10 @@ def test_affine_gguf_blocks_map_to_mlx_groups_value_for_value(kind, bits):
     assert gguf_quant.outcome(kind, result) == f"{bits}-bit, groups of 32, exact"
 
 
-@pytest.mark.parametrize("kind,bits", [("Q5_0", 8), ("Q5_1", 8)])
+@pytest.mark.parametrize("kind,bits", [("TQ1_0", 8)])  # the K-quants: the gguf package only reads them
 def test_other_types_are_requantized_to_the_nearest_format(kind, bits):
     rng = np.random.default_rng(8)
-    weight = (rng.standard_normal((32, 64)) * 0.05).astype(np.float32)
+    weight = (rng.standard_normal((32, 256)) * 0.05).astype(np.float32)
     tensor, data = _tensor(weight, kind)
     result = gguf_quant.convert(tensor, gguf.quants.dequantize)
     assert result.bits == bits and gguf_quant.outcome(kind, result).endswith("re-quantized")
@@ -69,7 +69,7 @@ def test_float_and_one_dimensional_tensors_stay_float32():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("kind", ["Q4_0", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "Q8_0"])
 def test_a_quantized_gguf_imports_quantized_and_answers_like_its_float_import(tmp_path, arch, kind, monkeypatch):
     from kernels import quantized_matmul
 
@@ -81,7 +81,7 @@ def test_a_quantized_gguf_imports_quantized_and_answers_like_its_float_import(tm
     kept.mkdir(), floated.mkdir()
     config = import_gguf(path, kept)
     import_gguf(path, floated, keep_quantized=False)
-    bits = 4 if kind == "Q4_0" else 8
+    bits = {"Q4_0": 4, "Q5_0": 5, "Q8_0": 8}[kind]
     assert config["quantization"]["bits"] == bits and config["quantization"]["group_size"] == 32
     assert json.loads((kept / "config.json").read_text())["quantization"] == config["quantization"]
     assert any(kind in line for line in config["brisk_source"]["tensors"])

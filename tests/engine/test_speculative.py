@@ -21,7 +21,7 @@ from engine.settings import ChatSettings
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
 # "-q4"/"-q8": the same architecture with quantized weights (native quantized layers)
-ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8"]
+ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8", "qwen2-q5"]
 PROMPTS = ["Tell me about the quick brown fox and the lazy dog.", "Zażółć gęślą jaźń, w Warszawie? 東京 🙂"]
 
 

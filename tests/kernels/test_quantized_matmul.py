@@ -42,7 +42,7 @@ def _integer_rounded(x: mx.array) -> mx.array:
     return mx.array((np.rint(v * inverse) * d).reshape(x.shape))
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])  # 5: GGUF's Q5_0/Q5_1, 8 values in every 5 bytes
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 32, 33, 40])  # 1-32 the few-row path, above it tiles + sgemm
@@ -58,47 +58,60 @@ def test_native_equals_mlx(bits, group, dtype, rows):
     assert mx.allclose(got, want.astype(mx.float32), atol=1e-4, rtol=1e-4).item()
 
 
+@pytest.mark.parametrize("rows", [1, 40])
+def test_five_bit_rows_of_an_odd_number_of_blocks_take_the_plain_unpacking(rows):
+    """K = 96 is three blocks, not whole spans of 64: the few-row and dense paths unpack 5-bit
+    blocks one at a time there (the vector unpacking reads two blocks at once)."""
+    packed, scales, biases = _quantized(21, 96, 5, 32, mx.float16, seed=rows)
+    x = mx.random.normal((rows, 96))
+    want = quantized_matmul_reference(x, packed, scales, biases, bits=5, group_size=32)
+    got = quantized_matmul_native(x, packed, scales, biases, bits=5, group_size=32)
+    assert mx.allclose(got, want.astype(mx.float32), atol=1e-4, rtol=1e-4).item()
+
+
 def _has_integer_path() -> bool:
     lib = native.load()
     return lib is not None and lib.brisk_quantized_matmul_has_integer_x() == 1
 
 
+@pytest.mark.parametrize("bits", [4, 5])
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 32])
-def test_integer_activations_equal_mlx_on_the_rounded_x(group, dtype, rows):
-    """The fast few-row path for 4-bit weights is exactly the product of x rounded to 15-bit
-    integers per block of 32 with the weights' scaled part s * q, plus each group's bias b
-    times the float sum of x: the integer sums leave only float rounding (the nibble order
-    and the split of q into two bytes included)."""
+def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows):
+    """The fast few-row path for 4- and 5-bit weights is exactly the product of x rounded to
+    15-bit integers per block of 32 with the weights' scaled part s * q, plus each group's
+    bias b times the float sum of x: the integer sums leave only float rounding (the nibble
+    order, the 5-bit unpacking and the split of q into two bytes included)."""
     if not _has_integer_path():
         pytest.skip("this build has no integer path (no AVX2): x stays float32")
-    packed, scales, biases = _quantized(67, 192, 4, group, dtype, seed=rows + group)
+    packed, scales, biases = _quantized(67, 192, bits, group, dtype, seed=rows + group + bits)
     x = mx.random.normal((1, rows, 192))
     x = x.at[0, 0, 5].add(40.0)  # an outlier channel, as SmolLM2's activations have
     bias = mx.random.normal((67,))
     s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
     offsets = mx.repeat(b32, group, axis=1)  # (N, K): each weight's b
-    scaled = mx.dequantize(packed, s32, b32, group_size=group, bits=4) - offsets
+    scaled = mx.dequantize(packed, s32, b32, group_size=group, bits=bits) - offsets
     want = _integer_rounded(x) @ scaled.T + x @ offsets.T + bias
     got = quantized_matmul_native(
-        x, packed, scales, biases, bits=4, group_size=group, bias=bias, integer_activations=True
+        x, packed, scales, biases, bits=bits, group_size=group, bias=bias, integer_activations=True
     )
     assert mx.abs(got - want).max().item() < 5e-5  # the float x would be off by 3e-4 or more here
-    exact = quantized_matmul_reference(x, packed, scales, biases, bits=4, group_size=group, bias=bias)
+    exact = quantized_matmul_reference(x, packed, scales, biases, bits=bits, group_size=group, bias=bias)
     error = mx.abs(got - exact.astype(mx.float32)).max().item() / mx.abs(exact).max().item()
     assert 0 < error < 1e-3  # the integers really are used, and cost about 1e-4 of the output
 
 
-def test_integer_rows_alone_and_in_a_tile_give_the_same_bits():
+@pytest.mark.parametrize("bits", [4, 5])
+def test_integer_rows_alone_and_in_a_tile_give_the_same_bits(bits):
     """A verify pass's rows (tiles of 4) must match one-row decode steps bit for bit, or
     greedy speculative decoding would drift from plain decoding."""
-    packed, scales, biases = _quantized(40, 256, 4, 64, mx.float16, seed=9)
+    packed, scales, biases = _quantized(40, 256, bits, 64, mx.float16, seed=9)
     x = mx.random.normal((30, 256))  # up to the few-row limit: 7 tiles of 4, then 2 rows alone
-    together = quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=64, integer_activations=True)
+    together = quantized_matmul_native(x, packed, scales, biases, bits=bits, group_size=64, integer_activations=True)
     for i in range(30):
         alone = quantized_matmul_native(
-            x[i : i + 1], packed, scales, biases, bits=4, group_size=64, integer_activations=True
+            x[i : i + 1], packed, scales, biases, bits=bits, group_size=64, integer_activations=True
         )
         assert mx.array_equal(alone[0], together[i]).item()
 
@@ -124,7 +137,7 @@ def test_shapes_the_kernel_does_not_take_are_declined():
         quantized_matmul_native(mx.ones((1, 96)), packed, scales, None, bits=4, group_size=32)
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 5, 8])
 def test_the_lookup_equals_mlx_dequantize(bits, kernel_path):
     packed, scales, biases = _quantized(50, 64, bits, 32, mx.float16, seed=3)
     ids = mx.array([[0, 49, 7], [7, 3, 1]])
