@@ -11,7 +11,7 @@ import mlx.core as mx
 
 from engine.cache import PromptCache
 from engine.compiled_decode import compiled_steps, why_not_compiled
-from engine.sampling import make_sampling, with_prompt_history
+from engine.sampling import make_sampling, needs_log_probabilities, with_prompt_history
 from engine.settings import ChatSettings
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,13 @@ def plain_steps(
     if reason is None and cache.layers is not None:
         report["decode_step"] = "compiled"
         steps = compiled_steps(
-            cache.model_view(), cache.layers, tokens[-1], max_tokens=max_tokens, sampler=sampler, processors=processors
+            cache.model_view(),
+            cache.layers,
+            tokens[-1],
+            max_tokens=max_tokens,
+            sampler=sampler,
+            processors=processors,
+            normalize=needs_log_probabilities(settings),
         )
         try:
             first = next(steps, None)  # traced here: a model the trace cannot take falls back

@@ -23,6 +23,14 @@ def make_sampling(settings: ChatSettings):
     return sampler, _processors(settings)
 
 
+def needs_log_probabilities(settings: ChatSettings) -> bool:
+    """Whether mlx-lm's sampler for these settings must see log-probabilities rather than
+    logits. Argmax, categorical sampling (softmax(x / t)), min-p (relative to the top token)
+    and top-k pick the same tokens from logits shifted by a constant; top-p takes exp() of
+    its input, which unnormalized logits could overflow."""
+    return settings.temperature > 0 and 0 < settings.top_p < 1
+
+
 # Tokens a repetition penalty looks back over (mlx-lm's default): the history processors see.
 REPETITION_CONTEXT = 20
 

@@ -11,7 +11,7 @@ from engine.cache import PromptCache
 from engine.compiled_decode import ARCHITECTURES, compiled_steps, why_not_compiled
 from engine.models.loader import load_folder
 from engine.plain_decode import plain_steps
-from engine.sampling import make_sampling
+from engine.sampling import make_sampling, needs_log_probabilities
 from engine.settings import ChatSettings
 from kernels.fused_attention import mlx_attention_only
 from tests.tiny_models import make_tiny_model_by_key
@@ -19,7 +19,7 @@ from tests.tiny_models import make_tiny_model_by_key
 PROMPT = 250  # the decode crosses a 256-position buffer boundary: the step is traced again
 
 
-CHECKED = ["llama", "qwen2", "qwen3", "llama-q4"]  # tiny models each parity test runs on
+CHECKED = ["llama", "qwen2", "qwen3", "llama-q4", "qwen2-q5"]  # tiny models each parity test runs on
 
 
 @pytest.fixture(scope="module", params=CHECKED)
@@ -52,11 +52,13 @@ def _reference(model, n, *, sampler, processors=None, seed=None, prefill=_prefil
     return [int(t) for t, _ in steps], layers
 
 
-def _compiled(model, n, *, sampler, processors=(), seed=None, take=None, prefill=_prefilled):
+def _compiled(model, n, *, sampler, processors=(), seed=None, take=None, prefill=_prefilled, normalize=True):
     layers = prefill(model)
     if seed is not None:
         mx.random.seed(seed)
-    steps = compiled_steps(model, layers, 5, max_tokens=n, sampler=sampler, processors=list(processors))
+    steps = compiled_steps(
+        model, layers, 5, max_tokens=n, sampler=sampler, processors=list(processors), normalize=normalize
+    )
     tokens = [t for _, t in zip(range(take or n), steps)]
     steps.close()
     return tokens, layers
@@ -101,6 +103,47 @@ def test_sampling_with_a_penalty_matches_generate_step(tiny):
     want, _ = _reference(tiny.model, 10, sampler=sampler, processors=processors, seed=11)
     got, _ = _compiled(tiny.model, 10, sampler=sampler, processors=processors, seed=11)
     assert got == want
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(temperature=0.0),
+        dict(temperature=0.9),
+        dict(temperature=0.9, min_p=0.05, top_k=20),
+        dict(temperature=0.9, repetition_penalty=1.3),
+    ],
+)
+def test_samplers_that_take_logits_choose_what_generate_step_chooses(tiny, settings):
+    """The step skips normalizing the logits (an exp over the vocabulary per token) where
+    the sampler picks the same tokens from logits: same seed, same tokens as generate_step."""
+    chat = ChatSettings(model="x", **settings)
+    assert not needs_log_probabilities(chat)
+    sampler, processors = make_sampling(chat)
+    want, _ = _reference(tiny.model, 10, sampler=sampler, processors=processors, seed=5)
+    got, _ = _compiled(tiny.model, 10, sampler=sampler, processors=processors, seed=5, normalize=False)
+    assert got == want
+
+
+def test_only_top_p_needs_log_probabilities():
+    assert needs_log_probabilities(ChatSettings(model="x", temperature=0.7, top_p=0.9))
+    assert not needs_log_probabilities(ChatSettings(model="x", temperature=0.0, top_p=0.9))  # argmax
+    assert not needs_log_probabilities(ChatSettings(model="x", temperature=0.7, top_p=1.0))
+
+
+def test_plain_turns_hand_the_sampler_logits_unless_it_needs_log_probabilities(tiny_llama, monkeypatch):
+    from engine import plain_decode
+
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs["normalize"])
+        return compiled_steps(*args, **kwargs)
+
+    monkeypatch.setattr(plain_decode, "compiled_steps", recording)
+    for top_p in (1.0, 0.9):
+        _plain_turn(tiny_llama, ChatSettings(model="x", temperature=0.7, top_p=top_p), {})
+    assert seen == [False, True]
 
 
 def test_mlx_attention_masks_the_spare_positions(tiny_llama):
