@@ -31,7 +31,7 @@ from types import ModuleType
 from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
-# attention.cpp and norm_rope.cpp are built only here: they have no ctypes path (MLX's own
+# attention.cpp, norm_rope.cpp and sampling.cpp are built only here: they have no ctypes path (MLX's own
 # ops are their fallback).
 KERNELS = [
     native.CSRC / "quantized_matmul.cpp",
@@ -39,9 +39,11 @@ KERNELS = [
     native.CSRC / "attention.cpp",
     native.CSRC / "norm_rope.cpp",
     native.CSRC / "packed_attention.cpp",
+    native.CSRC / "sampling.cpp",
 ]
+HEADERS = [native.CSRC / "vector_exp.h"]  # included by the kernels: part of the build's key
 MODULE = "_brisk_mlx_ops"
-VERSION = 7
+VERSION = 8
 
 _lock = threading.Lock()
 _state: dict = {}
@@ -55,7 +57,7 @@ def _package_dir(name: str) -> Path:
 
 
 def all_sources() -> list[Path]:
-    return [SOURCE, *KERNELS]
+    return [SOURCE, *KERNELS, *HEADERS]
 
 
 def suffix() -> str:

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <vector>
 
+#include "vector_exp.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define BRISK_AVX2 1
@@ -46,24 +48,7 @@ struct Problem {
 };
 
 #if BRISK_AVX2
-// 2^x for x <= 0 on eight lanes: x = n + f, 2^f by a degree-6 polynomial (rel. error ~2e-7),
-// 2^n into the exponent. Lanes under -126 (masked keys: -inf) give 0.
-inline __m256 exp2_ps(__m256 x) {
-  const __m256 low = _mm256_set1_ps(-126.f);
-  const __m256 underflow = _mm256_cmp_ps(x, low, _CMP_LT_OQ);
-  x = _mm256_max_ps(x, low);
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);  // [-0.5, 0.5]
-  __m256 p = _mm256_set1_ps(1.5353362e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3398874e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504109e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022651e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718e-1f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_andnot_ps(underflow, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
-}
+using brisk::exp2_ps;
 
 inline float hmax(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -7,7 +7,7 @@
 // time (shared/CPU.md, issue 17). As primitives the kernels only enqueue work.
 //
 // The kernels themselves are the extern "C" functions of ../quantized_matmul.cpp,
-// ../skinny_matmul.cpp, ../attention.cpp, ../norm_rope.cpp and ../packed_attention.cpp, compiled into this module; kernels/mlx_extension.py builds it
+// ../skinny_matmul.cpp, ../attention.cpp, ../norm_rope.cpp, ../packed_attention.cpp and ../sampling.cpp, compiled into this module; kernels/mlx_extension.py builds it
 // against the installed mlx wheel's headers and libmlx, with nanobind in MLX's domain so
 // the functions take and return mlx.core.array. The Python side checks every shape,
 // dtype and format before building a node: a node is only made for calls the kernel
@@ -47,6 +47,7 @@ int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, i
 int brisk_attention(const float*, const float*, const float*, float*, int, int, int, int, int, int, const int64_t*,
                     const int64_t*, float, int, const float*, int);
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
+int brisk_sample_softmax(const float*, int64_t, int, float, const float*, uint32_t*);
 int brisk_kv_attention_flat(const float*, float*, int, int, int, int, int, int, int, float, int, const int32_t*,
                             const void* const*, const int64_t*, const int32_t*, const void* const*, const int64_t*);
 int brisk_rope(const float*, const int64_t*, float*, int, int, int, int, int, int, float, float, int64_t, const int32_t*,
@@ -469,6 +470,36 @@ class RmsNorm : public CpuPrimitive {
   float eps_;
 };
 
+// A token per row of float32 logits (..., V) from softmax(logits / t), by inverse CDF on the
+// row's uniform number in [0, 1): mlx-lm's temperature sampler in one node (sampling.cpp).
+class SampleSoftmax : public CpuPrimitive {
+ public:
+  SampleSoftmax(mx::Stream s, float inv_temperature) : CpuPrimitive(s), inv_temperature_(inv_temperature) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array &logits = inputs[0], &uniforms = inputs[1];
+    mx::array& out = outputs[0];
+    auto& encoder = prepare(inputs, out);
+    encoder.dispatch([x = row_major(logits, encoder), u = uniforms.data<float>(), y = out.data<uint32_t>(),
+                      rows = leading_rows(logits), V = int(logits.shape(-1)), t = inv_temperature_]() {
+      x.gather();
+      brisk_sample_softmax(x.data(), rows, V, t, u, y);
+    });
+  }
+
+  const char* name() const override { return "BriskSampleSoftmax"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return inv_temperature_ == static_cast<const SampleSoftmax&>(other).inv_temperature_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const auto& shape = inputs[0].shape();
+    return {mx::Shape(shape.begin(), shape.end() - 1)};
+  }
+
+ private:
+  float inv_temperature_;
+};
+
 // Rotary embedding of float32 x (B, H, L, D) or (B, L, D) at positions (offset + l) * scale:
 // mx.fast.rope in one node. The offset is an integer, or an int32 array with one per batch
 // entry (sparse prefill's per-token positions). Rows are read in place through their strides
@@ -619,6 +650,17 @@ mx::array packed_attention(const mx::array& q, int keys, int kv_heads, float sca
                    std::move(inputs));
 }
 
+mx::array sample_softmax(const mx::array& logits, const mx::array& uniforms, float inv_temperature) {
+  if (logits.ndim() < 1 || logits.dtype() != mx::float32 || logits.shape(-1) < 1 || !(inv_temperature > 0.f) ||
+      uniforms.dtype() != mx::float32 || uniforms.size() != size_t(leading_rows(logits)))
+    throw std::invalid_argument("sample_softmax shapes, dtypes or temperature the kernel does not take");
+  const auto s = cpu_stream();
+  const auto& shape = logits.shape();
+  return mx::array(mx::Shape(shape.begin(), shape.end() - 1), mx::uint32,
+                   std::make_shared<SampleSoftmax>(s, inv_temperature),
+                   {logits, plain(mx::reshape(uniforms, {int(uniforms.size())}, s), mx::float32, s)});
+}
+
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
   if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(-1) || x.dtype() != mx::float32)
     throw std::invalid_argument("rms_norm shapes or dtypes the kernel does not take");
@@ -667,8 +709,9 @@ NB_MODULE(_brisk_mlx_ops, m) {
         nb::arg("k_limits").none(), nb::arg("v_meta"), nb::arg("v_data").none(), nb::arg("v_scales").none(),
         nb::arg("v_biases").none(), nb::arg("v_dense").none());
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
+  m.def("sample_softmax", &sample_softmax, nb::arg("logits"), nb::arg("uniforms"), nb::arg("inv_temperature"));
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 7; });
+  m.def("version", [] { return 8; });
 }
