@@ -83,3 +83,12 @@ def test_plain_decoding_samples_natively_at_a_bare_temperature_only():
         sampler, _ = make_sampling(ChatSettings(model="x", **{"temperature": 0.7, **filtered}))
         assert sampler.__module__.startswith("mlx_lm"), filtered
     assert temperature_sampler(0.0) is None
+
+
+def test_choosing_the_sampler_draws_nothing():
+    """Picking the sampler must not advance MLX's random state: a seeded turn's draws would shift."""
+    mx.random.seed(5)
+    want = mx.random.uniform(shape=(4,))
+    mx.random.seed(5)
+    make_sampling(ChatSettings(model="x", temperature=0.7))
+    assert mx.array_equal(mx.random.uniform(shape=(4,)), want).item()
