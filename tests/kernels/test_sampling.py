@@ -92,3 +92,22 @@ def test_choosing_the_sampler_draws_nothing():
     mx.random.seed(5)
     make_sampling(ChatSettings(model="x", temperature=0.7))
     assert mx.array_equal(mx.random.uniform(shape=(4,)), want).item()
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.5])
+def test_the_speculative_decoders_draws_follow_its_own_probabilities(penalty):
+    """TokenDistribution.draw (the speculative decoder's plain and one-off steps) takes the
+    kernel at a bare temperature, after the processors: its draws follow `probs`, the law
+    the rejection test uses."""
+    from engine.sampling import TokenDistribution
+
+    dist = TokenDistribution(ChatSettings(model="x", temperature=0.8, repetition_penalty=penalty))
+    assert dist._native is not None
+    rng = np.random.default_rng(3)
+    logits = mx.array(rng.normal(0, 1.5, (1, 23)).astype(np.float32))
+    history = [2, 5, 5, 9]
+    probs = np.asarray(dist.probs(logits, history, []))[0].astype(np.float64)
+    mx.random.seed(2)
+    tokens = np.array([dist.draw(logits, history, []).item() for _ in range(6000)])
+    stat, critical = _chi2_against(tokens, probs / probs.sum())
+    assert stat < critical, (stat, critical)

@@ -363,7 +363,7 @@ class SpeculativeDecoder:
     def _queue_step(self, token: mx.array) -> mx.array:
         logits = self._step_logits(token)
         self._held += 1
-        nxt = mx.argmax(logits, axis=-1) if self.dist.greedy else sample(self.dist.probs(logits, [], []))
+        nxt = mx.argmax(logits, axis=-1) if self.dist.greedy else self.dist.draw(logits, [], [])
         mx.async_eval(nxt)
         return nxt
 
@@ -404,7 +404,7 @@ class SpeculativeDecoder:
     def _sample_one(self, logits, sequence) -> int:
         if self.dist.greedy:
             return item_int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1))
-        return item_int(sample(self.dist.probs(logits, sequence, [])))
+        return item_int(self.dist.draw(logits, sequence, []))
 
     def _draft_cycle(self, sequence: list[int], k: int) -> list[tuple[int, str]]:
         started = time.perf_counter()
