@@ -4,7 +4,10 @@ probability distributions for speculative decoding's rejection test.
 mlx-lm's sampler applies logits processors (repetition penalty), then top-p, min-p and
 top-k on the log-probabilities, then samples softmax(logprobs / temperature). The
 distributions here follow the same order with mlx-lm's own filter functions, so a token
-accepted or resampled from them has exactly the law plain sampling would give it.
+accepted or resampled from them has exactly the law plain sampling would give it. At a bare
+temperature (no top-p, min-p or top-k) both draw with the native kernel of
+kernels/sampling.py instead: the same softmax(logits / t), without MLX's slow exp and log
+over the whole vocabulary.
 """
 
 from __future__ import annotations
