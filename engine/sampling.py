@@ -109,7 +109,7 @@ class TokenDistribution:
         """One token per row from the sampling distribution (not greedy), as
         `sample(self.probs(...))` draws it. At a bare temperature the native kernel draws from
         the same softmax(logits / t) without MLX's four passes of exp and log over the
-        vocabulary (~15 ms a token over Qwen's 152K)."""
+        vocabulary (a default chat on Qwen-0.5B: 56 -> 43 ms a token)."""
         if self._native is not None:
             return self._native(self.process(logits, history, extra))
         return sample(self.probs(logits, history, extra))

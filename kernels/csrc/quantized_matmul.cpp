@@ -459,6 +459,7 @@ struct Unpack5 {
     shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
   }
 };
+const Unpack5 kUnpack5;  // built once as the library loads: no guard on the per-column path
 
 inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low))),
@@ -467,7 +468,7 @@ inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
 
 // A span's 64 weights as two registers (see above), values 0..2^bits - 1.
 template <int BITS>
-inline void span_weights(const uint8_t* row, int p, const Unpack5& five, __m256i& first, __m256i& second) {
+inline void span_weights(const uint8_t* row, int p, __m256i& first, __m256i& second) {
   if (BITS == 4) {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
@@ -477,7 +478,7 @@ inline void span_weights(const uint8_t* row, int p, const Unpack5& five, __m256i
     const __m256i front = two_lanes(span, span + 20), back = two_lanes(span + 4, span + 24);
     const __m256i mask = _mm256_set1_epi16(31);  // before packing: packus saturates above 255
     auto chunk = [&](__m256i bytes, int c) {
-      return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(bytes, five.pick[c]), five.shift), mask);
+      return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(bytes, kUnpack5.pick[c]), kUnpack5.shift), mask);
     };
     first = _mm256_packus_epi16(chunk(front, 0), chunk(front, 1));
     second = _mm256_packus_epi16(chunk(back, 2), chunk(back, 3));
@@ -487,14 +488,13 @@ inline void span_weights(const uint8_t* row, int p, const Unpack5& five, __m256i
 // sum over k of s[k / group] * w[k] * q[k] * d[k / 32] for R rows against one 4- or 5-bit row.
 template <int BITS, int GROUP, int R>
 void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, int m0, float* dots) {
-  static const Unpack5 five;
   __m256 acc[R];
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int p = 0; p < x.spans; ++p) {
     const __m256 s = GROUP == 64 ? _mm256_broadcast_ss(scale + p)
                                  : _mm256_set_m128(_mm_broadcast_ss(scale + 2 * p + 1), _mm_broadcast_ss(scale + 2 * p));
     __m256i first, second;
-    span_weights<BITS>(row, p, five, first, second);
+    span_weights<BITS>(row, p, first, second);
     for (int r = 0; r < R; ++r) {
       const int64_t at = x.at(m0 + r, p);
       const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.hi[at])),
@@ -537,7 +537,6 @@ void integer_matmul(const Weights& w, const float* x, const float* bias, float* 
 // A 5-bit row's spans unpacked as the integer path reads them, then scaled (no scalar loop
 // per element: a prefill chunk dequantizes every weight of the model once).
 void dequantize_row5(const Weights& w, int n, float* out) {
-  static const Unpack5 five;
   const int groups = w.groups();
   float scale[kMaxGroups], offset[kMaxGroups];
   scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
@@ -545,7 +544,7 @@ void dequantize_row5(const Weights& w, int n, float* out) {
   alignas(32) uint8_t q[kSpan];
   for (int p = 0; p < w.K / kSpan; ++p) {
     __m256i first, second;
-    span_weights<5>(w.row(n), p, five, first, second);
+    span_weights<5>(w.row(n), p, first, second);
     _mm256_store_si256(reinterpret_cast<__m256i*>(q), first);
     _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32), second);
     for (int e = 0; e < kSpan; e += 8) {  // 8 elements at a time, in order (consecutive slots)
