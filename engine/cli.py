@@ -39,7 +39,7 @@ def add_sampling_args(p: argparse.ArgumentParser) -> None:
         "--kv-bits",
         type=kv_bits_choice,
         default=ChatSettings.kv_bits,
-        help="KV cache precision: 16 = unquantized, 8/4 = packed with attention on packed data, auto = "
+        help="KV cache precision: 16 = unpacked float16, 8/4 = packed with attention on packed data, auto = "
         "the smallest that passes this model's fidelity self-test (run once per model)",
     )
     p.add_argument(

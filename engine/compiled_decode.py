@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from typing import Generator, Iterator
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
 
+from engine.half_kv import DENSE_CACHES
 from kernels.fused_attention import attends_through_here
 
 # Architectures whose attention only reads `cache.offset` as RoPE's offset and calls
@@ -62,7 +62,7 @@ def why_not_compiled(model, layers: list | None, *, kv_bits: tuple[int, int]) ->
         return "attention that does not go through Brisk's (it would read the buffers' spare positions)"
     if kv_bits != (16, 16):
         return "a packed KV cache (it is repacked between tokens)"
-    if not layers or any(type(layer) is not KVCache or layer.keys is None for layer in layers):
+    if not layers or any(type(layer) not in DENSE_CACHES or layer.keys is None for layer in layers):
         return "a cache that is not one plain, filled KVCache per layer"
     if layers[0].keys.shape[0] != 1:
         return "a batch of more than one sequence"
@@ -76,9 +76,9 @@ class _FixedSlot:
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, length: mx.array):
         self.keys, self.values, self.offset, self.length = keys, values, offset, length
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        self.keys = mx.slice_update(self.keys, keys, self.offset, axes=(2,))
-        self.values = mx.slice_update(self.values, values, self.offset, axes=(2,))
+    def update_and_fetch(self, keys: mx.array, values: mx.array):  # stored as the buffers store (float16)
+        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), self.offset, axes=(2,))
+        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), self.offset, axes=(2,))
         return self.keys, self.values
 
 

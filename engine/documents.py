@@ -172,6 +172,7 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     """Would the conversation with `document` as the next user message fit the model's
     context and the memory beside the weights, at the chat's KV precision?"""
     from engine.conversation import Message
+    from engine.half_kv import STORED_ITEMSIZE
     from engine.kvcache import kv_bytes_per_token, kv_shape
     from engine.prompt import encode_messages
 
@@ -193,7 +194,7 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
             k_bits=k_bits,
             v_bits=v_bits,
             group_size=settings.kv_group_size,
-            itemsize=4,
+            itemsize=STORED_ITEMSIZE,
         )
         if shape
         else 0

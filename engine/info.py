@@ -97,6 +97,7 @@ def model_memory_info(model_id: str, *, group_size: int = 32, precision: tuple[i
     """Weights, and per KV precision (keys bits, values bits) the bytes per token and the
     longest context that fits in the memory available beside the weights (what
     Open-TQ-Metal reports as 73K -> 236K). `precision` adds a row for the chat's own choice."""
+    from engine.half_kv import STORED_ITEMSIZE
     from engine.kvcache import kv_bytes_per_token, kv_shape
     from engine.models.folder import read_config
     from engine.models.store import ModelStore
@@ -122,7 +123,7 @@ def model_memory_info(model_id: str, *, group_size: int = 32, precision: tuple[i
             k_bits=k_bits,
             v_bits=v_bits,
             group_size=group_size,
-            itemsize=4,
+            itemsize=STORED_ITEMSIZE,
         )
         rows.append(
             {

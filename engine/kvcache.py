@@ -27,6 +27,7 @@ from mlx_lm.models import cache as mlx_lm_cache
 from mlx_lm.models.cache import KVCache, QuantizedKVCache
 
 from engine.errors import InvalidSettings
+from engine.half_kv import DENSE_CACHES
 from engine.kv_stores import ChannelStore, RowStore
 from engine.mx_values import tree_leaves
 from kernels.kv_attention import kv_attention
@@ -177,7 +178,7 @@ def maybe_quantize_kv_cache(
         return
     use_packed_attention()
     for i, layer in enumerate(cache):
-        if type(layer) is KVCache and layer.offset >= max(start, 1):
+        if type(layer) in DENSE_CACHES and layer.offset >= max(start, 1):
             cache[i] = PackedKVCache.from_dense(
                 layer, k_bits=k_bits, v_bits=v_bits, group_size=group_size, key_layout=key_layout
             )

@@ -24,7 +24,7 @@ class TurnMetrics:
     kv_bytes: int = 0  # measured from the cache arrays, for the tokens they hold
     kv_bytes_formula: int = 0  # 2·layers·kv_heads·head_dim·tokens·bytes, the cross-check
     kv_bytes_allocated: int = 0  # what the buffers reserve (mlx-lm grows them in 256-token steps)
-    kv_bits: int = 16  # 16 = unquantized (the compute dtype); 8 or 4 = packed
+    kv_bits: int = 16  # 16 = unpacked float16 (engine/half_kv.py); 8 or 4 = packed
     k_bits: int = 16  # keys and values as used, each chosen separately (kv_bits is the shorthand)
     v_bits: int = 16
     kv_check: str = ""  # what this model's packed-KV self-test said about them (engine/kv_fidelity.py)

@@ -66,6 +66,27 @@ HOOKS = (
         "PackedKVCache is set on mlx_lm.models.cache, where load_prompt_cache looks classes up by name",
     ),
     Hook(
+        "mlx_lm.models.cache:KVCache",
+        "subclassed",
+        "engine.half_kv",
+        "HalfKVCache stores float32 keys and values as float16 before KVCache's own update_and_fetch",
+        ("update_and_fetch", "keys", "values", "offset", "state"),
+    ),
+    Hook(
+        "mlx_lm.models.cache:RotatingKVCache",
+        "subclassed",
+        "engine.half_kv",
+        "HalfRotatingKVCache: the sliding-window cache storing float16; built with the window's max_size and keep",
+        ("update_and_fetch", "max_size", "keep", "offset"),
+    ),
+    Hook(
+        "mlx_lm.models.cache:load_prompt_cache",
+        "injected",
+        "engine.half_kv",
+        "HalfKVCache and HalfRotatingKVCache are set on mlx_lm.models.cache, where load_prompt_cache looks classes "
+        "up by name",
+    ),
+    Hook(
         "mlx_lm.models.rope_utils:initialize_rope",
         "wrapped",
         "engine.accel.positions",

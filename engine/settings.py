@@ -38,7 +38,7 @@ class ChatSettings:
     # What to do when the conversation no longer fits the context window.
     context_overflow: OverflowPolicy = "refuse"
     prefill_step_size: int = DEFAULT_PREFILL_STEP
-    # KV cache: 16 keeps the compute dtype; 8/4 packs (engine/kvcache.py). kv_bits is the
+    # KV cache: 16 stores it unpacked in float16 (engine/half_kv.py); 8/4 packs (engine/kvcache.py). kv_bits is the
     # shorthand for both; k_bits / v_bits, when set, choose keys and values separately.
     kv_bits: int = 16
     k_bits: int | None = None

@@ -39,15 +39,16 @@ def attention_reference(queries, keys, values, *, scale: float, mask=None, sinks
 
 
 def attention_native(queries, keys, values, *, scale: float, mask=None, sinks=None, length=None) -> mx.array:
-    """softmax(q k^T * scale) v for float32 (B, H, L, D) queries and (B, Hkv, S, D) keys/values;
-    with `length` (an integer array, read when the graph runs) over the first `length` keys only."""
+    """softmax(q k^T * scale) v for float32 (B, H, L, D) queries and (B, Hkv, S, D) keys/values
+    (float32, or float16 as a half-precision KV cache stores them); with `length` (an integer
+    array, read when the graph runs) over the first `length` keys only."""
     primitives = mlx_extension.load()
     if primitives is None:
         raise NativeUnsupported(mlx_extension.unavailable_reason())
     if mask is not None and not (isinstance(mask, str) and mask == "causal"):
         raise NativeUnsupported("a mask array (sliding window, padding or sparse positions)")
-    if not all(a.dtype == mx.float32 for a in (queries, keys, values)):
-        raise NativeUnsupported("the fused attention takes float32")
+    if queries.dtype != mx.float32 or keys.dtype != values.dtype or keys.dtype not in (mx.float32, mx.float16):
+        raise NativeUnsupported("the fused attention takes float32 queries over float32 or float16 keys and values")
     try:
         return primitives.attention(queries, keys, values, float(scale), mask is not None, sinks, length, threads())
     except ValueError as declined:

@@ -41,9 +41,9 @@ KERNELS = [
     native.CSRC / "packed_attention.cpp",
     native.CSRC / "sampling.cpp",
 ]
-HEADERS = [native.CSRC / "vector_exp.h"]  # included by the kernels: part of the build's key
+HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h"]  # included by the kernels: part of the build's key
 MODULE = "_brisk_mlx_ops"
-VERSION = 8
+VERSION = 9
 
 _lock = threading.Lock()
 _state: dict = {}

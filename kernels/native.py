@@ -38,6 +38,12 @@ SOURCES = {
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
     CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 4),
 }
+HEADERS = [CSRC / "half.h"]  # included by the sources: part of the build's key
+
+
+def all_sources() -> list[Path]:
+    return [*SOURCES, *HEADERS]
+
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -149,7 +155,7 @@ def verified(library: Path) -> bool:
 
 
 def library_path(cxx: str) -> Path:
-    key = hashlib.sha256(b"".join(source.read_bytes() for source in SOURCES))
+    key = hashlib.sha256(b"".join(source.read_bytes() for source in all_sources()))
     key.update(" ".join(compile_command(cxx, Path("out"))).encode())
     key.update(f"{sys.implementation.cache_tag}-{platform.machine()}".encode())
     return cache_dir() / f"brisk_kernels-{key.hexdigest()[:16]}{'.dylib' if sys.platform == 'darwin' else '.so'}"
@@ -227,7 +233,7 @@ def status() -> prebuilt.Loaded:
             if os.environ.get("BRISK_NATIVE_KERNELS", "1") == "0":
                 _state["loaded"] = prebuilt.Loaded(None, "off", note="turned off by BRISK_NATIVE_KERNELS=0")
             else:
-                found = prebuilt.lookup("ctypes", SOURCES, {"platform": prebuilt.platform_tag()}, cpu_features())
+                found = prebuilt.lookup("ctypes", all_sources(), {"platform": prebuilt.platform_tag()}, cpu_features())
                 _state["loaded"] = prebuilt.load_first(
                     "ctypes",
                     prebuilt=found,

@@ -136,7 +136,7 @@ def build_into(target: Path) -> dict:
         "ctypes": (
             f"brisk_kernels{suffix}",
             native.compile_command,
-            list(native.SOURCES),
+            native.all_sources(),
             {"platform": platform_tag()},
         ),
         "mlx_primitives": (

@@ -73,14 +73,15 @@ def _as_row(key: str, measure: Callable[[], float]) -> Callable[[], dict]:
 
 def _filled_cache(lm, context: int, bits: int, group_size: int):
     import mlx.core as mx
-    from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
+    from mlx_lm.models.cache import trim_prompt_cache
 
+    from engine.half_kv import DENSE_CACHES, make_layers
     from engine.kvcache import maybe_quantize_kv_cache
 
     shape = attention_shape(lm.config)
-    cache = make_prompt_cache(lm.model)
+    cache = make_layers(lm.model)  # the app's cache: unpacked layers store float16
     for layer in cache:
-        n = context if type(layer) is KVCache else min(context, getattr(layer, "max_size", context))
+        n = context if type(layer) in DENSE_CACHES else min(context, getattr(layer, "max_size", context))
         keys = mx.random.normal((1, shape["kv_heads"], n, shape["head_dim"]))
         layer.update_and_fetch(keys, mx.random.normal(keys.shape))
     maybe_quantize_kv_cache(cache, k_bits=bits, v_bits=bits, group_size=group_size, start=0)

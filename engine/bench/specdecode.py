@@ -149,12 +149,12 @@ def _mlx_lm(target, draft, messages: list, *, k: int, gen: int) -> dict:
     the prompt but its last token before the clock starts."""
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
-    from mlx_lm.models.cache import make_prompt_cache
 
+    from engine.half_kv import make_layers
     from engine.prompt import encode_messages
 
     tokens = encode_messages(target, messages)
-    caches = make_prompt_cache(target.model), make_prompt_cache(draft.model)
+    caches = make_layers(target.model), make_layers(draft.model)
     for lm, cache in zip((target, draft), caches):
         lm.model(mx.array(tokens[:-1])[None], cache=cache)
         mx.eval([c.state for c in cache])
@@ -333,8 +333,8 @@ def run_acceptance(
     (matching the target's own sample, mlx-lm's rule) are computed from the two
     distributions under the same sampling settings. No sampling noise between the rules."""
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
+    from engine.half_kv import make_layers
     from engine.models.loader import load_model
     from engine.prompt import encode_messages
     from engine.sampling import TokenDistribution, sample
@@ -350,7 +350,7 @@ def run_acceptance(
     mx.random.seed(seed)
     for content in contents:
         tokens = encode_messages(target, [Message("user", FREE[content])])
-        t_cache, d_cache = make_prompt_cache(target.model), make_prompt_cache(draft.model)
+        t_cache, d_cache = make_layers(target.model), make_layers(draft.model)
         feed, rejection, match = tokens, [], []
         for _ in range(gen):
             p = dist.probs(target.model(mx.array(feed)[None], cache=t_cache)[0, -1:], tokens, [])

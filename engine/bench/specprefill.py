@@ -197,9 +197,8 @@ def run_perplexity(
     import math
     from pathlib import Path
 
-    from mlx_lm.models.cache import make_prompt_cache
-
     from engine.accel.specprefill.scoring import DraftScorer, select_chunks, sparse_prefill
+    from engine.half_kv import make_layers
     from engine.models.loader import load_model
     from engine.prefill import prefill_chunks
 
@@ -215,7 +214,7 @@ def run_perplexity(
     rows = []
     for n in lengths:
         context, cont = ids[:n], ids[n : n + continuation]
-        cache = make_prompt_cache(target.model)
+        cache = make_layers(target.model)
         list(prefill_chunks(target.model, cache, context[:-1], 512))
         full = math.exp(_continuation_nll(target.model, cache, context[-1], cont, 0))
         scorer = DraftScorer(draft)
@@ -225,7 +224,7 @@ def run_perplexity(
         )
         selection = select_chunks(importance, keep=keep)
         runs = [(s, min(e, n - 1)) for s, e in selection.runs if s < n - 1]
-        cache = make_prompt_cache(target.model)
+        cache = make_layers(target.model)
         list(sparse_prefill(target.model, cache, context, runs, base=0, step=512))
         sparse = math.exp(
             _continuation_nll(

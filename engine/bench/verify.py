@@ -30,13 +30,13 @@ def _step(model, cache, rows: int, base: int) -> dict:
 
 def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, as_json: bool) -> dict:
     import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
 
     from engine.bench.common import filler_text
+    from engine.half_kv import make_layers
     from engine.models.loader import load_model
 
     lm = load_model(model_id)
-    cache = make_prompt_cache(lm.model)
+    cache = make_layers(lm.model)
     prompt = lm.tokenizer.encode(filler_text(lm.tokenizer, context))
     for start in range(0, len(prompt), 512):
         lm.model(mx.array(prompt[start : start + 512])[None], cache=cache)

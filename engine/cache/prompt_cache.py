@@ -92,14 +92,14 @@ class PromptCache:
         """Keep the longest common prefix with `tokens` (all but the last token when
         `keep_last`: it must run to give the next logits); return how many tokens are reused.
         Fresh layers are made when there were none."""
-        from mlx_lm.models.cache import make_prompt_cache
+        from engine.half_kv import make_layers
 
         common = self.common_prefix(tokens)
         if keep_last:
             common = min(common, len(tokens) - 1)
         self.trim_to(common)
         if self.layers is None:
-            self.layers = make_prompt_cache(self.model)
+            self.layers = make_layers(self.model)
             self.tokens = []
         return len(self.tokens)
 

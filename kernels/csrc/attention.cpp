@@ -1,4 +1,5 @@
-// Fused causal attention for float32 on the CPU: softmax(q k^T * scale) v, flash style.
+// Fused causal attention on the CPU: softmax(q k^T * scale) v, flash style, float32 queries
+// over float32 or float16 keys and values.
 //
 // MLX's CPU attention materialises the score matrix and pays ~22 ns per exp: softmax was
 // 63% of SmolLM2's prefill at 2K tokens, and a 2K-context decode step spent more time in
@@ -7,7 +8,9 @@
 // on eight lanes at once.
 //
 // Layout: q (B, Hq, L, D) row-contiguous; k, v (B, Hkv, S, D) with any batch/head/position
-// strides and contiguous rows (a KV cache's sliced views as they are). Query i of L sits at
+// strides and contiguous rows (a KV cache's sliced views as they are). Float16 keys and
+// values (the KV cache's storage: half the bytes a decode step streams) are widened a block
+// at a time into float32 scratch that every query row of the unit then reads. Query i of L sits at
 // position S - L + i (MLX's "causal": a chunk after cached tokens). GQA: the Hq / Hkv query
 // heads of a KV head share every block of it they read. Attention sinks (a logit per head
 // with no value) start each row's softmax. Accumulation is in float32.
@@ -21,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "half.h"
 #include "vector_exp.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -37,15 +41,28 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 struct Problem {
   const float* q;
-  const float* k;
-  const float* v;
+  const void* k;  // float, or float16 bits when `half`
+  const void* v;
   float* out;
   int B, Hq, Hkv, L, S, D;
   int64_t k_strides[3], v_strides[3];  // batch, head, position (elements)
   float scale;  // times log2(e): the softmax runs in base 2
   bool causal;
   const float* sinks;  // (Hq,) or null: a logit per query head with no value (gpt-oss)
+  bool half;
 };
+
+// n rows of D float16 values (row r at src + r * stride) as float32 rows of D in dst.
+void widen_rows(const uint16_t* src, int64_t stride, int n, int D, float* dst) {
+  for (int r = 0; r < n; ++r, src += stride, dst += D) {
+    int d = 0;
+#if BRISK_AVX2 && defined(__F16C__)
+    for (; d < D; d += 8)
+      _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + d))));
+#endif
+    for (; d < D; ++d) dst[d] = brisk::half_to_float(src[d]);
+  }
+}
 
 #if BRISK_AVX2
 using brisk::exp2_ps;
@@ -153,7 +170,8 @@ void fold_block(const Problem& p, Row& row, const float* const* keys, const floa
 
 // One work unit: KV head `h` of batch `b`, query positions [i0, i1), every query head of
 // the group.
-void attend_unit(const Problem& p, int b, int h, int i0, int i1, std::vector<float>& scratch) {
+void attend_unit(const Problem& p, int b, int h, int i0, int i1, std::vector<float>& scratch,
+                 std::vector<float>& widened) {
   const int rep = p.Hq / p.Hkv, D = p.D, tile = i1 - i0;
   const int rows_n = rep * tile;
   scratch.assign(size_t(rows_n) * D, 0.f);
@@ -174,15 +192,23 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, std::vector<flo
       reach = std::max(reach, row.limit);
     }
   }
-  const float* k_base = p.k + b * p.k_strides[0] + h * p.k_strides[1];
-  const float* v_base = p.v + b * p.v_strides[0] + h * p.v_strides[1];
+  const int64_t k_at = b * p.k_strides[0] + h * p.k_strides[1], v_at = b * p.v_strides[0] + h * p.v_strides[1];
   const float* keys[kKeyBlock];
   const float* values[kKeyBlock];
+  if (p.half) widened.resize(size_t(2) * kKeyBlock * D);
   for (int j0 = 0; j0 < reach; j0 += kKeyBlock) {
     const int n_block = std::min(kKeyBlock, reach - j0);
-    for (int j = 0; j < n_block; ++j) {
-      keys[j] = k_base + (j0 + j) * p.k_strides[2];
-      values[j] = v_base + (j0 + j) * p.v_strides[2];
+    if (p.half) {
+      float* const block_k = widened.data();
+      float* const block_v = block_k + kKeyBlock * D;
+      widen_rows(static_cast<const uint16_t*>(p.k) + k_at + j0 * p.k_strides[2], p.k_strides[2], n_block, D, block_k);
+      widen_rows(static_cast<const uint16_t*>(p.v) + v_at + j0 * p.v_strides[2], p.v_strides[2], n_block, D, block_v);
+      for (int j = 0; j < n_block; ++j) keys[j] = block_k + j * D, values[j] = block_v + j * D;
+    } else {
+      for (int j = 0; j < n_block; ++j) {
+        keys[j] = static_cast<const float*>(p.k) + k_at + (j0 + j) * p.k_strides[2];
+        values[j] = static_cast<const float*>(p.v) + v_at + (j0 + j) * p.v_strides[2];
+      }
     }
     for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
     for (int r = 0; r < rows_n; ++r) {
@@ -207,29 +233,30 @@ extern "C" {
 
 void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);  // quantized_matmul.cpp
 
-// Returns 0, or 1 for a shape it does not take (the caller checks these first).
-int brisk_attention(const float* q, const float* k, const float* v, float* out, int B, int Hq, int Hkv, int L,
-                    int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale, int causal,
+// Returns 0, or 1 for a shape it does not take (the caller checks these first). kv_half: k
+// and v hold float16 bits, else float32.
+int brisk_attention(const float* q, const void* k, const void* v, int kv_half, float* out, int B, int Hq, int Hkv,
+                    int L, int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale, int causal,
                     const float* sinks, int threads) {
   if (B < 1 || Hkv < 1 || Hq % Hkv || Hq / Hkv > 64 || L < 1 || S < L || D < 8 || D % 8 || D > kMaxHeadDim)
     return 1;
-  Problem p{q, k, v, out, B, Hq, Hkv, L, S, D, {}, {}, scale * kLog2e, causal != 0, sinks};
+  Problem p{q, k, v, out, B, Hq, Hkv, L, S, D, {}, {}, scale * kLog2e, causal != 0, sinks, kv_half != 0};
   std::memcpy(p.k_strides, k_strides, sizeof(p.k_strides));
   std::memcpy(p.v_strides, v_strides, sizeof(p.v_strides));
   const int tiles = (L + kQueryTile - 1) / kQueryTile;
   const int units = B * Hkv * tiles;
   // Later query tiles see more keys (causal): hand them out first so the threads finish together.
-  auto run = [&](int u, std::vector<float>& scratch) {
+  auto run = [&](int u, std::vector<float>& scratch, std::vector<float>& widened) {
     const int t = tiles - 1 - u % tiles, h = (u / tiles) % Hkv, b = u / (tiles * Hkv);
-    attend_unit(p, b, h, t * kQueryTile, std::min(L, (t + 1) * kQueryTile), scratch);
+    attend_unit(p, b, h, t * kQueryTile, std::min(L, (t + 1) * kQueryTile), scratch, widened);
   };
   auto trampoline = [](void* context, int u) {
-    thread_local std::vector<float> scratch;  // the pool's threads live on: so does this
-    (*static_cast<decltype(run)*>(context))(u, scratch);
+    thread_local std::vector<float> scratch, widened;  // the pool's threads live on: so do these
+    (*static_cast<decltype(run)*>(context))(u, scratch, widened);
   };
   brisk_parallel_for(units, threads, trampoline, &run);
   return 0;
 }
 
-int brisk_attention_version() { return 1; }
+int brisk_attention_version() { return 2; }
 }

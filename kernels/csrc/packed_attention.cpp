@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "half.h"
+
 // BRISK_PORTABLE_HALF forces the plain conversion (what CPUs without F16C run; tested).
 #if defined(__F16C__) && !defined(BRISK_PORTABLE_HALF)
 #define BRISK_F16C 1
@@ -52,23 +54,7 @@ inline float half_to_float(uint16_t h) {
 #if defined(BRISK_F16C)
   return _cvtsh_ss(h);
 #else
-  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
-  if (exp == 0) {
-    if (man == 0) {
-      bits = sign;
-    } else {  // subnormal: normalize
-      exp = 113;
-      while (!(man & 0x400)) { man <<= 1; --exp; }
-      bits = sign | (exp << 23) | ((man & 0x3ff) << 13);
-    }
-  } else if (exp == 31) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return brisk::half_to_float(h);
 #endif
 }
 

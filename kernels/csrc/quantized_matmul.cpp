@@ -37,6 +37,8 @@
 #include <thread>
 #include <vector>
 
+#include "half.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define BRISK_AVX2 1
@@ -50,25 +52,7 @@ constexpr int kColumnUnit = 16;  // a thread's stretch of output columns is a mu
 
 enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  uint32_t bits;
-  if (exponent == 0x1f) {
-    bits = sign | 0x7f800000 | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else if (mantissa == 0) {
-    bits = sign;
-  } else {  // subnormal half: normalize
-    int e = -1;
-    uint32_t m = mantissa;
-    do { ++e; m <<= 1; } while (!(m & 0x400));
-    bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
+using brisk::half_to_float;
 
 inline float read_scale(const void* p, int type, int64_t i) {
   switch (type) {

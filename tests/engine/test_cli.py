@@ -159,8 +159,8 @@ def test_info_reports_blas_and_dtype(cli_home):
             "k_bits": 16,
             "v_bits": 16,
             "kv_bits": 16,
-            "bytes_per_token": 2 * 2 * 2 * 16 * 4,
-            "max_context": info["model"]["free_bytes_beside_weights"] // 512,
+            "bytes_per_token": 2 * 2 * 2 * 16 * 2,  # K and V stored float16
+            "max_context": info["model"]["free_bytes_beside_weights"] // 256,
         }
     ]
 
@@ -169,9 +169,9 @@ def test_info_plans_memory_with_the_chosen_key_and_value_bits(cli_home):
     """Keys are packed per channel (any head dim); values per token need the group to divide it."""
     out = brisk(cli_home, "info", "--json", "--model", "tiny", "--k-bits", "4", "--v-bits", "16")
     rows = json.loads(out.stdout)["model"]["kv"]
-    # 2 layers, 2 kv heads: keys 16·4/8 bytes + a float16 scale and bias per 32 tokens, values float32
+    # 2 layers, 2 kv heads: keys 16·4/8 bytes + a float16 scale and bias per 32 tokens, values float16
     assert rows[-1]["k_bits"] == 4 and rows[-1]["v_bits"] == 16
-    assert rows[-1]["bytes_per_token"] == 2 * 2 * (16 * 4 / 8 + 16 / 32 * 4 + 16 * 4)
+    assert rows[-1]["bytes_per_token"] == 2 * 2 * (16 * 4 / 8 + 16 / 32 * 4 + 16 * 2)
     text = brisk(cli_home, "info", "--model", "tiny", "--k-bits", "4", "--v-bits", "16").stdout
     assert "K bits" in text and "V bits" in text
 

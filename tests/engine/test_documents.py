@@ -85,7 +85,7 @@ def test_fit_reports_tokens_context_and_memory(tiny_llama, tmp_path):
 
 
 def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
-    """K8/V4 needs (8/8 + 4/32 + 4/8 + 4/32) / (2·4) of float32 KV per token; `auto` plans
+    """K8/V4 needs (8/8 + 4/32 + 4/8 + 4/32) / (2·2) of float16 KV per token; `auto` plans
     with what the model's self-test chose, and with 16 bits before it has run."""
     from engine import kv_fidelity as fidelity
     from engine.models.loader import load_folder
@@ -96,7 +96,7 @@ def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
     doc = read_document(tmp_path / "d.txt")
     need = lambda **kw: check_fit(lm, [], doc, ChatSettings(model="m", **kw), memory_available=2**40).kv_bytes  # noqa: E731
     dense = need()
-    assert need(k_bits=8, v_bits=4) == pytest.approx(dense * (1 + 0.125 + 0.5 + 0.125) / 8)
+    assert need(k_bits=8, v_bits=4) == pytest.approx(dense * (1 + 0.125 + 0.5 + 0.125) / 4)
     assert need(kv_auto=True) == dense
     fidelity.FidelityStore(lm.path).save(
         {

@@ -7,6 +7,7 @@ from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
 
 from engine.events import EngineErrored, TurnFinished
+from engine.half_kv import HalfKVCache
 from engine.kv_stores import decode_packed_limit
 from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
 from engine.models.loader import load_folder
@@ -51,18 +52,17 @@ def test_kv_bytes_are_exact(lm, bits, group, ratio):
     assert packed.kv_bits == packed.k_bits == packed.v_bits == bits
     held = packed_session.cached_tokens
     assert held == dense_session.cached_tokens and held >= dense.prompt_tokens + dense.generated_tokens - 1
-    # Values: int4/g32 with fp16 scale+bias = 5 bits = 5/32 of float32 (5/16 of fp16). Keys:
-    # per channel in groups of 32 tokens (also 5 bits at int4), except the 32-63 most recent
-    # tokens, which stay float16 until their group fills.
+    # Values: int4/g32 with fp16 scale+bias = 5 bits = 5/16 of the unpacked cache's float16 (5/32
+    # of float32: `ratio`). Keys: per channel in groups of 32 tokens (also 5 bits at int4),
+    # except the 32-63 most recent tokens, which stay float16 until their group fills.
     head_dim, kv_heads = 64, lm.config["num_key_value_heads"]
     layers = packed_session.cache.layers
     recent = [layer.offset - layer.k.packed for layer in layers]
     assert all(32 <= r < 64 for r in recent)
     key_row = head_dim * bits / 8 + head_dim / 32 * 4
     dense_share = sum(r * kv_heads * (head_dim * 2 - key_row) for r in recent)
-    assert (
-        packed.kv_bytes == dense.kv_bytes / 2 * ratio + dense.kv_bytes / 2 * (5 if bits == 4 else 9) / 32 + dense_share
-    )
+    half = dense.kv_bytes / 2  # the unpacked keys (or values), float16
+    assert packed.kv_bytes == half * 2 * ratio + half * (5 if bits == 4 else 9) / 16 + dense_share
 
 
 def reference_sdpa(queries, keys, values, scale, mask, group_size=64, bits=8):
@@ -132,7 +132,7 @@ def test_changing_kv_bits_rebuilds_the_cache(lm):
 def test_quantization_starts_at_the_offset(lm):
     short = Session(lm, settings(kv_bits=4, kv_quant_start=10_000))
     finish(short.send(PROMPT))
-    assert all(type(c) is KVCache for c in short.cache.layers)
+    assert all(type(c) is HalfKVCache for c in short.cache.layers)
     later = Session(lm, settings(kv_bits=4, kv_quant_start=100))
     finish(later.send(PROMPT))
     assert all(isinstance(c, PackedKVCache) for c in later.cache.layers)
@@ -143,7 +143,7 @@ def test_sliding_window_layers_work_with_int4(tmp_path):
     session = Session(gemma, settings(kv_bits=4, max_tokens=20))
     turn = finish(session.send(PROMPT))  # far longer than the 16-token window
     kinds = {type(c).__name__ for c in session.cache.layers}
-    assert kinds == {"RotatingKVCache", "PackedKVCache"}  # local layers stay dense, global ones pack
+    assert kinds == {"HalfRotatingKVCache", "PackedKVCache"}  # local layers stay dense, global ones pack
     assert turn.metrics.kv_bytes == turn.metrics.kv_bytes_formula
     assert len(turn.token_ids) == 20
 

@@ -178,8 +178,8 @@ def test_kv_bytes_measured_equals_the_formula(tiny_llama):
     session = Session(tiny_llama, ChatSettings(model="tiny", **GREEDY))
     _, done, _ = run(session.send("The quick brown fox"))
     m = done.metrics
-    # 2 (K, V) * 2 layers * 2 kv heads * 16 head dim * tokens * 4 bytes
-    assert m.kv_bytes == m.kv_bytes_formula == 2 * 2 * 2 * 16 * session.cached_tokens * 4
+    # 2 (K, V) * 2 layers * 2 kv heads * 16 head dim * tokens * 2 bytes (stored float16)
+    assert m.kv_bytes == m.kv_bytes_formula == 2 * 2 * 2 * 16 * session.cached_tokens * 2
     assert m.kv_bytes_allocated >= m.kv_bytes
     assert m.peak_memory_bytes > 0 and m.ttft_s > 0
     # generation runs from the prompt read to the last token: it holds the first-to-last

@@ -39,15 +39,17 @@ def _relative_error(got, want) -> float:
     ],
 )
 @pytest.mark.parametrize("causal", [True, False])
-def test_the_kernel_equals_mlx_attention(shape, causal):
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])  # float16: a half-precision KV cache
+def test_the_kernel_equals_mlx_attention(shape, causal, kv_dtype):
     b, hq, hkv, length, keys_n, d = shape
     mx.random.seed(sum(shape))
     q = mx.random.normal((b, hq, length, d))
     # keys and values as a KV cache hands them over: views into a longer buffer
-    k_buffer, v_buffer = mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2
+    k_buffer, v_buffer = (mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2).astype(kv_dtype)
     k, v = k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
     mask = "causal" if causal else None
-    want = attention_reference(q, k, v, scale=d**-0.5, mask=mask)
+    # the definition on the same stored values, widened: only the kernel's arithmetic differs
+    want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=d**-0.5, mask=mask)
     got = attention_native(q, k, v, scale=d**-0.5, mask=mask)
     assert got.shape == want.shape and got.dtype == mx.float32
     assert _relative_error(got, want) < 1e-5
@@ -73,12 +75,13 @@ def test_extreme_scores_neither_overflow_nor_lose_the_softmax():
     assert _relative_error(got, want) < 1e-5
 
 
-def test_rows_that_are_themselves_strided_are_copied_not_misread():
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])
+def test_rows_that_are_themselves_strided_are_copied_not_misread(kv_dtype):
     q = mx.random.normal((1, 4, 2, 64))
-    k = mx.random.normal((1, 2, 64, 10)).swapaxes(-1, -2)  # each key row strided
-    v = mx.random.normal((1, 2, 10, 64))
+    k = mx.random.normal((1, 2, 64, 10)).astype(kv_dtype).swapaxes(-1, -2)  # each key row strided
+    v = mx.random.normal((1, 2, 10, 64)).astype(kv_dtype)
     mx.eval(k)
-    want = attention_reference(q, k, v, scale=0.125, mask="causal")
+    want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=0.125, mask="causal")
     assert _relative_error(attention_native(q, k, v, scale=0.125, mask="causal"), want) < 1e-5
 
 
@@ -92,11 +95,13 @@ def test_it_runs_lazily_inside_a_compiled_graph():
     assert _relative_error(mx.compile(block)(q, k, v), want) < 1e-5
 
 
-def test_a_length_counts_only_the_first_keys_of_a_fixed_buffer():
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])
+def test_a_length_counts_only_the_first_keys_of_a_fixed_buffer(kv_dtype):
     q = mx.random.normal((1, 6, 1, 64))
-    k_buffer, v_buffer = mx.random.normal((2, 1, 2, 256, 64))
+    k_buffer, v_buffer = mx.random.normal((2, 1, 2, 256, 64)).astype(kv_dtype)
     for used in (1, 37, 256):
-        want = attention_reference(q, k_buffer[:, :, :used], v_buffer[:, :, :used], scale=0.125)
+        k, v = (b[:, :, :used].astype(mx.float32) for b in (k_buffer, v_buffer))
+        want = attention_reference(q, k, v, scale=0.125)
         got = attention_native(q, k_buffer, v_buffer, scale=0.125, length=mx.array([used], dtype=mx.int32))
         assert _relative_error(got, want) < 1e-5
         # the drop-in, given a cache with a length, masks the rest when MLX's attention runs
@@ -116,6 +121,10 @@ def test_what_the_kernel_does_not_take_is_declined():
         attention_native(q, k, v, scale=0.1, mask=mx.ones((6, 6), dtype=mx.bool_))
     with pytest.raises(NativeUnsupported, match="float32"):
         attention_native(q.astype(mx.float16), k, v, scale=0.1)
+    with pytest.raises(NativeUnsupported, match="float16"):  # keys and values of two dtypes
+        attention_native(q, k.astype(mx.float16), v, scale=0.1)
+    with pytest.raises(NativeUnsupported, match="float16"):
+        attention_native(q, k.astype(mx.bfloat16), v.astype(mx.bfloat16), scale=0.1)
     with pytest.raises(NativeUnsupported, match="shapes"):  # head dim not a multiple of 8
         attention_native(q[..., :60], k[..., :60], v[..., :60], scale=0.1)
     with pytest.raises(NativeUnsupported, match="shapes"):  # 4 query heads over 3 KV heads

@@ -44,7 +44,7 @@ int brisk_quantized_gather(const int32_t*, int, const uint32_t*, const void*, co
                            int, int);
 int brisk_quantized_matmul_has_sgemm();
 int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, int, int, int);
-int brisk_attention(const float*, const float*, const float*, float*, int, int, int, int, int, int, const int64_t*,
+int brisk_attention(const float*, const void*, const void*, int, float*, int, int, int, int, int, int, const int64_t*,
                     const int64_t*, float, int, const float*, int);
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
 int brisk_sample_softmax(const float*, int64_t, int, float, const float*, uint32_t*);
@@ -254,15 +254,16 @@ class SkinnyMatmul : public CpuPrimitive {
   bool has_bias_;
 };
 
-// softmax(q k^T * scale) v for float32 q (B, Hq, L, D), k and v (B, Hkv, S, D); causal puts
-// query i at position S - L + i (MLX's "causal"). Keys and values are read in place through
-// their strides (a KV cache's sliced views), rows copied only if a row itself is strided.
+// softmax(q k^T * scale) v for float32 q (B, Hq, L, D), k and v (B, Hkv, S, D) both float32 or
+// both float16 (a half-precision KV cache, read as it is stored); causal puts query i at
+// position S - L + i (MLX's "causal"). Keys and values are read in place through their
+// strides (a KV cache's sliced views), rows copied only if a row itself is strided.
 // With a `length` input (an int32 scalar, read when the node runs) only the first `length`
 // key positions count: a compiled decode step attends over a fixed-size cache buffer.
 class Attention : public CpuPrimitive {
  public:
-  Attention(mx::Stream s, float scale, bool causal, bool has_sinks, bool has_length, int threads)
-      : CpuPrimitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), has_length_(has_length),
+  Attention(mx::Stream s, float scale, bool causal, bool has_sinks, bool has_length, bool half, int threads)
+      : CpuPrimitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), has_length_(has_length), half_(half),
         threads_(threads) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
@@ -275,14 +276,14 @@ class Attention : public CpuPrimitive {
     const float* sinks = has_sinks_ ? inputs[3].data<float>() : nullptr;
     const int32_t* length = has_length_ ? inputs.back().data<int32_t>() : nullptr;
     encoder.dispatch([qs = row_major(q, encoder), k, v, sinks, length, y = out.data<float>(), B, Hq, Hkv, L, S, D,
-                      scale = scale_, causal = causal_, threads = threads_]() {
+                      scale = scale_, causal = causal_, half = half_, threads = threads_]() {
       qs.gather();
       k.gather_rows();
       v.gather_rows();
       if (length && (*length < L || *length > S)) throw std::out_of_range("brisk attention: a length outside the keys");
       const int used = length ? *length : S;
-      if (brisk_attention(qs.data(), k.data(), v.data(), y, B, Hq, Hkv, L, used, D, k.strides.data(), v.strides.data(),
-                          scale, causal, sinks, threads))
+      if (brisk_attention(qs.data(), k.data(), v.data(), half, y, B, Hq, Hkv, L, used, D, k.strides.data(),
+                          v.strides.data(), scale, causal, sinks, threads))
         throw std::runtime_error("brisk attention declined its shapes");
     });
   }
@@ -292,7 +293,7 @@ class Attention : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const Attention&>(other);
     return scale_ == o.scale_ && causal_ == o.causal_ && has_sinks_ == o.has_sinks_ && has_length_ == o.has_length_ &&
-           threads_ == o.threads_;
+           half_ == o.half_ && threads_ == o.threads_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
@@ -302,13 +303,14 @@ class Attention : public CpuPrimitive {
   // itself is strided (rare: a transposed cache), gathered into a contiguous copy on the
   // stream just before the kernel runs.
   struct View {
-    const float* source;
-    float* copy = nullptr;
+    const char* source;
+    char* copy = nullptr;
+    size_t item;  // bytes per element: 4, or 2 for float16
     mx::Shape shape;
     mx::Strides source_strides;
     std::array<int64_t, 3> strides;
 
-    const float* data() const { return copy ? copy : source; }
+    const void* data() const { return copy ? copy : source; }
     void gather_rows() const {
       if (!copy) return;
       int64_t i = 0;
@@ -316,16 +318,18 @@ class Attention : public CpuPrimitive {
       for (int b = 0; b < shape[0]; ++b)
         for (int h = 0; h < shape[1]; ++h)
           for (int p = 0; p < shape[2]; ++p)
-            for (int d = 0; d < shape[3]; ++d) copy[i++] = source[b * st[0] + h * st[1] + p * st[2] + d * st[3]];
+            for (int d = 0; d < shape[3]; ++d, ++i)
+              std::memcpy(copy + i * item, source + (b * st[0] + h * st[1] + p * st[2] + d * st[3]) * item, item);
     }
   };
 
   static View view(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
-    View v{a.data<float>(), nullptr, a.shape(), a.strides(), {a.strides()[0], a.strides()[1], a.strides()[2]}};
+    View v{a.data<char>(), nullptr, a.itemsize(), a.shape(), a.strides(),
+           {a.strides()[0], a.strides()[1], a.strides()[2]}};
     if (a.strides().back() != 1 && a.shape(-1) != 1) {
-      mx::array copy(a.shape(), mx::float32, nullptr, {});
+      mx::array copy(a.shape(), a.dtype(), nullptr, {});
       allocate(copy);
-      v.copy = copy.data<float>();
+      v.copy = copy.data<char>();
       v.strides = {int64_t(a.shape(1)) * a.shape(2) * a.shape(3), int64_t(a.shape(2)) * a.shape(3), a.shape(3)};
       encoder.add_temporary(std::move(copy));  // freed once the task has run
     }
@@ -333,7 +337,7 @@ class Attention : public CpuPrimitive {
   }
 
   float scale_;
-  bool causal_, has_sinks_, has_length_;
+  bool causal_, has_sinks_, has_length_, half_;
   int threads_;
 };
 
@@ -597,8 +601,9 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   if (sinks && (sinks->ndim() != 1 || sinks->shape(0) != q.shape(1)))
     throw std::invalid_argument("attention sinks of a shape the kernel does not take (one per query head)");
   const auto s = cpu_stream();
-  std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), mx::astype(k, mx::float32, s),
-                                mx::astype(v, mx::float32, s)};
+  const bool half = k.dtype() == mx::float16 && v.dtype() == mx::float16;  // read as stored
+  const auto kv_type = half ? mx::float16 : mx::float32;
+  std::vector<mx::array> inputs{mx::astype(q, mx::float32, s), mx::astype(k, kv_type, s), mx::astype(v, kv_type, s)};
   if (sinks) inputs.push_back(plain(*sinks, mx::float32, s));
   if (length) {
     if (length->size() != 1 || !mx::issubdtype(length->dtype(), mx::integer))
@@ -606,7 +611,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     inputs.push_back(plain(*length, mx::int32, s));
   }
   return mx::array(q.shape(), mx::float32,
-                   std::make_shared<Attention>(s, scale, causal, sinks.has_value(), length.has_value(), threads),
+                   std::make_shared<Attention>(s, scale, causal, sinks.has_value(), length.has_value(), half, threads),
                    std::move(inputs));
 }
 
@@ -713,5 +718,5 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 8; });
+  m.def("version", [] { return 9; });
 }
