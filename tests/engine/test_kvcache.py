@@ -4,7 +4,7 @@ models, prompt-cache trimming, start offset, sliding-window layers."""
 import mlx.core as mx
 import pytest
 from mlx_lm.models import base as mlx_lm_base
-from mlx_lm.models.cache import KVCache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 from engine.events import EngineErrored, TurnFinished
 from engine.half_kv import HalfKVCache
