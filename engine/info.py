@@ -46,6 +46,12 @@ def _native_kernel_path() -> str:  # one library holds both CPU kernels
     return "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})"
 
 
+def _quantized_products() -> str:
+    from kernels.quantized_matmul import integer_products
+
+    return integer_products()
+
+
 def describe_kernels(loaded) -> str:
     """One line: where a native library came from, and why when not prebuilt."""
     where = f" ({loaded.path})" if loaded.path else ""
@@ -86,6 +92,7 @@ def engine_info() -> dict:
             if compute_dtype_name() == "float32"
             else "MLX (the native kernel takes float32 on the CPU)"
         ),
+        "quantized_products": _quantized_products(),
         **kernel_origins(),
         "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
         "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",

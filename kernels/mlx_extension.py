@@ -43,7 +43,7 @@ KERNELS = [
 ]
 HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h"]  # included by the kernels: part of the build's key
 MODULE = "_brisk_mlx_ops"
-VERSION = 9
+VERSION = 10
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -14,6 +14,8 @@ scale, so weights and x meet in integer multiply-adds (about 2x faster decode la
 rounding costs about 1e-4 of a layer's output). `BRISK_INTEGER_ACTIVATIONS=0`, or
 `integer_activations=False` per call, keeps x in float32, where the kernel agrees with the
 reference to float rounding (about 1e-6 relative); more rows always keep x in float32.
+On CPUs with AVX512-VNNI (found at run time) the integer products use vpdpbusd, which also
+takes 8-bit weights; `vnni=False` keeps the AVX2 products (the same bits for 4 and 5 bits).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ from kernels.native_attention import NativeUnsupported, threads
 MAX_FEW_ROWS = 32
 # Read once: the dispatcher runs ~200 times per decoded token.
 INTEGER_ACTIVATIONS = os.environ.get("BRISK_INTEGER_ACTIVATIONS", "1") != "0"
+# BRISK_VNNI=0 keeps AVX2's integer products on a CPU with VNNI-512 (the A/B partner).
+VNNI = os.environ.get("BRISK_VNNI", "1") != "0"
+# The kernel's integer_x argument: x kept float32, rounded to integers with the fastest
+# products the CPU has (VNNI where found), or with AVX2's products only (the A/B partner).
+FLOAT_X, INTEGER_X, INTEGER_X_WITHOUT_VNNI = 0, 1, 2
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
 BITS = (4, 5, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly
 
@@ -58,11 +65,39 @@ def _rows(x: mx.array) -> int:
     return rows
 
 
+def _integer_mode(integer_activations: bool | None = None, vnni: bool | None = None) -> int:
+    """The kernel's integer_x for these options (None: the process's INTEGER_ACTIVATIONS, VNNI)."""
+    integer = INTEGER_ACTIVATIONS if integer_activations is None else integer_activations
+    wide = VNNI if vnni is None else vnni
+    return FLOAT_X if not integer else INTEGER_X if wide else INTEGER_X_WITHOUT_VNNI
+
+
+def integer_products() -> str:
+    """How decode's quantized layers multiply here, in words (`brisk info`)."""
+    lib = native.load()
+    if lib is None:
+        return f"portable MLX ({native.unavailable_reason()})"
+    if not INTEGER_ACTIVATIONS or not lib.brisk_quantized_matmul_has_integer_x():
+        return "float x (BRISK_INTEGER_ACTIVATIONS=0 or no AVX2)"
+    if VNNI and lib.brisk_quantized_matmul_has_vnni():
+        return "VNNI-512 integer x (4, 5 and 8 bits)"
+    return "AVX2 integer x (4 and 5 bits; 8 bits float x)"
+
+
 def quantized_matmul_native(
-    x, weight, scales, biases, *, bits: int, group_size: int, bias=None, integer_activations: bool | None = None
+    x,
+    weight,
+    scales,
+    biases,
+    *,
+    bits: int,
+    group_size: int,
+    bias=None,
+    integer_activations: bool | None = None,
+    vnni: bool | None = None,
 ) -> mx.array:
     """x @ dequantize(weight).T (+ bias) for float x (..., K) and an affine-quantized (N, K) weight;
-    integer_activations=None follows INTEGER_ACTIVATIONS."""
+    None follows INTEGER_ACTIVATIONS and VNNI; vnni=False keeps AVX2's integer products."""
     lib = native.load()
     if lib is None:
         raise NativeUnsupported(native.unavailable_reason())
@@ -73,7 +108,7 @@ def quantized_matmul_native(
     *lead, k = x.shape
     n = weight.shape[0]
     rows = _rows(x)
-    integer_x = INTEGER_ACTIVATIONS if integer_activations is None else integer_activations
+    integer_x = _integer_mode(integer_activations, vnni)
     if weight.ndim != 2 or weight.shape[1] * 32 // bits != k or k % group_size or rows == 0:
         raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
     primitives = mlx_extension.load()
@@ -107,7 +142,7 @@ def quantized_matmul_native(
         bits,
         group_size,
         threads(),
-        *([int(integer_x)] if few_rows else []),
+        *([integer_x] if few_rows else []),
     )
     if code:
         raise NativeUnsupported(f"the quantized matmul declined (code {code})")
@@ -177,7 +212,7 @@ class _Prepared:
         return same and x.dtype == mx.float32 and x.ndim >= 1 and x.shape[-1] == self.k and x.size > 0
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.primitives.quantized_matmul(x, *self.args, threads(), INTEGER_ACTIVATIONS)
+        return self.primitives.quantized_matmul(x, *self.args, threads(), _integer_mode())
 
 
 class NativeQuantizedLinear(nn.QuantizedLinear):

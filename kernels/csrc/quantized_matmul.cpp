@@ -49,6 +49,10 @@ namespace {
 constexpr int kBlock = 32;       // weights widened at a time; every group is 1 or 2 blocks
 constexpr int kMaxRows = 32;  // above this, dequantized tiles + sgemm win (see kernels/quantized_matmul.py)
 constexpr int kColumnUnit = 16;  // a thread's stretch of output columns is a multiple of this
+// Few-row paths prefetch the weights this far ahead of their loads (into the next columns'
+// rows): a 1.5B model's weights stream from DRAM, and the hardware prefetcher alone left the
+// loads waiting (Qwen-1.5B decode 1.3x with it, A/B).
+constexpr int kPrefetchBytes = 1024;
 
 enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
@@ -265,6 +269,7 @@ void column_dots(const uint8_t* row, const float* scale, int per_group_shift, co
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
   for (int b = 0; b < blocks; ++b) {
     __m256 q[4];
+    _mm_prefetch(reinterpret_cast<const char*>(row + b * BITS * 4 + kPrefetchBytes), _MM_HINT_T0);
     widen_block<BITS>(row, b, q);
     const __m256 s = _mm256_set1_ps(scale[b >> per_group_shift]);
     for (int r = 0; r < R; ++r) {
@@ -385,7 +390,16 @@ struct IntegerRows {
   const float* d_row(int m) const { return d.data() + int64_t(m) * spans * 8; }
 };
 
-void prepare_integer_rows(const float* x, int M, int K, int bits, int group, IntegerRows& out) {
+// With `paired` (the 512-bit path), each whole pair of spans q = (2q, 2q + 1) stores its x as
+// span 2q's first half, span 2q + 1's first half, then both second halves: one 64-byte load
+// then meets the two spans' weights held in one register. A last unpaired span keeps the
+// plain order.
+inline int paired_slot(int spans, int span, int slot) {
+  if (span / 2 * 2 + 1 >= spans) return span * kSpan + slot;
+  return span / 2 * 2 * kSpan + slot / 32 * 64 + span % 2 * 32 + slot % 32;
+}
+
+void prepare_integer_rows(const float* x, int M, int K, int bits, int group, IntegerRows& out, bool paired = false) {
   out.M = M, out.K = K, out.spans = K / kSpan, out.groups = K / group;
   out.hi.resize(int64_t(M) * K);
   out.lo.resize(int64_t(M) * K);
@@ -398,10 +412,11 @@ void prepare_integer_rows(const float* x, int M, int K, int bits, int group, Int
       float amax = 0.f, total = 0.f;
       for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i])), total += v[i];
       const float d = amax / kLevels, inverse = d > 0.f ? 1.f / d : 0.f;
-      const int64_t span = out.at(m, block / 2);
+      const int64_t row = int64_t(m) * K;
       for (int i = 0; i < kBlock; ++i) {
         const int q = int(std::nearbyint(v[i] * inverse));
-        const int64_t slot = span + span_slot(bits, half * kBlock + i);
+        const int in_span = span_slot(bits, half * kBlock + i);
+        const int64_t slot = row + (paired ? paired_slot(out.spans, block / 2, in_span) : block / 2 * kSpan + in_span);
         out.hi[slot] = int8_t(q >> 7);  // arithmetic shift: floor(q / 128)
         out.lo[slot] = int8_t(q & 127);
       }
@@ -457,6 +472,9 @@ inline void span_weights(const uint8_t* row, int p, __m256i& first, __m256i& sec
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
     first = _mm256_and_si256(raw, nibble), second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
+  } else if (BITS == 8) {  // block 0's bytes 0-15 | block 1's 0-15, then each block's 16-31
+    const uint8_t* span = row + p * 64;
+    first = two_lanes(span, span + 32), second = two_lanes(span + 16, span + 48);
   } else {  // 5 bits: every load stays inside its own block's 20 bytes
     const uint8_t* span = row + p * 40;
     const __m256i front = two_lanes(span, span + 20), back = two_lanes(span + 4, span + 24);
@@ -478,6 +496,7 @@ void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, 
     const __m256 s = GROUP == 64 ? _mm256_broadcast_ss(scale + p)
                                  : _mm256_set_m128(_mm_broadcast_ss(scale + 2 * p + 1), _mm_broadcast_ss(scale + 2 * p));
     __m256i first, second;
+    _mm_prefetch(reinterpret_cast<const char*>(row + p * BITS * 8 + kPrefetchBytes), _MM_HINT_T0);
     span_weights<BITS>(row, p, first, second);
     for (int r = 0; r < R; ++r) {
       const int64_t at = x.at(m0 + r, p);
@@ -492,24 +511,113 @@ void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, 
   for (int r = 0; r < R; ++r) dots[r] = hsum(acc[r]);
 }
 
-template <int BITS, int GROUP>
+// VNNI-512 (AVX512 F, BW, VL and VNNI, found at run time: the library is built for AVX2).
+// vpdpbusd sums four u8 x s8 products straight into each int32 lane, where the path above
+// needs vpmaddubsw, an int16 add and vpmaddwd; and a 512-bit register holds two spans, so a
+// decode layer issues about half the instructions per weight (the AVX2 path is bound by
+// them, not by memory). Lanes 0-7 hold span 2q's sums exactly as the AVX2 path has them, lanes
+// 8-15 span 2q + 1's; the float accumulation differs in order only. With no int16 step
+// 8-bit weights fit too (255 * 127 * 2 overflows vpmaddubsw's int16).
+#define BRISK_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+
+// Spans 2q and 2q + 1 as two registers: each span's `first` in 256-bit halves, then `second`.
+template <int BITS>
+BRISK_VNNI inline void span_pair_weights(const uint8_t* row, int q, __m512i& first, __m512i& second) {
+  if (BITS == 4) {  // 64 bytes: both spans' low nibbles, then their high nibbles
+    const __m512i nibble = _mm512_set1_epi8(0x0f);
+    const __m512i raw = _mm512_loadu_si512(row + q * 64);
+    first = _mm512_and_si512(raw, nibble), second = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+  } else if (BITS == 8) {  // 16-byte quarters: first = 0, 2, 4, 6 (block starts), second = 1, 3, 5, 7
+    const __m512i a = _mm512_loadu_si512(row + q * 128), b = _mm512_loadu_si512(row + q * 128 + 64);
+    first = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(0, 1, 4, 5, 8, 9, 12, 13), b);
+    second = _mm512_permutex2var_epi64(a, _mm512_setr_epi64(2, 3, 6, 7, 10, 11, 14, 15), b);
+  } else {
+    __m256i f0, s0, f1, s1;
+    span_weights<BITS>(row, 2 * q, f0, s0);
+    span_weights<BITS>(row, 2 * q + 1, f1, s1);
+    first = _mm512_inserti64x4(_mm512_castsi256_si512(f0), f1, 1);
+    second = _mm512_inserti64x4(_mm512_castsi256_si512(s0), s1, 1);
+  }
+}
+
+template <int BITS, int GROUP, int R>
+BRISK_VNNI void integer_dots_vnni(const uint8_t* row, const float* scale, const IntegerRows& x, int m0, float* dots) {
+  // Each 128-bit lane of the scales is one block: groups of 32 take four scales, of 64 two.
+  const __m512i lanes = GROUP == 64 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                    : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const int pairs = x.spans / 2;
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int q = 0; q < pairs; ++q) {
+    _mm_prefetch(reinterpret_cast<const char*>(row + q * BITS * 16 + kPrefetchBytes), _MM_HINT_T0);
+    const __m512 s = _mm512_permutexvar_ps(
+        lanes, _mm512_castps128_ps512(_mm_loadu_ps(scale + q * (GROUP == 64 ? 2 : 4))));
+    __m512i first, second;
+    span_pair_weights<BITS>(row, q, first, second);
+    for (int r = 0; r < R; ++r) {
+      const int8_t *hi = &x.hi[x.at(m0 + r, 2 * q)], *lo = &x.lo[x.at(m0 + r, 2 * q)];
+      __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, _mm512_loadu_si512(hi));
+      __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first, _mm512_loadu_si512(lo));
+      h = _mm512_dpbusd_epi32(h, second, _mm512_loadu_si512(hi + 64));
+      l = _mm512_dpbusd_epi32(l, second, _mm512_loadu_si512(lo + 64));
+      const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 7), l));
+      acc[r] = _mm512_fmadd_ps(sums, _mm512_mul_ps(s, _mm512_loadu_ps(x.d_row(m0 + r) + q * 16)), acc[r]);
+    }
+  }
+  if (x.spans % 2) {  // the last span alone, in 256 bits
+    const int p = x.spans - 1;
+    const __m256 s = GROUP == 64 ? _mm256_broadcast_ss(scale + p)
+                                 : _mm256_set_m128(_mm_broadcast_ss(scale + 2 * p + 1), _mm_broadcast_ss(scale + 2 * p));
+    __m256i first, second;
+    span_weights<BITS>(row, p, first, second);
+    for (int r = 0; r < R; ++r) {
+      const int64_t at = x.at(m0 + r, p);
+      const __m256i zero = _mm256_setzero_si256();
+      const __m256i h = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, first, load32(&x.hi[at])), second,
+                                            load32(&x.hi[at + 32]));
+      const __m256i l = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, first, load32(&x.lo[at])), second,
+                                            load32(&x.lo[at + 32]));
+      const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 7), l));
+      const __m256 sd = _mm256_mul_ps(s, _mm256_loadu_ps(x.d_row(m0 + r) + p * 8));
+      // One fma over zero-extended halves, as in the loop: a row alone and in a tile round alike.
+      acc[r] = _mm512_fmadd_ps(_mm512_zextps256_ps512(sums), _mm512_zextps256_ps512(sd), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) dots[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+template <int BITS, int GROUP, bool VNNI>
 void integer_column(const Weights& w, const IntegerRows& x, const float* bias, float* out, int n) {
   const int groups = w.groups();
   float scale[kMaxGroups], offset[kMaxGroups], dots[kMaxRows];
   scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
   scales_to_float(w.biases, w.scale_type, int64_t(n) * groups, groups, offset);
   int m = 0;  // the same sums in the same order for a row alone or in a tile of 4
-  for (; m + 4 <= x.M; m += 4) integer_dots<BITS, GROUP, 4>(w.row(n), scale, x, m, dots + m);
-  for (; m < x.M; ++m) integer_dots<BITS, GROUP, 1>(w.row(n), scale, x, m, dots + m);
+  for (; m + 4 <= x.M; m += 4) {
+    if constexpr (VNNI) integer_dots_vnni<BITS, GROUP, 4>(w.row(n), scale, x, m, dots + m);
+    else integer_dots<BITS, GROUP, 4>(w.row(n), scale, x, m, dots + m);
+  }
+  for (; m < x.M; ++m) {
+    if constexpr (VNNI) integer_dots_vnni<BITS, GROUP, 1>(w.row(n), scale, x, m, dots + m);
+    else integer_dots<BITS, GROUP, 1>(w.row(n), scale, x, m, dots + m);
+  }
   finish_column(w, dots, offset, x.sum.data(), x.M, bias, out, n);
 }
 
-template <int BITS>
+template <int BITS, bool VNNI>
 void integer_matmul(const Weights& w, const float* x, const float* bias, float* out, int M, int threads) {
   IntegerRows rows;
-  prepare_integer_rows(x, M, w.K, BITS, w.group, rows);
+  prepare_integer_rows(x, M, w.K, BITS, w.group, rows, VNNI);
   parallel_columns(w.N, threads, [&](int n) {
-    w.group == 64 ? integer_column<BITS, 64>(w, rows, bias, out, n) : integer_column<BITS, 32>(w, rows, bias, out, n);
+    w.group == 64 ? integer_column<BITS, 64, VNNI>(w, rows, bias, out, n)
+                  : integer_column<BITS, 32, VNNI>(w, rows, bias, out, n);
   });
 }
 #endif
@@ -593,7 +701,9 @@ extern "C" {
 // Returns 0 on success, or a positive code the caller falls back on:
 // 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
 // integer_x: round x to 15-bit integers per block of 32 (the fast path) where this build,
-// the weights and K allow it (AVX2, 4 or 5 bits, K a multiple of 64); 0 keeps x in float32.
+// the weights and K allow it (AVX2 and 4 or 5 bits, or VNNI and 4, 5 or 8 bits; K a multiple
+// of 64): 1 with the fastest integer products this CPU has, 2 without VNNI (the comparison
+// path); 0 keeps x in float32.
 int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                 int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
                                 int group, int threads, int integer_x) {
@@ -602,9 +712,15 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
   if (K / group > kMaxGroups) return 1;
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
 #ifdef BRISK_AVX2
-  if (integer_x && (bits == 4 || bits == 5) && K % kSpan == 0) {
-    bits == 4 ? integer_matmul<4>(weights, x, bias, out, M, threads) : integer_matmul<5>(weights, x, bias, out, M, threads);
-    return 0;
+  const bool vnni = integer_x == 1 && cpu_has_vnni();
+  if (integer_x && K % kSpan == 0 && vnni) {
+    if (bits == 4) return integer_matmul<4, true>(weights, x, bias, out, M, threads), 0;
+    if (bits == 5) return integer_matmul<5, true>(weights, x, bias, out, M, threads), 0;
+    return integer_matmul<8, true>(weights, x, bias, out, M, threads), 0;
+  }
+  if (integer_x && K % kSpan == 0 && bits != 8) {
+    if (bits == 4) return integer_matmul<4, false>(weights, x, bias, out, M, threads), 0;
+    return integer_matmul<5, false>(weights, x, bias, out, M, threads), 0;
   }
 #endif
   (void)integer_x;
@@ -622,6 +738,15 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
 int brisk_quantized_matmul_has_integer_x() {
 #ifdef BRISK_AVX2
   return 1;
+#else
+  return 0;
+#endif
+}
+
+// 1 when integer x runs on VNNI here (AVX512-VNNI and -VL): 8-bit weights take it too.
+int brisk_quantized_matmul_has_vnni() {
+#ifdef BRISK_AVX2
+  return cpu_has_vnni() ? 1 : 0;
 #else
   return 0;
 #endif
@@ -676,5 +801,5 @@ void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* 
 // before it builds a node, since a node cannot decline once queued).
 int brisk_quantized_matmul_has_sgemm() { return find_sgemm() != nullptr; }
 
-int brisk_quantized_matmul_version() { return 4; }
+int brisk_quantized_matmul_version() { return 5; }
 }

@@ -151,6 +151,10 @@ def test_info_reports_blas_and_dtype(cli_home):
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     assert info["packed_kv_attention"].startswith("native" if compiler else "portable MLX (no C++ compiler")
     assert info["few_row_matmul"].startswith("native" if compiler else "portable MLX (no C++ compiler")
+    if compiler and os.uname().machine == "x86_64":
+        flags = set(open("/proc/cpuinfo").read().split())
+        vnni = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags
+        assert info["quantized_products"].startswith("VNNI-512" if vnni else "AVX2" if "avx2" in flags else "float x")
     if sys.platform.startswith("linux") and os.uname().machine == "x86_64":
         assert info["blas"] == "mkl" and info["sgemm_gflops"] > 20  # the reference BLAS gives ~4
     # tiny: 2 layers, 2 kv heads, head_dim 16 (not divisible by group 32: no packed rows)

@@ -74,19 +74,44 @@ def _has_integer_path() -> bool:
     return lib is not None and lib.brisk_quantized_matmul_has_integer_x() == 1
 
 
-@pytest.mark.parametrize("bits", [4, 5])
+def _has_vnni() -> bool:
+    lib = native.load()
+    return lib is not None and lib.brisk_quantized_matmul_has_vnni() == 1
+
+
+def _skip_without_integer_path(bits: int, vnni: bool) -> None:
+    if not _has_integer_path():
+        pytest.skip("this build has no integer path (no AVX2): x stays float32")
+    if bits == 8 and not _has_vnni():
+        pytest.skip("8-bit weights take integer x only with VNNI-512 (AVX512 F/BW/VL/DQ/VNNI), not on this CPU")
+
+
+def test_vnni_is_used_exactly_where_the_cpu_has_it():
+    """The library is built for AVX2 and finds VNNI-512 at run time: it must neither miss it
+    on a CPU that has it (the 1.4-1.5x decode speedup) nor use it on one that lacks it."""
+    lib = native.load()
+    flags = set(open("/proc/cpuinfo").read().split()) if _has_integer_path() else set()
+    wanted = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
+    assert lib.brisk_quantized_matmul_has_vnni() == int(wanted <= flags)
+
+
+# 8-bit weights take integer x only through VNNI-512 (without it they keep float x).
+INTEGER_PATHS = [(4, True), (4, False), (5, True), (5, False), (8, True)]
+
+
+@pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 32])
-def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows):
-    """The fast few-row path for 4- and 5-bit weights is exactly the product of x rounded to
-    15-bit integers per block of 32 with the weights' scaled part s * q, plus each group's
-    bias b times the float sum of x: the integer sums leave only float rounding (the nibble
-    order, the 5-bit unpacking and the split of q into two bytes included)."""
-    if not _has_integer_path():
-        pytest.skip("this build has no integer path (no AVX2): x stays float32")
-    packed, scales, biases = _quantized(67, 192, bits, group, dtype, seed=rows + group + bits)
-    x = mx.random.normal((1, rows, 192))
+@pytest.mark.parametrize("k", [192, 256])  # 3 spans of 64 (the 512-bit path's last span alone) and 4
+def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows, vnni, k):
+    """The fast few-row path is exactly the product of x rounded to 15-bit integers per block
+    of 32 with the weights' scaled part s * q, plus each group's bias b times the float sum of
+    x: the integer sums leave only float rounding (the nibble order, the 5-bit unpacking, the
+    split of q into two bytes and VNNI-512's pairs of spans included)."""
+    _skip_without_integer_path(bits, vnni)
+    packed, scales, biases = _quantized(67, k, bits, group, dtype, seed=rows + group + bits)
+    x = mx.random.normal((1, rows, k))
     x = x.at[0, 0, 5].add(40.0)  # an outlier channel, as SmolLM2's activations have
     bias = mx.random.normal((67,))
     s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
@@ -94,7 +119,7 @@ def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows
     scaled = mx.dequantize(packed, s32, b32, group_size=group, bits=bits) - offsets
     want = _integer_rounded(x) @ scaled.T + x @ offsets.T + bias
     got = quantized_matmul_native(
-        x, packed, scales, biases, bits=bits, group_size=group, bias=bias, integer_activations=True
+        x, packed, scales, biases, bits=bits, group_size=group, bias=bias, integer_activations=True, vnni=vnni
     )
     assert mx.abs(got - want).max().item() < 5e-5  # the float x would be off by 3e-4 or more here
     exact = quantized_matmul_reference(x, packed, scales, biases, bits=bits, group_size=group, bias=bias)
@@ -102,18 +127,32 @@ def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows
     assert 0 < error < 1e-3  # the integers really are used, and cost about 1e-4 of the output
 
 
-@pytest.mark.parametrize("bits", [4, 5])
-def test_integer_rows_alone_and_in_a_tile_give_the_same_bits(bits):
+@pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
+def test_integer_rows_alone_and_in_a_tile_give_the_same_bits(bits, vnni):
     """A verify pass's rows (tiles of 4) must match one-row decode steps bit for bit, or
     greedy speculative decoding would drift from plain decoding."""
-    packed, scales, biases = _quantized(40, 256, bits, 64, mx.float16, seed=9)
-    x = mx.random.normal((30, 256))  # up to the few-row limit: 7 tiles of 4, then 2 rows alone
-    together = quantized_matmul_native(x, packed, scales, biases, bits=bits, group_size=64, integer_activations=True)
+    _skip_without_integer_path(bits, vnni)
+    packed, scales, biases = _quantized(40, 320, bits, 64, mx.float16, seed=9)  # 5 spans: a pair's tail too
+    x = mx.random.normal((30, 320))  # up to the few-row limit: 7 tiles of 4, then 2 rows alone
+    options = dict(bits=bits, group_size=64, integer_activations=True, vnni=vnni)
+    together = quantized_matmul_native(x, packed, scales, biases, **options)
     for i in range(30):
-        alone = quantized_matmul_native(
-            x[i : i + 1], packed, scales, biases, bits=bits, group_size=64, integer_activations=True
-        )
+        alone = quantized_matmul_native(x[i : i + 1], packed, scales, biases, **options)
         assert mx.array_equal(alone[0], together[i]).item()
+
+
+@pytest.mark.parametrize("bits", [4, 5])
+def test_vnni_and_avx2_integer_products_agree_to_float_rounding(bits):
+    """Both paths sum the same integers exactly; VNNI-512 adds each pair of spans' float terms
+    in another order, so they agree to float rounding, not bit for bit."""
+    if not _has_vnni():
+        pytest.skip("no VNNI-512 (AVX512 F/BW/VL/DQ/VNNI) on this CPU: only the AVX2 products run")
+    packed, scales, biases = _quantized(300, 1536, bits, 32, mx.float16, seed=4)
+    x = mx.random.normal((3, 1536))
+    wide, avx2 = (
+        quantized_matmul_native(x, packed, scales, biases, bits=bits, group_size=32, vnni=v) for v in (True, False)
+    )
+    assert 0 < mx.abs(wide - avx2).max().item() < 1e-5 * mx.abs(avx2).max().item()
 
 
 @pytest.mark.parametrize("threads", ["1", "2", "3"])
