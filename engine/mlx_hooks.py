@@ -53,6 +53,13 @@ HOOKS = (
         ("queries", "keys", "values", "cache", "scale", "mask", "sinks"),
     ),
     Hook(
+        "mlx_lm.models.activations:swiglu",
+        "rebound",
+        "kernels.activation",
+        "SwiGLU's silu(gate) * x on the CPU goes to the native kernel, rebound in each loaded model's modules",
+        ("gate", "x"),
+    ),
+    Hook(
         "mlx_lm.models.cache:QuantizedKVCache",
         "subclassed",
         "engine.kvcache",

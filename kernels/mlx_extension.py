@@ -31,8 +31,8 @@ from types import ModuleType
 from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
-# attention.cpp, norm_rope.cpp and sampling.cpp are built only here: they have no ctypes path (MLX's own
-# ops are their fallback).
+# attention.cpp, norm_rope.cpp, sampling.cpp and activation.cpp are built only here: they have no
+# ctypes path (MLX's own ops are their fallback).
 KERNELS = [
     native.CSRC / "quantized_matmul.cpp",
     native.CSRC / "skinny_matmul.cpp",
@@ -40,10 +40,11 @@ KERNELS = [
     native.CSRC / "norm_rope.cpp",
     native.CSRC / "packed_attention.cpp",
     native.CSRC / "sampling.cpp",
+    native.CSRC / "activation.cpp",
 ]
 HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h"]  # included by the kernels: part of the build's key
 MODULE = "_brisk_mlx_ops"
-VERSION = 10
+VERSION = 11
 
 _lock = threading.Lock()
 _state: dict = {}

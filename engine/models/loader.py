@@ -58,6 +58,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from mlx_lm.utils import load
 
     from engine.mlx_hooks import check_hooks
+    from kernels.activation import use_native_activation
     from kernels.fused_attention import use_fused_attention
     from kernels.native_layers import use_native_layers
 
@@ -76,7 +77,14 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
         to_float32(model)
         swapped = use_native_layers(model)  # quantized layers and few-row float products
         fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)
-        log.debug("%s: %d layers run on the native kernels, attention fused in %d modules", path.name, swapped, fused)
+        activation = use_native_activation(model)  # SwiGLU's silu(gate) * x
+        log.debug(
+            "%s: %d layers run on the native kernels, attention fused in %d modules, SwiGLU native in %d",
+            path.name,
+            swapped,
+            fused,
+            activation,
+        )
         _warn_without_primitives()
     if not tokenizer.eos_token_ids:
         log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)

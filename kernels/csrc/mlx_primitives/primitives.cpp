@@ -47,6 +47,7 @@ int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, i
 int brisk_attention(const float*, const void*, const void*, int, float*, int, int, int, int, int, int, const int64_t*,
                     const int64_t*, float, int, const float*, int);
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
+int brisk_swiglu(const float*, const float*, float*, int64_t, int);
 int brisk_sample_softmax(const float*, int64_t, int, float, const float*, uint32_t*);
 int brisk_kv_attention_flat(const float*, float*, int, int, int, int, int, int, int, float, int, const int32_t*,
                             const void* const*, const int64_t*, const int32_t*, const void* const*, const int64_t*);
@@ -475,6 +476,32 @@ class RmsNorm : public CpuPrimitive {
   float eps_;
 };
 
+// silu(gate) * up for float32 arrays of one shape: SwiGLU's activation in one node (activation.cpp).
+class Swiglu : public CpuPrimitive {
+ public:
+  Swiglu(mx::Stream s, int threads) : CpuPrimitive(s), threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    mx::array& out = outputs[0];
+    auto& encoder = prepare(inputs, out);
+    encoder.dispatch([gate = row_major(inputs[0], encoder), up = row_major(inputs[1], encoder),
+                      y = out.data<float>(), n = int64_t(out.size()), threads = threads_]() {
+      gate.gather();
+      up.gather();
+      brisk_swiglu(gate.data(), up.data(), y, n, threads);
+    });
+  }
+
+  const char* name() const override { return "BriskSwiglu"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return threads_ == static_cast<const Swiglu&>(other).threads_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
+
+ private:
+  int threads_;
+};
+
 // A token per row of float32 logits (..., V) from softmax(logits / t), by inverse CDF on the
 // row's uniform number in [0, 1): mlx-lm's temperature sampler in one node (sampling.cpp).
 class SampleSoftmax : public CpuPrimitive {
@@ -674,6 +701,12 @@ mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
   return mx::array(x.shape(), mx::float32, std::make_shared<RmsNorm>(s, eps), {x, plain(w, mx::float32, s)});
 }
 
+mx::array swiglu(const mx::array& gate, const mx::array& up, int threads) {
+  if (gate.shape() != up.shape() || gate.dtype() != mx::float32 || up.dtype() != mx::float32)
+    throw std::invalid_argument("swiglu takes float32 gate and up of one shape");
+  return mx::array(gate.shape(), mx::float32, std::make_shared<Swiglu>(cpu_stream(), threads), {gate, up});
+}
+
 // Positions start at `offset`, or, when `offsets` is given, at its one integer or its one per
 // batch entry.
 mx::array rope(const mx::array& x, int dims, bool traditional, float base, float scale, int64_t offset,
@@ -715,9 +748,10 @@ NB_MODULE(_brisk_mlx_ops, m) {
         nb::arg("k_limits").none(), nb::arg("v_meta"), nb::arg("v_data").none(), nb::arg("v_scales").none(),
         nb::arg("v_biases").none(), nb::arg("v_dense").none());
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
+  m.def("swiglu", &swiglu, nb::arg("gate"), nb::arg("up"), nb::arg("threads"));
   m.def("sample_softmax", &sample_softmax, nb::arg("logits"), nb::arg("uniforms"), nb::arg("inv_temperature"));
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 10; });
+  m.def("version", [] { return 11; });
 }
