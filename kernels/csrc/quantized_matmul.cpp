@@ -649,6 +649,31 @@ void dequantize_row5(const Weights& w, int n, float* out) {
 }
 #endif
 
+#ifdef BRISK_AVX2
+// s * q + b for one group of a 4- or 8-bit row, eight values at a time in element order (4-bit
+// rows hold element 2i in byte i's low nibble and 2i + 1 in its high one). The scalar loop
+// was ~7% of a Qwen-1.5B prefill.
+void dequantize_group(const uint8_t* row, int bits, int k0, int group, float s, float b, float* out) {
+  const __m256 scale = _mm256_set1_ps(s), offset = _mm256_set1_ps(b);
+  auto store8 = [&](__m128i bytes, int k) {  // the low 8 bytes of `bytes`, elements k..k+7
+    const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+    _mm256_storeu_ps(out + k, _mm256_fmadd_ps(v, scale, offset));
+  };
+  for (int k = k0; k < k0 + group; k += kBlock) {
+    if (bits == 4) {
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k / 2));
+      const __m128i nibble = _mm_set1_epi8(0x0f);
+      const __m128i lo = _mm_and_si128(raw, nibble), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), nibble);
+      const __m128i first = _mm_unpacklo_epi8(lo, hi), second = _mm_unpackhi_epi8(lo, hi);
+      store8(first, k), store8(_mm_srli_si128(first, 8), k + 8);
+      store8(second, k + 16), store8(_mm_srli_si128(second, 8), k + 24);
+    } else {
+      for (int i = 0; i < kBlock; i += 8) store8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + k + i)), k + i);
+    }
+  }
+}
+#endif
+
 void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
   const int groups = w.K / w.group;
   for (int n = n0; n < n1; ++n) {
@@ -664,6 +689,12 @@ void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
       const float s = read_scale(w.scales, w.scale_type, int64_t(n) * groups + g);
       const float b = read_scale(w.biases, w.scale_type, int64_t(n) * groups + g);
       const int k0 = g * w.group;
+#ifdef BRISK_AVX2
+      if (w.bits == 4 || w.bits == 8) {  // vectorized: a prefill chunk dequantizes the whole model
+        dequantize_group(row, w.bits, k0, w.group, s, b, out);
+        continue;
+      }
+#endif
       if (w.bits == 4) {
         for (int k = k0; k < k0 + w.group; k += 2) {
           const uint8_t byte = row[k / 2];
