@@ -31,12 +31,13 @@ from types import ModuleType
 from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
-# attention.cpp, norm_rope.cpp, sampling.cpp and activation.cpp are built only here: they have no
-# ctypes path (MLX's own ops are their fallback).
+# attention.cpp (and its attention_tiles.cpp), norm_rope.cpp, sampling.cpp and activation.cpp are built
+# only here: they have no ctypes path (MLX's own ops are their fallback).
 KERNELS = [
     native.CSRC / "quantized_matmul.cpp",
     native.CSRC / "skinny_matmul.cpp",
     native.CSRC / "attention.cpp",
+    native.CSRC / "attention_tiles.cpp",
     native.CSRC / "norm_rope.cpp",
     native.CSRC / "packed_attention.cpp",
     native.CSRC / "sampling.cpp",

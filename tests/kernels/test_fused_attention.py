@@ -55,6 +55,37 @@ def test_the_kernel_equals_mlx_attention(shape, causal, kv_dtype):
     assert _relative_error(got, want) < 1e-5
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        # B, Hq, Hkv, L, S, D: prefill chunks of 64+ rows, whole heads against blocks of 256 keys in sgemm
+        (1, 12, 2, 300, 1100, 128),  # GQA 6 after 800 cached tokens: stacked and head-by-head blocks
+        (1, 9, 3, 64, 64, 64),  # the shortest chunk it takes, a whole prompt
+        (2, 4, 4, 130, 517, 80),  # batch 2, a last block of 5 keys
+        (1, 8, 1, 70, 256, 256),  # head dim 256, exactly one block
+    ],
+)
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])
+def test_long_chunks_in_sgemm_tiles_equal_mlx_and_the_row_kernel(shape, causal, kv_dtype, monkeypatch):
+    """attention_tiles.cpp against MLX's attention and against attention.cpp's row kernel
+    (BRISK_ATTENTION_TILES=0, read per call), on keys viewed inside a longer cache buffer."""
+    b, hq, hkv, length, keys_n, d = shape
+    mx.random.seed(sum(shape))
+    q = mx.random.normal((b, hq, length, d))
+    k_buffer, v_buffer = (mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2).astype(kv_dtype)
+    k, v = k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
+    mask = "causal" if causal else None
+    want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=d**-0.5, mask=mask)
+    tiles = attention_native(q, k, v, scale=d**-0.5, mask=mask)
+    mx.eval(tiles)
+    monkeypatch.setenv("BRISK_ATTENTION_TILES", "0")
+    rows = attention_native(q, k, v, scale=d**-0.5, mask=mask)
+    mx.eval(rows)
+    assert _relative_error(tiles, want) < 1e-5 and _relative_error(rows, want) < 1e-5
+    assert not mx.array_equal(tiles, rows).item()  # two paths really ran (their sums differ in order)
+
+
 @pytest.mark.parametrize("causal", [True, False])
 def test_attention_sinks_take_their_share_of_the_softmax(causal):
     q = mx.random.normal((1, 6, 5, 64))
