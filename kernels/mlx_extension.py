@@ -43,7 +43,8 @@ KERNELS = [
     native.CSRC / "sampling.cpp",
     native.CSRC / "activation.cpp",
 ]
-HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h"]  # included by the kernels: part of the build's key
+# Included by the kernels: part of the build's key.
+HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h", native.CSRC / "sgemm.h"]
 MODULE = "_brisk_mlx_ops"
 VERSION = 11
 

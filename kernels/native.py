@@ -38,7 +38,7 @@ SOURCES = {
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
     CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 5),
 }
-HEADERS = [CSRC / "half.h"]  # included by the sources: part of the build's key
+HEADERS = [CSRC / "half.h", CSRC / "sgemm.h"]  # included by the sources: part of the build's key
 
 
 def all_sources() -> list[Path]:

@@ -11,8 +11,6 @@
 // widened a block at a time). What it does not take (short chunks, no sgemm in the process,
 // BRISK_ATTENTION_TILES=0) it declines, and attention.cpp runs. Built into the MLX primitives module.
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,6 +18,7 @@
 #include <vector>
 
 #include "half.h"
+#include "sgemm.h"
 #include "vector_exp.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
@@ -31,14 +30,7 @@ constexpr int kKeyBlock = 256;   // a block's scores for 512 rows: 512 KB
 constexpr int kRowUnit = 16;     // rows a pool thread takes at a time in the softmax
 constexpr float kLog2e = 1.4426950408889634f;
 
-enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
-using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
-                       int);
-
-Sgemm find_sgemm() {
-  static Sgemm found = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
-  return found;
-}
+using brisk::find_sgemm, brisk::kNoTrans, brisk::kRowMajor, brisk::kTrans, brisk::Sgemm;
 
 // One block of keys [j0, j0 + n) for rows [first, first + rows) of a KV head's query heads
 // stacked (row R is head R / L's query position i = R % L): the scores s (row R at

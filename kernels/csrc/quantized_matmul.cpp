@@ -23,8 +23,6 @@
 // many to start threads for each. Built by kernels/native.py and called through ctypes, and
 // built into the lazy MLX primitives of mlx_primitives/primitives.cpp (kernels/mlx_extension.py).
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -38,6 +36,7 @@
 #include <vector>
 
 #include "half.h"
+#include "sgemm.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -714,14 +713,7 @@ void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
   }
 }
 
-enum { kRowMajor = 101, kNoTrans = 111, kTrans = 112 };
-using Sgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
-                       int);
-
-Sgemm find_sgemm() {
-  static Sgemm found = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
-  return found;
-}
+using brisk::find_sgemm, brisk::kNoTrans, brisk::kRowMajor, brisk::kTrans, brisk::Sgemm;
 
 constexpr int64_t kTileBytes = 8 << 20;  // dequantized weight per sgemm call: stays in L3-ish
 

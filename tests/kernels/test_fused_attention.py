@@ -25,6 +25,15 @@ def _relative_error(got, want) -> float:
     return (mx.max(mx.abs(got - want)) / mx.max(mx.abs(want))).item()
 
 
+def _problem(shape, kv_dtype):
+    """Queries, and keys and values as a KV cache hands them over: views into a longer buffer."""
+    b, hq, hkv, length, keys_n, d = shape
+    mx.random.seed(sum(shape))
+    q = mx.random.normal((b, hq, length, d))
+    k_buffer, v_buffer = (mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2).astype(kv_dtype)
+    return q, k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
+
+
 @pytest.mark.parametrize(
     "shape",
     [
@@ -41,12 +50,8 @@ def _relative_error(got, want) -> float:
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])  # float16: a half-precision KV cache
 def test_the_kernel_equals_mlx_attention(shape, causal, kv_dtype):
-    b, hq, hkv, length, keys_n, d = shape
-    mx.random.seed(sum(shape))
-    q = mx.random.normal((b, hq, length, d))
-    # keys and values as a KV cache hands them over: views into a longer buffer
-    k_buffer, v_buffer = (mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2).astype(kv_dtype)
-    k, v = k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
+    d = shape[-1]
+    q, k, v = _problem(shape, kv_dtype)
     mask = "causal" if causal else None
     # the definition on the same stored values, widened: only the kernel's arithmetic differs
     want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=d**-0.5, mask=mask)
@@ -70,11 +75,8 @@ def test_the_kernel_equals_mlx_attention(shape, causal, kv_dtype):
 def test_long_chunks_in_sgemm_tiles_equal_mlx_and_the_row_kernel(shape, causal, kv_dtype, monkeypatch):
     """attention_tiles.cpp against MLX's attention and against attention.cpp's row kernel
     (BRISK_ATTENTION_TILES=0, read per call), on keys viewed inside a longer cache buffer."""
-    b, hq, hkv, length, keys_n, d = shape
-    mx.random.seed(sum(shape))
-    q = mx.random.normal((b, hq, length, d))
-    k_buffer, v_buffer = (mx.random.normal((2, b, hkv, keys_n + 20, d)) * 2).astype(kv_dtype)
-    k, v = k_buffer[:, :, :keys_n], v_buffer[:, :, :keys_n]
+    d = shape[-1]
+    q, k, v = _problem(shape, kv_dtype)
     mask = "causal" if causal else None
     want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=d**-0.5, mask=mask)
     tiles = attention_native(q, k, v, scale=d**-0.5, mask=mask)
