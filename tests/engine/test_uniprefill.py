@@ -170,7 +170,8 @@ def test_sliding_window_layers_after_a_drop_see_the_last_window_of_survivors(mod
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "qwen3-q8"])
 def test_survivors_keep_their_keys_and_positions_and_decode_resumes_at_the_true_length(models, arch):
     """With a drop after layer 0, layer 1's keys of the survivors are a per-token function
-    of layer 0's output at their original positions: exactly the dense run's keys there."""
+    of layer 0's output at their original positions: the dense run's keys there, up to the
+    rounding of kernels that differ with the chunk's rows."""
     lm = models[arch]
     tokens = random_tokens(900, seed=3)
     dense = PromptCache(lm.model)
@@ -185,8 +186,10 @@ def test_survivors_keep_their_keys_and_positions_and_decode_resumes_at_the_true_
     layer = cache.layers[1]
     got = layer.keys[..., : layer.offset, :]
     want = dense.layers[1].keys[..., mx.array(kept), :]
-    # equal up to float rounding of RoPE angles (a wrong position differs by O(1))
-    assert mx.abs(got - want).max().item() < 1e-5
+    # Equal up to rounding (a wrong position differs by O(1)). The two runs chunk tokens
+    # differently: prefill attention takes sgemm tiles for 64+ rows, and passes of 32 rows or
+    # fewer round x to integers for quantized weights, so the float16 keys may differ by an ulp.
+    assert mx.allclose(got, want, rtol=2e-3, atol=2e-4).item()
     cache.mark_sparse(tokens[:-1])
     for i, c in enumerate(cache.layers):  # every layer places the next token at the true length
         assert c.offset + cache.shift + (cache.layer_shifts or [0] * 2)[i] == len(tokens) - 1
