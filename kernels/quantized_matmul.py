@@ -15,7 +15,8 @@ rounding costs about 1e-4 of a layer's output). `BRISK_INTEGER_ACTIVATIONS=0`, o
 `integer_activations=False` per call, keeps x in float32, where the kernel agrees with the
 reference to float rounding (about 1e-6 relative); more rows always keep x in float32.
 On CPUs with AVX512-VNNI (found at run time) the integer products use vpdpbusd, which also
-takes 8-bit weights; `vnni=False` keeps the AVX2 products (the same bits for 4 and 5 bits).
+takes 8-bit weights; `vnni=False` keeps the AVX2 products (for 4 and 5 bits the same integer
+sums, added in another float order: equal to float rounding, not bit for bit).
 """
 
 from __future__ import annotations
