@@ -204,6 +204,12 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--gen-tokens", type=_positive, default=64)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _decode_step(a))
+    p = bench.add_parser("prefill-profile", help="where one real prefill's time goes: each part of every layer timed")
+    p.add_argument("--model", required=True)
+    p.add_argument("--prompt-tokens", type=_ints, default=[2048])
+    p.add_argument("--step", type=_positive, default=512, help="prefill chunk size")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _prefill_profile(a))
     p = bench.add_parser("verify", help="a verify pass of R rows, in plain steps: native few-row matmul vs BLAS")
     p.add_argument("--model", required=True)
     p.add_argument("--rows", type=_ints, default=[2, 3, 5, 9])
@@ -410,6 +416,13 @@ def _decode_step(args) -> int:
     from engine.bench.decode_step import run_decode_step
 
     run_decode_step(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, as_json=args.json)
+    return 0
+
+
+def _prefill_profile(args) -> int:
+    from engine.bench.prefill_profile import run_prefill_profile
+
+    run_prefill_profile(args.model, args.prompt_tokens, step=args.step, as_json=args.json)
     return 0
 
 
