@@ -35,6 +35,7 @@ SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 # only here: they have no ctypes path (MLX's own ops are their fallback).
 KERNELS = [
     native.CSRC / "quantized_matmul.cpp",
+    native.CSRC / "amx_matmul.cpp",
     native.CSRC / "skinny_matmul.cpp",
     native.CSRC / "attention.cpp",
     native.CSRC / "attention_tiles.cpp",
@@ -46,7 +47,7 @@ KERNELS = [
 # Included by the kernels: part of the build's key.
 HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h", native.CSRC / "sgemm.h"]
 MODULE = "_brisk_mlx_ops"
-VERSION = 11
+VERSION = 12
 
 _lock = threading.Lock()
 _state: dict = {}

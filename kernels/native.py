@@ -36,7 +36,8 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = {
     CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 4),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
-    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 5),
+    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 6),
+    CSRC / "amx_matmul.cpp": ("brisk_amx_matmul_version", 1),
 }
 HEADERS = [CSRC / "half.h", CSRC / "sgemm.h"]  # included by the sources: part of the build's key
 
@@ -216,7 +217,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.brisk_quantized_matmul_has_vnni.restype = ctypes.c_int
     lib.brisk_quantized_matmul_has_vnni.argtypes = []
     lib.brisk_quantized_matmul_dense.restype = ctypes.c_int
-    lib.brisk_quantized_matmul_dense.argtypes = [p] * 4 + [i, p, p] + [i] * 6
+    lib.brisk_quantized_matmul_dense.argtypes = [p] * 4 + [i, p, p] + [i] * 7
+    lib.brisk_amx_available.restype = ctypes.c_int
+    lib.brisk_amx_available.argtypes = []
     lib.brisk_quantized_gather.restype = ctypes.c_int
     lib.brisk_quantized_gather.argtypes = [p, i, p, p, p, i, p] + [i] * 4
 

@@ -13,7 +13,10 @@ For 1-32 rows the kernel rounds x to 15-bit integers per block of 32 values with
 scale, so weights and x meet in integer multiply-adds (about 2x faster decode layers; the
 rounding costs about 1e-4 of a layer's output). `BRISK_INTEGER_ACTIVATIONS=0`, or
 `integer_activations=False` per call, keeps x in float32, where the kernel agrees with the
-reference to float rounding (about 1e-6 relative); more rows always keep x in float32.
+reference to float rounding (about 1e-6 relative). More rows keep x in float32 for sgemm,
+except on CPUs with AMX (found at run time): there 4- and 8-bit weights meet the same
+integer x in AMX tiles (kernels/csrc/amx_matmul.cpp), about 1.7x sgemm; `BRISK_AMX=0` or
+`amx=False` keeps sgemm.
 On CPUs with AVX512-VNNI (found at run time) the integer products use vpdpbusd, which also
 takes 8-bit weights; `vnni=False` keeps the AVX2 products (for 4 and 5 bits the same integer
 sums, added in another float order: equal to float rounding, not bit for bit).
@@ -39,9 +42,12 @@ MAX_FEW_ROWS = 32
 INTEGER_ACTIVATIONS = os.environ.get("BRISK_INTEGER_ACTIVATIONS", "1") != "0"
 # BRISK_VNNI=0 keeps AVX2's integer products on a CPU with VNNI-512 (the A/B partner).
 VNNI = os.environ.get("BRISK_VNNI", "1") != "0"
-# The kernel's integer_x argument: x kept float32, rounded to integers with the fastest
-# products the CPU has (VNNI where found), or with AVX2's products only (the A/B partner).
-FLOAT_X, INTEGER_X, INTEGER_X_WITHOUT_VNNI = 0, 1, 2
+# BRISK_AMX=0 keeps prefill's matmuls on sgemm on a CPU with AMX (the A/B partner).
+AMX = os.environ.get("BRISK_AMX", "1") != "0"
+# The kernel's integer_x argument: x kept float32; rounded to integers with the fastest
+# products the CPU has (VNNI for few rows, AMX tiles for prefill's many rows, where found);
+# with AVX2's products only; or the fastest but prefill on sgemm (the A/B partners).
+FLOAT_X, INTEGER_X, INTEGER_X_WITHOUT_VNNI, INTEGER_X_WITHOUT_AMX = 0, 1, 2, 3
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
 BITS = (4, 5, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly
 
@@ -66,11 +72,16 @@ def _rows(x: mx.array) -> int:
     return rows
 
 
-def _integer_mode(integer_activations: bool | None = None, vnni: bool | None = None) -> int:
-    """The kernel's integer_x for these options (None: the process's INTEGER_ACTIVATIONS, VNNI)."""
+def _integer_mode(integer_activations: bool | None = None, vnni: bool | None = None, amx: bool | None = None) -> int:
+    """The kernel's integer_x for these options (None: the process's INTEGER_ACTIVATIONS, VNNI, AMX)."""
     integer = INTEGER_ACTIVATIONS if integer_activations is None else integer_activations
     wide = VNNI if vnni is None else vnni
-    return FLOAT_X if not integer else INTEGER_X if wide else INTEGER_X_WITHOUT_VNNI
+    tiles = AMX if amx is None else amx
+    if not integer:
+        return FLOAT_X
+    if not wide:
+        return INTEGER_X_WITHOUT_VNNI
+    return INTEGER_X if tiles else INTEGER_X_WITHOUT_AMX
 
 
 def integer_products() -> str:
@@ -81,8 +92,9 @@ def integer_products() -> str:
     if not INTEGER_ACTIVATIONS or not lib.brisk_quantized_matmul_has_integer_x():
         return "float x (BRISK_INTEGER_ACTIVATIONS=0 or no AVX2)"
     if VNNI and lib.brisk_quantized_matmul_has_vnni():
-        return "VNNI-512 integer x (4, 5 and 8 bits)"
-    return "AVX2 integer x (4 and 5 bits; 8 bits float x)"
+        prefill = "AMX tiles" if AMX and lib.brisk_amx_available() else "sgemm"
+        return f"VNNI-512 integer x (4, 5 and 8 bits); prefill on {prefill}"
+    return "AVX2 integer x (4 and 5 bits; 8 bits float x); prefill on sgemm"
 
 
 def quantized_matmul_native(
@@ -96,9 +108,11 @@ def quantized_matmul_native(
     bias=None,
     integer_activations: bool | None = None,
     vnni: bool | None = None,
+    amx: bool | None = None,
 ) -> mx.array:
     """x @ dequantize(weight).T (+ bias) for float x (..., K) and an affine-quantized (N, K) weight;
-    None follows INTEGER_ACTIVATIONS and VNNI; vnni=False keeps AVX2's integer products."""
+    None follows INTEGER_ACTIVATIONS, VNNI and AMX; vnni=False keeps AVX2's integer products,
+    amx=False keeps more than 32 rows on sgemm."""
     lib = native.load()
     if lib is None:
         raise NativeUnsupported(native.unavailable_reason())
@@ -109,7 +123,7 @@ def quantized_matmul_native(
     *lead, k = x.shape
     n = weight.shape[0]
     rows = _rows(x)
-    integer_x = _integer_mode(integer_activations, vnni)
+    integer_x = _integer_mode(integer_activations, vnni, amx)
     if weight.ndim != 2 or weight.shape[1] * 32 // bits != k or k % group_size or rows == 0:
         raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
     primitives = mlx_extension.load()
@@ -143,7 +157,7 @@ def quantized_matmul_native(
         bits,
         group_size,
         threads(),
-        *([integer_x] if few_rows else []),
+        integer_x,
     )
     if code:
         raise NativeUnsupported(f"the quantized matmul declined (code {code})")

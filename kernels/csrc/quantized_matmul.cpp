@@ -18,7 +18,8 @@
 // without AVX2.
 // Many rows (prefill): tiles of the weight are dequantized to float32 and multiplied by
 // the process's cblas_sgemm (MKL when engine/blas.py loaded it), so prefill runs at sgemm
-// speed plus one pass of dequantization.
+// speed plus one pass of dequantization; on CPUs with AMX, 4- and 8-bit weights go to
+// amx_matmul.cpp's integer tiles instead (about 1.7x sgemm here).
 // Threads come from a small persistent pool: a decode step makes ~200 of these calls, too
 // many to start threads for each. Built by kernels/native.py and called through ctypes, and
 // built into the lazy MLX primitives of mlx_primitives/primitives.cpp (kernels/mlx_extension.py).
@@ -721,12 +722,16 @@ constexpr int64_t kTileBytes = 8 << 20;  // dequantized weight per sgemm call: s
 
 extern "C" {
 
+int brisk_amx_quantized_matmul(const float*, const uint32_t*, const void*, const void*, int, const float*, float*, int,
+                               int, int, int, int, int);  // amx_matmul.cpp
+int brisk_amx_available();
+
 // Returns 0 on success, or a positive code the caller falls back on:
 // 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
 // integer_x: round x to 15-bit integers per block of 32 (the fast path) where this build,
 // the weights and K allow it (AVX2 and 4 or 5 bits, or VNNI and 4, 5 or 8 bits; K a multiple
 // of 64): 1 with the fastest integer products this CPU has, 2 without VNNI (the comparison
-// path); 0 keeps x in float32.
+// path), 3 as 1 here (it keeps prefill off AMX: see the dense entry); 0 keeps x in float32.
 int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                 int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
                                 int group, int threads, int integer_x) {
@@ -735,7 +740,7 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
   if (K / group > kMaxGroups) return 1;
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
 #ifdef BRISK_AVX2
-  const bool vnni = integer_x == 1 && cpu_has_vnni();
+  const bool vnni = (integer_x == 1 || integer_x == 3) && cpu_has_vnni();
   if (integer_x && K % kSpan == 0 && vnni) {
     if (bits == 4) return integer_matmul<4, true>(weights, x, bias, out, M, threads), 0;
     if (bits == 5) return integer_matmul<5, true>(weights, x, bias, out, M, threads), 0;
@@ -775,10 +780,15 @@ int brisk_quantized_matmul_has_vnni() {
 #endif
 }
 
+// integer_x 1: on a CPU with AMX, 4- and 8-bit weights take amx_matmul.cpp's tiles (x rounded
+// to integers as in the few-row path); otherwise, and for 0, 2 and 3, dequantized tiles + sgemm.
 int brisk_quantized_matmul_dense(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                  int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
-                                 int group, int threads) {
+                                 int group, int threads, int integer_x) {
   if (!supported(bits, group) || K % group || N < 1 || M < 1) return 1;
+  if (integer_x == 1 && brisk_amx_quantized_matmul(x, w, scales, biases, scale_type, bias, out, M, K, N, bits, group,
+                                                   threads) == 0)
+    return 0;
   const Sgemm sgemm = find_sgemm();
   if (!sgemm) return 3;
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
@@ -824,5 +834,5 @@ void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* 
 // before it builds a node, since a node cannot decline once queued).
 int brisk_quantized_matmul_has_sgemm() { return find_sgemm() != nullptr; }
 
-int brisk_quantized_matmul_version() { return 5; }
+int brisk_quantized_matmul_version() { return 6; }
 }

@@ -39,7 +39,7 @@ extern "C" {
 int brisk_quantized_matmul_rows(const float*, const uint32_t*, const void*, const void*, int, const float*, float*,
                                 int, int, int, int, int, int, int);
 int brisk_quantized_matmul_dense(const float*, const uint32_t*, const void*, const void*, int, const float*, float*,
-                                 int, int, int, int, int, int);
+                                 int, int, int, int, int, int, int);
 int brisk_quantized_gather(const int32_t*, int, const uint32_t*, const void*, const void*, int, float*, int, int,
                            int, int);
 int brisk_quantized_matmul_has_sgemm();
@@ -162,7 +162,7 @@ class QuantizedMatmul : public CpuPrimitive {
       const float* x = xs.data();
       const int code = M <= kMaxQuantizedFewRows
                            ? brisk_quantized_matmul_rows(x, w, s, b, type, bias, y, M, K, N, bits, group, threads, integer_x)
-                           : brisk_quantized_matmul_dense(x, w, s, b, type, bias, y, M, K, N, bits, group, threads);
+                           : brisk_quantized_matmul_dense(x, w, s, b, type, bias, y, M, K, N, bits, group, threads, integer_x);
       if (code) throw std::runtime_error("brisk quantized matmul declined (code " + std::to_string(code) + ")");
     });
   }
@@ -182,7 +182,7 @@ class QuantizedMatmul : public CpuPrimitive {
  private:
   int bits_, group_, scale_type_, threads_;
   bool has_bias_;
-  int integer_x_;  // brisk_quantized_matmul_rows's integer_x: 0 float x, 1 fastest, 2 without VNNI
+  int integer_x_;  // the kernels' integer_x: 0 float x, 1 fastest, 2 without VNNI, 3 without AMX
 };
 
 // Rows `ids` of a quantized (V, K) table, dequantized to float32: the embedding lookup.
@@ -753,5 +753,5 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 11; });
+  m.def("version", [] { return 12; });
 }
