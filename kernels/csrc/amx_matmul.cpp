@@ -44,6 +44,7 @@ namespace {
 constexpr int kTile = 16;   // outputs per tile, and rows of x per tile
 constexpr int kBlock = 32;  // values of x per rounding scale d; bytes of a weight tile's row
 constexpr float kLevels = 127.f * 128.f;
+constexpr int kPanels = 4;  // tiles of 16 outputs that share each pass over x's tiles
 
 // Linux hands out the tile registers' state only on request (arch_prctl), once per process.
 bool request_tiles() {
@@ -222,39 +223,50 @@ BRISK_AMX inline void accumulate(const int32_t* hi, const int32_t* lo, const flo
     _tile_stored(LO, (store) + kTile * kTile, 4 * kTile);           \
   } while (0)
 
-BRISK_AMX void output_tile(const Job& job, int n0, uint8_t* panel, float* scale, float* offset) {
+// One tile of 16 outputs: its weights unpacked (16 rows x K bytes) and its scales and
+// biases as float32 (16 rows x groups each).
+struct Panel {
+  uint8_t* bytes;
+  float *scale, *offset;
+  int n0;
+};
+
+BRISK_AMX void prepare_panel(const Job& job, const Panel& p) {
+  unpack_rows(job, p.n0, p.bytes);
+  tile_scales(job, p.n0, job.scales, p.scale);
+  tile_scales(job, p.n0, job.biases, p.offset);
+}
+
+// The panel's 16 outputs for x's rows [16t, 16t + 16).
+BRISK_AMX void output_tile(const Job& job, const Panel& p, int t) {
   const TiledX& x = *job.x;
-  const int K = job.K, blocks = x.blocks, groups = x.groups, per_group = job.group / kBlock;
-  unpack_rows(job, n0, panel);
-  tile_scales(job, n0, job.scales, scale);
-  tile_scales(job, n0, job.biases, offset);
+  const int K = job.K, blocks = x.blocks, groups = x.groups, per_group = job.group / kBlock, n0 = p.n0;
+  const uint8_t* panel = p.bytes;
   alignas(64) int32_t stored[2][2 * kTile * kTile];  // a block's hi and lo sums, even and odd blocks
   const int columns = std::min(kTile, job.N - n0);
-  for (int t = 0; t < x.tiles; ++t) {
-    __m512 acc[kTile];  // output r: lanes over the tile's 16 rows of x
-    for (int r = 0; r < kTile; ++r) acc[r] = _mm512_setzero_ps();
-    // A software pipeline: block b's tiles run while block b - 1's sums are accumulated (a
-    // load right after a tile store would wait for it).
-    BRISK_TILE_BLOCK(TILE_SUM_HI0, TILE_SUM_LO0, 0, stored[0]);
-    for (int b = 1; b <= blocks; ++b) {
-      if (b < blocks) {
-        if (b % 2) BRISK_TILE_BLOCK(TILE_SUM_HI1, TILE_SUM_LO1, b, stored[1]);
-        else BRISK_TILE_BLOCK(TILE_SUM_HI0, TILE_SUM_LO0, b, stored[0]);
-      }
-      const int32_t* done = stored[(b - 1) % 2];
-      accumulate(done, done + kTile * kTile, scale, groups, (b - 1) / per_group, _mm512_loadu_ps(x.d_of(t, b - 1)), acc);
+  __m512 acc[kTile];  // output r: lanes over the tile's 16 rows of x
+  for (int r = 0; r < kTile; ++r) acc[r] = _mm512_setzero_ps();
+  // A software pipeline: block b's tiles run while block b - 1's sums are accumulated (a
+  // load right after a tile store would wait for it).
+  BRISK_TILE_BLOCK(TILE_SUM_HI0, TILE_SUM_LO0, 0, stored[0]);
+  for (int b = 1; b <= blocks; ++b) {
+    if (b < blocks) {
+      if (b % 2) BRISK_TILE_BLOCK(TILE_SUM_HI1, TILE_SUM_LO1, b, stored[1]);
+      else BRISK_TILE_BLOCK(TILE_SUM_HI0, TILE_SUM_LO0, b, stored[0]);
     }
-    for (int g = 0; g < groups; ++g) {  // outputs inner: 16 independent chains, not one long one
-      const __m512 sums = _mm512_loadu_ps(x.sums_of(t, g));
-      for (int r = 0; r < kTile; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(offset[r * groups + g]), sums, acc[r]);
-    }
-    const int rows = std::min(kTile, x.M - t * kTile);
-    for (int r = 0; r < columns; ++r) {
-      const __m512 y = job.bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(job.bias[n0 + r])) : acc[r];
-      alignas(64) float column[kTile];
-      _mm512_store_ps(column, y);
-      for (int m = 0; m < rows; ++m) job.out[int64_t(t * kTile + m) * job.N + n0 + r] = column[m];
-    }
+    const int32_t* done = stored[(b - 1) % 2];
+    accumulate(done, done + kTile * kTile, p.scale, groups, (b - 1) / per_group, _mm512_loadu_ps(x.d_of(t, b - 1)), acc);
+  }
+  for (int g = 0; g < groups; ++g) {  // outputs inner: 16 independent chains, not one long one
+    const __m512 sums = _mm512_loadu_ps(x.sums_of(t, g));
+    for (int r = 0; r < kTile; ++r) acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(p.offset[r * groups + g]), sums, acc[r]);
+  }
+  const int rows = std::min(kTile, x.M - t * kTile);
+  for (int r = 0; r < columns; ++r) {
+    const __m512 y = job.bias ? _mm512_add_ps(acc[r], _mm512_set1_ps(job.bias[n0 + r])) : acc[r];
+    alignas(64) float column[kTile];
+    _mm512_store_ps(column, y);
+    for (int m = 0; m < rows; ++m) job.out[int64_t(t * kTile + m) * job.N + n0 + r] = column[m];
   }
 }
 #undef BRISK_TILE_BLOCK
@@ -264,13 +276,24 @@ BRISK_AMX void run_unit(void* context, int unit) {
   const int first = unit * job.per_unit, last = std::min((job.N + kTile - 1) / kTile, first + job.per_unit);
   if (first >= last) return;
   const int groups = job.K / job.group;
-  thread_local std::vector<uint8_t> panel;
+  // A few panels at a time meet each tile of x in turn: x's tiles for all of K (1 KB a block)
+  // are read once per few panels from L2, not once per panel from further out.
+  thread_local std::vector<uint8_t> bytes;
   thread_local std::vector<float> scales;
-  panel.resize(int64_t(kTile) * job.K);
-  scales.resize(2 * kTile * groups);
+  bytes.resize(int64_t(kPanels) * kTile * job.K);
+  scales.resize(int64_t(kPanels) * 2 * kTile * groups);
   configure_tiles();
-  for (int tile = first; tile < last; ++tile)
-    output_tile(job, tile * kTile, panel.data(), scales.data(), scales.data() + kTile * groups);
+  for (int tile = first; tile < last; tile += kPanels) {
+    Panel panels[kPanels];
+    const int count = std::min(kPanels, last - tile);
+    for (int i = 0; i < count; ++i) {
+      float* s = scales.data() + int64_t(i) * 2 * kTile * groups;
+      panels[i] = {bytes.data() + int64_t(i) * kTile * job.K, s, s + kTile * groups, (tile + i) * kTile};
+      prepare_panel(job, panels[i]);
+    }
+    for (int t = 0; t < job.x->tiles; ++t)
+      for (int i = 0; i < count; ++i) output_tile(job, panels[i], t);
+  }
   _tile_release();
 }
 #endif
