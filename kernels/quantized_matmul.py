@@ -14,7 +14,7 @@ scale, so weights and x meet in integer multiply-adds (about 2x faster decode la
 rounding costs about 1e-4 of a layer's output). `BRISK_INTEGER_ACTIVATIONS=0`, or
 `integer_activations=False` per call, keeps x in float32, where the kernel agrees with the
 reference to float rounding (about 1e-6 relative). More rows keep x in float32 for sgemm,
-except on CPUs with AMX (found at run time): there 4- and 8-bit weights meet the same
+except on CPUs with AMX (found at run time): there 4-, 5- and 8-bit weights meet the same
 integer x in AMX tiles (kernels/csrc/amx_matmul.cpp), about 1.7x sgemm; `BRISK_AMX=0` or
 `amx=False` keeps sgemm.
 On CPUs with AVX512-VNNI (found at run time) the integer products use vpdpbusd, which also

@@ -1,6 +1,6 @@
 // Prefill's quantized linear layers on AMX tiles (Intel Sapphire Rapids and later, found at
 // run time: the library stays built for AVX2): y = x @ dequantize(w).T (+ bias) for MLX's
-// affine 4- and 8-bit weights and many rows of x.
+// affine 4-, 5- and 8-bit weights and many rows of x.
 //
 // Why: a prefill chunk's matmuls were sgemm on dequantized float32 tiles, 77% of a
 // Qwen-1.5B prefill (`brisk bench prefill-profile`), at about 300 GFLOP/s here. One tdpbusd
@@ -39,7 +39,8 @@ extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, i
 namespace {
 
 #ifdef BRISK_AMX_BUILD
-#define BRISK_AMX __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,amx-tile,amx-int8")))
+#define BRISK_AMX \
+  __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,amx-tile,amx-int8")))
 
 constexpr int kTile = 16;   // outputs per tile, and rows of x per tile
 constexpr int kBlock = 32;  // values of x per rounding scale d; bytes of a weight tile's row
@@ -53,7 +54,8 @@ bool request_tiles() {
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
   if (!tile || !int8 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq"))
+      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq") ||
+      !__builtin_cpu_supports("avx512vbmi"))  // every AMX CPU has it: the 5-bit unpacking uses it
     return false;
   return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
 }
@@ -146,6 +148,24 @@ struct Job {
   int per_unit;  // tiles of 16 outputs per pool unit
 };
 
+// A 5-bit row (MLX: value k at bits [5k, 5k + 5) of the row's bytes, 8 values in every 5
+// bytes) as one byte per value, in order, 64 values (40 bytes) at a time: each 64-bit lane
+// gets the 8 bytes from its 5-byte chunk on (vpermb), and vpmultishiftqb picks value j at
+// bit 5j of the lane.
+BRISK_AMX void unpack5_row(const uint8_t* src, int K, uint8_t* dst) {
+  alignas(64) int8_t from[64], shift[64];
+  for (int c = 0; c < 8; ++c)
+    for (int j = 0; j < 8; ++j) from[8 * c + j] = int8_t(5 * c + j), shift[8 * c + j] = int8_t(5 * j);
+  const __m512i gather = _mm512_load_si512(from), offsets = _mm512_load_si512(shift), mask = _mm512_set1_epi8(31);
+  for (int k = 0; k < K; k += 64) {
+    const int values = std::min(64, K - k);  // 64, or 32 for an odd last block
+    const __m512i raw = _mm512_maskz_loadu_epi8((__mmask64(1) << (values * 5 / 8)) - 1, src + k * 5 / 8);
+    const __m512i bytes = _mm512_permutexvar_epi8(gather, raw);
+    const __m512i unpacked = _mm512_and_si512(_mm512_multishift_epi64_epi8(offsets, bytes), mask);
+    _mm512_mask_storeu_epi8(dst + k, values == 64 ? ~__mmask64(0) : (__mmask64(1) << values) - 1, unpacked);
+  }
+}
+
 // The 16 weight rows from n0, one byte per value: row r of block b at panel + r * K + 32 b
 // (4-bit rows as evens, then odds); rows past N are zero.
 BRISK_AMX void unpack_rows(const Job& job, int n0, uint8_t* panel) {
@@ -162,6 +182,10 @@ BRISK_AMX void unpack_rows(const Job& job, int n0, uint8_t* panel) {
     const uint8_t* src = job.w + (n0 + r) * row_bytes;
     if (job.bits == 8) {
       std::memcpy(dst, src, K);
+      continue;
+    }
+    if (job.bits == 5) {
+      unpack5_row(src, K, dst);
       continue;
     }
     for (int k = 0; k < K; k += 128) {  // 4 blocks: 64 packed bytes (a masked load for the last 1-3)
@@ -312,12 +336,13 @@ int brisk_amx_available() {
 }
 
 // y (M x N) = x (M x K) @ dequantize(w).T + bias on AMX: 0 done, 1 declined (no AMX here,
-// bits other than 4 and 8, groups other than 32 and 64).
+// bits other than 4, 5 and 8, groups other than 32 and 64).
 int brisk_amx_quantized_matmul(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
                                int group, int threads) {
 #ifdef BRISK_AMX_BUILD
-  if (!has_amx() || (bits != 4 && bits != 8) || (group != 32 && group != 64) || K % group || M < 1 || N < 1)
+  if (!has_amx() || (bits != 4 && bits != 5 && bits != 8) || (group != 32 && group != 64) || K % group || M < 1 ||
+      N < 1)
     return 1;
   thread_local TiledX tiled;  // reused: fresh pages would fault on every call
   tiled.M = M, tiled.K = K, tiled.bits = bits, tiled.group = group, tiled.x = x;

@@ -18,7 +18,7 @@
 // without AVX2.
 // Many rows (prefill): tiles of the weight are dequantized to float32 and multiplied by
 // the process's cblas_sgemm (MKL when engine/blas.py loaded it), so prefill runs at sgemm
-// speed plus one pass of dequantization; on CPUs with AMX, 4- and 8-bit weights go to
+// speed plus one pass of dequantization; on CPUs with AMX, 4-, 5- and 8-bit weights go to
 // amx_matmul.cpp's integer tiles instead (about 1.7x sgemm here).
 // Threads come from a small persistent pool: a decode step makes ~200 of these calls, too
 // many to start threads for each. Built by kernels/native.py and called through ctypes, and
@@ -780,7 +780,7 @@ int brisk_quantized_matmul_has_vnni() {
 #endif
 }
 
-// integer_x 1: on a CPU with AMX, 4- and 8-bit weights take amx_matmul.cpp's tiles (x rounded
+// integer_x 1: on a CPU with AMX, 4-, 5- and 8-bit weights take amx_matmul.cpp's tiles (x rounded
 // to integers as in the few-row path); otherwise, and for 0, 2 and 3, dequantized tiles + sgemm.
 int brisk_quantized_matmul_dense(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                  int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
