@@ -306,6 +306,24 @@ void column_dots(const uint8_t* row, const float* scale, int per_group_shift, co
 }
 #endif
 
+// Decode reads each column's group scales and biases (a quarter of a 4-bit g32 layer's bytes)
+// from arrays of their own, which the weights' prefetch does not cover: column n fetches
+// those of the column about 12 KB of weights ahead. SmolLM2's decode waited on them
+// (scales_to_float 8.6% of its step in perf, nearly all on the first use of the loaded
+// value): +3-8% decode tok/s in interleaved A/B within one build (4 columns ahead gained
+// nothing, 16-64 about the same; Qwen-1.5B at 16 columns unchanged).
+constexpr int64_t kScalesAheadBytes = 12 << 10;
+inline void prefetch_scales(const Weights& w, int n) {
+  const int ahead = int(std::clamp<int64_t>(kScalesAheadBytes / w.row_bytes(), 4, 64));
+  if (n + ahead >= w.N) return;
+  const int size = w.scale_type == kF32 ? 4 : 2;
+  const int64_t at = int64_t(n + ahead) * w.groups() * size, bytes = int64_t(w.groups()) * size;
+  for (int64_t line = 0; line < bytes; line += 64) {
+    __builtin_prefetch(static_cast<const char*>(w.scales) + at + line);
+    __builtin_prefetch(static_cast<const char*>(w.biases) + at + line);
+  }
+}
+
 constexpr int kRowTile = 4;
 constexpr int kMaxGroups = 1 << 12;  // K up to 131072 in groups of 32
 
@@ -597,6 +615,7 @@ template <int BITS, int GROUP, bool VNNI>
 void integer_column(const Weights& w, const IntegerRows& x, const float* bias, float* out, int n) {
   const int groups = w.groups();
   float scale[kMaxGroups], offset[kMaxGroups], dots[kMaxRows];
+  prefetch_scales(w, n);
   scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
   scales_to_float(w.biases, w.scale_type, int64_t(n) * groups, groups, offset);
   int m = 0;  // the same sums in the same order for a row alone or in a tile of 4
