@@ -4,11 +4,11 @@ import shutil
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 from kernels import native
 from kernels.quantized_matmul import integer_products, quantized_matmul_native, quantized_matmul_reference
+from tests.kernels.test_quantized_matmul import _integer_rounded, _quantized
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 pytestmark = [
@@ -31,21 +31,6 @@ def _has_amx() -> bool:
 def _skip_without_amx() -> None:
     if not _has_amx():
         pytest.skip("no AMX (AMX-TILE and AMX-INT8 with AVX-512) on this CPU: prefill stays on sgemm")
-
-
-def _quantized(n, k, bits, group, dtype, seed):
-    mx.random.seed(seed)
-    packed, scales, biases = mx.quantize(mx.random.normal((n, k)) * 0.05, group_size=group, bits=bits)
-    return packed, scales.astype(dtype), biases.astype(dtype)
-
-
-def _integer_rounded(x: mx.array) -> mx.array:
-    """x as the integer paths see it: each block of 32 values rounded to q * d, with d =
-    max|x| / (127 * 128) and q = rint(x / d)."""
-    v = np.array(x, np.float32).reshape(-1, 32)
-    d = np.abs(v).max(axis=1, keepdims=True) / np.float32(127 * 128)
-    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
-    return mx.array((np.rint(v * inverse) * d).reshape(x.shape))
 
 
 def test_amx_is_used_exactly_where_the_cpu_has_it():
