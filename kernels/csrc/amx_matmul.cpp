@@ -347,7 +347,9 @@ int brisk_amx_quantized_matmul(const float* x, const uint32_t* w, const void* sc
   thread_local TiledX tiled;  // reused: fresh pages would fault on every call
   tiled.M = M, tiled.K = K, tiled.bits = bits, tiled.group = group, tiled.x = x;
   tiled.tiles = (M + kTile - 1) / kTile, tiled.blocks = K / kBlock, tiled.groups = K / group;
-  tiled.bytes.assign(int64_t(tiled.tiles) * tiled.blocks * 1024, 0);
+  // Full tiles are written whole by tile_rows; only a last, partial tile needs zero rows.
+  tiled.bytes.resize(int64_t(tiled.tiles) * tiled.blocks * 1024);
+  if (M % kTile) std::fill_n(tiled.bytes.data() + int64_t(tiled.tiles - 1) * tiled.blocks * 1024, tiled.blocks * 1024, 0);
   tiled.d.assign(int64_t(tiled.tiles) * tiled.blocks * kTile, 0.f);
   tiled.sums.assign(int64_t(tiled.tiles) * tiled.groups * kTile, 0.f);
   brisk_parallel_for(tiled.tiles, threads, tile_rows_unit, &tiled);

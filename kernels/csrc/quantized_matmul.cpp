@@ -743,7 +743,6 @@ extern "C" {
 
 int brisk_amx_quantized_matmul(const float*, const uint32_t*, const void*, const void*, int, const float*, float*, int,
                                int, int, int, int, int);  // amx_matmul.cpp
-int brisk_amx_available();
 
 // Returns 0 on success, or a positive code the caller falls back on:
 // 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
