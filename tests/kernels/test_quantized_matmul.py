@@ -134,7 +134,8 @@ def test_integer_rows_alone_and_in_a_tile_give_the_same_bits(bits, vnni):
     """A verify pass's rows (tiles of 4) must match one-row decode steps bit for bit, or
     greedy speculative decoding would drift from plain decoding."""
     _skip_without_integer_path(bits, vnni)
-    packed, scales, biases = _quantized(40, 320, bits, 64, mx.float16, seed=9)  # 5 spans: a pair's tail too
+    # 5 spans: a pair's tail too; 43 columns: one row takes them 4 at a time, the last 3 alone
+    packed, scales, biases = _quantized(43, 320, bits, 64, mx.float16, seed=9)
     x = mx.random.normal((30, 320))  # up to the few-row limit: 7 tiles of 4, then 2 rows alone
     options = dict(bits=bits, group_size=64, integer_activations=True, vnni=vnni)
     together = quantized_matmul_native(x, packed, scales, biases, **options)
