@@ -168,27 +168,58 @@ void fold_block(const Problem& p, Row& row, const float* const* keys, const floa
 #endif
 }
 
-// One work unit: KV head `h` of batch `b`, query positions [i0, i1), every query head of
-// the group.
-void attend_unit(const Problem& p, int b, int h, int i0, int i1, std::vector<float>& scratch,
-                 std::vector<float>& widened) {
+// Keys fold into a row in parts of kPartKeys positions, each with a softmax of its own, merged
+// in order into the row's total (as flash decoding does). A row's arithmetic depends only on
+// its own limit, never on which rows share its unit or on how units are split: one-row decode
+// and a verify pass's rows give the same bits. A decode step has one unit per KV head (3 for
+// SmolLM2: on two threads one waited a third of the time); its parts can run as units of their own.
+constexpr int kPartKeys = 256;
+
+// A row's softmax state over some keys: running max and sum, and its unnormalised output.
+struct State {
+  float max, sum;
+  float* acc;  // D floats
+};
+
+// total <- total merged with a part's max, sum and output (a part that saw no key leaves the
+// total as it was).
+void merge(State& total, float max, float sum, const float* acc, int D) {
+  if (max == -INFINITY) return;
+  const float m = std::max(total.max, max);
+  const float a = std::exp2(total.max - m), b = std::exp2(max - m);  // a = 0 while total is empty
+  total.sum = total.sum * a + sum * b;
+  total.max = m;
+  for (int d = 0; d < D; ++d) total.acc[d] = total.acc[d] * a + acc[d] * b;
+}
+
+// The softmax's output from a row's merged state.
+void write_row(const State& total, float* out, int D) {
+  const float inv = total.sum > 0.f ? 1.f / total.sum : 0.f;
+  for (int d = 0; d < D; ++d) out[d] = total.acc[d] * inv;
+}
+
+// One work unit: KV head `h` of batch `b`, query positions [i0, i1), every query head of the
+// group, over key parts [part0, part1). With `states` null the unit holds every part its rows
+// see and writes their outputs; else it writes each row's merged state there as max, sum and
+// D floats of output, in the unit's row order.
+void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int part1, float* states,
+                 std::vector<float>& scratch, std::vector<float>& widened) {
   const int rep = p.Hq / p.Hkv, D = p.D, tile = i1 - i0;
   const int rows_n = rep * tile;
-  scratch.assign(size_t(rows_n) * D, 0.f);
+  scratch.assign(size_t(2 * rows_n) * D, 0.f);  // each row's part output, then its total
   Row rows[kQueryTile * 64];
+  State totals[kQueryTile * 64];
   int reach = 0;
   for (int r = 0; r < rep; ++r) {
     for (int i = i0; i < i1; ++i) {
-      Row& row = rows[r * tile + (i - i0)];
+      const int at = r * tile + (i - i0);
+      Row& row = rows[at];
       row = Row{};
       const int64_t head = int64_t(b) * p.Hq + h * rep + r;
       row.q = p.q + (head * p.L + i) * D;
-      row.acc = scratch.data() + size_t(r * tile + (i - i0)) * D;
+      row.acc = scratch.data() + size_t(at) * D;
       row.limit = p.causal ? p.S - p.L + i + 1 : p.S;
-      if (p.sinks) {  // the sink's share of the softmax starts the running sum: exp2(0) = 1
-        row.max = p.sinks[h * rep + r] * kLog2e;
-        row.sum = 1.f;
-      }
+      totals[at] = State{-INFINITY, 0.f, scratch.data() + size_t(rows_n + at) * D};
       reach = std::max(reach, row.limit);
     }
   }
@@ -196,34 +227,50 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, std::vector<flo
   const float* keys[kKeyBlock];
   const float* values[kKeyBlock];
   if (p.half) widened.resize(size_t(2) * kKeyBlock * D);
-  for (int j0 = 0; j0 < reach; j0 += kKeyBlock) {
-    const int n_block = std::min(kKeyBlock, reach - j0);
-    if (p.half) {
-      float* const block_k = widened.data();
-      float* const block_v = block_k + kKeyBlock * D;
-      widen_rows(static_cast<const uint16_t*>(p.k) + k_at + j0 * p.k_strides[2], p.k_strides[2], n_block, D, block_k);
-      widen_rows(static_cast<const uint16_t*>(p.v) + v_at + j0 * p.v_strides[2], p.v_strides[2], n_block, D, block_v);
-      for (int j = 0; j < n_block; ++j) keys[j] = block_k + j * D, values[j] = block_v + j * D;
-    } else {
-      for (int j = 0; j < n_block; ++j) {
-        keys[j] = static_cast<const float*>(p.k) + k_at + (j0 + j) * p.k_strides[2];
-        values[j] = static_cast<const float*>(p.v) + v_at + (j0 + j) * p.v_strides[2];
+  for (int part = part0; part < part1 && part * kPartKeys < reach; ++part) {
+    for (int at = 0; at < rows_n; ++at) {
+      Row& row = rows[at];
+      row.max = -INFINITY, row.sum = 0.f;
+      std::fill_n(row.acc, D, 0.f);
+      if (p.sinks && part == 0) {  // the sink's share of the softmax starts the running sum: exp2(0) = 1
+        row.max = p.sinks[h * rep + at / tile] * kLog2e;
+        row.sum = 1.f;
       }
     }
-    for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
-    for (int r = 0; r < rows_n; ++r) {
-      const int n = std::min(n_block, rows[r].limit - j0);
-      if (n > 0) fold_block(p, rows[r], keys, values, n);
+    const int end = std::min(reach, (part + 1) * kPartKeys);
+    for (int j0 = part * kPartKeys; j0 < end; j0 += kKeyBlock) {
+      const int n_block = std::min(kKeyBlock, end - j0);
+      if (p.half) {
+        float* const block_k = widened.data();
+        float* const block_v = block_k + kKeyBlock * D;
+        widen_rows(static_cast<const uint16_t*>(p.k) + k_at + j0 * p.k_strides[2], p.k_strides[2], n_block, D, block_k);
+        widen_rows(static_cast<const uint16_t*>(p.v) + v_at + j0 * p.v_strides[2], p.v_strides[2], n_block, D, block_v);
+        for (int j = 0; j < n_block; ++j) keys[j] = block_k + j * D, values[j] = block_v + j * D;
+      } else {
+        for (int j = 0; j < n_block; ++j) {
+          keys[j] = static_cast<const float*>(p.k) + k_at + (j0 + j) * p.k_strides[2];
+          values[j] = static_cast<const float*>(p.v) + v_at + (j0 + j) * p.v_strides[2];
+        }
+      }
+      for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
+      for (int r = 0; r < rows_n; ++r) {
+        const int n = std::min(n_block, rows[r].limit - j0);
+        if (n > 0) fold_block(p, rows[r], keys, values, n);
+      }
     }
+    for (int at = 0; at < rows_n; ++at) merge(totals[at], rows[at].max, rows[at].sum, rows[at].acc, D);
   }
-  for (int r = 0; r < rep; ++r) {
-    for (int i = i0; i < i1; ++i) {
-      const Row& row = rows[r * tile + (i - i0)];
-      const int64_t head = int64_t(b) * p.Hq + h * rep + r;
-      float* out = p.out + (head * p.L + i) * D;
-      const float inv = row.sum > 0.f ? 1.f / row.sum : 0.f;
-      for (int d = 0; d < D; ++d) out[d] = row.acc[d] * inv;
+  for (int at = 0; at < rows_n; ++at) {
+    const State& total = totals[at];
+    if (states) {
+      float* state = states + size_t(at) * (D + 2);
+      state[0] = total.max, state[1] = total.sum;
+      std::copy_n(total.acc, D, state + 2);
+      continue;
     }
+    const int r = at / tile, i = i0 + at % tile;
+    const int64_t head = int64_t(b) * p.Hq + h * rep + r;
+    write_row(total, p.out + (head * p.L + i) * D, D);
   }
 }
 
@@ -249,20 +296,47 @@ int brisk_attention(const float* q, const void* k, const void* v, int kv_half, f
   Problem p{q, k, v, out, B, Hq, Hkv, L, S, D, {}, {}, scale * kLog2e, causal != 0, sinks, kv_half != 0};
   std::memcpy(p.k_strides, k_strides, sizeof(p.k_strides));
   std::memcpy(p.v_strides, v_strides, sizeof(p.v_strides));
-  const int tiles = (L + kQueryTile - 1) / kQueryTile;
-  const int units = B * Hkv * tiles;
+  const int tiles = (L + kQueryTile - 1) / kQueryTile, parts = (S + kPartKeys - 1) / kPartKeys;
+  const int rep = Hq / Hkv;
+  // Few units (decode, short verify passes): each key part is a unit of its own, the rows'
+  // states merged here after.
+  const bool split = B * Hkv * tiles < 2 * threads && parts > 1 && tiles == 1;
+  const int units = B * Hkv * tiles * (split ? parts : 1);
+  thread_local std::vector<float> states;  // per unit: L * rep rows of max, sum and D outputs
+  const size_t unit_floats = size_t(L) * rep * (D + 2);
+  if (split) states.resize(units * unit_floats);
+  float* const unit_states = states.data();  // the caller's: in the lambda `states` names each thread's own
   // Later query tiles see more keys (causal): hand them out first so the threads finish together.
   auto run = [&](int u, std::vector<float>& scratch, std::vector<float>& widened) {
+    if (split) {
+      const int part = u % parts, h = (u / parts) % Hkv, b = u / (parts * Hkv);
+      attend_unit(p, b, h, 0, L, part, part + 1, unit_states + u * unit_floats, scratch, widened);
+      return;
+    }
     const int t = tiles - 1 - u % tiles, h = (u / tiles) % Hkv, b = u / (tiles * Hkv);
-    attend_unit(p, b, h, t * kQueryTile, std::min(L, (t + 1) * kQueryTile), scratch, widened);
+    attend_unit(p, b, h, t * kQueryTile, std::min(L, (t + 1) * kQueryTile), 0, parts, nullptr, scratch, widened);
   };
   auto trampoline = [](void* context, int u) {
     thread_local std::vector<float> scratch, widened;  // the pool's threads live on: so do these
     (*static_cast<decltype(run)*>(context))(u, scratch, widened);
   };
   brisk_parallel_for(units, threads, trampoline, &run);
+  if (split) {  // each row's parts merged in order, as one unit holding them all merges them
+    std::vector<float> acc(D);
+    for (int bh = 0; bh < B * Hkv; ++bh)
+      for (int at = 0; at < L * rep; ++at) {
+        State total{-INFINITY, 0.f, acc.data()};
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int part = 0; part < parts; ++part) {
+          const float* state = unit_states + (size_t(bh) * parts + part) * unit_floats + size_t(at) * (D + 2);
+          merge(total, state[0], state[1], state + 2, D);
+        }
+        const int b = bh / Hkv, h = bh % Hkv, r = at / L, i = at % L;
+        write_row(total, out + ((int64_t(b) * Hq + h * rep + r) * L + i) * D, D);
+      }
+  }
   return 0;
 }
 
-int brisk_attention_version() { return 2; }
+int brisk_attention_version() { return 3; }
 }

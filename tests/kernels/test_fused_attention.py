@@ -223,3 +223,34 @@ def test_without_the_primitives_nothing_is_rebound(tmp_path, monkeypatch):
     lm = load_folder(make_tiny_model(tmp_path / "llama", "llama"), model_id="llama")
     assert use_fused_attention(lm.model) == 0
     assert llama.scaled_dot_product_attention is fused_attention.MLX_LM_SDPA
+
+
+@pytest.mark.parametrize("shape", [(1, 9, 3, 1, 1000, 64), (1, 12, 2, 1, 700, 128), (1, 9, 3, 5, 600, 64)])
+@pytest.mark.parametrize("kv_dtype", [mx.float32, mx.float16])
+def test_decode_over_many_key_parts_equals_mlx(shape, kv_dtype):
+    """Decode and short verify passes over more than 256 keys split the keys into parts run
+    as units of their own, merged after (attention.cpp's kPartKeys)."""
+    q, k, v = _problem(shape, kv_dtype)
+    d = shape[-1]
+    want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=d**-0.5, mask="causal")
+    assert _relative_error(attention_native(q, k, v, scale=d**-0.5, mask="causal"), want) < 1e-5
+
+
+@pytest.mark.parametrize("length", [5, 20])  # 5: split into key parts as decode is; 20: two query tiles, not split
+def test_a_row_gives_the_same_bits_alone_as_in_a_verify_pass(length):
+    """Greedy speculative decoding equals plain decoding only if a verify pass's row i comes
+    out exactly as the decode step over the same keys would give it."""
+    q, k, v = _problem((1, 9, 3, length, 900, 64), mx.float16)
+    together = attention_native(q, k, v, scale=0.125, mask="causal")
+    for i in range(length):
+        keys = 900 - length + i + 1
+        alone = attention_native(q[:, :, i : i + 1], k[:, :, :keys], v[:, :, :keys], scale=0.125, mask="causal")
+        assert mx.array_equal(alone[:, :, 0], together[:, :, i]).item()
+
+
+def test_sinks_start_only_the_first_key_part():
+    q = mx.random.normal((1, 6, 1, 64))
+    k, v = mx.random.normal((2, 1, 2, 700, 64))
+    sinks = mx.random.normal((6,)) * 3
+    want = attention_reference(q, k, v, scale=0.125, mask="causal", sinks=sinks)
+    assert _relative_error(attention_native(q, k, v, scale=0.125, mask="causal", sinks=sinks), want) < 1e-5
