@@ -643,11 +643,11 @@ BRISK_VNNI void integer_block_vnni(const Weights& w, int n0, const IntegerRows& 
       __m512i first_half, second_half;
       span_pair_weights<BITS>(row, q, first_half, second_half);
       for (int r = 0; r < R; ++r) {
-        __m512i h = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first_half, hi0[r]);
-        __m512i l = _mm512_dpbusd_epi32(_mm512_setzero_si512(), first_half, lo0[r]);
-        h = _mm512_dpbusd_epi32(h, second_half, hi1[r]);
-        l = _mm512_dpbusd_epi32(l, second_half, lo1[r]);
-        const __m512 sums = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_slli_epi32(h, 7), l));
+        // hi's sums times 128, then lo's added into them: (h << 7) + l without a separate add
+        __m512i t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), first_half, hi0[r]), second_half,
+                                        hi1[r]);
+        t = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_slli_epi32(t, 7), first_half, lo0[r]), second_half, lo1[r]);
+        const __m512 sums = _mm512_cvtepi32_ps(t);
         acc[c][r] = _mm512_fmadd_ps(sums, _mm512_mul_ps(s, d[r]), acc[c][r]);
       }
     }
@@ -681,7 +681,7 @@ BRISK_VNNI void integer_block_vnni(const Weights& w, int n0, const IntegerRows& 
     }
 }
 
-// Columns [begin, end) of every row: one row four columns at a time, more rows in tiles of four.
+// Columns [begin, end) of every row: one row four columns at a time, more rows in tiles of up to four.
 template <int BITS, int GROUP>
 BRISK_VNNI void integer_columns_vnni(const Weights& w, const IntegerRows& x, const float* bias, float* out, int begin,
                                      int end) {
@@ -695,7 +695,12 @@ BRISK_VNNI void integer_columns_vnni(const Weights& w, const IntegerRows& x, con
     prefetch_scales(w, n);
     int m = 0;
     for (; m + 4 <= x.M; m += 4) integer_block_vnni<BITS, GROUP, 1, 4>(w, n, x, m, bias, out);
-    for (; m < x.M; ++m) integer_block_vnni<BITS, GROUP, 1, 1>(w, n, x, m, bias, out);
+    switch (x.M - m) {  // the rows left, as one tile: each row's weights widened once for them all
+      case 1: integer_block_vnni<BITS, GROUP, 1, 1>(w, n, x, m, bias, out); break;
+      case 2: integer_block_vnni<BITS, GROUP, 1, 2>(w, n, x, m, bias, out); break;
+      case 3: integer_block_vnni<BITS, GROUP, 1, 3>(w, n, x, m, bias, out); break;
+      default: break;
+    }
   }
 }
 
