@@ -61,7 +61,6 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from kernels.activation import use_native_activation
     from kernels.fused_attention import use_fused_attention
     from kernels.native_layers import use_native_layers
-    from kernels.shared_input import fuse_shared_input_projections
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
     path = Path(path)
@@ -77,15 +76,12 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     if dtype == "float32":
         to_float32(model)
         swapped = use_native_layers(model)  # quantized layers and few-row float products
-        shared = fuse_shared_input_projections(model)  # q/k/v and gate/up as one product each
         fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)
         activation = use_native_activation(model)  # SwiGLU's silu(gate) * x
         log.debug(
-            "%s: %d layers run on the native kernels (%d groups of them fused), attention fused in %d modules, "
-            "SwiGLU native in %d",
+            "%s: %d layers run on the native kernels, attention fused in %d modules, SwiGLU native in %d",
             path.name,
             swapped,
-            shared,
             fused,
             activation,
         )
