@@ -15,7 +15,8 @@
 // heads of a KV head share every block of it they read. Attention sinks (a logit per head
 // with no value) start each row's softmax. Accumulation is in float32.
 // Work units are (batch, KV head, tile of query positions), split over the thread pool of
-// quantized_matmul.cpp.
+// quantized_matmul.cpp; when those are too few to share (decode, short verify passes), each
+// part of 256 keys is a unit of its own (see kPartKeys).
 // Built into the MLX primitives module (mlx_primitives/primitives.cpp).
 
 #include <algorithm>
