@@ -323,11 +323,11 @@ int brisk_attention(const float* q, const void* k, const void* v, int kv_half, f
   };
   brisk_parallel_for(units, threads, trampoline, &run);
   if (split) {  // each row's parts merged in order, as one unit holding them all merges them
-    std::vector<float> acc(D);
+    float acc[kMaxHeadDim];
     for (int bh = 0; bh < B * Hkv; ++bh)
       for (int at = 0; at < L * rep; ++at) {
-        State total{-INFINITY, 0.f, acc.data()};
-        std::fill(acc.begin(), acc.end(), 0.f);
+        State total{-INFINITY, 0.f, acc};
+        std::fill_n(acc, D, 0.f);
         for (int part = 0; part < parts; ++part) {
           const float* state = unit_states + (size_t(bh) * parts + part) * unit_floats + size_t(at) * (D + 2);
           merge(total, state[0], state[1], state + 2, D);

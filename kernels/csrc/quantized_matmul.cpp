@@ -663,12 +663,11 @@ BRISK_VNNI void integer_block_vnni(const Weights& w, int n0, const IntegerRows& 
       span_weights<BITS>(w.row(n0 + c), p, first_half, second_half);
       for (int r = 0; r < R; ++r) {
         const int64_t at = x.at(m0 + r, p);
-        const __m256i zero = _mm256_setzero_si256();
-        const __m256i h = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, first_half, load32(&x.hi[at])), second_half,
-                                              load32(&x.hi[at + 32]));
-        const __m256i l = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(zero, first_half, load32(&x.lo[at])), second_half,
-                                              load32(&x.lo[at + 32]));
-        const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_slli_epi32(h, 7), l));
+        __m256i t = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), first_half, load32(&x.hi[at])),
+                                        second_half, load32(&x.hi[at + 32]));
+        t = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_slli_epi32(t, 7), first_half, load32(&x.lo[at])), second_half,
+                                load32(&x.lo[at + 32]));  // (h << 7) + l, as in the pairs above
+        const __m256 sums = _mm256_cvtepi32_ps(t);
         const __m256 sd = _mm256_mul_ps(s, _mm256_loadu_ps(x.d_row(m0 + r) + p * 8));
         acc[c][r] = _mm512_fmadd_ps(_mm512_zextps256_ps512(sums), _mm512_zextps256_ps512(sd), acc[c][r]);
       }
