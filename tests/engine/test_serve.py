@@ -209,17 +209,33 @@ def test_the_context_overflow_says_so_in_openais_code(served):
     assert response.status_code == 400 and response.json()["error"]["code"] == "context_length_exceeded"
 
 
+def _an_answer_that_runs_to_max_tokens(served, max_tokens=480):
+    """A request body (seeded, no speculation) whose answer runs to max_tokens, and how long it
+    took whole: an end-of-sequence token sampled early would finish a request before its client
+    leaves (the tiny model's 384-token vocabulary makes that likely over hundreds of tokens)."""
+    for seed in range(20):
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "Go on"}],
+            "max_tokens": max_tokens,
+            "temperature": 1.0,
+            "seed": seed,
+            "brisk": {"spec_decode": "off"},
+        }
+        started = time.monotonic()
+        whole = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60).json()
+        if whole["choices"][0]["finish_reason"] == "length":
+            return body, time.monotonic() - started
+    pytest.fail("no seed ran the tiny model to max_tokens")
+
+
 def test_a_client_that_disconnects_cancels_its_request(served):
+    body, _ = _an_answer_that_runs_to_max_tokens(served)
     served_before = served.queue.stats()["served"]
     cancelled_before = served.queue.stats()["finished"].get("cancelled", 0)
-    body = {
-        "model": "tiny",
-        "messages": [{"role": "user", "content": "Go on and on"}],
-        "max_tokens": 400,
-        "temperature": 1.0,
-        "stream": True,
-    }
-    with httpx.stream("POST", f"{served.url}/v1/chat/completions", json=body, timeout=60) as response:
+    with httpx.stream(
+        "POST", f"{served.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
+    ) as response:
         for _ in response.iter_lines():
             break  # one event, then hang up
     closed = time.monotonic()
@@ -235,22 +251,7 @@ def test_a_client_that_disconnects_cancels_its_request(served):
 
 def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it(served):
     """Non-streaming: the server notices the closed connection while tokens keep coming."""
-    for seed in range(20):  # a seed whose answer runs to max_tokens, timed whole
-        body = {
-            "model": "tiny",
-            "messages": [{"role": "user", "content": "Go on"}],
-            "max_tokens": 480,
-            "temperature": 1.0,
-            "seed": seed,
-            "brisk": {"spec_decode": "off"},
-        }
-        started = time.monotonic()
-        whole = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=60).json()
-        took = time.monotonic() - started
-        if whole["choices"][0]["finish_reason"] == "length":
-            break
-    else:
-        pytest.fail("no seed ran the tiny model to max_tokens")
+    body, took = _an_answer_that_runs_to_max_tokens(served)
     cancelled_before = served.queue.stats()["finished"].get("cancelled", 0)
     with pytest.raises(httpx.TimeoutException):  # the same answer again; leave a quarter of the way in
         httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=took / 4)
