@@ -48,7 +48,10 @@ def _native_kernel_path() -> str:  # one library holds both CPU kernels
 
 def _quantized_products() -> str:
     from kernels.quantized_matmul import integer_products
+    from kernels.tiled_matmul import why_not_tiled
 
+    if why_not_tiled() is None:
+        return "VNNI-512 integer x on weights repacked in column tiles (4, 5 and 8 bits), decode to prefill"
     return integer_products()
 
 

@@ -31,10 +31,13 @@ from types import ModuleType
 from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
+TILED_PRIMITIVES = native.CSRC / "mlx_primitives" / "tiled.cpp"
 # attention.cpp (and its attention_tiles.cpp), norm_rope.cpp, sampling.cpp and activation.cpp are built
 # only here: they have no ctypes path (MLX's own ops are their fallback).
 KERNELS = [
+    TILED_PRIMITIVES,
     native.CSRC / "quantized_matmul.cpp",
+    native.CSRC / "tiled_matmul.cpp",
     native.CSRC / "amx_matmul.cpp",
     native.CSRC / "skinny_matmul.cpp",
     native.CSRC / "attention.cpp",
@@ -45,9 +48,14 @@ KERNELS = [
     native.CSRC / "activation.cpp",
 ]
 # Included by the kernels: part of the build's key.
-HEADERS = [native.CSRC / "vector_exp.h", native.CSRC / "half.h", native.CSRC / "sgemm.h"]
+HEADERS = [
+    native.CSRC / "vector_exp.h",
+    native.CSRC / "half.h",
+    native.CSRC / "sgemm.h",
+    native.CSRC / "mlx_primitives" / "primitive_base.h",
+]
 MODULE = "_brisk_mlx_ops"
-VERSION = 12
+VERSION = 13
 
 _lock = threading.Lock()
 _state: dict = {}

@@ -52,7 +52,8 @@ def analysis_options(root: Path, prebuilt: Path) -> dict:
 
     datas = collect_data_files("resources")
     datas += collect_data_files("mlx", includes=["lib/*.metallib"])  # macOS: MLX's Metal kernels
-    datas += collect_data_files("kernels", includes=["csrc/*.cpp", "csrc/*.h", "csrc/mlx_primitives/*.cpp"])
+    sources = ["csrc/*.cpp", "csrc/*.h", "csrc/mlx_primitives/*.cpp", "csrc/mlx_primitives/*.h"]
+    datas += collect_data_files("kernels", includes=sources)
     datas += [(str(prebuilt), "kernels/prebuilt")]
     for dist in METADATA:
         datas += copy_metadata(dist)

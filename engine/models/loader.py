@@ -61,6 +61,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from kernels.activation import use_native_activation
     from kernels.fused_attention import use_fused_attention
     from kernels.native_layers import use_native_layers
+    from kernels.tiled_matmul import use_tiled_layers
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
     path = Path(path)
@@ -76,12 +77,15 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     if dtype == "float32":
         to_float32(model)
         swapped = use_native_layers(model)  # quantized layers and few-row float products
+        tiled = use_tiled_layers(model)  # quantized layers repacked for VNNI-512, where the CPU has it
         fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)
         activation = use_native_activation(model)  # SwiGLU's silu(gate) * x
         log.debug(
-            "%s: %d layers run on the native kernels, attention fused in %d modules, SwiGLU native in %d",
+            "%s: %d layers run on the native kernels (%d in column tiles), attention fused in %d modules, "
+            "SwiGLU native in %d",
             path.name,
             swapped,
+            tiled,
             fused,
             activation,
         )

@@ -7,7 +7,8 @@
 // time (shared/CPU.md, issue 17). As primitives the kernels only enqueue work.
 //
 // The kernels themselves are the extern "C" functions of ../quantized_matmul.cpp,
-// ../skinny_matmul.cpp, ../attention.cpp, ../norm_rope.cpp, ../packed_attention.cpp and ../sampling.cpp, compiled into this module; kernels/mlx_extension.py builds it
+// ../skinny_matmul.cpp, ../attention.cpp, ../norm_rope.cpp, ../packed_attention.cpp and ../sampling.cpp, compiled into this module
+// (the tiled products' primitives are in tiled.cpp); kernels/mlx_extension.py builds it
 // against the installed mlx wheel's headers and libmlx, with nanobind in MLX's domain so
 // the functions take and return mlx.core.array. The Python side checks every shape,
 // dtype and format before building a node: a node is only made for calls the kernel
@@ -34,6 +35,7 @@
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
 #include "mlx/utils.h"
+#include "primitive_base.h"
 
 extern "C" {
 int brisk_quantized_matmul_rows(const float*, const uint32_t*, const void*, const void*, int, const float*, float*,
@@ -57,90 +59,12 @@ int brisk_rope(const float*, const int64_t*, float*, int, int, int, int, int, in
 
 namespace nb = nanobind;
 namespace mx = mlx::core;
+using namespace brisk_primitives;
 
 namespace {
 
 constexpr int kMaxQuantizedFewRows = 32;  // quantized_matmul.cpp's few-row limit
 
-int64_t leading_rows(const mx::array& x) { return x.ndim() == 0 ? 1 : x.size() / x.shape(-1); }
-
-mx::Shape with_last(const mx::array& x, int last) {
-  mx::Shape shape = x.shape();
-  shape.back() = last;
-  return shape;
-}
-
-void allocate(mx::array& out) { out.set_data(mx::allocator::malloc(out.nbytes())); }
-
-// The kernels read plain row-major buffers: a strided view is copied first (lazily). An array
-// already in memory as one (a weight) needs no Contiguous node: a decode step held ~630 of
-// them, a few microseconds each. Nor does a single value (an offset or a length), lazy or not.
-mx::array plain(const mx::array& a, mx::Dtype dtype, const mx::Stream& s) {
-  if (a.dtype() == dtype && ((a.is_available() && a.flags().row_contiguous) || a.size() == 1)) return a;
-  return mx::contiguous(mx::astype(a, dtype, s), false, s);
-}
-
-// A float32 input as a row-major buffer, for an input still lazy when the node is built (its
-// layout is known only once MLX evaluates the graph): read in place when it is row-major, as
-// it nearly always is, else gathered into a temporary on the stream just before the kernel.
-struct RowMajor {
-  const float* source;
-  float* copy = nullptr;
-  mx::Shape shape;
-  mx::Strides strides;
-
-  const float* data() const { return copy ? copy : source; }
-
-  void gather() const {
-    if (!copy) return;
-    std::vector<int> index(shape.size(), 0);
-    const int64_t total = std::accumulate(shape.begin(), shape.end(), int64_t(1), std::multiplies<int64_t>());
-    for (int64_t i = 0; i < total; ++i) {
-      int64_t at = 0;
-      for (size_t a = 0; a < shape.size(); ++a) at += index[a] * strides[a];
-      copy[i] = source[at];
-      for (int a = int(shape.size()) - 1; a >= 0 && ++index[a] == shape[a]; --a) index[a] = 0;
-    }
-  }
-};
-
-RowMajor row_major(const mx::array& a, mx::cpu::CommandEncoder& encoder) {
-  RowMajor view{a.data<float>(), nullptr, a.shape(), a.strides()};
-  if (!a.flags().row_contiguous) {
-    mx::array copy(a.shape(), mx::float32, nullptr, {});
-    allocate(copy);
-    view.copy = copy.data<float>();
-    encoder.add_temporary(std::move(copy));  // freed once the task has run
-  }
-  return view;
-}
-
-// A weight already in memory as a strided view would be copied on every call, which costs
-// more than the kernel saves: the caller keeps MLX's matmul (ValueError in Python).
-void require_plain_weight(const mx::array& w) {
-  if (w.is_available() && !w.flags().row_contiguous)
-    throw std::invalid_argument("a strided weight (the kernel would copy it on every call)");
-}
-
-// What every primitive here shares: CPU only, its output allocated and its arrays declared to
-// the stream's encoder before the kernel is enqueued.
-class CpuPrimitive : public mx::Primitive {
- public:
-  using mx::Primitive::Primitive;
-
-  void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
-    throw std::runtime_error(std::string(name()) + " runs on the CPU only");
-  }
-
- protected:
-  mx::cpu::CommandEncoder& prepare(const std::vector<mx::array>& inputs, mx::array& out) {
-    allocate(out);
-    auto& encoder = mx::cpu::get_command_encoder(stream());
-    for (const auto& a : inputs) encoder.set_input_array(a);
-    encoder.set_output_array(out);
-    return encoder;
-  }
-};
 
 // y = x @ dequantize(w).T (+ bias), x float32 (..., K), w MLX affine-quantized (N, K).
 class QuantizedMatmul : public CpuPrimitive {
@@ -584,8 +508,6 @@ class Rope : public CpuPrimitive {
   bool has_offsets_, has_freqs_;
 };
 
-mx::Stream cpu_stream() { return mx::default_stream(mx::Device::cpu); }
-
 mx::array quantized_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
                            std::optional<mx::array> bias, int bits, int group, int scale_type, int threads,
                            int integer_x) {
@@ -731,6 +653,8 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 
 }  // namespace
 
+void register_tiled(nb::module_& m);  // tiled.cpp
+
 NB_MODULE(_brisk_mlx_ops, m) {
   m.doc() = "Brisk's native CPU kernels as lazy MLX primitives (kernels/mlx_extension.py builds this)";
   m.def("quantized_matmul", &quantized_matmul, nb::arg("x"), nb::arg("weight"), nb::arg("scales"),
@@ -753,5 +677,6 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
-  m.def("version", [] { return 12; });
+  register_tiled(m);
+  m.def("version", [] { return 13; });
 }

@@ -1,0 +1,420 @@
+// y = x @ dequantize(w).T (+ bias) for affine-quantized weights repacked into column tiles,
+// on CPUs with AVX512-VNNI (found at run time; the library stays an AVX2 build).
+//
+// MLX keeps each output column's weights as one row of K values. A one-row product then
+// needs a horizontal sum per column and block, and rows of x can share little: on a Zen 4
+// (AVX-512 VNNI, no AMX) those products read Qwen-1.5B's weights at 15-20 GB/s of 34, and
+// prefill fell back to dequantized tiles and sgemm. Here 16 output columns are interleaved,
+// four consecutive k values of each in one 32-bit lane, so one vpdpbusd adds four products
+// for each of 16 columns and 32 k values (a block) leave each lane holding the exact integer
+// sum of its column's block, with no reduction: llama.cpp's repacked layouts (Q4_0x8 and
+// its kind) do the same. x is rounded per block of 32 values to 15-bit integers (hi and lo
+// bytes, as quantized_matmul.cpp's few-row path rounds it), and each (row, column) then
+// takes the same float steps in the same order, whatever the number of rows or columns a
+// pass works on: decode, a verify pass and prefill agree bit for bit, row by row.
+//
+// Layout (repack below), per tile t of columns 16t..16t+15 and block j of k values
+// 32j..32j+31, tile-major, blocks in order:
+// - 4 bits: 256 bytes, four chunks of 64; byte 4c + i of chunk p holds column c's value
+//   k = 32j + 8p + i in its low nibble and k + 4 in its high one (i < 4);
+// - 5 bits: those 256 bytes for the low four bits, then eight 64-bit masks, mask u
+//   (u = 2p + h) holding the fifth bit of the value the nibble layout puts at byte 4c + i
+//   of quad u, as bit 4c + i;
+// - 8 bits: 512 bytes, eight chunks of 64; byte 4c + i of chunk u holds k = 32j + 4u + i.
+// Scales and biases (N, K / group), as MLX stores them, become [tile][group][16 columns].
+// Every array keeps its shape, dtype and size: only the order of its bytes changes.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include <immintrin.h>
+
+extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
+
+namespace {
+
+constexpr int kTile = 16;   // output columns per tile: one per 32-bit lane of a 512-bit register
+constexpr int kBlock = 32;  // k values per block: x's integer scale and the smallest weight group
+constexpr float kLevels = 127.f * 128.f;  // |q| of x at most: its hi byte stays within [-127, 127]
+
+enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
+
+#define BRISK_TILED __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+bool cpu_has_vnni() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return has;
+}
+
+constexpr int tile_block_bytes(int bits) { return kTile * kBlock * bits / 8; }
+
+// ---------------------------------------------------------------------------------------
+// Repacking (once, as a model loads): a tile's block is its 16 columns' 32 values each, laid
+// out as quads. A load of Qwen2.5-1.5B repacks 1.3 GB, so each tile's values are unpacked
+// into bytes, transposed a quad (32 bits) at a time and packed again in vector registers.
+
+// The 32 values of block j of one MLX row, one per byte.
+BRISK_TILED inline void mlx_block(const uint8_t* row, int bits, int j, uint8_t q[kBlock]) {
+  if (bits == 8) {
+    std::memcpy(q, row + j * kBlock, kBlock);
+  } else if (bits == 4) {  // byte m holds values 2m (low nibble) and 2m + 1
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + j * 16)), nibble = _mm_set1_epi8(15);
+    const __m128i lo = _mm_and_si128(raw, nibble), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), nibble);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_unpacklo_epi8(lo, hi));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_unpackhi_epi8(lo, hi));
+  } else {  // 5 bits: one little-endian bit string, 8 values in every 5 bytes
+    for (int c = 0; c < 4; ++c) {
+      uint64_t chunk = 0;
+      std::memcpy(&chunk, row + j * 20 + 5 * c, 5);
+      for (int i = 0; i < 8; ++i) q[8 * c + i] = uint8_t((chunk >> (5 * i)) & 31);
+    }
+  }
+}
+
+BRISK_TILED void repack_tile_block(const uint8_t* const rows[kTile], int bits, int j, uint8_t* dst) {
+  alignas(64) uint8_t q[kTile][kBlock];
+  for (int c = 0; c < kTile; ++c) mlx_block(rows[c], bits, j, q[c]);
+  // quad[u]: byte 4c + i = column c's value 4u + i
+  const __m512i columns = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(kBlock));
+  __m512i quad[8];
+  for (int u = 0; u < 8; ++u) quad[u] = _mm512_i32gather_epi32(columns, q[0] + 4 * u, 1);
+  if (bits == 8) {
+    for (int u = 0; u < 8; ++u) _mm512_storeu_si512(dst + 64 * u, quad[u]);
+    return;
+  }
+  const __m512i nibble = _mm512_set1_epi8(15);
+  for (int p = 0; p < 4; ++p) {  // low nibble: quad 2p, high nibble: quad 2p + 1
+    const __m512i high = _mm512_slli_epi16(_mm512_and_si512(quad[2 * p + 1], nibble), 4);
+    _mm512_storeu_si512(dst + 64 * p, _mm512_or_si512(_mm512_and_si512(quad[2 * p], nibble), high));
+  }
+  if (bits == 5)
+    for (int u = 0; u < 8; ++u) {
+      const uint64_t mask = _cvtmask64_u64(_mm512_test_epi8_mask(quad[u], _mm512_set1_epi8(16)));
+      std::memcpy(dst + 256 + 8 * u, &mask, 8);
+    }
+}
+
+struct RepackTask {
+  const uint8_t* w;
+  uint8_t* out;
+  int64_t row_bytes;
+  int blocks, bits, tiles_per_unit, tiles;
+};
+
+// ---------------------------------------------------------------------------------------
+// x as integers: per row, hi and lo bytes of q = round(x / d) in natural order, d per block,
+// and the float sum of x per group (each group's bias term b * sum(x)).
+
+struct IntegerX {
+  int M = 0, K = 0, blocks = 0, groups = 0;
+  std::vector<int8_t> hi, lo;  // M x K
+  std::vector<float> d;        // M x blocks
+  std::vector<float> sum;      // M x groups
+};
+
+BRISK_TILED void round_row(const float* x, int K, int group, int8_t* hi, int8_t* lo, float* d, float* sum) {
+  const int per_group = group / kBlock;
+  for (int j = 0; j < K / kBlock; ++j) {
+    const __m512 a = _mm512_loadu_ps(x + j * kBlock), b = _mm512_loadu_ps(x + j * kBlock + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    const float scale = amax / kLevels, inverse = scale > 0.f ? 1.f / scale : 0.f;
+    const __m512 inv = _mm512_set1_ps(inverse);
+    // round to nearest even, as std::nearbyint in the default mode
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+    const __m512i low = _mm512_set1_epi32(127);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + j * kBlock), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qa, 7)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + j * kBlock + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qb, 7)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + j * kBlock), _mm512_cvtepi32_epi8(_mm512_and_si512(qa, low)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + j * kBlock + 16), _mm512_cvtepi32_epi8(_mm512_and_si512(qb, low)));
+    d[j] = scale;
+    const float total = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+    if (j % per_group == 0) sum[j / per_group] = total;
+    else sum[j / per_group] += total;
+  }
+}
+
+struct RoundTask {
+  const float* x;
+  IntegerX* out;
+  int group, rows_per_unit;
+};
+
+void round_rows(const float* x, int M, int K, int group, int threads, IntegerX& out) {
+  out.M = M, out.K = K, out.blocks = K / kBlock, out.groups = K / group;
+  out.hi.resize(int64_t(M) * K);
+  out.lo.resize(int64_t(M) * K);
+  out.d.resize(int64_t(M) * out.blocks);
+  out.sum.resize(int64_t(M) * out.groups);
+  RoundTask task{x, &out, group, 16};
+  auto run = [](void* p, int u) {
+    const auto& t = *static_cast<RoundTask*>(p);
+    IntegerX& o = *t.out;
+    const int end = std::min(o.M, (u + 1) * t.rows_per_unit);
+    for (int m = u * t.rows_per_unit; m < end; ++m)
+      round_row(t.x + int64_t(m) * o.K, o.K, t.group, &o.hi[int64_t(m) * o.K], &o.lo[int64_t(m) * o.K],
+                &o.d[int64_t(m) * o.blocks], &o.sum[int64_t(m) * o.groups]);
+  };
+  const int units = (M + task.rows_per_unit - 1) / task.rows_per_unit;
+  if (units == 1) run(&task, 0);
+  else brisk_parallel_for(units, threads, run, &task);
+}
+
+// ---------------------------------------------------------------------------------------
+// The products.
+
+struct Tiled {
+  const uint8_t* w;
+  const void* scales;
+  const void* biases;
+  int scale_type, K, N, bits, group;
+  int blocks() const { return K / kBlock; }
+  int groups() const { return K / group; }
+  const uint8_t* tile(int t) const { return w + int64_t(t) * blocks() * tile_block_bytes(bits); }
+};
+
+// 16 scales (or biases) of tile t, group g, as float32 (f16 and bf16 widen exactly).
+BRISK_TILED inline __m512 sixteen(const void* p, int type, int64_t at) {
+  if (type == kF32) return _mm512_loadu_ps(static_cast<const float*>(p) + at);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + at));
+  if (type == kF16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+inline float one_scale(const void* p, int type, int64_t at) {
+  if (type == kF32) return static_cast<const float*>(p)[at];
+  const uint16_t h = static_cast<const uint16_t*>(p)[at];
+  if (type == kF16) return _cvtsh_ss(h);
+  const uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline int32_t quad(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// Columns of C tiles from t0 and rows m0 .. m0 + R - 1. Per block, each (row, column) lane
+// gathers its hi and lo integer sums (exact, in any order), then takes the same float steps:
+// acc += float((hi << 7) + lo) * (s * d), and at each group's end acc += b * sum(x).
+template <int BITS, int R, int C>
+BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, const float* bias, float* out) {
+  constexpr int kBytes = tile_block_bytes(BITS);
+  const int blocks = w.blocks(), per_group = w.group / kBlock;
+  const uint8_t* base[C];
+  for (int c = 0; c < C; ++c) base[c] = w.tile(t0 + c);
+  const int8_t *xh[R], *xl[R];
+  for (int r = 0; r < R; ++r) xh[r] = &x.hi[int64_t(m0 + r) * x.K], xl[r] = &x.lo[int64_t(m0 + r) * x.K];
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512i nibble = _mm512_set1_epi8(0x0f), sixteen_ = _mm512_set1_epi8(16);
+  for (int j = 0; j < blocks; ++j) {
+    __m512i ih[R][C], il[R][C];
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) ih[r][c] = il[r][c] = _mm512_setzero_si512();
+    const int k0 = j * kBlock;
+    for (int u = 0; u < 8; u += 2) {  // quads u and u + 1 of the block
+      __m512i wa[C], wb[C];
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* blk = base[c] + int64_t(j) * kBytes;
+        if (BITS == 8) {
+          wa[c] = _mm512_loadu_si512(blk + u * 64), wb[c] = _mm512_loadu_si512(blk + u * 64 + 64);
+        } else {
+          const __m512i raw = _mm512_loadu_si512(blk + u * 32);
+          wa[c] = _mm512_and_si512(raw, nibble), wb[c] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+          if (BITS == 5) {
+            uint64_t ma, mb;
+            std::memcpy(&ma, blk + 256 + 8 * u, 8), std::memcpy(&mb, blk + 256 + 8 * u + 8, 8);
+            wa[c] = _mm512_mask_add_epi8(wa[c], _cvtu64_mask64(ma), wa[c], sixteen_);
+            wb[c] = _mm512_mask_add_epi8(wb[c], _cvtu64_mask64(mb), wb[c], sixteen_);
+          }
+        }
+      }
+      const int ka = k0 + 4 * u, kb = ka + 4;  // quad u holds k0 + 4u .. k0 + 4u + 3
+      for (int r = 0; r < R; ++r) {
+        const __m512i ha = _mm512_set1_epi32(quad(xh[r] + ka)), hb = _mm512_set1_epi32(quad(xh[r] + kb));
+        const __m512i la = _mm512_set1_epi32(quad(xl[r] + ka)), lb = _mm512_set1_epi32(quad(xl[r] + kb));
+        for (int c = 0; c < C; ++c) {
+          ih[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ih[r][c], wa[c], ha), wb[c], hb);
+          il[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(il[r][c], wa[c], la), wb[c], lb);
+        }
+      }
+    }
+    const int g = j / per_group;
+    for (int c = 0; c < C; ++c) {
+      const __m512 s = sixteen(w.scales, w.scale_type, (int64_t(t0 + c) * w.groups() + g) * kTile);
+      for (int r = 0; r < R; ++r) {
+        const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(ih[r][c], 7), il[r][c]);
+        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(x.d[int64_t(m0 + r) * x.blocks + j]));
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), sd, acc[r][c]);
+      }
+    }
+    if ((j + 1) % per_group == 0)
+      for (int c = 0; c < C; ++c) {
+        const __m512 b = sixteen(w.biases, w.scale_type, (int64_t(t0 + c) * w.groups() + g) * kTile);
+        for (int r = 0; r < R; ++r)
+          acc[r][c] = _mm512_fmadd_ps(b, _mm512_set1_ps(x.sum[int64_t(m0 + r) * x.groups + g]), acc[r][c]);
+      }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const int n = (t0 + c) * kTile;
+      __m512 y = acc[r][c];
+      if (bias) y = _mm512_add_ps(y, _mm512_loadu_ps(bias + n));
+      _mm512_storeu_ps(out + int64_t(m0 + r) * w.N + n, y);
+    }
+}
+
+// Rows m0 .. m0 + R - 1 against tiles [t0, t1): C tiles at a time, the rest one by one.
+template <int BITS, int R, int C>
+BRISK_TILED void row_tile_span(const Tiled& w, int t0, int t1, const IntegerX& x, int m0, const float* bias,
+                               float* out) {
+  int t = t0;
+  for (; t + C <= t1; t += C) tile_kernel<BITS, R, C>(w, t, x, m0, bias, out);
+  for (; t < t1; ++t) tile_kernel<BITS, R, 1>(w, t, x, m0, bias, out);
+}
+
+// Tiles [t0, t1) of every row. One row (decode) takes four tiles at a time: eight independent
+// integer chains to hide vpdpbusd's latency. More rows take two tiles and four rows at a
+// time, the tiles' weights staying in L1 while the rows pass.
+template <int BITS>
+BRISK_TILED void tiles_of_rows(const Tiled& w, int t0, int t1, const IntegerX& x, const float* bias, float* out) {
+  if (x.M == 1) return row_tile_span<BITS, 1, 4>(w, t0, t1, x, 0, bias, out);
+  for (int t = t0; t < t1; t += 2) {
+    const int t_end = std::min(t1, t + 2);
+    int m = 0;
+    for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, 4, 2>(w, t, t_end, x, m, bias, out);
+    switch (x.M - m) {
+      case 1: row_tile_span<BITS, 1, 2>(w, t, t_end, x, m, bias, out); break;
+      case 2: row_tile_span<BITS, 2, 2>(w, t, t_end, x, m, bias, out); break;
+      case 3: row_tile_span<BITS, 3, 2>(w, t, t_end, x, m, bias, out); break;
+      default: break;
+    }
+  }
+}
+
+struct MatmulTask {
+  const Tiled* w;
+  const IntegerX* x;
+  const float* bias;
+  float* out;
+  int tiles_per_unit;
+};
+
+template <int BITS>
+void run_units(void* p, int u) {
+  const auto& t = *static_cast<MatmulTask*>(p);
+  const int tiles = t.w->N / kTile;
+  const int t0 = u * t.tiles_per_unit, t1 = std::min(tiles, t0 + t.tiles_per_unit);
+  tiles_of_rows<BITS>(*t.w, t0, t1, *t.x, t.bias, t.out);
+}
+
+bool supported(int bits, int group, int K, int N) {
+  return (bits == 4 || bits == 5 || bits == 8) && (group == 32 || group == 64) && K % group == 0 && N % kTile == 0 &&
+         K > 0 && N > 0;
+}
+
+// Column v of a tiled table (row v of the (V, K) matrix it holds), dequantized.
+BRISK_TILED void gather_row(const Tiled& w, int v, float* out) {
+  const int t = v / kTile, c = v % kTile, bytes = tile_block_bytes(w.bits);
+  for (int j = 0; j < w.blocks(); ++j) {
+    const uint8_t* blk = w.tile(t) + int64_t(j) * bytes;
+    alignas(16) uint8_t q[kBlock];
+    if (w.bits == 8) {
+      for (int u = 0; u < 8; ++u) std::memcpy(q + 4 * u, blk + 64 * u + 4 * c, 4);
+    } else {
+      for (int p = 0; p < 4; ++p)
+        for (int i = 0; i < 4; ++i) {
+          const uint8_t byte = blk[64 * p + 4 * c + i];
+          q[8 * p + i] = byte & 15, q[8 * p + 4 + i] = byte >> 4;
+        }
+      if (w.bits == 5)
+        for (int u = 0; u < 8; ++u) {
+          uint64_t mask;
+          std::memcpy(&mask, blk + 256 + 8 * u, 8);
+          for (int i = 0; i < 4; ++i) q[4 * u + i] |= uint8_t(((mask >> (4 * c + i)) & 1) << 4);
+        }
+    }
+    const int64_t at = (int64_t(t) * w.groups() + j * kBlock / w.group) * kTile + c;
+    const __m512 s = _mm512_set1_ps(one_scale(w.scales, w.scale_type, at));
+    const __m512 b = _mm512_set1_ps(one_scale(w.biases, w.scale_type, at));
+    for (int h = 0; h < 2; ++h) {
+      const __m512 v16 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));
+      _mm512_storeu_ps(out + j * kBlock + 16 * h, _mm512_fmadd_ps(v16, s, b));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// 1 when this CPU runs the tiled products (AVX512 F, BW, VL, DQ and VNNI).
+int brisk_tiled_available() { return cpu_has_vnni() ? 1 : 0; }
+
+// MLX's (N, K) weight in the tiled layout, into a buffer of the same size (scales and
+// biases are reordered by kernels/tiled_matmul.py). Returns 1 for what the layout does not
+// take (N a multiple of 16, K of 32), 2 on a CPU without VNNI-512.
+int brisk_tiled_repack(const uint8_t* w, uint8_t* out, int N, int K, int bits, int threads) {
+  if ((bits != 4 && bits != 5 && bits != 8) || N % kTile || K % kBlock || N < 1) return 1;
+  if (!cpu_has_vnni()) return 2;
+  RepackTask task{w, out, int64_t(K) * bits / 8, K / kBlock, bits, 64, N / kTile};
+  auto run = [](void* p, int u) {
+    const auto& t = *static_cast<RepackTask*>(p);
+    const int bytes = tile_block_bytes(t.bits);
+    for (int tile = u * t.tiles_per_unit; tile < std::min(t.tiles, (u + 1) * t.tiles_per_unit); ++tile) {
+      const uint8_t* rows[kTile];
+      for (int c = 0; c < kTile; ++c) rows[c] = t.w + (int64_t(tile) * kTile + c) * t.row_bytes;
+      for (int j = 0; j < t.blocks; ++j) repack_tile_block(rows, t.bits, j, t.out + (int64_t(tile) * t.blocks + j) * bytes);
+    }
+  };
+  brisk_parallel_for((task.tiles + task.tiles_per_unit - 1) / task.tiles_per_unit, threads, run, &task);
+  return 0;
+}
+
+// y (M, N) = x (M, K) @ dequantize(w).T (+ bias) for tiled weights. Returns 1 for what the
+// layout does not take, 2 on a CPU without VNNI-512.
+int brisk_tiled_matmul(const float* x, const uint8_t* w, const void* scales, const void* biases, int scale_type,
+                       const float* bias, float* out, int M, int K, int N, int bits, int group, int threads) {
+  if (!supported(bits, group, K, N) || M < 1) return 1;
+  if (!cpu_has_vnni()) return 2;
+  thread_local IntegerX kept;  // reused between calls: a decode step makes ~200 of them
+  IntegerX& rows = kept;
+  round_rows(x, M, K, group, threads, rows);
+  const Tiled tiled{w, scales, biases, scale_type, K, N, bits, group};
+  const int tiles = N / kTile;
+  // Contiguous stretches of tiles per thread (the hardware prefetcher follows each), at least
+  // two tiles so prefill's pairs stay whole.
+  const int share = (tiles + std::max(1, threads) - 1) / std::max(1, threads);
+  MatmulTask task{&tiled, &rows, bias, out, std::max(2, share + share % 2)};
+  const int units = (tiles + task.tiles_per_unit - 1) / task.tiles_per_unit;
+  auto run = bits == 4 ? run_units<4> : bits == 5 ? run_units<5> : run_units<8>;
+  if (units == 1) run(&task, 0);
+  else brisk_parallel_for(units, threads, run, &task);
+  return 0;
+}
+
+// Rows `ids` of a tiled (V, K) table, dequantized (the embedding lookup of a tiled tied head).
+// Returns 4 for an id outside the table.
+int brisk_tiled_gather(const int32_t* ids, int count, const uint8_t* w, const void* scales, const void* biases,
+                       int scale_type, float* out, int V, int K, int bits, int group) {
+  if (!supported(bits, group, K, V)) return 1;
+  if (!cpu_has_vnni()) return 2;
+  for (int n = 0; n < count; ++n) {
+    if (ids[n] < 0 || ids[n] >= V) return 4;
+    gather_row(Tiled{w, scales, biases, scale_type, K, V, bits, group}, ids[n], out + int64_t(n) * K);
+  }
+  return 0;
+}
+
+int brisk_tiled_matmul_version() { return 1; }
+}

@@ -1,0 +1,296 @@
+"""Quantized layers in column tiles, for CPUs with AVX512-VNNI (kernels/csrc/tiled_matmul.cpp).
+
+MLX stores a quantized (N, K) weight one output column (row of the matrix) after another.
+On a CPU the one-row product then sums each column's block of 32 products across a
+register, and rows of x share little: on a Zen 4 (AVX-512 VNNI, no AMX) decode read
+Qwen2.5-1.5B's weights at 15-20 GB/s of 34, where llama.cpp, which repacks its blocks for
+the CPU (Q4_0x8 and kin), reads them at ~25. As a model loads, Brisk repacks each of its
+quantized layers into tiles of 16 output columns, four consecutive k values of each column
+in one 32-bit lane: one vpdpbusd then adds four products for 16 columns, and a block of 32
+k values leaves each lane with the exact integer sum of its column's block. The same small
+kernel takes one row (decode, ~30 GB/s), a few (a verify pass, each weight unpacked once
+for all rows) or many (prefill, about 2x MKL's sgemm on dequantized tiles), and every
+(row, column) takes the same float steps whatever the rows and columns around it: a
+verify pass's rows equal one-row decode bit for bit.
+
+- `tile` / `untile`: the layout in plain MLX ops, its definition (the native repack and the
+  kernel are tested against it; `untile` also gives MLX's own paths their layout back).
+- `tiled_matmul_reference`: untile, then MLX's quantized_matmul.
+- `tiled_matmul_native`, `tiled_gather_native`, `repack_native`: the kernels, as lazy MLX
+  primitives (kernels/csrc/mlx_primitives/tiled.cpp).
+- `TiledQuantizedLinear`, `TiledQuantizedEmbedding`: the layers, and `use_tiled_layers(model)`
+  which repacks a loaded model's quantized layers in place, one at a time.
+Each array keeps its shape, dtype and size: only the order of its bytes changes.
+`why_not_tiled()` says when the layout is not used: BRISK_TILED=0 (the A/B partner), no
+VNNI-512, float x asked for (BRISK_INTEGER_ACTIVATIONS=0), or a CPU with AMX, whose prefill
+tiles (kernels/csrc/amx_matmul.cpp) read MLX's layout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from kernels import mlx_extension, native, quantized_matmul
+from kernels.native_attention import threads
+from kernels.quantized_matmul import (
+    SCALE_TYPES,
+    NativeQuantizedEmbedding,
+    NativeQuantizedLinear,
+    quantized_matmul_reference,
+)
+
+TILE = 16  # output columns per tile: one per 32-bit lane of a 512-bit register
+BLOCK = 32  # k values per block: x's integer scale, and the smallest weight group
+BITS = (4, 5, 8)
+GROUPS = (32, 64)
+# BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
+ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
+
+
+# --- the layout, in plain MLX ops ---------------------------------------------------------
+
+
+def _bit_or(parts: list[mx.array]) -> mx.array:
+    """Fields that do not overlap, put together."""
+    out = parts[0]
+    for part in parts[1:]:
+        out = out | part
+    return out
+
+
+def _values(weight: mx.array, bits: int) -> mx.array:
+    """An MLX-layout quantized weight's values, one per byte: (N, K) uint8."""
+    n = weight.shape[0]
+    raw = weight.view(mx.uint8).reshape(n, -1)
+    if bits == 8:
+        return raw
+    if bits == 4:  # byte m holds values 2m (low nibble) and 2m + 1
+        return mx.stack([raw & 15, raw >> 4], axis=-1).reshape(n, -1)
+    chunks = raw.reshape(n, -1, 5).astype(mx.uint64)  # 5 bits: 8 values in each 5 bytes, little-endian
+    word = _bit_or([chunks[..., i] << (8 * i) for i in range(5)])
+    shifts = mx.arange(8, dtype=mx.uint64) * 5
+    return ((word[..., None] >> shifts) & 31).astype(mx.uint8).reshape(n, -1)
+
+
+def _mlx_packed(values: mx.array, bits: int) -> mx.array:
+    """(N, K) values, one per byte, in MLX's layout: (N, K * bits / 32) uint32."""
+    n = values.shape[0]
+    if bits == 8:
+        packed = values
+    elif bits == 4:
+        pairs = values.reshape(n, -1, 2)
+        packed = pairs[..., 0] | (pairs[..., 1] << 4)
+    else:
+        word = _bit_or([values.reshape(n, -1, 8).astype(mx.uint64)[..., i] << (5 * i) for i in range(8)])
+        packed = mx.stack([(word >> (8 * i)) & 255 for i in range(5)], axis=-1)
+    return packed.astype(mx.uint8).reshape(n, -1).view(mx.uint32)
+
+
+def _tile_groups(a: mx.array) -> mx.array:  # (N, G) -> memory order [tile][group][16 columns]
+    n, g = a.shape
+    return mx.contiguous(a.reshape(n // TILE, TILE, g).transpose(0, 2, 1).reshape(n, g))
+
+
+def _untile_groups(a: mx.array) -> mx.array:
+    n, g = a.shape
+    return mx.contiguous(a.reshape(n // TILE, g, TILE).transpose(0, 2, 1).reshape(n, g))
+
+
+def tile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
+    """MLX's layout -> tiles. Per tile t (columns 16t..16t+15) and block j (k 32j..32j+31), in
+    order: quad u (k = 32j + 4u .. + 3) of the 16 columns as 64 bytes, column c at 4c. 8 bits:
+    the eight quads. 4 bits: chunk p holds quad 2p in its low nibbles and 2p + 1 in its high
+    ones. 5 bits: those four chunks of low bits, then quad u's fifth bits as one 64-bit mask
+    each. Scales and biases: [tile][group][16 columns]."""
+    n = weight.shape[0]
+    values = _values(weight, bits)
+    tiles, blocks = n // TILE, values.shape[1] // BLOCK
+    quads = values.reshape(tiles, TILE, blocks, 8, 4).transpose(0, 2, 3, 1, 4)  # (T, J, u, c, i)
+    if bits == 8:
+        body = quads.reshape(tiles, blocks, -1)
+    else:
+        low = (quads & 15).reshape(tiles, blocks, 4, 2, TILE, 4)  # u = 2p + h
+        body = (low[:, :, :, 0] | (low[:, :, :, 1] << 4)).reshape(tiles, blocks, -1)
+        if bits == 5:
+            fifth = (quads >> 4).reshape(tiles, blocks, 8, 8, 8)  # (T, J, u, byte of the mask, bit)
+            masks = _bit_or([fifth[..., i] << i for i in range(8)]).astype(mx.uint8)
+            body = mx.concatenate([body, masks.reshape(tiles, blocks, -1)], axis=-1)
+    return body.astype(mx.uint8).reshape(n, -1).view(mx.uint32), _tile_groups(scales), _tile_groups(biases)
+
+
+def untile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
+    """Tiles -> MLX's layout (`tile`'s inverse)."""
+    n = weight.shape[0]
+    raw = weight.view(mx.uint8).reshape(n, -1)
+    k = raw.shape[1] * 8 // bits
+    tiles, blocks = n // TILE, k // BLOCK
+    raw = raw.reshape(tiles, blocks, TILE * BLOCK * bits // 8)
+    if bits == 8:
+        quads = raw.reshape(tiles, blocks, 8, TILE, 4)
+    else:
+        chunks = raw[..., :256].reshape(tiles, blocks, 4, TILE, 4)
+        quads = mx.stack([chunks & 15, chunks >> 4], axis=3).reshape(tiles, blocks, 8, TILE, 4)
+        if bits == 5:
+            masks = raw[..., 256:].reshape(tiles, blocks, 8, 8, 1)
+            fifth = ((masks >> mx.arange(8, dtype=mx.uint8)) & 1).reshape(tiles, blocks, 8, TILE, 4)
+            quads = quads | (fifth << 4)
+    values = quads.transpose(0, 3, 1, 2, 4).reshape(n, k)  # (T, c, J, u, i)
+    return _mlx_packed(values, bits), _untile_groups(scales), _untile_groups(biases)
+
+
+def takes(weight: mx.array, scales: mx.array, biases: mx.array | None, bits: int, group_size: int) -> bool:
+    """Whether the tiled layout takes this quantized weight."""
+    if biases is None or bits not in BITS or group_size not in GROUPS or weight.ndim != 2:
+        return False
+    k = weight.shape[1] * 32 // bits
+    return (
+        weight.dtype == mx.uint32
+        and weight.shape[0] % TILE == 0
+        and k % group_size == 0
+        and scales.dtype in SCALE_TYPES
+        and biases.dtype == scales.dtype
+    )
+
+
+# --- the kernels ----------------------------------------------------------------------------
+
+
+def why_not_tiled() -> str | None:
+    """None when this process repacks quantized layers into tiles, else why it does not."""
+    if not ENABLED:
+        return "turned off (BRISK_TILED=0)"
+    if not quantized_matmul.INTEGER_ACTIVATIONS:  # read here: tests switch it per test
+        return "float x asked for (BRISK_INTEGER_ACTIVATIONS=0)"
+    primitives = mlx_extension.load()
+    if primitives is None:
+        return f"no MLX primitives ({mlx_extension.unavailable_reason()})"
+    if not primitives.tiled_available():
+        return "this CPU has no AVX512-VNNI"
+    lib = native.load()
+    if lib is not None and lib.brisk_amx_available():
+        return "this CPU has AMX, whose prefill tiles read MLX's layout"
+    return None
+
+
+def _primitives():
+    primitives = mlx_extension.load()
+    if primitives is None:
+        raise RuntimeError(f"the tiled kernels need the MLX primitives ({mlx_extension.unavailable_reason()})")
+    return primitives
+
+
+def repack_native(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
+    """`tile`, by the native repack (the weight) and MLX (scales and biases); lazy."""
+    return _primitives().tiled_repack(weight, bits, threads()), _tile_groups(scales), _tile_groups(biases)
+
+
+def tiled_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: int, bias=None):
+    w, s, b = untile(weight, scales, biases, bits)
+    return quantized_matmul_reference(x, w, s, b, bits=bits, group_size=group_size, bias=bias)
+
+
+def tiled_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int, bias=None) -> mx.array:
+    scale_type = SCALE_TYPES[scales.dtype]
+    out = _primitives().tiled_matmul(x, weight, scales, biases, bias, bits, group_size, scale_type, threads())
+    return out.astype(x.dtype)
+
+
+def tiled_gather_native(ids, weight, scales, biases, *, bits: int, group_size: int) -> mx.array:
+    return _primitives().tiled_gather(ids, weight, scales, biases, bits, group_size, SCALE_TYPES[scales.dtype])
+
+
+def tiled_matmul(x, weight, scales, biases, *, bits: int, group_size: int, bias=None, native_ok: bool = True):
+    """The kernel on the CPU, else untiled weights through MLX's op: slow, for the benchmarks'
+    A/B, other devices, and float x (BRISK_INTEGER_ACTIVATIONS=0: exact comparisons)."""
+    integer = quantized_matmul.INTEGER_ACTIVATIONS  # read per call: tests switch it on loaded models
+    if native_ok and integer and mx.default_device() == mx.cpu and x.dtype in (mx.float32, mx.float16, mx.bfloat16):
+        return tiled_matmul_native(x, weight, scales, biases, bits=bits, group_size=group_size, bias=bias)
+    return tiled_matmul_reference(x, weight, scales, biases, bits=bits, group_size=group_size, bias=bias)
+
+
+# --- the layers -----------------------------------------------------------------------------
+
+
+def _holds_tiles(layer) -> bool:
+    """Whether the layer's arrays are still the ones `use_tiled_layers` repacked: arrays put in
+    later (`update`, `load_weights`) are in MLX's layout, and are read as such."""
+    tiled = layer.__dict__.get("_tiled", ())
+    return len(tiled) == 3 and all(layer.get(name) is a for name, a in zip(("weight", "scales", "biases"), tiled))
+
+
+class TiledQuantizedLinear(NativeQuantizedLinear):
+    """A quantized linear layer whose weight, scales and biases hold the tiled layout."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if not _holds_tiles(self):
+            return super().__call__(x)
+        return tiled_matmul(
+            x,
+            self["weight"],
+            self["scales"],
+            self["biases"],
+            bits=self.bits,
+            group_size=self.group_size,
+            bias=self.get("bias"),
+            native_ok=self._route.native,
+        )
+
+
+class TiledQuantizedEmbedding(NativeQuantizedEmbedding):
+    """A quantized embedding in the tiled layout: the lookup, and `as_linear` (a tied head)."""
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        if not _holds_tiles(self):
+            return super().__call__(ids)
+        w, s, b = self["weight"], self["scales"], self["biases"]
+        if self._route.native and mx.default_device() == mx.cpu:
+            return tiled_gather_native(ids, w, s, b, bits=self.bits, group_size=self.group_size)
+        w, s, b = untile(w, s, b, self.bits)
+        return mx.dequantize(w[ids], s[ids], b[ids], group_size=self.group_size, bits=self.bits)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if not _holds_tiles(self):
+            return super().as_linear(x)
+        return tiled_matmul(
+            x,
+            self["weight"],
+            self["scales"],
+            self["biases"],
+            bits=self.bits,
+            group_size=self.group_size,
+            native_ok=self._route.native,
+        )
+
+
+TILED: dict[type, type] = {
+    NativeQuantizedLinear: TiledQuantizedLinear,
+    NativeQuantizedEmbedding: TiledQuantizedEmbedding,
+}
+
+
+def use_tiled_layers(model: nn.Module) -> int:
+    """Repack the model's native quantized layers (kernels/native_layers.py swapped them in)
+    into tiles, in place and one at a time: each old array is freed as its repacked one takes
+    its place, so loading needs one layer's worth of memory more, not a model's. Returns how
+    many layers were repacked (0 when `why_not_tiled()`)."""
+    if why_not_tiled() is not None:
+        return 0
+    repacked = 0
+    for _, module in model.named_modules():
+        cls = TILED.get(type(module))
+        if cls is None or getattr(module, "mode", "affine") != "affine":
+            continue
+        weight, scales, biases = module["weight"], module["scales"], module.get("biases")
+        if not takes(weight, scales, biases, module.bits, module.group_size):
+            continue
+        tiled = repack_native(weight, scales, biases, module.bits)
+        mx.eval(*tiled)
+        module["weight"], module["scales"], module["biases"] = tiled
+        module.__dict__["_tiled"] = tiled  # which arrays hold tiles (a plain attribute, not a parameter)
+        module.__dict__.pop("_prepared", None)  # the MLX-layout shortcut of the arrays just replaced
+        module.__class__ = cls  # a subclass with the same state
+        repacked += 1
+    return repacked
