@@ -214,19 +214,47 @@ def tiled_matmul(x, weight, scales, biases, *, bits: int, group_size: int, bias=
 # --- the layers -----------------------------------------------------------------------------
 
 
-def _holds_tiles(layer) -> bool:
-    """Whether the layer's arrays are still the ones `use_tiled_layers` repacked: arrays put in
-    later (`update`, `load_weights`) are in MLX's layout, and are read as such."""
-    tiled = layer.__dict__.get("_tiled", ())
-    return len(tiled) == 3 and all(layer.get(name) is a for name, a in zip(("weight", "scales", "biases"), tiled))
+class _Tiles:
+    """The arrays `use_tiled_layers` repacked for one layer, and its call into the primitive
+    with the checks done once: verify passes and prefill call ~200 layers from Python."""
+
+    NAMES = ("weight", "scales", "biases")
+
+    def __init__(self, primitives, arrays: tuple, bits: int, group_size: int):
+        self.primitives, self.arrays = primitives, arrays
+        self.args = (bits, group_size, SCALE_TYPES[arrays[1].dtype])
+
+    def held_by(self, layer) -> bool:
+        """Arrays put in later (`update`, `load_weights`) are in MLX's layout and read as such."""
+        return all(layer.get(name) is a for name, a in zip(self.NAMES, self.arrays))
+
+    def fast(self, layer, x: mx.array) -> bool:
+        """Whether this call takes the primitive straight away."""
+        return (
+            layer._route.native
+            and x.dtype == mx.float32
+            and quantized_matmul.INTEGER_ACTIVATIONS
+            and mx.default_device() == mx.cpu
+        )
+
+    def __call__(self, x: mx.array, bias) -> mx.array:
+        return self.primitives.tiled_matmul(x, *self.arrays, bias, *self.args, threads())
+
+
+def _tiles_of(layer) -> _Tiles | None:
+    tiles = layer.__dict__.get("_tiled")
+    return tiles if tiles is not None and tiles.held_by(layer) else None
 
 
 class TiledQuantizedLinear(NativeQuantizedLinear):
     """A quantized linear layer whose weight, scales and biases hold the tiled layout."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if not _holds_tiles(self):
+        tiles = _tiles_of(self)
+        if tiles is None:
             return super().__call__(x)
+        if tiles.fast(self, x):
+            return tiles(x, self.get("bias"))
         return tiled_matmul(
             x,
             self["weight"],
@@ -243,7 +271,7 @@ class TiledQuantizedEmbedding(NativeQuantizedEmbedding):
     """A quantized embedding in the tiled layout: the lookup, and `as_linear` (a tied head)."""
 
     def __call__(self, ids: mx.array) -> mx.array:
-        if not _holds_tiles(self):
+        if _tiles_of(self) is None:
             return super().__call__(ids)
         w, s, b = self["weight"], self["scales"], self["biases"]
         if self._route.native and mx.default_device() == mx.cpu:
@@ -252,8 +280,11 @@ class TiledQuantizedEmbedding(NativeQuantizedEmbedding):
         return mx.dequantize(w[ids], s[ids], b[ids], group_size=self.group_size, bits=self.bits)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        if not _holds_tiles(self):
+        tiles = _tiles_of(self)
+        if tiles is None:
             return super().as_linear(x)
+        if tiles.fast(self, x):
+            return tiles(x, None)
         return tiled_matmul(
             x,
             self["weight"],
@@ -278,7 +309,7 @@ def use_tiled_layers(model: nn.Module) -> int:
     many layers were repacked (0 when `why_not_tiled()`)."""
     if why_not_tiled() is not None:
         return 0
-    repacked = 0
+    repacked, primitives = 0, _primitives()
     for _, module in model.named_modules():
         cls = TILED.get(type(module))
         if cls is None or getattr(module, "mode", "affine") != "affine":
@@ -289,7 +320,8 @@ def use_tiled_layers(model: nn.Module) -> int:
         tiled = repack_native(weight, scales, biases, module.bits)
         mx.eval(*tiled)
         module["weight"], module["scales"], module["biases"] = tiled
-        module.__dict__["_tiled"] = tiled  # which arrays hold tiles (a plain attribute, not a parameter)
+        # which arrays hold tiles, and the checked call (a plain attribute, not a parameter)
+        module.__dict__["_tiled"] = _Tiles(primitives, tiled, module.bits, module.group_size)
         module.__dict__.pop("_prepared", None)  # the MLX-layout shortcut of the arrays just replaced
         module.__class__ = cls  # a subclass with the same state
         repacked += 1
