@@ -36,7 +36,7 @@ CSRC = Path(__file__).with_name("csrc")
 SOURCES = {
     CSRC / "packed_attention.cpp": ("brisk_packed_attention_version", 4),
     CSRC / "skinny_matmul.cpp": ("brisk_skinny_matmul_version", 1),
-    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 6),
+    CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 7),
     CSRC / "amx_matmul.cpp": ("brisk_amx_matmul_version", 1),
 }
 HEADERS = [CSRC / "half.h", CSRC / "sgemm.h"]  # included by the sources: part of the build's key

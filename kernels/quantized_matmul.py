@@ -49,7 +49,7 @@ AMX = os.environ.get("BRISK_AMX", "1") != "0"
 # with AVX2's products only; or the fastest but prefill on sgemm (the A/B partners).
 FLOAT_X, INTEGER_X, INTEGER_X_WITHOUT_VNNI, INTEGER_X_WITHOUT_AMX = 0, 1, 2, 3
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
-BITS = (4, 5, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly
+BITS = (4, 5, 6, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly; 6: Q6_K's (float x on the few-row path)
 
 
 def quantized_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: int, bias=None):

@@ -44,7 +44,7 @@ from kernels.quantized_matmul import (
 
 TILE = 16  # output columns per tile: one per 32-bit lane of a 512-bit register
 BLOCK = 32  # k values per block: x's integer scale, and the smallest weight group
-BITS = (4, 5, 8)
+BITS = (4, 5, 6, 8)
 GROUPS = (32, 64)
 # BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
 ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
@@ -69,6 +69,10 @@ def _values(weight: mx.array, bits: int) -> mx.array:
         return raw
     if bits == 4:  # byte m holds values 2m (low nibble) and 2m + 1
         return mx.stack([raw & 15, raw >> 4], axis=-1).reshape(n, -1)
+    if bits == 6:  # 4 values in each 3 bytes, little-endian
+        three = raw.reshape(n, -1, 3).astype(mx.uint32)
+        word = _bit_or([three[..., i] << (8 * i) for i in range(3)])
+        return ((word[..., None] >> (mx.arange(4, dtype=mx.uint32) * 6)) & 63).astype(mx.uint8).reshape(n, -1)
     chunks = raw.reshape(n, -1, 5).astype(mx.uint64)  # 5 bits: 8 values in each 5 bytes, little-endian
     word = _bit_or([chunks[..., i] << (8 * i) for i in range(5)])
     shifts = mx.arange(8, dtype=mx.uint64) * 5
@@ -83,6 +87,9 @@ def _mlx_packed(values: mx.array, bits: int) -> mx.array:
     elif bits == 4:
         pairs = values.reshape(n, -1, 2)
         packed = pairs[..., 0] | (pairs[..., 1] << 4)
+    elif bits == 6:
+        word = _bit_or([values.reshape(n, -1, 4).astype(mx.uint32)[..., i] << (6 * i) for i in range(4)])
+        packed = mx.stack([(word >> (8 * i)) & 255 for i in range(3)], axis=-1)
     else:
         word = _bit_or([values.reshape(n, -1, 8).astype(mx.uint64)[..., i] << (5 * i) for i in range(8)])
         packed = mx.stack([(word >> (8 * i)) & 255 for i in range(5)], axis=-1)
@@ -104,7 +111,8 @@ def tile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
     order: quad u (k = 32j + 4u .. + 3) of the 16 columns as 64 bytes, column c at 4c. 8 bits:
     the eight quads. 4 bits: chunk p holds quad 2p in its low nibbles and 2p + 1 in its high
     ones. 5 bits: those four chunks of low bits, then quad u's fifth bits as one 64-bit mask
-    each. Scales and biases: [tile][group][16 columns]."""
+    each. 6 bits: the four chunks, then two of 64 bytes holding quad 4h + r's top two bits at
+    bits 2r of byte 4c + i. Scales and biases: [tile][group][16 columns]."""
     n = weight.shape[0]
     values = _values(weight, bits)
     tiles, blocks = n // TILE, values.shape[1] // BLOCK
@@ -118,6 +126,10 @@ def tile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
             fifth = (quads >> 4).reshape(tiles, blocks, 8, 8, 8)  # (T, J, u, byte of the mask, bit)
             masks = _bit_or([fifth[..., i] << i for i in range(8)]).astype(mx.uint8)
             body = mx.concatenate([body, masks.reshape(tiles, blocks, -1)], axis=-1)
+        if bits == 6:
+            top = (quads >> 4).reshape(tiles, blocks, 2, 4, TILE, 4)  # (T, J, h, r, c, i)
+            planes = _bit_or([top[:, :, :, r] << (2 * r) for r in range(4)]).astype(mx.uint8)
+            body = mx.concatenate([body, planes.reshape(tiles, blocks, -1)], axis=-1)
     return body.astype(mx.uint8).reshape(n, -1).view(mx.uint32), _tile_groups(scales), _tile_groups(biases)
 
 
@@ -137,6 +149,11 @@ def untile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
             masks = raw[..., 256:].reshape(tiles, blocks, 8, 8, 1)
             fifth = ((masks >> mx.arange(8, dtype=mx.uint8)) & 1).reshape(tiles, blocks, 8, TILE, 4)
             quads = quads | (fifth << 4)
+        if bits == 6:
+            planes = raw[..., 256:].reshape(tiles, blocks, 2, 1, TILE, 4)
+            shifts = (mx.arange(4, dtype=mx.uint8) * 2).reshape(4, 1, 1)
+            top = ((planes >> shifts) & 3).reshape(tiles, blocks, 8, TILE, 4)
+            quads = quads | (top << 4)
     values = quads.transpose(0, 3, 1, 2, 4).reshape(n, k)  # (T, c, J, u, i)
     return _mlx_packed(values, bits), _untile_groups(scales), _untile_groups(biases)
 

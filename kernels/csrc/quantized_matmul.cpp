@@ -182,7 +182,9 @@ struct Weights {
   int groups() const { return K / group; }
 };
 
-bool supported(int bits, int group) { return (bits == 4 || bits == 5 || bits == 8) && (group == 32 || group == 64); }
+bool supported(int bits, int group) {
+  return (bits == 4 || bits == 5 || bits == 6 || bits == 8) && (group == 32 || group == 64);
+}
 
 // The 32 values of a 5-bit block (20 bytes), in order.
 inline void unpack5(const uint8_t* block, uint8_t q[kBlock]) {
@@ -190,6 +192,17 @@ inline void unpack5(const uint8_t* block, uint8_t q[kBlock]) {
     uint64_t chunk = 0;
     std::memcpy(&chunk, block + 5 * c, 5);
     for (int j = 0; j < 8; ++j) q[8 * c + j] = uint8_t((chunk >> (5 * j)) & 31);
+  }
+}
+
+// The 32 values of a 6-bit block (24 bytes), in order: 4 in every 3 bytes. 6-bit weights (GGUF
+// Q6_K imports) take the float-x path here; CPUs with VNNI-512 read them in tiles instead
+// (tiled_matmul.cpp).
+inline void unpack6(const uint8_t* block, uint8_t q[kBlock]) {
+  for (int c = 0; c < 8; ++c) {
+    const uint8_t* b = block + 3 * c;
+    const uint32_t chunk = b[0] | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16);
+    for (int j = 0; j < 4; ++j) q[4 * c + j] = uint8_t((chunk >> (6 * j)) & 63);
   }
 }
 
@@ -254,6 +267,7 @@ inline void widen_block(const uint8_t* row, int b, __m256 q[4]) {
     uint8_t unpacked[kBlock];
     const uint8_t* bytes = row + b * 32;
     if (BITS == 5) unpack5(row + b * 20, unpacked), bytes = unpacked;
+    if (BITS == 6) unpack6(row + b * 24, unpacked), bytes = unpacked;
     for (int i = 0; i < 4; ++i)
       q[i] = _mm256_cvtepi32_ps(
           _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + 8 * i))));
@@ -292,9 +306,12 @@ void column_dots(const uint8_t* row, const float* scale, int per_group_shift, co
     float q[kBlock];
     uint8_t five[kBlock];
     if (BITS == 5) unpack5(row + b * 20, five);
+    if (BITS == 6) unpack6(row + b * 24, five);
     for (int i = 0; i < kBlock; ++i) {
       const int slot = BITS == 4 ? (i % 2) * 16 + i / 2 : i;
-      q[slot] = float(BITS == 4 ? (row[b * 16 + i / 2] >> (4 * (i % 2))) & 15 : BITS == 5 ? five[i] : row[b * 32 + i]);
+      q[slot] = float(BITS == 4   ? (row[b * 16 + i / 2] >> (4 * (i % 2))) & 15
+                      : BITS == 8 ? row[b * 32 + i]
+                                  : five[i]);
     }
     const float s = scale[b >> per_group_shift];
     for (int r = 0; r < R; ++r) {
@@ -815,10 +832,11 @@ void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
           out[k] = s * float(byte & 15) + b;
           out[k + 1] = s * float(byte >> 4) + b;
         }
-      } else if (w.bits == 5) {
+      } else if (w.bits == 5 || w.bits == 6) {
         uint8_t q[kBlock];
         for (int k = k0; k < k0 + w.group; k += kBlock) {
-          unpack5(row + k / kBlock * 20, q);
+          if (w.bits == 5) unpack5(row + k / kBlock * 20, q);
+          else unpack6(row + k / kBlock * 24, q);
           for (int i = 0; i < kBlock; ++i) out[k + i] = s * float(q[i]) + b;
         }
       } else {
@@ -843,8 +861,9 @@ int brisk_amx_quantized_matmul(const float*, const uint32_t*, const void*, const
 // 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
 // integer_x: round x to 15-bit integers per block of 32 (the fast path) where this build,
 // the weights and K allow it (AVX2 and 4 or 5 bits, or VNNI and 4, 5 or 8 bits; K a multiple
-// of 64): 1 with the fastest integer products this CPU has, 2 without VNNI (the comparison
-// path), 3 as 1 here (it keeps prefill off AMX: see the dense entry); 0 keeps x in float32.
+// of 64; 6-bit weights keep float x): 1 with the fastest integer products this CPU has, 2
+// without VNNI (the comparison path), 3 as 1 here (it keeps prefill off AMX: see the dense
+// entry); 0 keeps x in float32.
 int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* scales, const void* biases,
                                 int scale_type, const float* bias, float* out, int M, int K, int N, int bits,
                                 int group, int threads, int integer_x) {
@@ -854,12 +873,12 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
 #ifdef BRISK_AVX2
   const bool vnni = (integer_x == 1 || integer_x == 3) && cpu_has_vnni();
-  if (integer_x && K % kSpan == 0 && vnni) {
+  if (integer_x && K % kSpan == 0 && vnni && bits != 6) {
     if (bits == 4) return integer_matmul<4, true>(weights, x, bias, out, M, threads), 0;
     if (bits == 5) return integer_matmul<5, true>(weights, x, bias, out, M, threads), 0;
     return integer_matmul<8, true>(weights, x, bias, out, M, threads), 0;
   }
-  if (integer_x && K % kSpan == 0 && bits != 8) {
+  if (integer_x && K % kSpan == 0 && (bits == 4 || bits == 5)) {
     if (bits == 4) return integer_matmul<4, false>(weights, x, bias, out, M, threads), 0;
     return integer_matmul<5, false>(weights, x, bias, out, M, threads), 0;
   }
@@ -870,6 +889,7 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
   parallel_columns(N, threads, [&](int n) {
     if (bits == 4) few_rows_column<4>(weights, rows, bias, out, n);
     else if (bits == 5) few_rows_column<5>(weights, rows, bias, out, n);
+    else if (bits == 6) few_rows_column<6>(weights, rows, bias, out, n);
     else few_rows_column<8>(weights, rows, bias, out, n);
   });
   return 0;
@@ -947,5 +967,5 @@ void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* 
 // before it builds a node, since a node cannot decline once queued).
 int brisk_quantized_matmul_has_sgemm() { return find_sgemm() != nullptr; }
 
-int brisk_quantized_matmul_version() { return 6; }
+int brisk_quantized_matmul_version() { return 7; }
 }

@@ -20,6 +20,9 @@
 // - 5 bits: those 256 bytes for the low four bits, then eight 64-bit masks, mask u
 //   (u = 2p + h) holding the fifth bit of the value the nibble layout puts at byte 4c + i
 //   of quad u, as bit 4c + i;
+// - 6 bits: those 256 bytes for the low four bits, then two chunks of 64; byte 4c + i of
+//   chunk h holds the top two bits of the value the nibble layout puts at byte 4c + i of quad
+//   4h + r, at bits 2r and 2r + 1 (r < 4);
 // - 8 bits: 512 bytes, eight chunks of 64; byte 4c + i of chunk u holds k = 32j + 4u + i.
 // Scales and biases (N, K / group), as MLX stores them, become [tile][group][16 columns].
 // Every array keeps its shape, dtype and size: only the order of its bytes changes.
@@ -67,6 +70,12 @@ BRISK_TILED inline void mlx_block(const uint8_t* row, int bits, int j, uint8_t q
     const __m128i lo = _mm_and_si128(raw, nibble), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), nibble);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm_unpacklo_epi8(lo, hi));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm_unpackhi_epi8(lo, hi));
+  } else if (bits == 6) {  // one little-endian bit string, 4 values in every 3 bytes
+    for (int c = 0; c < 8; ++c) {
+      const uint8_t* b = row + j * 24 + 3 * c;
+      const uint32_t chunk = b[0] | (uint32_t(b[1]) << 8) | (uint32_t(b[2]) << 16);
+      for (int i = 0; i < 4; ++i) q[4 * c + i] = uint8_t((chunk >> (6 * i)) & 63);
+    }
   } else {  // 5 bits: one little-endian bit string, 8 values in every 5 bytes
     for (int c = 0; c < 4; ++c) {
       uint64_t chunk = 0;
@@ -97,6 +106,15 @@ BRISK_TILED void repack_tile_block(const uint8_t* const rows[kTile], int bits, i
     for (int u = 0; u < 8; ++u) {
       const uint64_t mask = _cvtmask64_u64(_mm512_test_epi8_mask(quad[u], _mm512_set1_epi8(16)));
       std::memcpy(dst + 256 + 8 * u, &mask, 8);
+    }
+  if (bits == 6)
+    for (int h = 0; h < 2; ++h) {
+      __m512i top = _mm512_setzero_si512();
+      for (int r = 0; r < 4; ++r) {  // (v >> 4) & 3 at bits 2r: 16-bit shifts, masked per byte
+        const __m512i two = _mm512_and_si512(_mm512_srli_epi16(quad[4 * h + r], 4), _mm512_set1_epi8(3));
+        top = _mm512_or_si512(top, _mm512_slli_epi16(two, 2 * r));
+      }
+      _mm512_storeu_si512(dst + 256 + 64 * h, top);
     }
 }
 
@@ -179,7 +197,7 @@ struct Tiled {
 };
 
 // 16 scales (or biases) of tile t, group g, as float32 (f16 and bf16 widen exactly).
-BRISK_TILED inline __m512 sixteen(const void* p, int type, int64_t at) {
+BRISK_TILED inline __m512 sixteen(const void* p, int type, int64_t at = 0) {
   if (type == kF32) return _mm512_loadu_ps(static_cast<const float*>(p) + at);
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + at));
   if (type == kF16) return _mm512_cvtph_ps(h);
@@ -202,68 +220,119 @@ inline int32_t quad(const int8_t* p) {
   return v;
 }
 
+// Quads u and u + 1 (u even) of one tile's block, as unsigned bytes.
+template <int BITS>
+BRISK_TILED __attribute__((always_inline)) inline void unpack(const uint8_t* blk, int u, __m512i& wa, __m512i& wb) {
+  if (BITS == 8) {
+    wa = _mm512_loadu_si512(blk + u * 64), wb = _mm512_loadu_si512(blk + u * 64 + 64);
+    return;
+  }
+  const __m512i nibble = _mm512_set1_epi8(0x0f);
+  const __m512i raw = _mm512_loadu_si512(blk + u * 32);
+  wa = _mm512_and_si512(raw, nibble), wb = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
+  if (BITS == 5) {
+    const __m512i sixteen = _mm512_set1_epi8(16);
+    uint64_t ma, mb;
+    std::memcpy(&ma, blk + 256 + 8 * u, 8), std::memcpy(&mb, blk + 256 + 8 * u + 8, 8);
+    wa = _mm512_mask_add_epi8(wa, _cvtu64_mask64(ma), wa, sixteen);
+    wb = _mm512_mask_add_epi8(wb, _cvtu64_mask64(mb), wb, sixteen);
+  }
+  if (BITS == 6) {  // quads u, u + 1 of chunk u / 4 at bits 2r, 2r + 2 (r = u % 4): to bits 4-5
+    const __m512i top = _mm512_srli_epi16(_mm512_loadu_si512(blk + 256 + 64 * (u / 4)), 2 * (u % 4));
+    const __m512i place = _mm512_set1_epi8(0x30);
+    wa = _mm512_or_si512(wa, _mm512_and_si512(_mm512_slli_epi16(top, 4), place));
+    wb = _mm512_or_si512(wb, _mm512_and_si512(_mm512_slli_epi16(top, 2), place));
+  }
+}
+
+// One byte plane of x (hi or lo) for R rows against C tiles' block: total += w * x per lane.
+template <int BITS, int R, int C>
+BRISK_TILED __attribute__((always_inline)) inline void plane_pass(const uint8_t* weights, int64_t tile_bytes,
+                                                                  const int8_t* xp, int64_t row, int k0,
+                                                                  __m512i (&total)[R][C]) {
+  for (int u = 0; u < 8; u += 2) {
+    const int ka = k0 + 4 * u, kb = ka + 4;
+    __m512i wa[C], wb[C];
+    for (int c = 0; c < C; ++c) unpack<BITS>(weights + c * tile_bytes, u, wa[c], wb[c]);
+    for (int r = 0; r < R; ++r) {
+      const __m512i a = _mm512_set1_epi32(quad(xp + r * row + ka)), b = _mm512_set1_epi32(quad(xp + r * row + kb));
+      for (int c = 0; c < C; ++c) total[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(total[r][c], wa[c], a), wb[c], b);
+    }
+  }
+}
+
 // Columns of C tiles from t0 and rows m0 .. m0 + R - 1. Per block, each (row, column) lane
 // gathers its hi and lo integer sums (exact, in any order), then takes the same float steps:
 // acc += float((hi << 7) + lo) * (s * d), and at each group's end acc += b * sum(x).
-template <int BITS, int R, int C>
+// The C tiles and R rows are addressed as one base and a stride each (sixteen pointers for
+// four tiles spilled to vector registers), and the group is a template parameter (a division
+// per block did more harm than the rest of the epilogue).
+template <int BITS, int GROUP, int R, int C>
 BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, const float* bias, float* out) {
-  constexpr int kBytes = tile_block_bytes(BITS);
-  const int blocks = w.blocks(), per_group = w.group / kBlock;
-  const uint8_t* base[C];
-  for (int c = 0; c < C; ++c) base[c] = w.tile(t0 + c);
-  const int8_t *xh[R], *xl[R];
-  for (int r = 0; r < R; ++r) xh[r] = &x.hi[int64_t(m0 + r) * x.K], xl[r] = &x.lo[int64_t(m0 + r) * x.K];
+  constexpr int kBytes = tile_block_bytes(BITS), kPerGroup = GROUP / kBlock;
+  const int blocks = w.blocks();
+  const int64_t tile_bytes = int64_t(blocks) * kBytes;
+  const int64_t scale_bytes = w.scale_type == kF32 ? 4 : 2, scale_stride = int64_t(w.groups()) * kTile * scale_bytes;
+  const uint8_t* weights = w.tile(t0);
+  const char* scales = static_cast<const char*>(w.scales) + t0 * scale_stride;
+  const char* biases = static_cast<const char*>(w.biases) + t0 * scale_stride;
+  const int64_t row = x.K;
+  const int8_t* xh = &x.hi[int64_t(m0) * row];
+  const int8_t* xl = &x.lo[int64_t(m0) * row];
+  const float* xd = &x.d[int64_t(m0) * x.blocks];
+  const float* xs = &x.sum[int64_t(m0) * x.groups];
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i nibble = _mm512_set1_epi8(0x0f), sixteen_ = _mm512_set1_epi8(16);
-  for (int j = 0; j < blocks; ++j) {
-    __m512i ih[R][C], il[R][C];
+  for (int j = 0; j < blocks; ++j, weights += kBytes) {
+    // Each lane's (hi << 7) + lo over the block. One row (decode) keeps hi and lo in chains of
+    // their own (eight chains over four tiles hide vpdpbusd's latency, and each weight is
+    // unpacked once); more rows sum hi, shift it, then add lo into the same register (the same
+    // integer), unpacking twice: two accumulators per (row, tile) spilled out of 32 registers.
+    __m512i total[R][C];
     for (int r = 0; r < R; ++r)
-      for (int c = 0; c < C; ++c) ih[r][c] = il[r][c] = _mm512_setzero_si512();
+      for (int c = 0; c < C; ++c) total[r][c] = _mm512_setzero_si512();
     const int k0 = j * kBlock;
-    for (int u = 0; u < 8; u += 2) {  // quads u and u + 1 of the block
-      __m512i wa[C], wb[C];
-      for (int c = 0; c < C; ++c) {
-        const uint8_t* blk = base[c] + int64_t(j) * kBytes;
-        if (BITS == 8) {
-          wa[c] = _mm512_loadu_si512(blk + u * 64), wb[c] = _mm512_loadu_si512(blk + u * 64 + 64);
-        } else {
-          const __m512i raw = _mm512_loadu_si512(blk + u * 32);
-          wa[c] = _mm512_and_si512(raw, nibble), wb[c] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nibble);
-          if (BITS == 5) {
-            uint64_t ma, mb;
-            std::memcpy(&ma, blk + 256 + 8 * u, 8), std::memcpy(&mb, blk + 256 + 8 * u + 8, 8);
-            wa[c] = _mm512_mask_add_epi8(wa[c], _cvtu64_mask64(ma), wa[c], sixteen_);
-            wb[c] = _mm512_mask_add_epi8(wb[c], _cvtu64_mask64(mb), wb[c], sixteen_);
-          }
-        }
-      }
-      const int ka = k0 + 4 * u, kb = ka + 4;  // quad u holds k0 + 4u .. k0 + 4u + 3
-      for (int r = 0; r < R; ++r) {
-        const __m512i ha = _mm512_set1_epi32(quad(xh[r] + ka)), hb = _mm512_set1_epi32(quad(xh[r] + kb));
-        const __m512i la = _mm512_set1_epi32(quad(xl[r] + ka)), lb = _mm512_set1_epi32(quad(xl[r] + kb));
+    if constexpr (R == 1) {
+      __m512i hi2[C], lo[C], lo2[C];  // even and odd quads apart: four chains a tile
+      for (int c = 0; c < C; ++c) hi2[c] = lo[c] = lo2[c] = _mm512_setzero_si512();
+      for (int u = 0; u < 8; u += 2) {
+        const int ka = k0 + 4 * u, kb = ka + 4;  // quad u holds k0 + 4u .. k0 + 4u + 3
+        const __m512i ha = _mm512_set1_epi32(quad(xh + ka)), hb = _mm512_set1_epi32(quad(xh + kb));
+        const __m512i la = _mm512_set1_epi32(quad(xl + ka)), lb = _mm512_set1_epi32(quad(xl + kb));
         for (int c = 0; c < C; ++c) {
-          ih[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(ih[r][c], wa[c], ha), wb[c], hb);
-          il[r][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(il[r][c], wa[c], la), wb[c], lb);
+          __m512i wa, wb;
+          unpack<BITS>(weights + c * tile_bytes, u, wa, wb);
+          total[0][c] = _mm512_dpbusd_epi32(total[0][c], wa, ha), hi2[c] = _mm512_dpbusd_epi32(hi2[c], wb, hb);
+          lo[c] = _mm512_dpbusd_epi32(lo[c], wa, la), lo2[c] = _mm512_dpbusd_epi32(lo2[c], wb, lb);
         }
       }
-    }
-    const int g = j / per_group;
-    for (int c = 0; c < C; ++c) {
-      const __m512 s = sixteen(w.scales, w.scale_type, (int64_t(t0 + c) * w.groups() + g) * kTile);
-      for (int r = 0; r < R; ++r) {
-        const __m512i total = _mm512_add_epi32(_mm512_slli_epi32(ih[r][c], 7), il[r][c]);
-        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(x.d[int64_t(m0 + r) * x.blocks + j]));
-        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), sd, acc[r][c]);
-      }
-    }
-    if ((j + 1) % per_group == 0)
       for (int c = 0; c < C; ++c) {
-        const __m512 b = sixteen(w.biases, w.scale_type, (int64_t(t0 + c) * w.groups() + g) * kTile);
-        for (int r = 0; r < R; ++r)
-          acc[r][c] = _mm512_fmadd_ps(b, _mm512_set1_ps(x.sum[int64_t(m0 + r) * x.groups + g]), acc[r][c]);
+        const __m512i hi = _mm512_add_epi32(total[0][c], hi2[c]);
+        total[0][c] = _mm512_add_epi32(_mm512_slli_epi32(hi, 7), _mm512_add_epi32(lo[c], lo2[c]));
       }
+    } else {
+      plane_pass<BITS, R, C>(weights, tile_bytes, xh, row, k0, total);
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < C; ++c) total[r][c] = _mm512_slli_epi32(total[r][c], 7);
+      plane_pass<BITS, R, C>(weights, tile_bytes, xl, row, k0, total);
+    }
+    for (int c = 0; c < C; ++c) {
+      const __m512 s = sixteen(scales + c * scale_stride, w.scale_type, 0);
+      for (int r = 0; r < R; ++r) {
+        const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(xd[r * x.blocks + j]));
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][c]), sd, acc[r][c]);
+      }
+    }
+    if (j % kPerGroup == kPerGroup - 1) {
+      const int g = j / kPerGroup;
+      for (int c = 0; c < C; ++c) {
+        const __m512 b = sixteen(biases + c * scale_stride, w.scale_type, 0);
+        for (int r = 0; r < R; ++r)
+          acc[r][c] = _mm512_fmadd_ps(b, _mm512_set1_ps(xs[r * x.groups + g]), acc[r][c]);
+      }
+      scales += kTile * scale_bytes, biases += kTile * scale_bytes;
+    }
   }
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
@@ -275,28 +344,29 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
 }
 
 // Rows m0 .. m0 + R - 1 against tiles [t0, t1): C tiles at a time, the rest one by one.
-template <int BITS, int R, int C>
+template <int BITS, int GROUP, int R, int C>
 BRISK_TILED void row_tile_span(const Tiled& w, int t0, int t1, const IntegerX& x, int m0, const float* bias,
                                float* out) {
   int t = t0;
-  for (; t + C <= t1; t += C) tile_kernel<BITS, R, C>(w, t, x, m0, bias, out);
-  for (; t < t1; ++t) tile_kernel<BITS, R, 1>(w, t, x, m0, bias, out);
+  for (; t + C <= t1; t += C) tile_kernel<BITS, GROUP, R, C>(w, t, x, m0, bias, out);
+  for (; t < t1; ++t) tile_kernel<BITS, GROUP, R, 1>(w, t, x, m0, bias, out);
 }
 
-// Tiles [t0, t1) of every row. One row (decode) takes four tiles at a time: eight independent
-// integer chains to hide vpdpbusd's latency. More rows take two tiles and four rows at a
-// time, the tiles' weights staying in L1 while the rows pass.
-template <int BITS>
+// Tiles [t0, t1) of every row. One row (decode) takes one tile at a time: four tiles side by
+// side (four weight streams and eight of scales) left DRAM short, 4-bit weights reading at 28
+// GB/s against 32-36 one tile at a time (8-bit: 32 against 34.5). More rows take two tiles
+// and four rows at a time, the tiles' weights staying in L1 while the rows pass.
+template <int BITS, int GROUP>
 BRISK_TILED void tiles_of_rows(const Tiled& w, int t0, int t1, const IntegerX& x, const float* bias, float* out) {
-  if (x.M == 1) return row_tile_span<BITS, 1, 4>(w, t0, t1, x, 0, bias, out);
+  if (x.M == 1) return row_tile_span<BITS, GROUP, 1, 1>(w, t0, t1, x, 0, bias, out);
   for (int t = t0; t < t1; t += 2) {
     const int t_end = std::min(t1, t + 2);
     int m = 0;
-    for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, 4, 2>(w, t, t_end, x, m, bias, out);
+    for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, GROUP, 4, 2>(w, t, t_end, x, m, bias, out);
     switch (x.M - m) {
-      case 1: row_tile_span<BITS, 1, 2>(w, t, t_end, x, m, bias, out); break;
-      case 2: row_tile_span<BITS, 2, 2>(w, t, t_end, x, m, bias, out); break;
-      case 3: row_tile_span<BITS, 3, 2>(w, t, t_end, x, m, bias, out); break;
+      case 1: row_tile_span<BITS, GROUP, 1, 2>(w, t, t_end, x, m, bias, out); break;
+      case 2: row_tile_span<BITS, GROUP, 2, 2>(w, t, t_end, x, m, bias, out); break;
+      case 3: row_tile_span<BITS, GROUP, 3, 2>(w, t, t_end, x, m, bias, out); break;
       default: break;
     }
   }
@@ -310,16 +380,21 @@ struct MatmulTask {
   int tiles_per_unit;
 };
 
-template <int BITS>
+template <int BITS, int GROUP>
 void run_units(void* p, int u) {
   const auto& t = *static_cast<MatmulTask*>(p);
   const int tiles = t.w->N / kTile;
   const int t0 = u * t.tiles_per_unit, t1 = std::min(tiles, t0 + t.tiles_per_unit);
-  tiles_of_rows<BITS>(*t.w, t0, t1, *t.x, t.bias, t.out);
+  tiles_of_rows<BITS, GROUP>(*t.w, t0, t1, *t.x, t.bias, t.out);
+}
+
+template <int GROUP>
+auto units_of(int bits) {
+  return bits == 4 ? run_units<4, GROUP> : bits == 5 ? run_units<5, GROUP> : bits == 6 ? run_units<6, GROUP> : run_units<8, GROUP>;
 }
 
 bool supported(int bits, int group, int K, int N) {
-  return (bits == 4 || bits == 5 || bits == 8) && (group == 32 || group == 64) && K % group == 0 && N % kTile == 0 &&
+  return (bits == 4 || bits == 5 || bits == 6 || bits == 8) && (group == 32 || group == 64) && K % group == 0 && N % kTile == 0 &&
          K > 0 && N > 0;
 }
 
@@ -343,6 +418,10 @@ BRISK_TILED void gather_row(const Tiled& w, int v, float* out) {
           std::memcpy(&mask, blk + 256 + 8 * u, 8);
           for (int i = 0; i < 4; ++i) q[4 * u + i] |= uint8_t(((mask >> (4 * c + i)) & 1) << 4);
         }
+      if (w.bits == 6)
+        for (int u = 0; u < 8; ++u)
+          for (int i = 0; i < 4; ++i)
+            q[4 * u + i] |= uint8_t(((blk[256 + 64 * (u / 4) + 4 * c + i] >> (2 * (u % 4))) & 3) << 4);
     }
     const int64_t at = (int64_t(t) * w.groups() + j * kBlock / w.group) * kTile + c;
     const __m512 s = _mm512_set1_ps(one_scale(w.scales, w.scale_type, at));
@@ -365,7 +444,7 @@ int brisk_tiled_available() { return cpu_has_vnni() ? 1 : 0; }
 // biases are reordered by kernels/tiled_matmul.py). Returns 1 for what the layout does not
 // take (N a multiple of 16, K of 32), 2 on a CPU without VNNI-512.
 int brisk_tiled_repack(const uint8_t* w, uint8_t* out, int N, int K, int bits, int threads) {
-  if ((bits != 4 && bits != 5 && bits != 8) || N % kTile || K % kBlock || N < 1) return 1;
+  if ((bits < 4 || bits > 8 || bits == 7) || N % kTile || K % kBlock || N < 1) return 1;
   if (!cpu_has_vnni()) return 2;
   RepackTask task{w, out, int64_t(K) * bits / 8, K / kBlock, bits, 64, N / kTile};
   auto run = [](void* p, int u) {
@@ -397,7 +476,7 @@ int brisk_tiled_matmul(const float* x, const uint8_t* w, const void* scales, con
   const int share = (tiles + std::max(1, threads) - 1) / std::max(1, threads);
   MatmulTask task{&tiled, &rows, bias, out, std::max(2, share + share % 2)};
   const int units = (tiles + task.tiles_per_unit - 1) / task.tiles_per_unit;
-  auto run = bits == 4 ? run_units<4> : bits == 5 ? run_units<5> : run_units<8>;
+  auto run = group == 64 ? units_of<64>(bits) : units_of<32>(bits);
   if (units == 1) run(&task, 0);
   else brisk_parallel_for(units, threads, run, &task);
   return 0;

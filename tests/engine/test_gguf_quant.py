@@ -52,9 +52,9 @@ def _k_quant_blocks(kind: str, rows: int, k: int, seed: int) -> np.ndarray:
     """Random Q4_K / Q5_K super-blocks (the gguf package only reads K-quants): any bytes are a
     valid block once its two float16 scales are finite, as these are."""
     rng = np.random.default_rng(seed)
-    size = {"Q4_K": 144, "Q5_K": 176}[kind]
+    size = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[kind]
     blocks = rng.integers(0, 256, size=(rows, k // 256, size), dtype=np.uint8)
-    for at in (0, 2):  # d and dmin
+    for at in (208,) if kind == "Q6_K" else (0, 2):  # Q6_K: d last; Q4_K/Q5_K: d and dmin first
         halves = rng.uniform(1e-3, 1e-2, size=(rows, k // 256)).astype(np.float16)
         blocks[..., at : at + 2] = halves[..., None].view(np.uint8).reshape(rows, k // 256, 2)
     return blocks.reshape(rows, -1)
@@ -74,6 +74,21 @@ def test_k_quant_sub_blocks_map_to_mlx_groups_up_to_float16_scales(kind, bits):
     want = gguf.quants.dequantize(data, ggml).reshape(rows, k)
     error = np.abs(_mlx_values(result) - want).max()
     assert error < 2**-10 * np.abs(want).max()  # float16 scales: 2^-11 relative, times q and the bias
+
+
+def test_q6_k_goes_to_six_bits_within_a_step():
+    """Q6_K's sub-blocks of 16 have scales of their own: a group of 32 re-quantized to 6 bits
+    (the same bytes as the file, about) errs by at most one of its steps (MLX keeps zero
+    exact), float16 scales aside."""
+    rows, k = 4, 512
+    data = _k_quant_blocks("Q6_K", rows, k, seed=6)
+    ggml = gguf.GGMLQuantizationType.Q6_K
+    result = gguf_quant.convert(SimpleNamespace(tensor_type=ggml, shape=[k, rows], data=data), gguf.quants.dequantize)
+    assert (result.bits, result.group_size) == (6, 32) and gguf_quant.outcome("Q6_K", result).endswith("re-quantized")
+    source = gguf.quants.dequantize(data, ggml).reshape(rows, -1, 32)
+    step = (source.max(-1) - source.min(-1)) / 63
+    error = np.abs(_mlx_values(result).reshape(rows, -1, 32) - source).max(-1)
+    assert (error <= step + 2**-10 * np.abs(source).max()).all()
 
 
 @pytest.mark.parametrize("kind,bits", [("TQ1_0", 8)])  # the K-quants: the gguf package only reads them

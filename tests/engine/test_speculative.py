@@ -12,6 +12,7 @@ from engine.accel.speculative.autopilot import SpeculationAutopilot
 from engine.accel.speculative.controller import DraftLengthController, PairCosts
 from engine.accel.speculative.decoder import SpeculativeDecoder
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter
+from engine.accel.speculative.lookup import LookupOffer
 from engine.cache import PromptCache
 from engine.events import EngineWarned, TokenEmitted, TurnFinished
 from engine.models.loader import load_folder
@@ -370,6 +371,21 @@ def test_controller_fits_verify_time_through_measured_lengths():
     assert c.t_draft.value < 0.3
 
 
+def test_a_verify_measured_faster_than_the_plain_step_bounds_the_extrapolation():
+    """A plain step timed across a trace (27 ms for SmolLM2's 10 ms step) and never retimed
+    while lookups win floored every unmeasured verify length at it: a 12 ms one-token verify
+    then made k = 1 look best for a whole quote (one lookup token a pass, half the speed)."""
+    c = SpeculationAutopilot("auto", 4, has_draft=False, lookup=True, position_cost=0.3)
+    for _ in range(3):
+        c.observe_plain(0.027)
+    c.observe_verify(1, 0.012)
+    assert c.verify_time(4) == pytest.approx(0.012 + 3 * 0.3 * 0.012)
+    offer = LookupOffer(list(range(12)), 16)
+    for _ in range(20):  # a quote: every proposed token kept
+        c.observe_lookup_scout(offer, offer.tokens[0])
+    assert c.pick(offer, draft_usable=False)[1] > 1
+
+
 def test_after_a_rejection_the_next_draft_is_at_most_twice_as_long():
     """Slow start: α, a slow average, still says 0.9 when the text turns free; the next
     cycle drafts at most 2n + 1 after one that kept n."""
@@ -481,25 +497,37 @@ def test_once_measured_costs_say_no_draft_can_pay_auto_stops_scouting_and_probin
 
 def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):
     """A pipelined run's single intervals alternate (a read may wait for the next queued
-    step too), so the controller gets each run's mean: the same total time, one value."""
-    seen, steps = [], []
-    observe, after = DraftLengthController.observe_plain, SpeculativeDecoder._after_plain
+    step too), so the controller gets each run's mean: the same total time, one value. A
+    run's first step is left out (it may hold the compiled step's trace); steps taken one at
+    a time are reported one by one."""
+    seen, runs = [], []
+    observe, after, run = (
+        DraftLengthController.observe_plain,
+        SpeculativeDecoder._after_plain,
+        SpeculativeDecoder._plain_run,
+    )
 
     def observe_spy(self, seconds, count=1):
         seen.append((seconds, count))
         observe(self, seconds, count)
 
     def after_spy(self, sequence, token, elapsed, **kw):
-        steps.append(elapsed)
+        runs[-1].append(elapsed) if not kw.get("timed", True) else runs.append([None, elapsed])
         after(self, sequence, token, elapsed, **kw)
+
+    def run_spy(self, sequence, count):
+        runs.append([])
+        yield from run(self, sequence, count)
 
     monkeypatch.setattr(DraftLengthController, "observe_plain", observe_spy)
     monkeypatch.setattr(SpeculativeDecoder, "_after_plain", after_spy)
+    monkeypatch.setattr(SpeculativeDecoder, "_plain_run", run_spy)
     session = Session(models["llama"], settings(spec_decode="auto", max_tokens=30), draft=models["llama-draft"])
     chat(session, PROMPTS[:1])
     assert any(count > 1 for _, count in seen)  # runs were pipelined, each reported once
-    assert sum(count for _, count in seen) == len(steps)
-    assert sum(s * count for s, count in seen) == pytest.approx(sum(steps), rel=1e-6)
+    reported = [steps[1:] for steps in runs if len(steps) > 1]  # (a one-step run reports nothing)
+    assert sum(count for _, count in seen) == sum(len(steps) for steps in reported)
+    assert sum(s * count for s, count in seen) == pytest.approx(sum(sum(steps) for steps in reported), rel=1e-6)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -42,7 +42,7 @@ def _integer_rounded(x: mx.array) -> mx.array:
     return mx.array((np.rint(v * inverse) * d).reshape(x.shape))
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])  # 5: GGUF's Q5_0/Q5_1, 8 values in every 5 bytes
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])  # 5: GGUF's Q5_0/Q5_1 (8 values in every 5 bytes); 6: Q6_K
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 32, 33, 40])  # 1-32 the few-row path, above it tiles + sgemm
@@ -129,6 +129,17 @@ def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows
     assert 0 < error < 1e-3  # the integers really are used, and cost about 1e-4 of the output
 
 
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_six_bit_weights_keep_float_x_when_integers_are_asked_for(rows):
+    """The few-row integer paths take 4, 5 and 8 bits: 6-bit weights (Q6_K imports) read in
+    float, exactly, where integer x is asked for, rather than failing or falling back to MLX."""
+    packed, scales, biases = _quantized(48, 192, 6, 32, mx.float16, seed=rows)
+    x = mx.random.normal((rows, 192))
+    want = quantized_matmul_reference(x, packed, scales, biases, bits=6, group_size=32)
+    got = quantized_matmul_native(x, packed, scales, biases, bits=6, group_size=32, integer_activations=True, amx=False)
+    assert mx.allclose(got, want.astype(mx.float32), atol=1e-4, rtol=1e-4).item()
+
+
 @pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
 def test_integer_rows_alone_and_in_a_tile_give_the_same_bits(bits, vnni):
     """A verify pass's rows (tiles of 4) must match one-row decode steps bit for bit, or
@@ -179,7 +190,7 @@ def test_shapes_the_kernel_does_not_take_are_declined():
         quantized_matmul_native(mx.ones((1, 96)), packed, scales, None, bits=4, group_size=32)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_the_lookup_equals_mlx_dequantize(bits, kernel_path):
     packed, scales, biases = _quantized(50, 64, bits, 32, mx.float16, seed=3)
     ids = mx.array([[0, 49, 7], [7, 3, 1]])

@@ -69,7 +69,7 @@ def _same(a, b) -> bool:
 # --- the layout -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 def test_untile_inverts_tile_and_every_array_keeps_its_shape(bits, group, dtype):
@@ -80,11 +80,12 @@ def test_untile_inverts_tile_and_every_array_keeps_its_shape(bits, group, dtype)
     assert _same(untile(*tiled, bits), arrays)
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_the_layout_puts_each_columns_quad_in_its_lane(bits):
     """Spot-check `tile` against its docstring: column c's values k .. k + 3 of block j sit at
     bytes 4c .. 4c + 3 of quad u = (k % 32) / 4 (8 bits: that quad's own 64 bytes; 4 and 5 bits:
-    the low nibbles of chunk u / 2 for even u, the high ones for odd u)."""
+    the low nibbles of chunk u / 2 for even u, the high ones for odd u; 5 bits add quad u's
+    fifth bits as a mask, 6 bits its top two at bits 2(u % 4) of chunk u / 4)."""
     n, k = 32, 64
     values = mx.array(np.random.default_rng(bits).integers(0, 2**bits, size=(n, k)), dtype=mx.uint8)
     packed = tiled_matmul._mlx_packed(values, bits)
@@ -102,11 +103,13 @@ def test_the_layout_puts_each_columns_quad_in_its_lane(bits):
             if bits == 5:
                 mask = int.from_bytes(block[256 + 8 * u :][:8].tobytes(), "little")
                 got = got | np.array([((mask >> (4 * c + i)) & 1) << 4 for i in range(4)])
+            if bits == 6:
+                got = got | (((block[256 + 64 * (u // 4) + 4 * c :][:4] >> (2 * (u % 4))) & 3) << 4)
         assert list(got) == list(want)
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
 def test_the_native_repack_equals_the_layout_byte_for_byte(bits, group, dtype):
@@ -118,7 +121,7 @@ def test_the_native_repack_equals_the_layout_byte_for_byte(bits, group, dtype):
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 @pytest.mark.parametrize("group", [32, 64])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 4, 7, 33, 70])  # decode, verify passes, prefill-sized
@@ -143,7 +146,7 @@ def test_the_kernel_is_mlx_on_x_rounded_to_integers(bits, group, dtype, rows, n,
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_rows_alone_and_together_give_the_same_bits(bits):
     """A verify pass's rows and a prefill's must equal one-row decode steps bit for bit (greedy
     speculative decoding equals plain decoding only then): 37 rows are nine tiles of four and
@@ -168,7 +171,7 @@ def test_any_thread_count_gives_the_same_numbers(threads, monkeypatch):
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits", [4, 5, 8])
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
 def test_the_lookup_equals_mlx_dequantize(bits):
     packed, scales, biases = _quantized(64, 192, bits, 32, mx.bfloat16, seed=bits)
     ids = mx.array([[0, 17, 63], [5, 5, 40]])

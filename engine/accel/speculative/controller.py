@@ -255,6 +255,10 @@ class DraftLengthController:
             return self.t_verify[m].measured
         base = self.t_plain.value or 1.0
         measured = sorted((n, e.value) for n, e in self.t_verify.items() if e.value is not None)
+        if measured:  # a pass costs at least a plain step: one measured faster says the plain
+            # estimate is stale (timed across a trace or a stall, then never retimed while lookups
+            # won), and extrapolating from it floored every longer verify at it
+            base = min(base, min(t for _, t in measured))
         if not measured and self.known:  # nothing this conversation: what earlier ones measured
             measured = sorted((n, steps * base) for n, steps in self.known["verify_steps"].items())
         if not measured:
