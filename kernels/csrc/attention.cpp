@@ -98,13 +98,30 @@ inline __m256 dots8(const float* q, const float* const keys[8], int D) {
 }
 #endif
 
-// One query row's running state: max and sum of the softmax so far, and its output.
+// One query row's running state: max and sum of the softmax so far, and its output. No
+// member initializers: a unit's array of them (room for 1024 rows) was constructed whole on
+// every call, a fifth of a decode step's attention; attend_unit sets the rows it uses.
 struct Row {
   const float* q;
   float* acc;  // D floats
   int limit;   // keys [0, limit) are visible
-  float max = -INFINITY, sum = 0.f;
+  float max, sum;
 };
+
+#if BRISK_AVX2
+// o[d0 .. d0 + 8W) = o * c + sum over j of p[j] * v[j][d0 ..], W vectors kept in registers
+// (with the width a run-time value the compiler kept them on the stack).
+template <int W>
+inline void fold_values(float* acc, int d0, __m256 c, const float* p, const float* const* values, int n) {
+  __m256 o[W];
+  for (int t = 0; t < W; ++t) o[t] = _mm256_mul_ps(_mm256_loadu_ps(acc + d0 + 8 * t), c);
+  for (int j = 0; j < n; ++j) {
+    const __m256 pj = _mm256_set1_ps(p[j]);
+    for (int t = 0; t < W; ++t) o[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values[j] + d0 + 8 * t), o[t]);
+  }
+  for (int t = 0; t < W; ++t) _mm256_storeu_ps(acc + d0 + 8 * t, o[t]);
+}
+#endif
 
 // Fold keys [j0, j0 + n) into one row.
 void fold_block(const Problem& p, Row& row, const float* const* keys, const float* const* values, int n) {
@@ -136,17 +153,9 @@ void fold_block(const Problem& p, Row& row, const float* const* keys, const floa
   row.sum = row.sum * correction + hsum(total);
   row.max = new_max;
   const __m256 c = _mm256_set1_ps(correction);
-  for (int d0 = 0; d0 < D; d0 += 32) {  // four vectors of the output row at a time, in registers
-    const int width = std::min(32, D - d0);
-    __m256 o[4];
-    for (int t = 0; t * 8 < width; ++t) o[t] = _mm256_mul_ps(_mm256_loadu_ps(row.acc + d0 + 8 * t), c);
-    for (int j = 0; j < n; ++j) {
-      const __m256 pj = _mm256_set1_ps(s[j]);
-      for (int t = 0; t * 8 < width; ++t)
-        o[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values[j] + d0 + 8 * t), o[t]);
-    }
-    for (int t = 0; t * 8 < width; ++t) _mm256_storeu_ps(row.acc + d0 + 8 * t, o[t]);
-  }
+  int d0 = 0;  // four vectors of the output row at a time, then one
+  for (; d0 + 32 <= D; d0 += 32) fold_values<4>(row.acc, d0, c, s, values, n);
+  for (; d0 < D; d0 += 8) fold_values<1>(row.acc, d0, c, s, values, n);
 #else
   float block_max = -INFINITY;
   for (int j = 0; j < n; ++j) {
@@ -215,7 +224,7 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
     for (int i = i0; i < i1; ++i) {
       const int at = r * tile + (i - i0);
       Row& row = rows[at];
-      row = Row{};
+      row = Row{nullptr, nullptr, 0, -INFINITY, 0.f};
       const int64_t head = int64_t(b) * p.Hq + h * rep + r;
       row.q = p.q + (head * p.L + i) * D;
       row.acc = scratch.data() + size_t(at) * D;
