@@ -12,7 +12,7 @@
 // values (the KV cache's storage: half the bytes a decode step streams) are widened a block
 // at a time into float32 scratch that every query row of the unit then reads. Query i of L sits at
 // position S - L + i (MLX's "causal": a chunk after cached tokens). GQA: the Hq / Hkv query
-// heads of a KV head share every block of it they read. Attention sinks (a logit per head
+// heads of a KV head share every block of it they read, three rows to a key's load. Attention sinks (a logit per head
 // with no value) start each row's softmax. Accumulation is in float32.
 // Work units are (batch, KV head, tile of query positions), split over the thread pool of
 // quantized_matmul.cpp; when those are too few to share (decode, short verify passes), each
@@ -53,6 +53,22 @@ struct Problem {
   bool half;
 };
 
+// The next block's keys and values, asked for a few rows at a time while this block's rows
+// fold: a decode step's cache streams from DRAM, and widening it waited on every load (42% of
+// an 8K-key call's samples on its stores); asked for all at once, the requests themselves
+// stalled.
+struct Ahead {
+  const char* k;
+  const char* v;
+  int64_t k_stride, v_stride;  // bytes
+  int rows, bytes;             // rows left to ask for, bytes in each
+
+  void ask(int n) {
+    for (; n > 0 && rows > 0; --n, --rows, k += k_stride, v += v_stride)
+      for (int at = 0; at < bytes; at += 64) __builtin_prefetch(k + at), __builtin_prefetch(v + at);
+  }
+};
+
 // n rows of D float16 values (row r at src + r * stride) as float32 rows of D in dst.
 void widen_rows(const uint16_t* src, int64_t stride, int n, int D, float* dst) {
   for (int r = 0; r < n; ++r, src += stride, dst += D) {
@@ -82,19 +98,27 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The dot products of q with eight keys, as one vector: eight accumulators over D, then a
-// horizontal-add tree that leaves sum j in lane j.
-inline __m256 dots8(const float* q, const float* const keys[8], int D) {
-  __m256 a[8];
-  for (int j = 0; j < 8; ++j) a[j] = _mm256_setzero_ps();
+// R rows' dot products with four keys each: R x 4 accumulators over D (a key's load is shared
+// by the rows: GQA's query heads of one KV head read the same keys), then per row a
+// horizontal-add tree that leaves the sum with key j in lane j of s[r]. Each row takes the same
+// operations for any R, so a row's scores do not depend on which rows share the call.
+template <int R>
+inline void dots4(const float* const* q, const float* const* keys, int D, __m128* s) {
+  __m256 a[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) a[r][j] = _mm256_setzero_ps();
   for (int d = 0; d < D; d += 8) {
-    const __m256 qd = _mm256_loadu_ps(q + d);
-    for (int j = 0; j < 8; ++j) a[j] = _mm256_fmadd_ps(qd, _mm256_loadu_ps(keys[j] + d), a[j]);
+    __m256 qd[R];
+    for (int r = 0; r < R; ++r) qd[r] = _mm256_loadu_ps(q[r] + d);
+    for (int j = 0; j < 4; ++j) {
+      const __m256 kd = _mm256_loadu_ps(keys[j] + d);
+      for (int r = 0; r < R; ++r) a[r][j] = _mm256_fmadd_ps(qd[r], kd, a[r][j]);
+    }
   }
-  const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-  const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-  const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+  for (int r = 0; r < R; ++r) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(a[r][0], a[r][1]), _mm256_hadd_ps(a[r][2], a[r][3]));
+    s[r] = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
+  }
 }
 #endif
 
@@ -109,73 +133,108 @@ struct Row {
 };
 
 #if BRISK_AVX2
-// o[d0 .. d0 + 8W) = o * c + sum over j of p[j] * v[j][d0 ..], W vectors kept in registers
-// (with the width a run-time value the compiler kept them on the stack).
-template <int W>
-inline void fold_values(float* acc, int d0, __m256 c, const float* p, const float* const* values, int n) {
-  __m256 o[W];
-  for (int t = 0; t < W; ++t) o[t] = _mm256_mul_ps(_mm256_loadu_ps(acc + d0 + 8 * t), c);
+// For R rows: o[d0 .. d0 + 8W) = o * c + sum over j of p[j] * v[j][d0 ..], the R x W output
+// vectors in registers and each value vector loaded once for the rows.
+template <int R, int W>
+inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (*p)[kKeyBlock],
+                        const float* const* values, int n) {
+  __m256 o[R][W];
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < W; ++t) o[r][t] = _mm256_mul_ps(_mm256_loadu_ps(rows[r]->acc + d0 + 8 * t), c[r]);
   for (int j = 0; j < n; ++j) {
-    const __m256 pj = _mm256_set1_ps(p[j]);
-    for (int t = 0; t < W; ++t) o[t] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(values[j] + d0 + 8 * t), o[t]);
+    __m256 pj[R];
+    for (int r = 0; r < R; ++r) pj[r] = _mm256_set1_ps(p[r][j]);
+    for (int t = 0; t < W; ++t) {
+      const __m256 vt = _mm256_loadu_ps(values[j] + d0 + 8 * t);
+      for (int r = 0; r < R; ++r) o[r][t] = _mm256_fmadd_ps(pj[r], vt, o[r][t]);
+    }
   }
-  for (int t = 0; t < W; ++t) _mm256_storeu_ps(acc + d0 + 8 * t, o[t]);
+  for (int r = 0; r < R; ++r)
+    for (int t = 0; t < W; ++t) _mm256_storeu_ps(rows[r]->acc + d0 + 8 * t, o[r][t]);
+}
+
+// Fold keys [j0, j0 + n) into R rows that all see them (query heads of one position).
+// Registers bound R: 3 rows x 4 keys of scores, or 3 rows x 4 vectors of output, fill 12 of
+// AVX2's 16.
+template <int R>
+void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, const float* const* values, int n,
+               Ahead& ahead) {
+  const int D = p.D;
+  alignas(32) float s[R][kKeyBlock];
+  const __m128 scale = _mm_set1_ps(p.scale);
+  const __m128 minus_inf = _mm_set1_ps(-INFINITY);
+  const float* q[R];
+  for (int r = 0; r < R; ++r) q[r] = rows[r]->q;
+  for (int j = 0; j < n; j += 4) {
+    ahead.ask(4);
+    __m128 d[R];
+    dots4<R>(q, keys + j, D, d);
+    const __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
+    const __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(n - j), lane));  // lanes past the last key
+    for (int r = 0; r < R; ++r) _mm_store_ps(s[r] + j, _mm_blendv_ps(minus_inf, _mm_mul_ps(d[r], scale), keep));
+  }
+  const int padded = (n + 7) & ~7;
+  __m256 c[R];
+  for (int r = 0; r < R; ++r) {
+    Row& row = *rows[r];
+    for (int j = (n + 3) & ~3; j < padded; j += 4) _mm_store_ps(s[r] + j, minus_inf);
+    __m256 block_max = _mm256_set1_ps(-INFINITY);
+    for (int j = 0; j < padded; j += 8) block_max = _mm256_max_ps(block_max, _mm256_load_ps(s[r] + j));
+    const float new_max = std::max(row.max, hmax(block_max));
+    const float correction = std::exp2(row.max - new_max);  // 0 on the first block
+    const __m256 m = _mm256_set1_ps(new_max);
+    __m256 total = _mm256_setzero_ps();
+    for (int j = 0; j < padded; j += 8) {
+      const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s[r] + j), m));
+      _mm256_store_ps(s[r] + j, e);
+      total = _mm256_add_ps(total, e);
+    }
+    row.sum = row.sum * correction + hsum(total);
+    row.max = new_max;
+    c[r] = _mm256_set1_ps(correction);
+  }
+  int d0 = 0;  // four vectors of the output rows at a time, then one
+  for (; d0 + 32 <= D; d0 += 32) fold_values<R, 4>(rows, d0, c, s, values, n);
+  for (; d0 < D; d0 += 8) fold_values<R, 1>(rows, d0, c, s, values, n);
+}
+#else
+// Fold keys [j0, j0 + n) into each of R rows.
+template <int R>
+void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, const float* const* values, int n,
+               Ahead& ahead) {
+  const int D = p.D;
+  float s[kKeyBlock];
+  ahead.ask(kKeyBlock);
+  for (int r = 0; r < R; ++r) {
+    Row& row = *rows[r];
+    float block_max = -INFINITY;
+    for (int j = 0; j < n; ++j) {
+      float dot = 0.f;
+      for (int d = 0; d < D; ++d) dot += row.q[d] * keys[j][d];
+      s[j] = dot * p.scale;
+      block_max = std::max(block_max, s[j]);
+    }
+    const float new_max = std::max(row.max, block_max);
+    const float correction = std::exp2(row.max - new_max);
+    float total = 0.f;
+    for (int j = 0; j < n; ++j) total += (s[j] = std::exp2(s[j] - new_max));
+    row.sum = row.sum * correction + total;
+    row.max = new_max;
+    for (int d = 0; d < D; ++d) {
+      float o = row.acc[d] * correction;
+      for (int j = 0; j < n; ++j) o += s[j] * values[j][d];
+      row.acc[d] = o;
+    }
+  }
 }
 #endif
 
-// Fold keys [j0, j0 + n) into one row.
-void fold_block(const Problem& p, Row& row, const float* const* keys, const float* const* values, int n) {
-  const int D = p.D;
-  alignas(32) float s[kKeyBlock];
-#if BRISK_AVX2
-  const __m256 scale = _mm256_set1_ps(p.scale);
-  const __m256 minus_inf = _mm256_set1_ps(-INFINITY);
-  __m256 block_max = minus_inf;
-  for (int j = 0; j < n; j += 8) {
-    __m256 d = _mm256_mul_ps(dots8(row.q, keys + j, D), scale);
-    if (n - j < 8) {  // lanes past the block's last key
-      const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-      const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n - j), lane));
-      d = _mm256_blendv_ps(minus_inf, d, keep);
-    }
-    _mm256_store_ps(s + j, d);
-    block_max = _mm256_max_ps(block_max, d);
-  }
-  const float new_max = std::max(row.max, hmax(block_max));
-  const float correction = std::exp2(row.max - new_max);  // 0 on the first block
-  const __m256 m = _mm256_set1_ps(new_max);
-  __m256 total = _mm256_setzero_ps();
-  for (int j = 0; j < n; j += 8) {
-    const __m256 e = exp2_ps(_mm256_sub_ps(_mm256_load_ps(s + j), m));
-    _mm256_store_ps(s + j, e);
-    total = _mm256_add_ps(total, e);
-  }
-  row.sum = row.sum * correction + hsum(total);
-  row.max = new_max;
-  const __m256 c = _mm256_set1_ps(correction);
-  int d0 = 0;  // four vectors of the output row at a time, then one
-  for (; d0 + 32 <= D; d0 += 32) fold_values<4>(row.acc, d0, c, s, values, n);
-  for (; d0 < D; d0 += 8) fold_values<1>(row.acc, d0, c, s, values, n);
-#else
-  float block_max = -INFINITY;
-  for (int j = 0; j < n; ++j) {
-    float dot = 0.f;
-    for (int d = 0; d < D; ++d) dot += row.q[d] * keys[j][d];
-    s[j] = dot * p.scale;
-    block_max = std::max(block_max, s[j]);
-  }
-  const float new_max = std::max(row.max, block_max);
-  const float correction = std::exp2(row.max - new_max);
-  float total = 0.f;
-  for (int j = 0; j < n; ++j) total += (s[j] = std::exp2(s[j] - new_max));
-  row.sum = row.sum * correction + total;
-  row.max = new_max;
-  for (int d = 0; d < D; ++d) {
-    float o = row.acc[d] * correction;
-    for (int j = 0; j < n; ++j) o += s[j] * values[j][d];
-    row.acc[d] = o;
-  }
-#endif
+// Folds keys [j0, j0 + n) into `count` rows that all see them, three at a time.
+void fold_block(const Problem& p, Row* const* rows, int count, const float* const* keys, const float* const* values,
+                int n, Ahead& ahead) {
+  for (; count >= 3; count -= 3, rows += 3) fold_rows<3>(p, rows, keys, values, n, ahead);
+  if (count == 2) fold_rows<2>(p, rows, keys, values, n, ahead);
+  if (count == 1) fold_rows<1>(p, rows, keys, values, n, ahead);
 }
 
 // Keys fold into a row in parts of kPartKeys positions, each with a softmax of its own, merged
@@ -250,6 +309,11 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
     const int end = std::min(reach, (part + 1) * kPartKeys);
     for (int j0 = part * kPartKeys; j0 < end; j0 += kKeyBlock) {
       const int n_block = std::min(kKeyBlock, end - j0);
+      const int elem = p.half ? 2 : 4;
+      const int next = j0 + kKeyBlock;
+      Ahead ahead{static_cast<const char*>(p.k) + (k_at + next * p.k_strides[2]) * elem,
+                  static_cast<const char*>(p.v) + (v_at + next * p.v_strides[2]) * elem,
+                  p.k_strides[2] * elem, p.v_strides[2] * elem, std::max(0, std::min(kKeyBlock, end - next)), D * elem};
       if (p.half) {
         float* const block_k = widened.data();
         float* const block_v = block_k + kKeyBlock * D;
@@ -263,9 +327,12 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
         }
       }
       for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
-      for (int r = 0; r < rows_n; ++r) {
-        const int n = std::min(n_block, rows[r].limit - j0);
-        if (n > 0) fold_block(p, rows[r], keys, values, n);
+      for (int i = 0; i < tile; ++i) {  // position i's rows (one per query head) see the same keys
+        const int n = std::min(n_block, rows[i].limit - j0);
+        if (n <= 0) continue;
+        Row* group[64];
+        for (int r = 0; r < rep; ++r) group[r] = &rows[r * tile + i];
+        fold_block(p, group, rep, keys, values, n, ahead);
       }
     }
     for (int at = 0; at < rows_n; ++at) merge(totals[at], rows[at].max, rows[at].sum, rows[at].acc, D);
@@ -348,5 +415,5 @@ int brisk_attention(const float* q, const void* k, const void* v, int kv_half, f
   return 0;
 }
 
-int brisk_attention_version() { return 3; }
+int brisk_attention_version() { return 4; }
 }

@@ -237,10 +237,12 @@ def test_decode_over_many_key_parts_equals_mlx(shape, kv_dtype):
 
 
 @pytest.mark.parametrize("length", [5, 20])  # 5: split into key parts as decode is; 20: two query tiles, not split
-def test_a_row_gives_the_same_bits_alone_as_in_a_verify_pass(length):
+@pytest.mark.parametrize("heads", [(9, 3, 64), (14, 2, 128), (10, 2, 80)])  # GQA 3, 7 (3+3+1 rows a call), 5 (3+2)
+def test_a_row_gives_the_same_bits_alone_as_in_a_verify_pass(length, heads):
     """Greedy speculative decoding equals plain decoding only if a verify pass's row i comes
     out exactly as the decode step over the same keys would give it."""
-    q, k, v = _problem((1, 9, 3, length, 900, 64), mx.float16)
+    hq, hkv, d = heads
+    q, k, v = _problem((1, hq, hkv, length, 900, d), mx.float16)
     together = attention_native(q, k, v, scale=0.125, mask="causal")
     for i in range(length):
         keys = 900 - length + i + 1
