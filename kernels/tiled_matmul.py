@@ -258,6 +258,16 @@ class _Tiles:
         return self.primitives.tiled_matmul(x, *self.arrays, bias, *self.args, threads())
 
 
+def _tiled_product(layer, tiles: _Tiles, x: mx.array, bias) -> mx.array:
+    """A tiled layer's x @ W.T (+ bias): the checked primitive call when it fits, else `tiled_matmul`."""
+    if tiles.fast(layer, x):
+        return tiles(x, bias)
+    w, s, b = layer["weight"], layer["scales"], layer["biases"]
+    return tiled_matmul(
+        x, w, s, b, bits=layer.bits, group_size=layer.group_size, bias=bias, native_ok=layer._route.native
+    )
+
+
 def _tiles_of(layer) -> _Tiles | None:
     tiles = layer.__dict__.get("_tiled")
     return tiles if tiles is not None and tiles.held_by(layer) else None
@@ -270,18 +280,7 @@ class TiledQuantizedLinear(NativeQuantizedLinear):
         tiles = _tiles_of(self)
         if tiles is None:
             return super().__call__(x)
-        if tiles.fast(self, x):
-            return tiles(x, self.get("bias"))
-        return tiled_matmul(
-            x,
-            self["weight"],
-            self["scales"],
-            self["biases"],
-            bits=self.bits,
-            group_size=self.group_size,
-            bias=self.get("bias"),
-            native_ok=self._route.native,
-        )
+        return _tiled_product(self, tiles, x, self.get("bias"))
 
 
 class TiledQuantizedEmbedding(NativeQuantizedEmbedding):
@@ -300,17 +299,7 @@ class TiledQuantizedEmbedding(NativeQuantizedEmbedding):
         tiles = _tiles_of(self)
         if tiles is None:
             return super().as_linear(x)
-        if tiles.fast(self, x):
-            return tiles(x, None)
-        return tiled_matmul(
-            x,
-            self["weight"],
-            self["scales"],
-            self["biases"],
-            bits=self.bits,
-            group_size=self.group_size,
-            native_ok=self._route.native,
-        )
+        return _tiled_product(self, tiles, x, None)
 
 
 TILED: dict[type, type] = {
