@@ -9,8 +9,8 @@
 //
 // Layout: q (B, Hq, L, D) row-contiguous; k, v (B, Hkv, S, D) with any batch/head/position
 // strides and contiguous rows (a KV cache's sliced views as they are). Float16 keys and
-// values (the KV cache's storage: half the bytes a decode step streams) are widened a block
-// at a time into float32 scratch that every query row of the unit then reads. Query i of L sits at
+// values (the KV cache's storage: half the bytes a decode step streams) are read in place and
+// widened in registers (F16C; without it, a block at a time into float32 scratch). Query i of L sits at
 // position S - L + i (MLX's "causal": a chunk after cached tokens). GQA: the Hq / Hkv query
 // heads of a KV head share every block of it they read, three rows to a key's load. Attention sinks (a logit per head
 // with no value) start each row's softmax. Accumulation is in float32.
@@ -54,8 +54,8 @@ struct Problem {
 };
 
 // The next block's keys and values, asked for a few rows at a time while this block's rows
-// fold: a decode step's cache streams from DRAM, and widening it waited on every load (42% of
-// an 8K-key call's samples on its stores); asked for all at once, the requests themselves
+// fold: a decode step's cache streams from DRAM (widening a block into scratch waited on every
+// load: 42% of an 8K-key call's samples); asked for all at once, the requests themselves
 // stalled.
 struct Ahead {
   const char* k;
@@ -102,8 +102,15 @@ inline float hsum(__m256 v) {
 // by the rows: GQA's query heads of one KV head read the same keys), then per row a
 // horizontal-add tree that leaves the sum with key j in lane j of s[r]. Each row takes the same
 // operations for any R, so a row's scores do not depend on which rows share the call.
-template <int R>
-inline void dots4(const float* const* q, const float* const* keys, int D, __m128* s) {
+// Eight key or value elements as float32: float16 (the KV cache's storage) widens exactly in
+// registers, so a block is read from the cache once, in place, by the rows that use it.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+#if defined(__F16C__)
+inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+
+template <int R, typename T>
+inline void dots4(const float* const* q, const T* const* keys, int D, __m128* s) {
   __m256 a[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) a[r][j] = _mm256_setzero_ps();
@@ -111,7 +118,7 @@ inline void dots4(const float* const* q, const float* const* keys, int D, __m128
     __m256 qd[R];
     for (int r = 0; r < R; ++r) qd[r] = _mm256_loadu_ps(q[r] + d);
     for (int j = 0; j < 4; ++j) {
-      const __m256 kd = _mm256_loadu_ps(keys[j] + d);
+      const __m256 kd = load8(keys[j] + d);
       for (int r = 0; r < R; ++r) a[r][j] = _mm256_fmadd_ps(qd[r], kd, a[r][j]);
     }
   }
@@ -135,9 +142,9 @@ struct Row {
 #if BRISK_AVX2
 // For R rows: o[d0 .. d0 + 8W) = o * c + sum over j of p[j] * v[j][d0 ..], the R x W output
 // vectors in registers and each value vector loaded once for the rows.
-template <int R, int W>
-inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (*p)[kKeyBlock],
-                        const float* const* values, int n) {
+template <int R, int W, typename T>
+inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (*p)[kKeyBlock], const T* const* values,
+                        int n) {
   __m256 o[R][W];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < W; ++t) o[r][t] = _mm256_mul_ps(_mm256_loadu_ps(rows[r]->acc + d0 + 8 * t), c[r]);
@@ -145,7 +152,7 @@ inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (
     __m256 pj[R];
     for (int r = 0; r < R; ++r) pj[r] = _mm256_set1_ps(p[r][j]);
     for (int t = 0; t < W; ++t) {
-      const __m256 vt = _mm256_loadu_ps(values[j] + d0 + 8 * t);
+      const __m256 vt = load8(values[j] + d0 + 8 * t);
       for (int r = 0; r < R; ++r) o[r][t] = _mm256_fmadd_ps(pj[r], vt, o[r][t]);
     }
   }
@@ -156,9 +163,8 @@ inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (
 // Fold keys [j0, j0 + n) into R rows that all see them (query heads of one position).
 // Registers bound R: 3 rows x 4 keys of scores, or 3 rows x 4 vectors of output, fill 12 of
 // AVX2's 16.
-template <int R>
-void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, const float* const* values, int n,
-               Ahead& ahead) {
+template <int R, typename T>
+void fold_rows(const Problem& p, Row* const* rows, const T* const* keys, const T* const* values, int n, Ahead& ahead) {
   const int D = p.D;
   alignas(32) float s[R][kKeyBlock];
   const __m128 scale = _mm_set1_ps(p.scale);
@@ -168,7 +174,7 @@ void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, con
   for (int j = 0; j < n; j += 4) {
     ahead.ask(4);
     __m128 d[R];
-    dots4<R>(q, keys + j, D, d);
+    dots4<R, T>(q, keys + j, D, d);
     const __m128i lane = _mm_setr_epi32(0, 1, 2, 3);
     const __m128 keep = _mm_castsi128_ps(_mm_cmpgt_epi32(_mm_set1_epi32(n - j), lane));  // lanes past the last key
     for (int r = 0; r < R; ++r) _mm_store_ps(s[r] + j, _mm_blendv_ps(minus_inf, _mm_mul_ps(d[r], scale), keep));
@@ -194,14 +200,13 @@ void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, con
     c[r] = _mm256_set1_ps(correction);
   }
   int d0 = 0;  // four vectors of the output rows at a time, then one
-  for (; d0 + 32 <= D; d0 += 32) fold_values<R, 4>(rows, d0, c, s, values, n);
-  for (; d0 < D; d0 += 8) fold_values<R, 1>(rows, d0, c, s, values, n);
+  for (; d0 + 32 <= D; d0 += 32) fold_values<R, 4, T>(rows, d0, c, s, values, n);
+  for (; d0 < D; d0 += 8) fold_values<R, 1, T>(rows, d0, c, s, values, n);
 }
 #else
 // Fold keys [j0, j0 + n) into each of R rows.
-template <int R>
-void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, const float* const* values, int n,
-               Ahead& ahead) {
+template <int R, typename T>
+void fold_rows(const Problem& p, Row* const* rows, const T* const* keys, const T* const* values, int n, Ahead& ahead) {
   const int D = p.D;
   float s[kKeyBlock];
   ahead.ask(kKeyBlock);
@@ -230,12 +235,19 @@ void fold_rows(const Problem& p, Row* const* rows, const float* const* keys, con
 #endif
 
 // Folds keys [j0, j0 + n) into `count` rows that all see them, three at a time.
-void fold_block(const Problem& p, Row* const* rows, int count, const float* const* keys, const float* const* values,
-                int n, Ahead& ahead) {
-  for (; count >= 3; count -= 3, rows += 3) fold_rows<3>(p, rows, keys, values, n, ahead);
-  if (count == 2) fold_rows<2>(p, rows, keys, values, n, ahead);
-  if (count == 1) fold_rows<1>(p, rows, keys, values, n, ahead);
+template <typename T>
+void fold_block(const Problem& p, Row* const* rows, int count, const T* const* keys, const T* const* values, int n,
+                Ahead& ahead) {
+  for (; count >= 3; count -= 3, rows += 3) fold_rows<3, T>(p, rows, keys, values, n, ahead);
+  if (count == 2) fold_rows<2, T>(p, rows, keys, values, n, ahead);
+  if (count == 1) fold_rows<1, T>(p, rows, keys, values, n, ahead);
 }
+
+#if BRISK_AVX2 && defined(__F16C__)
+constexpr bool kHalfInPlace = true;  // float16 keys and values read where they are (load8)
+#else
+constexpr bool kHalfInPlace = false;  // widened a block at a time into scratch first
+#endif
 
 // Keys fold into a row in parts of kPartKeys positions, each with a softmax of its own, merged
 // in order into the row's total (as flash decoding does). A row's arithmetic depends only on
@@ -295,7 +307,7 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
   const int64_t k_at = b * p.k_strides[0] + h * p.k_strides[1], v_at = b * p.v_strides[0] + h * p.v_strides[1];
   const float* keys[kKeyBlock];
   const float* values[kKeyBlock];
-  if (p.half) widened.resize(size_t(2) * kKeyBlock * D);
+  if (p.half && !kHalfInPlace) widened.resize(size_t(2) * kKeyBlock * D);
   for (int part = part0; part < part1 && part * kPartKeys < reach; ++part) {
     for (int at = 0; at < rows_n; ++at) {
       Row& row = rows[at];
@@ -314,7 +326,16 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
       Ahead ahead{static_cast<const char*>(p.k) + (k_at + next * p.k_strides[2]) * elem,
                   static_cast<const char*>(p.v) + (v_at + next * p.v_strides[2]) * elem,
                   p.k_strides[2] * elem, p.v_strides[2] * elem, std::max(0, std::min(kKeyBlock, end - next)), D * elem};
-      if (p.half) {
+      const uint16_t* keys16[kKeyBlock];
+      const uint16_t* values16[kKeyBlock];
+      const bool in_place = p.half && kHalfInPlace;
+      if (in_place) {
+        for (int j = 0; j < kKeyBlock; ++j) {  // past the block's end: its first key, read, then masked
+          const int at = j0 + (j < n_block ? j : 0);
+          keys16[j] = static_cast<const uint16_t*>(p.k) + k_at + at * p.k_strides[2];
+          values16[j] = static_cast<const uint16_t*>(p.v) + v_at + at * p.v_strides[2];
+        }
+      } else if (p.half) {
         float* const block_k = widened.data();
         float* const block_v = block_k + kKeyBlock * D;
         widen_rows(static_cast<const uint16_t*>(p.k) + k_at + j0 * p.k_strides[2], p.k_strides[2], n_block, D, block_k);
@@ -332,6 +353,12 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
         if (n <= 0) continue;
         Row* group[64];
         for (int r = 0; r < rep; ++r) group[r] = &rows[r * tile + i];
+        if constexpr (kHalfInPlace) {  // not built where load8 cannot widen float16
+          if (in_place) {
+            fold_block(p, group, rep, keys16, values16, n, ahead);
+            continue;
+          }
+        }
         fold_block(p, group, rep, keys, values, n, ahead);
       }
     }
