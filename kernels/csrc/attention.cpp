@@ -98,10 +98,6 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// R rows' dot products with four keys each: R x 4 accumulators over D (a key's load is shared
-// by the rows: GQA's query heads of one KV head read the same keys), then per row a
-// horizontal-add tree that leaves the sum with key j in lane j of s[r]. Each row takes the same
-// operations for any R, so a row's scores do not depend on which rows share the call.
 // Eight key or value elements as float32: float16 (the KV cache's storage) widens exactly in
 // registers, so a block is read from the cache once, in place, by the rows that use it.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
@@ -109,6 +105,10 @@ inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
 #endif
 
+// R rows' dot products with four keys each: R x 4 accumulators over D (a key's load is shared
+// by the rows: GQA's query heads of one KV head read the same keys), then per row a
+// horizontal-add tree that leaves the sum with key j in lane j of s[r]. Each row takes the same
+// operations for any R, so a row's scores do not depend on which rows share the call.
 template <int R, typename T>
 inline void dots4(const float* const* q, const T* const* keys, int D, __m128* s) {
   __m256 a[R][4];
@@ -347,7 +347,8 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
           values[j] = static_cast<const float*>(p.v) + v_at + (j0 + j) * p.v_strides[2];
         }
       }
-      for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
+      if (!in_place)
+        for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
       for (int i = 0; i < tile; ++i) {  // position i's rows (one per query head) see the same keys
         const int n = std::min(n_block, rows[i].limit - j0);
         if (n <= 0) continue;
