@@ -41,11 +41,15 @@ namespace {
 
 constexpr int kTile = 16;   // output columns per tile: one per 32-bit lane of a 512-bit register
 constexpr int kBlock = 32;  // k values per block: x's integer scale and the smallest weight group
+constexpr int kPrefetchAhead = 4096;  // bytes of a tile's weights asked for before they are read
 constexpr float kLevels = 127.f * 128.f;  // |q| of x at most: its hi byte stays within [-127, 127]
 
 enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
 
 #define BRISK_TILED __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+
+
 
 bool cpu_has_vnni() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -293,6 +297,13 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) total[r][c] = _mm512_setzero_si512();
     const int k0 = j * kBlock;
+    // The hardware prefetcher alone left one-row products at 25-30 GB/s of ~35 between the
+    // weight stream, the scale and bias streams and the other thread's: asking 4 KB ahead
+    // reads them 1.2-1.4x faster (4-row verify products 1.1-1.3x; prefill's tiles, in L1
+    // while their rows pass, unchanged).
+    for (int c = 0; c < C; ++c)
+      for (int line = 0; line < kBytes; line += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(weights) + c * tile_bytes + kPrefetchAhead + line, _MM_HINT_T0);
     if constexpr (R == 1) {
       __m512i hi2[C], lo[C], lo2[C];  // even and odd quads apart: four chains a tile
       for (int c = 0; c < C; ++c) hi2[c] = lo[c] = lo2[c] = _mm512_setzero_si512();
