@@ -110,7 +110,7 @@ inline __m256 load8(const uint16_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128(
 // horizontal-add tree that leaves the sum with key j in lane j of s[r]. Each row takes the same
 // operations for any R, so a row's scores do not depend on which rows share the call.
 template <int R, typename T>
-inline void dots4(const float* const* q, const T* const* keys, int D, __m128* s) {
+__attribute__((always_inline)) inline void dots4(const float* const* q, const T* const* keys, int D, __m128* s) {
   __m256 a[R][4];
   for (int r = 0; r < R; ++r)
     for (int j = 0; j < 4; ++j) a[r][j] = _mm256_setzero_ps();
@@ -143,7 +143,7 @@ struct Row {
 // For R rows: o[d0 .. d0 + 8W) = o * c + sum over j of p[j] * v[j][d0 ..], the R x W output
 // vectors in registers and each value vector loaded once for the rows.
 template <int R, int W, typename T>
-inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (*p)[kKeyBlock], const T* const* values,
+__attribute__((always_inline)) inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (*p)[kKeyBlock], const T* const* values,
                         int n) {
   __m256 o[R][W];
   for (int r = 0; r < R; ++r)
@@ -164,7 +164,8 @@ inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (
 // Registers bound R: 3 rows x 4 keys of scores, or 3 rows x 4 vectors of output, fill 12 of
 // AVX2's 16.
 template <int R, typename T>
-void fold_rows(const Problem& p, Row* const* rows, const T* const* keys, const T* const* values, int n, Ahead& ahead) {
+__attribute__((always_inline)) inline void fold_rows(const Problem& p, Row* const* rows, const T* const* keys,
+                                                     const T* const* values, int n, Ahead& ahead) {
   const int D = p.D;
   alignas(32) float s[R][kKeyBlock];
   const __m128 scale = _mm_set1_ps(p.scale);
@@ -234,13 +235,45 @@ void fold_rows(const Problem& p, Row* const* rows, const T* const* keys, const T
 }
 #endif
 
-// Folds keys [j0, j0 + n) into `count` rows that all see them, three at a time.
-template <typename T>
-void fold_block(const Problem& p, Row* const* rows, int count, const T* const* keys, const T* const* values, int n,
-                Ahead& ahead) {
+// Folds keys [j0, j0 + n) into `count` rows that all see them, R_MAX at a time, then three,
+// two, one.
+template <int R_MAX, typename T>
+__attribute__((always_inline)) inline void fold_rows_by(const Problem& p, Row* const* rows, int count,
+                                                        const T* const* keys, const T* const* values, int n,
+                                                        Ahead& ahead) {
+  if constexpr (R_MAX == 6)
+    for (; count >= 6; count -= 6, rows += 6) fold_rows<6, T>(p, rows, keys, values, n, ahead);
   for (; count >= 3; count -= 3, rows += 3) fold_rows<3, T>(p, rows, keys, values, n, ahead);
   if (count == 2) fold_rows<2, T>(p, rows, keys, values, n, ahead);
   if (count == 1) fold_rows<1, T>(p, rows, keys, values, n, ahead);
+}
+
+#if BRISK_AVX2
+// Six rows a call where AVX-512VL gives 32 vector registers (6 x 4 scores or output vectors,
+// six queries and a key): each key's load and widening serve twice the rows, and a verify
+// pass's positions share keys too. Every row count folds in this one function here, so a
+// row's bits never depend on which code (or target) folded it.
+template <typename T>
+__attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void fold_block_wide(const Problem& p, Row* const* rows,
+                                                                                int count, const T* const* keys,
+                                                                                const T* const* values, int n,
+                                                                                Ahead& ahead) {
+  fold_rows_by<6, T>(p, rows, count, keys, values, n, ahead);
+}
+
+bool wide_registers() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return has;
+}
+#endif
+
+template <typename T>
+void fold_block(const Problem& p, Row* const* rows, int count, const T* const* keys, const T* const* values, int n,
+                Ahead& ahead) {
+#if BRISK_AVX2
+  if (wide_registers()) return fold_block_wide<T>(p, rows, count, keys, values, n, ahead);
+#endif
+  fold_rows_by<3, T>(p, rows, count, keys, values, n, ahead);
 }
 
 #if BRISK_AVX2 && defined(__F16C__)
@@ -349,18 +382,23 @@ void attend_unit(const Problem& p, int b, int h, int i0, int i1, int part0, int 
       }
       if (!in_place)
         for (int j = n_block; j < kKeyBlock; ++j) keys[j] = keys[0], values[j] = values[0];  // read, then masked
-      for (int i = 0; i < tile; ++i) {  // position i's rows (one per query head) see the same keys
+      // Position i's rows (one per query head) see the same keys, and so do the next
+      // positions' while they see as many of the block (all but the causal diagonal's): one
+      // group shares each key's load.
+      for (int i = 0; i < tile;) {
         const int n = std::min(n_block, rows[i].limit - j0);
+        Row* group[kQueryTile * 64];
+        int count = 0;
+        for (; i < tile && std::min(n_block, rows[i].limit - j0) == n; ++i)
+          for (int r = 0; r < rep; ++r) group[count++] = &rows[r * tile + i];
         if (n <= 0) continue;
-        Row* group[64];
-        for (int r = 0; r < rep; ++r) group[r] = &rows[r * tile + i];
         if constexpr (kHalfInPlace) {  // not built where load8 cannot widen float16
           if (in_place) {
-            fold_block(p, group, rep, keys16, values16, n, ahead);
+            fold_block(p, group, count, keys16, values16, n, ahead);
             continue;
           }
         }
-        fold_block(p, group, rep, keys, values, n, ahead);
+        fold_block(p, group, count, keys, values, n, ahead);
       }
     }
     for (int at = 0; at < rows_n; ++at) merge(totals[at], rows[at].max, rows[at].sum, rows[at].acc, D);
