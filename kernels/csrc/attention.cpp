@@ -143,8 +143,8 @@ struct Row {
 // For R rows: o[d0 .. d0 + 8W) = o * c + sum over j of p[j] * v[j][d0 ..], the R x W output
 // vectors in registers and each value vector loaded once for the rows.
 template <int R, int W, typename T>
-__attribute__((always_inline)) inline void fold_values(Row* const* rows, int d0, const __m256* c, const float (*p)[kKeyBlock], const T* const* values,
-                        int n) {
+__attribute__((always_inline)) inline void fold_values(Row* const* rows, int d0, const __m256* c,
+                                                       const float (*p)[kKeyBlock], const T* const* values, int n) {
   __m256 o[R][W];
   for (int r = 0; r < R; ++r)
     for (int t = 0; t < W; ++t) o[r][t] = _mm256_mul_ps(_mm256_loadu_ps(rows[r]->acc + d0 + 8 * t), c[r]);
@@ -162,7 +162,7 @@ __attribute__((always_inline)) inline void fold_values(Row* const* rows, int d0,
 
 // Fold keys [j0, j0 + n) into R rows that all see them (query heads of one position).
 // Registers bound R: 3 rows x 4 keys of scores, or 3 rows x 4 vectors of output, fill 12 of
-// AVX2's 16.
+// AVX2's 16; six rows need AVX-512VL's 32 (fold_block_wide).
 template <int R, typename T>
 __attribute__((always_inline)) inline void fold_rows(const Problem& p, Row* const* rows, const T* const* keys,
                                                      const T* const* values, int n, Ahead& ahead) {
