@@ -32,7 +32,7 @@ from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 TILED_PRIMITIVES = native.CSRC / "mlx_primitives" / "tiled.cpp"
-# attention.cpp (and its attention_tiles.cpp), norm_rope.cpp, sampling.cpp and activation.cpp are built
+# attention.cpp (and its attention_tiles.cpp, attention_flash.cpp), norm_rope.cpp, sampling.cpp and activation.cpp are built
 # only here: they have no ctypes path (MLX's own ops are their fallback).
 KERNELS = [
     TILED_PRIMITIVES,
@@ -42,6 +42,7 @@ KERNELS = [
     native.CSRC / "skinny_matmul.cpp",
     native.CSRC / "attention.cpp",
     native.CSRC / "attention_tiles.cpp",
+    native.CSRC / "attention_flash.cpp",
     native.CSRC / "norm_rope.cpp",
     native.CSRC / "packed_attention.cpp",
     native.CSRC / "sampling.cpp",

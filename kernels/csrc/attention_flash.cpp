@@ -1,0 +1,261 @@
+// Causal attention for long prefill chunks on AVX-512 CPUs: flash attention with both
+// products in registers, no sgemm.
+//
+// attention_tiles.cpp hands q k^T and p v to MKL's sgemm a block of keys at a time: with
+// K = 64 (the head dim) MKL runs at ~100 GFLOP/s here (its AMD code path), its threads
+// meet three times per block and head, and SmolLM2's prefill attention ran at ~82 GFLOP/s
+// of ~220 (two cores of 512-bit FMA). Here each work unit is six query rows of one head;
+// it walks the head's keys 64 at a time: s = q k^T in 24 registers (keys packed
+// transposed, 64 to a panel), the online softmax on s (base 2, the shared vectorized exp),
+// then o += p v six rows at a time from L1. Units run on the pool without meeting. Same
+// arithmetic as the other paths up to summation order: float32 throughout, float16 keys
+// and values widened once per call into packed float32.
+// What it does not take (no AVX-512, a head dim not a multiple of 16, BRISK_ATTENTION_FLASH=0)
+// it declines, and attention_tiles.cpp runs. Built into the MLX primitives module.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#include "vector_exp.h"
+
+extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define BRISK_FLASH __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
+
+namespace {
+
+constexpr int kPanel = 64;  // keys per panel: a six-row score tile is 24 zmm registers
+constexpr int kRows = 6;    // query rows per unit
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Flash {
+  const float* q;
+  float* out;
+  const float *kp, *vp;  // packed per (batch, KV head): panels of [D][64] keys, rows of D values
+  int64_t head_floats;   // floats of one head's packed keys (and of its values)
+  int B, Hq, Hkv, L, S, D, panels, tiles;
+  int base;  // causal: query i sees keys [0, base + i + 1)
+  bool causal;
+  float scale;  // scale * log2(e)
+};
+
+struct Pack {
+  const void* k;
+  const void* v;
+  const int64_t *ks, *vs;
+  bool half;
+  float *kp, *vp;
+  int64_t head_floats;
+  int Hkv, S, D, panels;
+};
+
+BRISK_FLASH inline void load_row(const void* src, bool half, int D, float* dst) {
+  if (!half) {
+    std::copy_n(static_cast<const float*>(src), D, dst);
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(src);
+  for (int d = 0; d < D; d += 16)
+    _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + d))));
+}
+
+// One (batch, KV head): keys transposed into panels, values as float32 rows; past S, zeros.
+BRISK_FLASH void pack_head(void* context, int unit) {
+  const Pack& p = *static_cast<const Pack*>(context);
+  const int b = unit / p.Hkv, h = unit % p.Hkv, D = p.D;
+  float* kp = p.kp + int64_t(unit) * p.head_floats;
+  float* vp = p.vp + int64_t(unit) * p.head_floats;
+  const size_t elem = p.half ? 2 : 4;
+  const char* k = static_cast<const char*>(p.k) + (b * p.ks[0] + h * p.ks[1]) * elem;
+  const char* v = static_cast<const char*>(p.v) + (b * p.vs[0] + h * p.vs[1]) * elem;
+  alignas(64) float row[256];
+  for (int j = 0; j < p.panels * kPanel; ++j) {
+    float* panel = kp + int64_t(j / kPanel) * D * kPanel + j % kPanel;
+    if (j < p.S) {
+      load_row(k + j * p.ks[2] * elem, p.half, D, row);
+      for (int d = 0; d < D; ++d) panel[d * kPanel] = row[d];
+      load_row(v + j * p.vs[2] * elem, p.half, D, vp + int64_t(j) * D);
+    } else {
+      for (int d = 0; d < D; ++d) panel[d * kPanel] = 0.f;
+      std::fill_n(vp + int64_t(j) * D, D, 0.f);
+    }
+  }
+}
+
+// s (R rows of 64) = q (R rows of D) . panel (D x 64), scaled: 24 accumulators in registers.
+template <int R>
+BRISK_FLASH __attribute__((always_inline)) inline void scores(const float* q, int D, const float* panel, float scale,
+                                                              float* s) {
+  __m512 acc[R][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int d = 0; d < D; ++d, panel += kPanel) {
+    const __m512 k0 = _mm512_loadu_ps(panel), k1 = _mm512_loadu_ps(panel + 16), k2 = _mm512_loadu_ps(panel + 32),
+                 k3 = _mm512_loadu_ps(panel + 48);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(q[r * D + d]);
+      acc[r][0] = _mm512_fmadd_ps(x, k0, acc[r][0]), acc[r][1] = _mm512_fmadd_ps(x, k1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(x, k2, acc[r][2]), acc[r][3] = _mm512_fmadd_ps(x, k3, acc[r][3]);
+    }
+  }
+  const __m512 k = _mm512_set1_ps(scale);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) _mm512_store_ps(s + r * kPanel + 16 * c, _mm512_mul_ps(acc[r][c], k));
+}
+
+// o (R x 16 NV, row stride D) += p (R x 64) . v (64 rows of D, from column 0 of the chunk).
+template <int R, int NV>
+BRISK_FLASH __attribute__((always_inline)) inline void add_values(const float* p, const float* v, int D, float* o,
+                                                                  int keys) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * D + 16 * c);
+  for (int j = 0; j < keys; ++j, v += D) {
+    __m512 w[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) w[c] = _mm512_loadu_ps(v + 16 * c);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512 x = _mm512_set1_ps(p[r * kPanel + j]);
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_fmadd_ps(x, w[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * D + 16 * c, acc[r][c]);
+}
+
+template <int R>
+BRISK_FLASH void add_all_values(const float* p, const float* v, int D, float* o, int keys) {
+  int d = 0;
+  for (; d + 64 <= D; d += 64) add_values<R, 4>(p, v + d, D, o + d, keys);
+  switch ((D - d) / 16) {
+    case 1: add_values<R, 1>(p, v + d, D, o + d, keys); break;
+    case 2: add_values<R, 2>(p, v + d, D, o + d, keys); break;
+    case 3: add_values<R, 3>(p, v + d, D, o + d, keys); break;
+    default: break;
+  }
+}
+
+// Rows i0 .. i0 + R - 1 of query head (b, hq).
+template <int R>
+BRISK_FLASH void rows_of_head(const Flash& f, int b, int hq, int i0) {
+  const int D = f.D, kv = b * f.Hkv + hq / (f.Hq / f.Hkv);
+  const float* q = f.q + ((int64_t(b) * f.Hq + hq) * f.L + i0) * D;
+  const float* kp = f.kp + kv * f.head_floats;
+  const float* vp = f.vp + kv * f.head_floats;
+  alignas(64) float o[kRows * 256];
+  alignas(64) float p[kRows * kPanel];  // the panel's scores, then their exponentials
+  float run_max[R], run_sum[R];
+  int last[R];  // keys row r sees: [0, last[r])
+  for (int r = 0; r < R; ++r) {
+    run_max[r] = -INFINITY, run_sum[r] = 0.f;
+    last[r] = f.causal ? f.base + i0 + r + 1 : f.S;
+  }
+  std::fill_n(o, R * D, 0.f);
+  const int keys_end = last[R - 1];
+  for (int j0 = 0; j0 < keys_end; j0 += kPanel) {
+    scores<R>(q, D, kp + int64_t(j0 / kPanel) * D * kPanel, f.scale, p);
+    for (int r = 0; r < R; ++r) {
+      float* row = p + r * kPanel;
+      // A row sees key 0 and so panel 0, but the tile's earlier rows may see none of its last.
+      const int valid = std::min(kPanel, last[r] - j0);
+      if (valid <= 0) {
+        std::fill_n(row, kPanel, 0.f);
+        continue;
+      }
+      __m512 s[4];
+      for (int c = 0; c < 4; ++c) {
+        const int lanes = std::clamp(valid - 16 * c, 0, 16);
+        s[c] = _mm512_mask_blend_ps(__mmask16((1u << lanes) - 1), _mm512_set1_ps(-INFINITY), _mm512_load_ps(row + 16 * c));
+      }
+      const __m512 m4 = _mm512_max_ps(_mm512_max_ps(s[0], s[1]), _mm512_max_ps(s[2], s[3]));
+      const float new_max = std::max(run_max[r], _mm512_reduce_max_ps(m4));
+      const __m512 m = _mm512_set1_ps(new_max);
+      __m512 total = _mm512_setzero_ps();
+      for (int c = 0; c < 4; ++c) {
+        const __m512 e = brisk::exp2_ps512(_mm512_sub_ps(s[c], m));
+        _mm512_store_ps(row + 16 * c, e);
+        total = _mm512_add_ps(total, e);
+      }
+      if (new_max != run_max[r]) {  // rescale what the row holds (nothing on its first panel)
+        const float correction = std::exp2(run_max[r] - new_max);
+        const __m512 k = _mm512_set1_ps(correction);
+        for (int d = 0; d < D; d += 16) _mm512_storeu_ps(o + r * D + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * D + d), k));
+        run_sum[r] *= correction;
+        run_max[r] = new_max;
+      }
+      run_sum[r] += _mm512_reduce_add_ps(total);
+    }
+    add_all_values<R>(p, vp + int64_t(j0) * D, D, o, std::min(kPanel, keys_end - j0));
+  }
+  float* y = f.out + ((int64_t(b) * f.Hq + hq) * f.L + i0) * D;
+  for (int r = 0; r < R; ++r) {
+    const __m512 inverse = _mm512_set1_ps(run_sum[r] > 0.f ? 1.f / run_sum[r] : 0.f);
+    for (int d = 0; d < D; d += 16) _mm512_storeu_ps(y + r * D + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * D + d), inverse));
+  }
+}
+
+// Units run head by head (both threads on one KV head's packed keys at a time), the later
+// (longer) row tiles of a head first so the last units to run are short ones.
+BRISK_FLASH void flash_unit(void* context, int unit) {
+  const Flash& f = *static_cast<const Flash*>(context);
+  const int head = unit / f.tiles, tile = f.tiles - 1 - unit % f.tiles;
+  const int b = head / f.Hq, hq = head % f.Hq, i0 = tile * kRows;
+  switch (std::min(kRows, f.L - i0)) {
+    case 1: return rows_of_head<1>(f, b, hq, i0);
+    case 2: return rows_of_head<2>(f, b, hq, i0);
+    case 3: return rows_of_head<3>(f, b, hq, i0);
+    case 4: return rows_of_head<4>(f, b, hq, i0);
+    case 5: return rows_of_head<5>(f, b, hq, i0);
+    default: return rows_of_head<6>(f, b, hq, i0);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// attention_tiles.cpp's brisk_attention_tiles, register-tiled (the caller checked the shapes
+// and L against its minimum): 0 done, 1 declined.
+int brisk_attention_flash(const float* q, const void* k, const void* v, int kv_half, float* out, int B, int Hq, int Hkv,
+                          int L, int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale,
+                          int causal, int threads) {
+  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  if (!avx512 || D % 16 || D > 256 || S < L) return 1;
+  if (const char* off = std::getenv("BRISK_ATTENTION_FLASH"); off && off[0] == '0') return 1;  // A/B, tests
+  const int panels = (S + kPanel - 1) / kPanel;
+  const int64_t head_floats = int64_t(panels) * kPanel * D;
+  // MLX's stream thread reuses these between calls (fresh pages would fault every chunk).
+  thread_local std::vector<float> keys, values;
+  keys.resize(size_t(B) * Hkv * head_floats);
+  values.resize(size_t(B) * Hkv * head_floats);
+  Pack pack{k, v, k_strides, v_strides, kv_half != 0, keys.data(), values.data(), head_floats, Hkv, S, D, panels};
+  brisk_parallel_for(B * Hkv, threads, pack_head, &pack);
+  const int tiles = (L + kRows - 1) / kRows;
+  Flash f{q, out, keys.data(), values.data(), head_floats, B, Hq, Hkv, L, S, D, panels, tiles, S - L, causal != 0,
+          scale * kLog2e};
+  brisk_parallel_for(B * Hq * tiles, threads, flash_unit, &f);
+  return 0;
+}
+}
+
+#else
+extern "C" int brisk_attention_flash(const float*, const void*, const void*, int, float*, int, int, int, int, int, int,
+                                     const int64_t*, const int64_t*, float, int, int) {
+  return 1;
+}
+#endif
