@@ -21,6 +21,9 @@ verify pass's rows equal one-row decode bit for bit.
 - `TiledQuantizedLinear`, `TiledQuantizedEmbedding`: the layers, and `use_tiled_layers(model)`
   which repacks a loaded model's quantized layers in place, one at a time.
 Each array keeps its shape, dtype and size: only the order of its bytes changes.
+- `coarse_activations()`: inside it, products built round x to 8 bits a block instead of
+  15 (one integer pass, not two: prefill products ~1.6x): for a sparse-prefill draft's
+  scoring, which reads only a ranking of the prompt's tokens.
 `why_not_tiled()` says when the layout is not used: BRISK_TILED=0 (the A/B partner), no
 VNNI-512, float x asked for (BRISK_INTEGER_ACTIVATIONS=0), or a CPU with AMX, whose prefill
 tiles (kernels/csrc/amx_matmul.cpp) read MLX's layout.
@@ -29,6 +32,8 @@ tiles (kernels/csrc/amx_matmul.cpp) read MLX's layout.
 from __future__ import annotations
 
 import os
+import threading
+from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -48,6 +53,25 @@ BITS = (4, 5, 6, 8)
 GROUPS = (32, 64)
 # BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
 ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
+
+
+class _Coarse(threading.local):
+    active = False
+
+
+COARSE = _Coarse()  # per thread, read as each product node is built
+
+
+@contextmanager
+def coarse_activations():
+    """Tiled products built inside this block round x to 8 bits a block (the kernel's
+    `coarse`): about 1e-2 of a layer's largest output instead of 1e-4, for half the integer work.
+    Only for passes whose outputs are ranked, not decoded (engine/accel/specprefill/scoring.py)."""
+    before, COARSE.active = COARSE.active, True
+    try:
+        yield
+    finally:
+        COARSE.active = before
 
 
 # --- the layout, in plain MLX ops ---------------------------------------------------------
@@ -211,7 +235,9 @@ def tiled_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: 
 
 def tiled_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int, bias=None) -> mx.array:
     scale_type = SCALE_TYPES[scales.dtype]
-    out = _primitives().tiled_matmul(x, weight, scales, biases, bias, bits, group_size, scale_type, threads())
+    out = _primitives().tiled_matmul(
+        x, weight, scales, biases, bias, bits, group_size, scale_type, threads(), COARSE.active
+    )
     return out.astype(x.dtype)
 
 
@@ -255,7 +281,7 @@ class _Tiles:
         )
 
     def __call__(self, x: mx.array, bias) -> mx.array:
-        return self.primitives.tiled_matmul(x, *self.arrays, bias, *self.args, threads())
+        return self.primitives.tiled_matmul(x, *self.arrays, bias, *self.args, threads(), COARSE.active)
 
 
 def _tiled_product(layer, tiles: _Tiles, x: mx.array, bias) -> mx.array:

@@ -132,12 +132,14 @@ struct RepackTask {
 
 struct IntegerX {
   int M = 0, K = 0, blocks = 0, groups = 0;
+  bool coarse = false;         // hi alone, rounded: q ~ 128 hi (the lo plane is zeros, and skipped)
   std::vector<int8_t> hi, lo;  // M x K
   std::vector<float> d;        // M x blocks
   std::vector<float> sum;      // M x groups
 };
 
-BRISK_TILED void round_row(const float* x, int K, int group, int8_t* hi, int8_t* lo, float* d, float* sum) {
+BRISK_TILED void round_row(const float* x, int K, int group, bool coarse, int8_t* hi, int8_t* lo, float* d,
+                           float* sum) {
   const int per_group = group / kBlock;
   for (int j = 0; j < K / kBlock; ++j) {
     const __m512 a = _mm512_loadu_ps(x + j * kBlock), b = _mm512_loadu_ps(x + j * kBlock + 16);
@@ -145,8 +147,12 @@ BRISK_TILED void round_row(const float* x, int K, int group, int8_t* hi, int8_t*
     const float scale = amax / kLevels, inverse = scale > 0.f ? 1.f / scale : 0.f;
     const __m512 inv = _mm512_set1_ps(inverse);
     // round to nearest even, as std::nearbyint in the default mode
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
-    const __m512i low = _mm512_set1_epi32(127);
+    __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+    __m512i low = _mm512_set1_epi32(127);
+    if (coarse) {  // hi = round(q / 128), within [-127, 127] as |q| <= 127 * 128; lo = 0
+      const __m512i half = _mm512_set1_epi32(64);
+      qa = _mm512_add_epi32(qa, half), qb = _mm512_add_epi32(qb, half), low = _mm512_setzero_si512();
+    }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + j * kBlock), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qa, 7)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(hi + j * kBlock + 16), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qb, 7)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(lo + j * kBlock), _mm512_cvtepi32_epi8(_mm512_and_si512(qa, low)));
@@ -164,8 +170,8 @@ struct RoundTask {
   int group, rows_per_unit;
 };
 
-void round_rows(const float* x, int M, int K, int group, int threads, IntegerX& out) {
-  out.M = M, out.K = K, out.blocks = K / kBlock, out.groups = K / group;
+void round_rows(const float* x, int M, int K, int group, bool coarse, int threads, IntegerX& out) {
+  out.M = M, out.K = K, out.blocks = K / kBlock, out.groups = K / group, out.coarse = coarse;
   out.hi.resize(int64_t(M) * K);
   out.lo.resize(int64_t(M) * K);
   out.d.resize(int64_t(M) * out.blocks);
@@ -176,7 +182,7 @@ void round_rows(const float* x, int M, int K, int group, int threads, IntegerX& 
     IntegerX& o = *t.out;
     const int end = std::min(o.M, (u + 1) * t.rows_per_unit);
     for (int m = u * t.rows_per_unit; m < end; ++m)
-      round_row(t.x + int64_t(m) * o.K, o.K, t.group, &o.hi[int64_t(m) * o.K], &o.lo[int64_t(m) * o.K],
+      round_row(t.x + int64_t(m) * o.K, o.K, t.group, o.coarse, &o.hi[int64_t(m) * o.K], &o.lo[int64_t(m) * o.K],
                 &o.d[int64_t(m) * o.blocks], &o.sum[int64_t(m) * o.groups]);
   };
   const int units = (M + task.rows_per_unit - 1) / task.rows_per_unit;
@@ -323,7 +329,7 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
       plane_pass<BITS, R, C>(weights, tile_bytes, xh, row, k0, total);
       for (int r = 0; r < R; ++r)
         for (int c = 0; c < C; ++c) total[r][c] = _mm512_slli_epi32(total[r][c], 7);
-      plane_pass<BITS, R, C>(weights, tile_bytes, xl, row, k0, total);
+      if (!x.coarse) plane_pass<BITS, R, C>(weights, tile_bytes, xl, row, k0, total);
     }
     for (int c = 0; c < C; ++c) {
       const __m512 s = sixteen(scales + c * scale_stride, w.scale_type, 0);
@@ -469,14 +475,17 @@ int brisk_tiled_repack(const uint8_t* w, uint8_t* out, int N, int K, int bits, i
 }
 
 // y (M, N) = x (M, K) @ dequantize(w).T (+ bias) for tiled weights. Returns 1 for what the
-// layout does not take, 2 on a CPU without VNNI-512.
+// layout does not take, 2 on a CPU without VNNI-512. `coarse`: x rounded to 8 bits a block
+// (llama.cpp's Q8 precision, ~1e-2 of a layer's largest output instead of ~1e-4), one integer pass
+// instead of two: for a sparse-prefill draft's scoring, where only the ranking is read.
 int brisk_tiled_matmul(const float* x, const uint8_t* w, const void* scales, const void* biases, int scale_type,
-                       const float* bias, float* out, int M, int K, int N, int bits, int group, int threads) {
+                       const float* bias, float* out, int M, int K, int N, int bits, int group, int threads,
+                       int coarse) {
   if (!supported(bits, group, K, N) || M < 1) return 1;
   if (!cpu_has_vnni()) return 2;
   thread_local IntegerX kept;  // reused between calls: a decode step makes ~200 of them
   IntegerX& rows = kept;
-  round_rows(x, M, K, group, threads, rows);
+  round_rows(x, M, K, group, coarse != 0, threads, rows);
   const Tiled tiled{w, scales, biases, scale_type, K, N, bits, group};
   const int tiles = N / kTile;
   // Contiguous stretches of tiles per thread (the hardware prefetcher follows each), at least

@@ -10,7 +10,9 @@ from engine.accel.positions import ShiftedRoPE, install_position_shift, position
 from engine.accel.specprefill.scoring import (
     DraftScorer,
     SparsePrefillDeclined,
+    _pool,
     capture_attention,
+    score_tokens,
     select_chunks,
     sparse_prefill,
 )
@@ -289,3 +291,38 @@ def test_a_position_shift_belongs_to_one_model(models):
     assert mx.allclose(shifted, rope_a(x, offset=8)).item()
     assert mx.allclose(untouched, rope_b(x, offset=1)).item()
     assert not mx.allclose(shifted, rope_a(x, offset=1)).item()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text"])
+def test_lookahead_steps_scored_together_equal_each_step_scored_alone(models, arch):
+    """score_tokens scores every lookahead step's queries at once, each step masked to the keys
+    it saw; the definition is step by step: softmax over the cache as that step left it,
+    pooled, max over heads and layers, then the mean over steps."""
+    lm = models[arch]
+    prompt = list(range(3, 160))
+    start, end, steps = 20, len(prompt), 4
+
+    def prefilled():
+        cache = make_prompt_cache(lm.model)
+        mx.eval(lm.model(mx.array([prompt]), cache=cache))
+        return cache
+
+    got = score_tokens(lm.model, prefilled(), 9, start, end, steps=steps)
+    cache, token, total = prefilled(), mx.array([[9]]), None
+    for _ in range(steps):
+        captured = []
+        with capture_attention(lm.model, captured):
+            logits = lm.model(token, cache=cache)
+        per_layer = []
+        for q, k, scale in captured:
+            if k.shape[2] < end:
+                continue  # a sliding window that does not span the prompt
+            b, hq, _, d = q.shape
+            rows = q.astype(mx.float32).reshape(b, k.shape[1], hq // k.shape[1], d) * scale
+            probs = mx.softmax(rows @ k.astype(mx.float32).swapaxes(-1, -2), axis=-1)
+            per_layer.append(_pool(probs[..., start:end]).max(axis=(0, 1, 2)))
+        step = mx.stack(per_layer).max(axis=0)
+        total = step if total is None else total + step
+        token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
+    assert got.shape == (end - start,)
+    assert mx.allclose(got, total / steps, rtol=1e-5, atol=1e-7).item()

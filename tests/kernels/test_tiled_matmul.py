@@ -4,6 +4,7 @@ rounded to integers, rows alone against rows together bit for bit, and the layer
 repacks."""
 
 import shutil
+import threading
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -118,6 +119,45 @@ def test_the_native_repack_equals_the_layout_byte_for_byte(bits, group, dtype):
 
 
 # --- the kernel -------------------------------------------------------------------------------
+
+
+def _coarse_rounded(x: mx.array) -> mx.array:
+    """x as the kernel's coarse mode sees it: q as above, then round(q / 128) * 128 (8 bits)."""
+    v = np.array(x, np.float32).reshape(-1, 32)
+    d = np.abs(v).max(axis=1, keepdims=True) / np.float32(127 * 128)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    q = np.rint(v * inverse).astype(np.int32)
+    return mx.array((np.floor((q + 64) / 128) * 128 * d).reshape(x.shape).astype(np.float32))
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [4, 6])
+@pytest.mark.parametrize("rows", [1, 5, 70])  # a lone row, a tail of one after four, prefill
+def test_coarse_activations_are_x_rounded_to_8_bits_and_only_inside_their_block(bits, rows):
+    """Inside coarse_activations() products meet x rounded to 8 bits a block (one integer pass):
+    against MLX on that x only float rounding is left; the exact product is ~100x closer to
+    MLX on x itself. Outside the block, and on other threads, products stay exact."""
+    n, k, group = 48, 320, 32
+    packed, scales, biases = _quantized(n, k, bits, group, mx.float16, seed=rows)
+    x = mx.random.normal((1, rows, k))
+    tiled = repack_native(packed, scales, biases, bits)
+    s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
+    offsets = mx.repeat(b32, group, axis=1)
+    scaled = mx.dequantize(packed, s32, b32, group_size=group, bits=bits) - offsets
+    with tiled_matmul.coarse_activations():
+        coarse = tiled_matmul_native(x, *tiled, bits=bits, group_size=group)
+        elsewhere: list = []
+        worker = threading.Thread(target=lambda: elsewhere.append(tiled_matmul.COARSE.active))
+        worker.start()
+        worker.join()
+    exact = tiled_matmul_native(x, *tiled, bits=bits, group_size=group)
+    assert elsewhere == [False] and not tiled_matmul.COARSE.active
+    want = _coarse_rounded(x) @ scaled.T + x @ offsets.T
+    assert mx.abs(coarse - want).max().item() < 5e-5
+    mlx = quantized_matmul_reference(x, packed, scales, biases, bits=bits, group_size=group).astype(mx.float32)
+    top = mx.abs(mlx).max().item()
+    coarse_error, exact_error = (mx.abs(y - mlx).max().item() / top for y in (coarse, exact))
+    assert 1e-3 < coarse_error < 3e-2 and exact_error < coarse_error / 20
 
 
 @needs_kernels

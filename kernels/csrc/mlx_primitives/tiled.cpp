@@ -17,7 +17,7 @@ extern "C" {
 int brisk_tiled_available();
 int brisk_tiled_repack(const uint8_t*, uint8_t*, int, int, int, int);
 int brisk_tiled_matmul(const float*, const uint8_t*, const void*, const void*, int, const float*, float*, int, int,
-                       int, int, int, int);
+                       int, int, int, int, int);
 int brisk_tiled_gather(const int32_t*, int, const uint8_t*, const void*, const void*, int, float*, int, int, int,
                        int);
 }
@@ -30,8 +30,9 @@ namespace {
 // y = x @ dequantize(w).T (+ bias), x float32 (..., K), w tiled (N, K).
 class TiledMatmul : public CpuPrimitive {
  public:
-  TiledMatmul(mx::Stream s, int bits, int group, int scale_type, int threads, bool has_bias)
-      : CpuPrimitive(s), bits_(bits), group_(group), scale_type_(scale_type), threads_(threads), has_bias_(has_bias) {}
+  TiledMatmul(mx::Stream s, int bits, int group, int scale_type, int threads, bool has_bias, bool coarse)
+      : CpuPrimitive(s), bits_(bits), group_(group), scale_type_(scale_type), threads_(threads), has_bias_(has_bias),
+        coarse_(coarse) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
@@ -41,9 +42,9 @@ class TiledMatmul : public CpuPrimitive {
     encoder.dispatch([xs = row_major(x, encoder), w = w.data<uint8_t>(), s = scales.data<void>(),
                       b = biases.data<void>(), bias = has_bias_ ? inputs[4].data<float>() : nullptr,
                       y = out.data<float>(), M, K, N, bits = bits_, group = group_, type = scale_type_,
-                      threads = threads_]() {
+                      threads = threads_, coarse = coarse_]() {
       xs.gather();
-      const int code = brisk_tiled_matmul(xs.data(), w, s, b, type, bias, y, M, K, N, bits, group, threads);
+      const int code = brisk_tiled_matmul(xs.data(), w, s, b, type, bias, y, M, K, N, bits, group, threads, coarse);
       if (code) throw std::runtime_error("brisk tiled matmul declined (code " + std::to_string(code) + ")");
     });
   }
@@ -53,7 +54,7 @@ class TiledMatmul : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const TiledMatmul&>(other);
     return bits_ == o.bits_ && group_ == o.group_ && scale_type_ == o.scale_type_ && threads_ == o.threads_ &&
-           has_bias_ == o.has_bias_;
+           has_bias_ == o.has_bias_ && coarse_ == o.coarse_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -62,7 +63,7 @@ class TiledMatmul : public CpuPrimitive {
 
  private:
   int bits_, group_, scale_type_, threads_;
-  bool has_bias_;
+  bool has_bias_, coarse_;
 };
 
 // Rows `ids` of a tiled (V, K) table, dequantized to float32.
@@ -130,7 +131,7 @@ class TiledRepack : public CpuPrimitive {
 };
 
 mx::array tiled_matmul(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                       std::optional<mx::array> bias, int bits, int group, int scale_type, int threads) {
+                       std::optional<mx::array> bias, int bits, int group, int scale_type, int threads, bool coarse) {
   require_plain_weight(w);
   const auto s = cpu_stream();
   std::vector<mx::array> inputs{mx::astype(x, mx::float32, s), plain(w, mx::uint32, s),
@@ -138,7 +139,7 @@ mx::array tiled_matmul(const mx::array& x, const mx::array& w, const mx::array& 
   if (bias) inputs.push_back(plain(*bias, mx::float32, s));
   auto shape = with_last(x, int(w.shape(0)));
   return mx::array(std::move(shape), mx::float32,
-                   std::make_shared<TiledMatmul>(s, bits, group, scale_type, threads, bias.has_value()),
+                   std::make_shared<TiledMatmul>(s, bits, group, scale_type, threads, bias.has_value(), coarse),
                    std::move(inputs));
 }
 
@@ -163,7 +164,8 @@ mx::array tiled_repack(const mx::array& w, int bits, int threads) {
 
 void register_tiled(nb::module_& m) {
   m.def("tiled_matmul", &tiled_matmul, nb::arg("x"), nb::arg("weight"), nb::arg("scales"), nb::arg("biases"),
-        nb::arg("bias").none(), nb::arg("bits"), nb::arg("group_size"), nb::arg("scale_type"), nb::arg("threads"));
+        nb::arg("bias").none(), nb::arg("bits"), nb::arg("group_size"), nb::arg("scale_type"), nb::arg("threads"),
+        nb::arg("coarse") = false);
   m.def("tiled_gather", &tiled_gather, nb::arg("ids"), nb::arg("weight"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("bits"), nb::arg("group_size"), nb::arg("scale_type"));
   m.def("tiled_repack", &tiled_repack, nb::arg("weight"), nb::arg("bits"), nb::arg("threads"));
