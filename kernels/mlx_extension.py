@@ -40,6 +40,7 @@ KERNELS = [
     native.CSRC / "tiled_matmul.cpp",
     native.CSRC / "amx_matmul.cpp",
     native.CSRC / "skinny_matmul.cpp",
+    native.CSRC / "float_gemm.cpp",
     native.CSRC / "attention.cpp",
     native.CSRC / "attention_tiles.cpp",
     native.CSRC / "attention_flash.cpp",

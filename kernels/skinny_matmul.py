@@ -6,13 +6,17 @@ Qwen2.5-1.5B cost about 3 plain decode steps, so drafting barely paid.
 kernels/csrc/skinny_matmul.cpp reads each weight row once for all the rows.
 
 `SkinnyLinear` and `SkinnyEmbedding` (a tied output head's `as_linear`) send 2-16 row
-float32 products on the CPU to the kernel and everything else (one-row decode, where MKL is
-as fast; prefill chunks; GPU; other dtypes) to MLX as before. kernels/native_layers.py
+float32 products on the CPU to the kernel, and on AVX-512 CPUs prefill chunks of 64+ rows to
+kernels/csrc/float_gemm.cpp (register-tiled, ~1.3x MKL's sgemm on our AMD CPUs; a float32
+model's prefill is these products); everything else (one-row decode, where MKL is as fast;
+GPU; other dtypes) goes to MLX as before. kernels/native_layers.py
 swaps them into a loaded model. The kernel runs as a lazy MLX primitive where
 kernels/mlx_extension.py builds one, else as an eager ctypes call that evaluates its input.
 """
 
 from __future__ import annotations
+
+import os
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,6 +26,7 @@ from kernels import mlx_extension, native
 from kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
+WIDE_ROWS = 64  # from here a product is a prefill chunk's, for float_gemm.cpp
 
 
 def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
@@ -57,6 +62,26 @@ def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = 
     return mx.array(out).reshape(*lead, n)
 
 
+def float_gemm_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
+    """x @ weight.T (+ bias) for float32 x (..., K) and weight (N, K), any number of rows,
+    by float_gemm.cpp as a lazy MLX primitive (AVX-512 CPUs only)."""
+    primitives = mlx_extension.load()
+    if primitives is None:
+        raise NativeUnsupported(mlx_extension.unavailable_reason())
+    if not primitives.float_gemm_available():
+        raise NativeUnsupported("the float gemm needs AVX-512")
+    if os.environ.get("BRISK_FLOAT_GEMM") == "0":  # read per call: the A/B partner, tests
+        raise NativeUnsupported("turned off (BRISK_FLOAT_GEMM=0)")
+    if x.dtype != mx.float32 or weight.dtype != mx.float32 or (bias is not None and bias.dtype != mx.float32):
+        raise NativeUnsupported("the float gemm takes float32 only")
+    if weight.ndim != 2 or weight.shape[1] != x.shape[-1]:
+        raise NativeUnsupported(f"shapes {x.shape} @ {weight.shape}.T")
+    try:
+        return primitives.skinny_matmul(x, weight, bias, threads(), wide=True)
+    except ValueError as declined:  # a strided weight
+        raise NativeUnsupported(str(declined)) from None
+
+
 def _rows(x: mx.array) -> int:
     rows = 1
     for size in x.shape[:-1]:
@@ -74,13 +99,29 @@ def _worth_it(route, x: mx.array, weight: mx.array) -> bool:
     )
 
 
+def _wide(route, x: mx.array, weight: mx.array) -> bool:
+    return (
+        route.native
+        and _rows(x) >= WIDE_ROWS
+        and x.dtype == mx.float32
+        and weight.dtype == mx.float32
+        and mx.default_device() == mx.cpu
+    )
+
+
 class SkinnyLinear(nn.Linear):
-    """nn.Linear whose few-row float32 products on the CPU run in the native kernel."""
+    """nn.Linear whose few-row and prefill-chunk float32 products on the CPU run in the
+    native kernels."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        if _worth_it(self._route, x, self["weight"]):
+        native = (
+            skinny_matmul_native
+            if _worth_it(self._route, x, self["weight"])
+            else float_gemm_native if _wide(self._route, x, self["weight"]) else None
+        )
+        if native is not None:
             try:
-                return skinny_matmul_native(x, self["weight"], self.get("bias"))
+                return native(x, self["weight"], self.get("bias"))
             except NativeUnsupported:
                 pass
         return super().__call__(x)

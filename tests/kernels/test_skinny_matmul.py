@@ -7,7 +7,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from kernels import native, skinny_matmul
+from kernels import mlx_extension, native, skinny_matmul
 from kernels.native_attention import NativeUnsupported
 from kernels.native_layers import blas_only, use_native_layers, verify_path
 from kernels.prebuilt import Loaded
@@ -15,6 +15,7 @@ from kernels.quantized_matmul import NativeQuantizedLinear
 from kernels.skinny_matmul import (
     SkinnyEmbedding,
     SkinnyLinear,
+    float_gemm_native,
     skinny_matmul_native,
 )
 
@@ -154,3 +155,58 @@ def test_loaded_models_verify_through_the_kernel_with_the_same_logits(tmp_path, 
     got = logits()
     assert calls and all(shape[-2] == 5 for shape in calls)
     assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
+
+
+def _float_gemm_runs_here() -> bool:
+    primitives = mlx_extension.load()
+    return primitives is not None and primitives.float_gemm_available()
+
+
+@needs_native
+@pytest.mark.parametrize("m,k,n", [(64, 64, 16), (70, 100, 33), (130, 1100, 200), (97, 513, 130)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_float_gemm_equals_mlx_on_prefill_chunks(kernel_path, m, k, n, with_bias):
+    """float_gemm.cpp on 64+ rows: row tails (not a multiple of six), column tails (not a
+    multiple of 64 or 16), depths past one block of 512 and not a multiple of it."""
+    mx.random.seed(m + n)
+    x, w = mx.random.normal((1, m, k)), mx.random.normal((n, k)) * 0.1
+    bias = mx.random.normal((n,)) if with_bias else None
+    want = x @ w.T + (bias if with_bias else 0)
+    if kernel_path == "ctypes" or not _float_gemm_runs_here():
+        with pytest.raises(NativeUnsupported):
+            float_gemm_native(x, w, bias)
+        return
+    got = float_gemm_native(x, w, bias)
+    assert got.shape == want.shape and got.dtype == mx.float32
+    assert (mx.abs(got - want).max() / mx.abs(want).max()).item() < 1e-5
+
+
+@needs_native
+def test_float_gemm_gives_a_row_the_same_bits_in_any_chunk(kernel_path):
+    """Each output sums its k in the same order whatever the rows around it: a row's result
+    does not depend on the chunk size or on where the row tiles of six fall."""
+    if kernel_path == "ctypes" or not _float_gemm_runs_here():
+        pytest.skip("float_gemm.cpp runs only as an MLX primitive on AVX-512 CPUs")
+    x, w = mx.random.normal((100, 700)), mx.random.normal((96, 700))
+    whole, head, tail = float_gemm_native(x, w), float_gemm_native(x[:64], w), float_gemm_native(x[31:], w)
+    assert mx.array_equal(whole[:64], head).item() and mx.array_equal(whole[31:], tail).item()
+
+
+@needs_native
+def test_prefill_chunks_of_a_swapped_layer_go_to_the_float_gemm_unless_turned_off(kernel_path, monkeypatch):
+    net = _tiny_net()
+    ids = mx.array([list(range(1, 50)) + list(range(1, 21))])  # 69 rows
+    want = net(ids)
+    use_native_layers(net)
+    calls = []
+    monkeypatch.setattr(
+        skinny_matmul, "float_gemm_native", lambda x, *a: calls.append(x.shape) or float_gemm_native(x, *a)
+    )
+    if kernel_path == "ctypes" or not _float_gemm_runs_here():
+        assert mx.allclose(net(ids), want, atol=1e-5).item()  # tried, declined, MLX's matmul
+        return
+    assert mx.allclose(net(ids), want, atol=1e-5).item()
+    assert calls == [(1, 69, 32), (1, 69, 64)]  # proj and down (the tied head keeps MLX's)
+    monkeypatch.setenv("BRISK_FLOAT_GEMM", "0")
+    turned_off = net(ids)
+    assert len(calls) == 4 and mx.allclose(turned_off, want, atol=1e-5).item()

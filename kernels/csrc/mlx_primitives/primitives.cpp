@@ -46,6 +46,8 @@ int brisk_quantized_gather(const int32_t*, int, const uint32_t*, const void*, co
                            int, int);
 int brisk_quantized_matmul_has_sgemm();
 int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, int, int, int);
+int brisk_float_gemm(const float*, const float*, const float*, float*, int, int, int, int);
+int brisk_float_gemm_available();
 int brisk_attention(const float*, const void*, const void*, int, float*, int, int, int, int, int, int, const int64_t*,
                     const int64_t*, float, int, const float*, int);
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
@@ -145,10 +147,12 @@ class QuantizedGather : public CpuPrimitive {
   int bits_, group_, scale_type_;
 };
 
-// y = x @ w.T (+ bias) for float32 x with 1-16 rows and float32 w (N, K): the verify pass.
+// y = x @ w.T (+ bias) for float32 x and float32 w (N, K): 1-16 rows (the verify pass,
+// ../skinny_matmul.cpp) or, `wide`, a prefill chunk (../float_gemm.cpp, AVX-512 CPUs).
 class SkinnyMatmul : public CpuPrimitive {
  public:
-  SkinnyMatmul(mx::Stream s, int threads, bool has_bias) : CpuPrimitive(s), threads_(threads), has_bias_(has_bias) {}
+  SkinnyMatmul(mx::Stream s, int threads, bool has_bias, bool wide)
+      : CpuPrimitive(s), threads_(threads), has_bias_(has_bias), wide_(wide) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array &x = inputs[0], &w = inputs[1];
@@ -157,18 +161,19 @@ class SkinnyMatmul : public CpuPrimitive {
     const int M = int(leading_rows(x)), K = int(x.shape(-1)), N = int(w.shape(0));
     encoder.dispatch([xs = row_major(x, encoder), w = w.data<float>(),
                       bias = has_bias_ ? inputs[2].data<float>() : nullptr, y = out.data<float>(), M, K, N,
-                      threads = threads_]() {
+                      threads = threads_, wide = wide_]() {
       xs.gather();
-      if (brisk_skinny_matmul(xs.data(), w, bias, y, M, K, N, threads))
-        throw std::runtime_error("brisk skinny matmul declined");
+      if (wide ? brisk_float_gemm(xs.data(), w, bias, y, M, K, N, threads)
+               : brisk_skinny_matmul(xs.data(), w, bias, y, M, K, N, threads))
+        throw std::runtime_error(wide ? "brisk float gemm declined" : "brisk skinny matmul declined");
     });
   }
 
-  const char* name() const override { return "BriskSkinnyMatmul"; }
+  const char* name() const override { return wide_ ? "BriskFloatGemm" : "BriskSkinnyMatmul"; }
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const SkinnyMatmul&>(other);
-    return threads_ == o.threads_ && has_bias_ == o.has_bias_;
+    return threads_ == o.threads_ && has_bias_ == o.has_bias_ && wide_ == o.wide_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -177,7 +182,7 @@ class SkinnyMatmul : public CpuPrimitive {
 
  private:
   int threads_;
-  bool has_bias_;
+  bool has_bias_, wide_;
 };
 
 // softmax(q k^T * scale) v for float32 q (B, Hq, L, D), k and v (B, Hkv, S, D) both float32 or
@@ -532,13 +537,14 @@ mx::array quantized_gather(const mx::array& ids, const mx::array& w, const mx::a
                     plain(biases, biases.dtype(), s)});
 }
 
-mx::array skinny_matmul(const mx::array& x, const mx::array& w, std::optional<mx::array> bias, int threads) {
+mx::array skinny_matmul(const mx::array& x, const mx::array& w, std::optional<mx::array> bias, int threads,
+                        bool wide) {
   require_plain_weight(w);
   const auto s = cpu_stream();
   std::vector<mx::array> inputs{mx::astype(x, mx::float32, s), plain(w, mx::float32, s)};
   if (bias) inputs.push_back(plain(*bias, mx::float32, s));
   auto shape = with_last(x, int(w.shape(0)));
-  return mx::array(std::move(shape), mx::float32, std::make_shared<SkinnyMatmul>(s, threads, bias.has_value()),
+  return mx::array(std::move(shape), mx::float32, std::make_shared<SkinnyMatmul>(s, threads, bias.has_value(), wide),
                    std::move(inputs));
 }
 
@@ -663,7 +669,8 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("quantized_gather", &quantized_gather, nb::arg("ids"), nb::arg("weight"), nb::arg("scales"),
         nb::arg("biases"), nb::arg("bits"), nb::arg("group_size"), nb::arg("scale_type"));
   m.def("skinny_matmul", &skinny_matmul, nb::arg("x"), nb::arg("weight"), nb::arg("bias").none(),
-        nb::arg("threads"));
+        nb::arg("threads"), nb::arg("wide") = false);
+  m.def("float_gemm_available", [] { return brisk_float_gemm_available() != 0; });
   m.def("attention", &attention, nb::arg("queries"), nb::arg("keys"), nb::arg("values"), nb::arg("scale"),
         nb::arg("causal"), nb::arg("sinks").none(), nb::arg("length").none(), nb::arg("threads"));
   m.def("packed_attention", &packed_attention, nb::arg("queries"), nb::arg("keys"), nb::arg("kv_heads"),
