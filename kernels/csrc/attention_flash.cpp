@@ -32,25 +32,22 @@ constexpr int kPanel = 64;  // keys per panel: a six-row score tile is 24 zmm re
 constexpr int kRows = 6;    // query rows per unit
 constexpr float kLog2e = 1.4426950408889634f;
 
-struct Flash {
-  const float* q;
-  float* out;
-  const float *kp, *vp;  // packed per (batch, KV head): panels of [D][64] keys, rows of D values
-  int64_t head_floats;   // floats of one head's packed keys (and of its values)
-  int B, Hq, Hkv, L, S, D, panels, tiles;
+struct Flash {  // one (batch, KV head) and its query heads
+  const float* q;  // the KV head's first query head's (L, D) rows; the others follow
+  float* out;      // likewise
+  const float *kp, *vp;  // packed: panels of [D][64] keys, rows of D values
+  int L, S, D, tiles;
   int base;  // causal: query i sees keys [0, base + i + 1)
   bool causal;
   float scale;  // scale * log2(e)
 };
 
-struct Pack {
-  const void* k;
-  const void* v;
-  const int64_t *ks, *vs;
+struct Pack {  // one (batch, KV head)
+  const char *k, *v;  // its first key and value
+  int64_t k_row, v_row;  // bytes from one position to the next
   bool half;
   float *kp, *vp;
-  int64_t head_floats;
-  int Hkv, S, D, panels;
+  int S, D;
 };
 
 BRISK_FLASH inline void load_row(const void* src, bool half, int D, float* dst) {
@@ -63,25 +60,22 @@ BRISK_FLASH inline void load_row(const void* src, bool half, int D, float* dst) 
     _mm512_storeu_ps(dst + d, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + d))));
 }
 
-// One (batch, KV head): keys transposed into panels, values as float32 rows; past S, zeros.
-BRISK_FLASH void pack_head(void* context, int unit) {
+// Panel `unit` of one (batch, KV head): 64 keys transposed, their values as float32 rows;
+// past S, zeros.
+BRISK_FLASH void pack_panel(void* context, int unit) {
   const Pack& p = *static_cast<const Pack*>(context);
-  const int b = unit / p.Hkv, h = unit % p.Hkv, D = p.D;
-  float* kp = p.kp + int64_t(unit) * p.head_floats;
-  float* vp = p.vp + int64_t(unit) * p.head_floats;
-  const size_t elem = p.half ? 2 : 4;
-  const char* k = static_cast<const char*>(p.k) + (b * p.ks[0] + h * p.ks[1]) * elem;
-  const char* v = static_cast<const char*>(p.v) + (b * p.vs[0] + h * p.vs[1]) * elem;
+  const int D = p.D;
+  float* panel = p.kp + int64_t(unit) * D * kPanel;
   alignas(64) float row[256];
-  for (int j = 0; j < p.panels * kPanel; ++j) {
-    float* panel = kp + int64_t(j / kPanel) * D * kPanel + j % kPanel;
+  for (int j = unit * kPanel; j < (unit + 1) * kPanel; ++j) {
+    float* values = p.vp + int64_t(j) * D;
     if (j < p.S) {
-      load_row(k + j * p.ks[2] * elem, p.half, D, row);
-      for (int d = 0; d < D; ++d) panel[d * kPanel] = row[d];
-      load_row(v + j * p.vs[2] * elem, p.half, D, vp + int64_t(j) * D);
+      load_row(p.k + j * p.k_row, p.half, D, row);
+      for (int d = 0; d < D; ++d) panel[d * kPanel + j % kPanel] = row[d];
+      load_row(p.v + j * p.v_row, p.half, D, values);
     } else {
-      for (int d = 0; d < D; ++d) panel[d * kPanel] = 0.f;
-      std::fill_n(vp + int64_t(j) * D, D, 0.f);
+      for (int d = 0; d < D; ++d) panel[d * kPanel + j % kPanel] = 0.f;
+      std::fill_n(values, D, 0.f);
     }
   }
 }
@@ -150,13 +144,12 @@ BRISK_FLASH void add_all_values(const float* p, const float* v, int D, float* o,
   }
 }
 
-// Rows i0 .. i0 + R - 1 of query head (b, hq).
+// Rows i0 .. i0 + R - 1 of the KV head's query head g.
 template <int R>
-BRISK_FLASH void rows_of_head(const Flash& f, int b, int hq, int i0) {
-  const int D = f.D, kv = b * f.Hkv + hq / (f.Hq / f.Hkv);
-  const float* q = f.q + ((int64_t(b) * f.Hq + hq) * f.L + i0) * D;
-  const float* kp = f.kp + kv * f.head_floats;
-  const float* vp = f.vp + kv * f.head_floats;
+BRISK_FLASH void rows_of_head(const Flash& f, int g, int i0) {
+  const int D = f.D;
+  const float* q = f.q + (int64_t(g) * f.L + i0) * D;
+  const float *kp = f.kp, *vp = f.vp;
   alignas(64) float o[kRows * 256];
   alignas(64) float p[kRows * kPanel];  // the panel's scores, then their exponentials
   float run_max[R], run_sum[R];
@@ -202,26 +195,25 @@ BRISK_FLASH void rows_of_head(const Flash& f, int b, int hq, int i0) {
     }
     add_all_values<R>(p, vp + int64_t(j0) * D, D, o, std::min(kPanel, keys_end - j0));
   }
-  float* y = f.out + ((int64_t(b) * f.Hq + hq) * f.L + i0) * D;
+  float* y = f.out + (int64_t(g) * f.L + i0) * D;
   for (int r = 0; r < R; ++r) {
     const __m512 inverse = _mm512_set1_ps(run_sum[r] > 0.f ? 1.f / run_sum[r] : 0.f);
     for (int d = 0; d < D; d += 16) _mm512_storeu_ps(y + r * D + d, _mm512_mul_ps(_mm512_loadu_ps(o + r * D + d), inverse));
   }
 }
 
-// Units run head by head (both threads on one KV head's packed keys at a time), the later
-// (longer) row tiles of a head first so the last units to run are short ones.
+// Units run query head by query head, the later (longer) row tiles of a head first so the
+// last units to run are short ones.
 BRISK_FLASH void flash_unit(void* context, int unit) {
   const Flash& f = *static_cast<const Flash*>(context);
-  const int head = unit / f.tiles, tile = f.tiles - 1 - unit % f.tiles;
-  const int b = head / f.Hq, hq = head % f.Hq, i0 = tile * kRows;
+  const int g = unit / f.tiles, i0 = (f.tiles - 1 - unit % f.tiles) * kRows;
   switch (std::min(kRows, f.L - i0)) {
-    case 1: return rows_of_head<1>(f, b, hq, i0);
-    case 2: return rows_of_head<2>(f, b, hq, i0);
-    case 3: return rows_of_head<3>(f, b, hq, i0);
-    case 4: return rows_of_head<4>(f, b, hq, i0);
-    case 5: return rows_of_head<5>(f, b, hq, i0);
-    default: return rows_of_head<6>(f, b, hq, i0);
+    case 1: return rows_of_head<1>(f, g, i0);
+    case 2: return rows_of_head<2>(f, g, i0);
+    case 3: return rows_of_head<3>(f, g, i0);
+    case 4: return rows_of_head<4>(f, g, i0);
+    case 5: return rows_of_head<5>(f, g, i0);
+    default: return rows_of_head<6>(f, g, i0);
   }
 }
 
@@ -237,18 +229,29 @@ int brisk_attention_flash(const float* q, const void* k, const void* v, int kv_h
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   if (!avx512 || D % 16 || D > 256 || S < L) return 1;
   if (const char* off = std::getenv("BRISK_ATTENTION_FLASH"); off && off[0] == '0') return 1;  // A/B, tests
-  const int panels = (S + kPanel - 1) / kPanel;
-  const int64_t head_floats = int64_t(panels) * kPanel * D;
-  // MLX's stream thread reuses these between calls (fresh pages would fault every chunk).
+  const int panels = (S + kPanel - 1) / kPanel, G = Hq / Hkv, tiles = (L + kRows - 1) / kRows;
+  const size_t head_floats = size_t(panels) * kPanel * D, elem = kv_half ? 2 : 4;
+  // One KV head packed at a time (float32, twice a float16 cache's bytes for that head).
+  // MLX's stream thread keeps the buffers between calls (fresh pages would fault every
+  // chunk), unless a long context made them large.
   thread_local std::vector<float> keys, values;
-  keys.resize(size_t(B) * Hkv * head_floats);
-  values.resize(size_t(B) * Hkv * head_floats);
-  Pack pack{k, v, k_strides, v_strides, kv_half != 0, keys.data(), values.data(), head_floats, Hkv, S, D, panels};
-  brisk_parallel_for(B * Hkv, threads, pack_head, &pack);
-  const int tiles = (L + kRows - 1) / kRows;
-  Flash f{q, out, keys.data(), values.data(), head_floats, B, Hq, Hkv, L, S, D, panels, tiles, S - L, causal != 0,
-          scale * kLog2e};
-  brisk_parallel_for(B * Hq * tiles, threads, flash_unit, &f);
+  keys.resize(head_floats);
+  values.resize(head_floats);
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < Hkv; ++h) {
+      const char* kh = static_cast<const char*>(k) + (b * k_strides[0] + h * k_strides[1]) * elem;
+      const char* vh = static_cast<const char*>(v) + (b * v_strides[0] + h * v_strides[1]) * elem;
+      Pack pack{kh, vh, int64_t(k_strides[2] * elem), int64_t(v_strides[2] * elem), kv_half != 0, keys.data(),
+                values.data(), S, D};
+      brisk_parallel_for(panels, threads, pack_panel, &pack);
+      const int64_t first = (int64_t(b) * Hq + h * G) * L * D;
+      Flash f{q + first, out + first, keys.data(), values.data(), L, S, D, tiles, S - L, causal != 0, scale * kLog2e};
+      brisk_parallel_for(G * tiles, threads, flash_unit, &f);
+    }
+  if (head_floats > (size_t(16) << 20)) {  // over 64 MB each: give them back
+    std::vector<float>().swap(keys);
+    std::vector<float>().swap(values);
+  }
   return 0;
 }
 }
