@@ -54,6 +54,7 @@ HEADERS = [
     native.CSRC / "vector_exp.h",
     native.CSRC / "half.h",
     native.CSRC / "sgemm.h",
+    native.CSRC / "register_tile.h",
     native.CSRC / "mlx_primitives" / "primitive_base.h",
 ]
 MODULE = "_brisk_mlx_ops"

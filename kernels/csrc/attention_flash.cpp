@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "register_tile.h"
 #include "vector_exp.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
@@ -28,7 +29,8 @@ extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, i
 
 namespace {
 
-constexpr int kPanel = 64;  // keys per panel: a six-row score tile is 24 zmm registers
+constexpr int kPanel = brisk::kTileColumns;  // keys per panel: a six-row score tile is 24 zmm registers
+constexpr __mmask16 kAll[4] = {0xffff, 0xffff, 0xffff, 0xffff};
 constexpr int kRows = 6;    // query rows per unit
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -78,32 +80,6 @@ BRISK_FLASH void pack_panel(void* context, int unit) {
       std::fill_n(values, D, 0.f);
     }
   }
-}
-
-// s (R rows of 64) = q (R rows of D) . panel (D x 64), scaled: 24 accumulators in registers.
-template <int R>
-BRISK_FLASH __attribute__((always_inline)) inline void scores(const float* q, int D, const float* panel, float scale,
-                                                              float* s) {
-  __m512 acc[R][4];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int d = 0; d < D; ++d, panel += kPanel) {
-    const __m512 k0 = _mm512_loadu_ps(panel), k1 = _mm512_loadu_ps(panel + 16), k2 = _mm512_loadu_ps(panel + 32),
-                 k3 = _mm512_loadu_ps(panel + 48);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512 x = _mm512_set1_ps(q[r * D + d]);
-      acc[r][0] = _mm512_fmadd_ps(x, k0, acc[r][0]), acc[r][1] = _mm512_fmadd_ps(x, k1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(x, k2, acc[r][2]), acc[r][3] = _mm512_fmadd_ps(x, k3, acc[r][3]);
-    }
-  }
-  const __m512 k = _mm512_set1_ps(scale);
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < 4; ++c) _mm512_store_ps(s + r * kPanel + 16 * c, _mm512_mul_ps(acc[r][c], k));
 }
 
 // o (R x 16 NV, row stride D) += p (R x 64) . v (64 rows of D, from column 0 of the chunk).
@@ -161,7 +137,7 @@ BRISK_FLASH void rows_of_head(const Flash& f, int g, int i0) {
   std::fill_n(o, R * D, 0.f);
   const int keys_end = last[R - 1];
   for (int j0 = 0; j0 < keys_end; j0 += kPanel) {
-    scores<R>(q, D, kp + int64_t(j0 / kPanel) * D * kPanel, f.scale, p);
+    brisk::register_tile<R>(q, D, kp + int64_t(j0 / kPanel) * D * kPanel, D, p, kPanel, kAll, nullptr, false, f.scale);
     for (int r = 0; r < R; ++r) {
       float* row = p + r * kPanel;
       // A row sees key 0 and so panel 0, but the tile's earlier rows may see none of its last.

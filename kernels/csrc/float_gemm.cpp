@@ -3,8 +3,8 @@
 // A float32 model's prefill is its linear layers, and MLX hands them to MKL's sgemm, which
 // on our AMD CPUs runs its generic code path at 124-155 GFLOP/s of ~220 (two cores of 512-bit
 // FMA): Qwen2.5-1.5B with float32 weights took 38 s for a 2K-token prompt, llama.cpp's own
-// sgemm 40 (issue 18 asks for 1.2x). Here a 6 x 64 register tile (24 zmm accumulators, x
-// broadcast, w packed 64 columns wide) runs at ~98% of a core's FMA peak in L1; the blocking
+// sgemm 40 (issue 18 asks for 1.2x). Here register_tile.h's 6 x 64 tile (x broadcast, w
+// packed 64 columns wide) runs at ~98% of a core's FMA peak in L1; the blocking
 // around it keeps a 512 x 128 block of w, packed (256 KB), in L2 while every 6-row tile of x passes.
 // Units (a 128-column block of w, and a share of the rows when the columns are few) run on
 // the thread pool of quantized_matmul.cpp without meeting. Each output sums its k in order
@@ -18,13 +18,13 @@
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 
 #if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "register_tile.h"
 
-#define BRISK_GEMM __attribute__((target("avx2,fma,avx512f")))
+#define BRISK_GEMM BRISK_TILE
 
 namespace {
 
-constexpr int kPanel = 64;    // columns a register tile covers: four zmm
+constexpr int kPanel = brisk::kTileColumns;  // columns a register tile covers
 constexpr int kRows = 6;      // rows a register tile covers
 constexpr int kDepth = 512;   // k per block: a packed panel is 128 KB
 constexpr int kColumns = 128; // columns per unit: two panels, 128 KB packed
@@ -35,45 +35,15 @@ struct Gemm {
   int M, K, N, column_blocks, row_parts;
 };
 
-// (R x 64) of y at c (row stride N) = [init] + a (R rows, stride K) . panel (depth x 64).
-// init: the rows' running sums in y (later k blocks), else bias (or zeros) on the first.
-template <int R>
-BRISK_GEMM __attribute__((always_inline)) inline void tile(const float* a, int64_t lda, const float* panel, int depth,
-                                                           float* c, int64_t ldc, const __mmask16 (&cols)[4],
-                                                           const float* bias, bool first) {
-  __m512 acc[R][4];
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v)
-      acc[r][v] = !first ? _mm512_maskz_loadu_ps(cols[v], c + r * ldc + 16 * v)
-                  : bias ? _mm512_maskz_loadu_ps(cols[v], bias + 16 * v)
-                         : _mm512_setzero_ps();
-  for (int k = 0; k < depth; ++k, panel += kPanel) {
-    const __m512 b0 = _mm512_loadu_ps(panel), b1 = _mm512_loadu_ps(panel + 16), b2 = _mm512_loadu_ps(panel + 32),
-                 b3 = _mm512_loadu_ps(panel + 48);
-#pragma GCC unroll 6
-    for (int r = 0; r < R; ++r) {
-      const __m512 s = _mm512_set1_ps(a[r * lda + k]);
-      acc[r][0] = _mm512_fmadd_ps(s, b0, acc[r][0]), acc[r][1] = _mm512_fmadd_ps(s, b1, acc[r][1]);
-      acc[r][2] = _mm512_fmadd_ps(s, b2, acc[r][2]), acc[r][3] = _mm512_fmadd_ps(s, b3, acc[r][3]);
-    }
-  }
-#pragma GCC unroll 6
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) _mm512_mask_storeu_ps(c + r * ldc + 16 * v, cols[v], acc[r][v]);
-}
-
 BRISK_GEMM void tile_rows(int rows, const float* a, int64_t lda, const float* panel, int depth, float* c, int64_t ldc,
                           const __mmask16 (&cols)[4], const float* bias, bool first) {
   switch (rows) {
-    case 1: return tile<1>(a, lda, panel, depth, c, ldc, cols, bias, first);
-    case 2: return tile<2>(a, lda, panel, depth, c, ldc, cols, bias, first);
-    case 3: return tile<3>(a, lda, panel, depth, c, ldc, cols, bias, first);
-    case 4: return tile<4>(a, lda, panel, depth, c, ldc, cols, bias, first);
-    case 5: return tile<5>(a, lda, panel, depth, c, ldc, cols, bias, first);
-    default: return tile<6>(a, lda, panel, depth, c, ldc, cols, bias, first);
+    case 1: return brisk::register_tile<1>(a, lda, panel, depth, c, ldc, cols, bias, !first);
+    case 2: return brisk::register_tile<2>(a, lda, panel, depth, c, ldc, cols, bias, !first);
+    case 3: return brisk::register_tile<3>(a, lda, panel, depth, c, ldc, cols, bias, !first);
+    case 4: return brisk::register_tile<4>(a, lda, panel, depth, c, ldc, cols, bias, !first);
+    case 5: return brisk::register_tile<5>(a, lda, panel, depth, c, ldc, cols, bias, !first);
+    default: return brisk::register_tile<6>(a, lda, panel, depth, c, ldc, cols, bias, !first);
   }
 }
 
