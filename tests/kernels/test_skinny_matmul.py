@@ -210,3 +210,17 @@ def test_prefill_chunks_of_a_swapped_layer_go_to_the_float_gemm_unless_turned_of
     monkeypatch.setenv("BRISK_FLOAT_GEMM", "0")
     turned_off = net(ids)
     assert len(calls) == 4 and mx.allclose(turned_off, want, atol=1e-5).item()
+
+
+@needs_native
+def test_float_gemm_gives_the_same_bits_on_any_number_of_threads(kernel_path, monkeypatch):
+    """Units split columns (and rows when the columns are few); no output's sum depends on them."""
+    if kernel_path == "ctypes" or not _float_gemm_runs_here():
+        pytest.skip("float_gemm.cpp runs only as an MLX primitive on AVX-512 CPUs")
+    x, w, bias = mx.random.normal((1, 77, 600)), mx.random.normal((200, 600)), mx.random.normal((200,))
+    results = []
+    for threads in ("1", "2", "7"):
+        monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+        results.append(float_gemm_native(x, w, bias))
+        mx.eval(results[-1])
+    assert all(mx.array_equal(results[0], other).item() for other in results[1:])
