@@ -32,8 +32,9 @@ from kernels import native, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 TILED_PRIMITIVES = native.CSRC / "mlx_primitives" / "tiled.cpp"
-# attention.cpp (and its attention_tiles.cpp, attention_flash.cpp), norm_rope.cpp, sampling.cpp and activation.cpp are built
-# only here: they have no ctypes path (MLX's own ops are their fallback).
+# attention.cpp (and its attention_tiles.cpp, attention_flash.cpp), norm_rope.cpp, sampling.cpp,
+# activation.cpp and float_gemm.cpp are built only here: they have no ctypes path (MLX's own ops
+# are their fallback).
 KERNELS = [
     TILED_PRIMITIVES,
     native.CSRC / "quantized_matmul.cpp",

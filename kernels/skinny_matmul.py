@@ -114,17 +114,17 @@ class SkinnyLinear(nn.Linear):
     native kernels."""
 
     def __call__(self, x: mx.array) -> mx.array:
-        native = (
-            skinny_matmul_native
-            if _worth_it(self._route, x, self["weight"])
-            else float_gemm_native if _wide(self._route, x, self["weight"]) else None
-        )
-        if native is not None:
-            try:
-                return native(x, self["weight"], self.get("bias"))
-            except NativeUnsupported:
-                pass
-        return super().__call__(x)
+        weight = self["weight"]
+        if _worth_it(self._route, x, weight):
+            native = skinny_matmul_native
+        elif _wide(self._route, x, weight):
+            native = float_gemm_native
+        else:
+            return super().__call__(x)
+        try:
+            return native(x, weight, self.get("bias"))
+        except NativeUnsupported:
+            return super().__call__(x)
 
 
 class SkinnyEmbedding(nn.Embedding):

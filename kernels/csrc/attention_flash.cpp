@@ -5,11 +5,11 @@
 // K = 64 (the head dim) MKL runs at ~100 GFLOP/s here (its AMD code path), its threads
 // meet three times per block and head, and SmolLM2's prefill attention ran at ~82 GFLOP/s
 // of ~220 (two cores of 512-bit FMA). Here each work unit is six query rows of one head;
-// it walks the head's keys 64 at a time: s = q k^T in 24 registers (keys packed
-// transposed, 64 to a panel), the online softmax on s (base 2, the shared vectorized exp),
-// then o += p v six rows at a time from L1. Units run on the pool without meeting. Same
-// arithmetic as the other paths up to summation order: float32 throughout, float16 keys
-// and values widened once per call into packed float32.
+// it walks the head's keys 64 at a time: s = q k^T in register_tile.h's 24 registers (keys
+// packed transposed, 64 to a panel), the online softmax on s (base 2, the shared vectorized
+// exp), then o += p v six rows at a time from L1. Units run on the pool without meeting.
+// Same arithmetic as the other paths up to summation order: float32 throughout, float16
+// keys and values widened into packed float32 once per call, one KV head at a time.
 // What it does not take (no AVX-512, a head dim not a multiple of 16, BRISK_ATTENTION_FLASH=0)
 // it declines, and attention_tiles.cpp runs. Built into the MLX primitives module.
 
@@ -30,8 +30,8 @@ extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, i
 namespace {
 
 constexpr int kPanel = brisk::kTileColumns;  // keys per panel: a six-row score tile is 24 zmm registers
-constexpr __mmask16 kAll[4] = {0xffff, 0xffff, 0xffff, 0xffff};
-constexpr int kRows = 6;    // query rows per unit
+constexpr __mmask16 kAll[4] = {0xffff, 0xffff, 0xffff, 0xffff};  // every column of a score tile
+constexpr int kRows = 6;  // query rows per unit
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Flash {  // one (batch, KV head) and its query heads
