@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlx_lm.models import base as mlx_lm_base
 
 from kernels import mlx_extension
+from kernels.coarse import COARSE
 from kernels.native_attention import NativeUnsupported, threads
 
 MLX_LM_SDPA = mlx_lm_base.scaled_dot_product_attention
@@ -50,7 +51,9 @@ def attention_native(queries, keys, values, *, scale: float, mask=None, sinks=No
     if queries.dtype != mx.float32 or keys.dtype != values.dtype or keys.dtype not in (mx.float32, mx.float16):
         raise NativeUnsupported("the fused attention takes float32 queries over float32 or float16 keys and values")
     try:
-        return primitives.attention(queries, keys, values, float(scale), mask is not None, sinks, length, threads())
+        return primitives.attention(
+            queries, keys, values, float(scale), mask is not None, sinks, length, threads(), COARSE.active
+        )
     except ValueError as declined:
         raise NativeUnsupported(str(declined)) from None
 

@@ -21,9 +21,9 @@ verify pass's rows equal one-row decode bit for bit.
 - `TiledQuantizedLinear`, `TiledQuantizedEmbedding`: the layers, and `use_tiled_layers(model)`
   which repacks a loaded model's quantized layers in place, one at a time.
 Each array keeps its shape, dtype and size: only the order of its bytes changes.
-- `coarse_activations()`: inside it, products built round x to 8 bits a block instead of
-  15 (one integer pass, not two: prefill products ~1.6x): for a sparse-prefill draft's
-  scoring, which reads only a ranking of the prompt's tokens.
+- Inside kernels/coarse.py's `coarse_products()` products built round x to 8 bits a block
+  instead of 15 (one integer pass, not two: prefill products ~1.6x): for a sparse-prefill
+  draft's scoring, which reads only a ranking of the prompt's tokens.
 `why_not_tiled()` says when the layout is not used: BRISK_TILED=0 (the A/B partner), no
 VNNI-512, float x asked for (BRISK_INTEGER_ACTIVATIONS=0), or a CPU with AMX, whose prefill
 tiles (kernels/csrc/amx_matmul.cpp) read MLX's layout.
@@ -32,13 +32,12 @@ tiles (kernels/csrc/amx_matmul.cpp) read MLX's layout.
 from __future__ import annotations
 
 import os
-import threading
-from contextlib import contextmanager
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from kernels import mlx_extension, native, quantized_matmul
+from kernels.coarse import COARSE
 from kernels.native_attention import threads
 from kernels.quantized_matmul import (
     SCALE_TYPES,
@@ -53,25 +52,6 @@ BITS = (4, 5, 6, 8)
 GROUPS = (32, 64)
 # BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
 ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
-
-
-class _Coarse(threading.local):
-    active = False
-
-
-COARSE = _Coarse()  # per thread, read as each product node is built
-
-
-@contextmanager
-def coarse_activations():
-    """Tiled products built inside this block round x to 8 bits a block (the kernel's
-    `coarse`): about 1e-2 of a layer's largest output instead of 1e-4, for half the integer work.
-    Only for passes whose outputs are ranked, not decoded (engine/accel/specprefill/scoring.py)."""
-    before, COARSE.active = COARSE.active, True
-    try:
-        yield
-    finally:
-        COARSE.active = before
 
 
 # --- the layout, in plain MLX ops ---------------------------------------------------------

@@ -423,18 +423,19 @@ extern "C" {
 
 void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);  // quantized_matmul.cpp
 int brisk_attention_tiles(const float*, const void*, const void*, int, float*, int, int, int, int, int, int,
-                          const int64_t*, const int64_t*, float, int, int);  // attention_tiles.cpp
+                          const int64_t*, const int64_t*, float, int, int, int);  // attention_tiles.cpp
 
 // Returns 0, or 1 for a shape it does not take (the caller checks these first). kv_half: k
-// and v hold float16 bits, else float32.
+// and v hold float16 bits, else float32. coarse: long chunks may take bfloat16 products
+// (attention_flash.cpp; a sparse-prefill draft's reading).
 int brisk_attention(const float* q, const void* k, const void* v, int kv_half, float* out, int B, int Hq, int Hkv,
                     int L, int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale, int causal,
-                    const float* sinks, int threads) {
+                    const float* sinks, int threads, int coarse) {
   if (B < 1 || Hkv < 1 || Hq % Hkv || Hq / Hkv > 64 || L < 1 || S < L || D < 8 || D % 8 || D > kMaxHeadDim)
     return 1;
   // Long chunks without sinks: whole heads against blocks of keys in sgemm (attention_tiles.cpp).
   if (!sinks && brisk_attention_tiles(q, k, v, kv_half, out, B, Hq, Hkv, L, S, D, k_strides, v_strides, scale, causal,
-                                      threads) == 0)
+                                      threads, coarse) == 0)
     return 0;
   Problem p{q, k, v, out, B, Hq, Hkv, L, S, D, {}, {}, scale * kLog2e, causal != 0, sinks, kv_half != 0};
   std::memcpy(p.k_strides, k_strides, sizeof(p.k_strides));

@@ -26,6 +26,9 @@ extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, i
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define BRISK_FLASH __attribute__((target("avx2,fma,f16c,avx512f,avx512dq")))
+// `coarse` (a sparse-prefill draft's reading, which only ranks tokens): both products in
+// bfloat16 pairs with float32 sums (vdpbf16ps, twice the float32 FMA rate), on CPUs with it.
+#define BRISK_FLASH_BF16 __attribute__((target("avx2,fma,f16c,avx512f,avx512dq,avx512bw,avx512bf16")))
 
 namespace {
 
@@ -120,12 +123,145 @@ BRISK_FLASH void add_all_values(const float* p, const float* v, int D, float* o,
   }
 }
 
-// Rows i0 .. i0 + R - 1 of the KV head's query head g.
+// --- bfloat16 pairs (coarse) ---------------------------------------------------------------
+// A word holds two bfloat16 values, the first in its low half (vdpbf16ps multiplies halves
+// pairwise and adds both products). Keys: per panel [D / 2][64] words, the pair of dims
+// (2e, 2e + 1) of one key; values: [positions / 2][D] words, dim d of two consecutive keys.
+
+BRISK_FLASH_BF16 inline void to_bf16(const float* x, int n, uint16_t* out) {  // n a multiple of 16
+  for (int i = 0; i < n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+}
+
+// Panel `unit` (64 keys) of one (batch, KV head) as bfloat16 words; past S, zeros.
+BRISK_FLASH_BF16 void pack_panel_bf16(void* context, int unit) {
+  const Pack& p = *static_cast<const Pack*>(context);
+  const int D = p.D;
+  uint32_t* keys = reinterpret_cast<uint32_t*>(p.kp) + int64_t(unit) * (D / 2) * kPanel;
+  uint32_t* values = reinterpret_cast<uint32_t*>(p.vp) + int64_t(unit) * (kPanel / 2) * D;
+  alignas(64) float row[256];
+  alignas(64) uint16_t pair[2][256];
+  for (int j = unit * kPanel; j < (unit + 1) * kPanel; j += 2) {
+    for (int t = 0; t < 2; ++t) {  // keys j, j + 1: the key's dims paired, then the values across the two
+      if (j + t < p.S) load_row(p.k + (j + t) * p.k_row, p.half, D, row);
+      else std::fill_n(row, D, 0.f);
+      to_bf16(row, D, pair[t]);
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(pair[t]);
+      for (int e = 0; e < D / 2; ++e) keys[e * kPanel + (j + t) % kPanel] = words[e];
+    }
+    for (int t = 0; t < 2; ++t) {
+      if (j + t < p.S) load_row(p.v + (j + t) * p.v_row, p.half, D, row);
+      else std::fill_n(row, D, 0.f);
+      to_bf16(row, D, pair[t]);
+    }
+    uint32_t* out = values + int64_t((j % kPanel) / 2) * D;
+    for (int d = 0; d < D; ++d) out[d] = uint32_t(pair[0][d]) | uint32_t(pair[1][d]) << 16;
+  }
+}
+
+// s (R rows of 64) = q (R rows of D / 2 words) . panel, scaled.
 template <int R>
-BRISK_FLASH void rows_of_head(const Flash& f, int g, int i0) {
+BRISK_FLASH_BF16 __attribute__((always_inline)) inline void scores_bf16(const uint32_t* q, int D, const uint32_t* panel,
+                                                                         float scale, float* s) {
+  __m512 acc[R][4];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int e = 0; e < D / 2; ++e, panel += kPanel) {
+    __m512bh k[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) k[c] = (__m512bh)_mm512_loadu_si512(panel + 16 * c);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(int(q[r * (D / 2) + e]));
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, k[c]);
+    }
+  }
+  const __m512 k = _mm512_set1_ps(scale);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) _mm512_storeu_ps(s + r * kPanel + 16 * c, _mm512_mul_ps(acc[r][c], k));
+}
+
+// o (R x 16 NV, row stride D) += p (R rows of 64 bfloat16) . v (pairs of keys, rows of D words).
+template <int R, int NV>
+BRISK_FLASH_BF16 __attribute__((always_inline)) inline void add_values_bf16(const uint16_t* p, const uint32_t* v, int D,
+                                                                             float* o, int pairs) {
+  __m512 acc[R][NV];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_loadu_ps(o + r * D + 16 * c);
+  for (int e = 0; e < pairs; ++e, v += D) {
+    __m512bh w[NV];
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) w[c] = (__m512bh)_mm512_loadu_si512(v + 16 * c);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m512bh x = (__m512bh)_mm512_set1_epi32(int(reinterpret_cast<const uint32_t*>(p + r * kPanel)[e]));
+#pragma GCC unroll 4
+      for (int c = 0; c < NV; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], x, w[c]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < NV; ++c) _mm512_storeu_ps(o + r * D + 16 * c, acc[r][c]);
+}
+
+template <int R>
+BRISK_FLASH_BF16 void add_all_values_bf16(const uint16_t* p, const uint32_t* v, int D, float* o, int pairs) {
+  int d = 0;
+  for (; d + 64 <= D; d += 64) add_values_bf16<R, 4>(p, v + d, D, o + d, pairs);
+  switch ((D - d) / 16) {
+    case 1: add_values_bf16<R, 1>(p, v + d, D, o + d, pairs); break;
+    case 2: add_values_bf16<R, 2>(p, v + d, D, o + d, pairs); break;
+    case 3: add_values_bf16<R, 3>(p, v + d, D, o + d, pairs); break;
+    default: break;
+  }
+}
+
+// The panel's products: float32 through register_tile.h, or bfloat16 pairs.
+template <int R, bool BF16>
+struct Products;
+
+template <int R>
+struct Products<R, false> {
+  const float* q;
+  BRISK_FLASH Products(const float* rows, int) : q(rows) {}
+  BRISK_FLASH void scores(const Flash& f, int j0, float* p) const {
+    brisk::register_tile<R>(q, f.D, f.kp + int64_t(j0 / kPanel) * f.D * kPanel, f.D, p, kPanel, kAll, nullptr, false,
+                            f.scale);
+  }
+  BRISK_FLASH void values(const Flash& f, int j0, const float* p, float* o, int keys) const {
+    add_all_values<R>(p, f.vp + int64_t(j0) * f.D, f.D, o, keys);
+  }
+};
+
+template <int R>
+struct Products<R, true> {
+  alignas(64) uint16_t q[kRows * 256];
+  BRISK_FLASH_BF16 Products(const float* rows, int D) { to_bf16(rows, R * D, q); }
+  BRISK_FLASH_BF16 void scores(const Flash& f, int j0, float* p) const {
+    const uint32_t* panel = reinterpret_cast<const uint32_t*>(f.kp) + int64_t(j0 / kPanel) * (f.D / 2) * kPanel;
+    scores_bf16<R>(reinterpret_cast<const uint32_t*>(q), f.D, panel, f.scale, p);
+  }
+  BRISK_FLASH_BF16 void values(const Flash& f, int j0, const float* p, float* o, int keys) const {
+    alignas(64) uint16_t pb[kRows * kPanel];
+    to_bf16(p, R * kPanel, pb);
+    const uint32_t* v = reinterpret_cast<const uint32_t*>(f.vp) + int64_t(j0 / 2) * f.D;
+    add_all_values_bf16<R>(pb, v, f.D, o, (keys + 1) / 2);
+  }
+};
+
+// Rows i0 .. i0 + R - 1 of the KV head's query head g.
+template <int R, bool BF16>
+BRISK_FLASH_BF16 void rows_of_head(const Flash& f, int g, int i0) {
   const int D = f.D;
-  const float* q = f.q + (int64_t(g) * f.L + i0) * D;
-  const float *kp = f.kp, *vp = f.vp;
+  const Products<R, BF16> products(f.q + (int64_t(g) * f.L + i0) * D, D);
   alignas(64) float o[kRows * 256];
   alignas(64) float p[kRows * kPanel];  // the panel's scores, then their exponentials
   float run_max[R], run_sum[R];
@@ -137,7 +273,7 @@ BRISK_FLASH void rows_of_head(const Flash& f, int g, int i0) {
   std::fill_n(o, R * D, 0.f);
   const int keys_end = last[R - 1];
   for (int j0 = 0; j0 < keys_end; j0 += kPanel) {
-    brisk::register_tile<R>(q, D, kp + int64_t(j0 / kPanel) * D * kPanel, D, p, kPanel, kAll, nullptr, false, f.scale);
+    products.scores(f, j0, p);
     for (int r = 0; r < R; ++r) {
       float* row = p + r * kPanel;
       // A row sees key 0 and so panel 0, but the tile's earlier rows may see none of its last.
@@ -169,7 +305,7 @@ BRISK_FLASH void rows_of_head(const Flash& f, int g, int i0) {
       }
       run_sum[r] += _mm512_reduce_add_ps(total);
     }
-    add_all_values<R>(p, vp + int64_t(j0) * D, D, o, std::min(kPanel, keys_end - j0));
+    products.values(f, j0, p, o, std::min(kPanel, keys_end - j0));
   }
   float* y = f.out + (int64_t(g) * f.L + i0) * D;
   for (int r = 0; r < R; ++r) {
@@ -180,16 +316,17 @@ BRISK_FLASH void rows_of_head(const Flash& f, int g, int i0) {
 
 // Units run query head by query head, the later (longer) row tiles of a head first so the
 // last units to run are short ones.
-BRISK_FLASH void flash_unit(void* context, int unit) {
+template <bool BF16>
+BRISK_FLASH_BF16 void flash_unit(void* context, int unit) {
   const Flash& f = *static_cast<const Flash*>(context);
   const int g = unit / f.tiles, i0 = (f.tiles - 1 - unit % f.tiles) * kRows;
   switch (std::min(kRows, f.L - i0)) {
-    case 1: return rows_of_head<1>(f, g, i0);
-    case 2: return rows_of_head<2>(f, g, i0);
-    case 3: return rows_of_head<3>(f, g, i0);
-    case 4: return rows_of_head<4>(f, g, i0);
-    case 5: return rows_of_head<5>(f, g, i0);
-    default: return rows_of_head<6>(f, g, i0);
+    case 1: return rows_of_head<1, BF16>(f, g, i0);
+    case 2: return rows_of_head<2, BF16>(f, g, i0);
+    case 3: return rows_of_head<3, BF16>(f, g, i0);
+    case 4: return rows_of_head<4, BF16>(f, g, i0);
+    case 5: return rows_of_head<5, BF16>(f, g, i0);
+    default: return rows_of_head<6, BF16>(f, g, i0);
   }
 }
 
@@ -201,8 +338,10 @@ extern "C" {
 // and L against its minimum): 0 done, 1 declined.
 int brisk_attention_flash(const float* q, const void* k, const void* v, int kv_half, float* out, int B, int Hq, int Hkv,
                           int L, int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale,
-                          int causal, int threads) {
+                          int causal, int threads, int coarse) {
   static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  static const bool bf16 = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+  const bool pairs = coarse && bf16;
   if (!avx512 || D % 16 || D > 256 || S < L) return 1;
   if (const char* off = std::getenv("BRISK_ATTENTION_FLASH"); off && off[0] == '0') return 1;  // A/B, tests
   const int panels = (S + kPanel - 1) / kPanel, G = Hq / Hkv, tiles = (L + kRows - 1) / kRows;
@@ -219,10 +358,10 @@ int brisk_attention_flash(const float* q, const void* k, const void* v, int kv_h
       const char* vh = static_cast<const char*>(v) + (b * v_strides[0] + h * v_strides[1]) * elem;
       Pack pack{kh, vh, int64_t(k_strides[2] * elem), int64_t(v_strides[2] * elem), kv_half != 0, keys.data(),
                 values.data(), S, D};
-      brisk_parallel_for(panels, threads, pack_panel, &pack);
+      brisk_parallel_for(panels, threads, pairs ? pack_panel_bf16 : pack_panel, &pack);
       const int64_t first = (int64_t(b) * Hq + h * G) * L * D;
       Flash f{q + first, out + first, keys.data(), values.data(), L, S, D, tiles, S - L, causal != 0, scale * kLog2e};
-      brisk_parallel_for(G * tiles, threads, flash_unit, &f);
+      brisk_parallel_for(G * tiles, threads, pairs ? flash_unit<true> : flash_unit<false>, &f);
     }
   if (head_floats > (size_t(16) << 20)) {  // over 64 MB each: give them back
     std::vector<float>().swap(keys);
@@ -234,7 +373,7 @@ int brisk_attention_flash(const float* q, const void* k, const void* v, int kv_h
 
 #else
 extern "C" int brisk_attention_flash(const float*, const void*, const void*, int, float*, int, int, int, int, int, int,
-                                     const int64_t*, const int64_t*, float, int, int) {
+                                     const int64_t*, const int64_t*, float, int, int, int) {
   return 1;
 }
 #endif

@@ -23,7 +23,7 @@
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 extern "C" int brisk_attention_flash(const float*, const void*, const void*, int, float*, int, int, int, int, int, int,
-                                     const int64_t*, const int64_t*, float, int, int);  // attention_flash.cpp
+                                     const int64_t*, const int64_t*, float, int, int, int);  // attention_flash.cpp
 
 namespace {
 
@@ -155,11 +155,12 @@ extern "C" {
 // attention.cpp's brisk_attention without sinks, for L >= kMinRows: 0 done, 1 declined.
 int brisk_attention_tiles(const float* q, const void* k, const void* v, int kv_half, float* out, int B, int Hq,
                           int Hkv, int L, int S, int D, const int64_t* k_strides, const int64_t* v_strides,
-                          float scale, int causal, int threads) {
+                          float scale, int causal, int threads, int coarse) {
   if (L < kMinRows || Hkv < 1 || Hq % Hkv || S < L) return 1;
   if (const char* off = std::getenv("BRISK_ATTENTION_TILES"); off && off[0] == '0') return 1;  // A/B, tests
   // AVX-512 CPUs: both products in registers, no sgemm (attention_flash.cpp).
-  if (brisk_attention_flash(q, k, v, kv_half, out, B, Hq, Hkv, L, S, D, k_strides, v_strides, scale, causal, threads) == 0)
+  if (brisk_attention_flash(q, k, v, kv_half, out, B, Hq, Hkv, L, S, D, k_strides, v_strides, scale, causal, threads,
+                            coarse) == 0)
     return 0;
   const Sgemm sgemm = find_sgemm();
   if (!sgemm) return 1;

@@ -7,6 +7,7 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
 from kernels import fused_attention, mlx_extension
+from kernels.coarse import coarse_products
 from kernels.fused_attention import (
     attention_native,
     attention_reference,
@@ -285,3 +286,32 @@ def test_long_chunks_give_the_same_bits_on_any_number_of_threads(monkeypatch):
         results.append(attention_native(q, k, v, scale=0.125, mask="causal"))
         mx.eval(results[-1])
     assert all(mx.array_equal(results[0], other).item() for other in results[1:])
+
+
+def _bf16_cpu() -> bool:
+    try:
+        return {"avx512f", "avx512bw", "avx512dq", "avx512_bf16"} <= set(open("/proc/cpuinfo").read().split())
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("shape", [(1, 9, 3, 130, 300, 64), (2, 4, 4, 70, 517, 80), (1, 12, 2, 97, 203, 128)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_coarse_long_chunks_multiply_in_bfloat16_and_only_inside_the_block(shape, causal):
+    """Inside coarse_products() long chunks take bfloat16 pairs (float32 sums) where the CPU
+    has AVX512-BF16: a few 1e-3 from MLX, where the exact paths are at 1e-6; outside the
+    block, or on other CPUs, the same bits as the exact path."""
+    d = shape[-1]
+    q, k, v = _problem(shape, mx.float16)
+    mask = "causal" if causal else None
+    want = attention_reference(q, k.astype(mx.float32), v.astype(mx.float32), scale=d**-0.5, mask=mask)
+    exact = attention_native(q, k, v, scale=d**-0.5, mask=mask)
+    with coarse_products():
+        coarse = attention_native(q, k, v, scale=d**-0.5, mask=mask)
+    after = attention_native(q, k, v, scale=d**-0.5, mask=mask)
+    mx.eval(exact, coarse, after)
+    assert mx.array_equal(exact, after).item() and _relative_error(exact, want) < 1e-5
+    if _bf16_cpu():
+        assert 1e-4 < _relative_error(coarse, want) < 2e-2
+    else:
+        assert mx.array_equal(coarse, exact).item()

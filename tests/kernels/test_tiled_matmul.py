@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from kernels import mlx_extension, native, tiled_matmul
+from kernels.coarse import COARSE, coarse_products
 from kernels.native_layers import blas_only, use_native_layers
 from kernels.quantized_matmul import NativeQuantizedLinear, quantized_matmul_reference
 from kernels.tiled_matmul import (
@@ -133,8 +134,8 @@ def _coarse_rounded(x: mx.array) -> mx.array:
 @needs_kernels
 @pytest.mark.parametrize("bits", [4, 6])
 @pytest.mark.parametrize("rows", [1, 5, 70])  # a lone row, a tail of one after four, prefill
-def test_coarse_activations_are_x_rounded_to_8_bits_and_only_inside_their_block(bits, rows):
-    """Inside coarse_activations() products meet x rounded to 8 bits a block (one integer pass):
+def test_coarse_products_round_x_to_8_bits_and_only_inside_their_block(bits, rows):
+    """Inside coarse_products() products meet x rounded to 8 bits a block (one integer pass):
     against MLX on that x only float rounding is left; the exact product is ~100x closer to
     MLX on x itself. Outside the block, and on other threads, products stay exact."""
     n, k, group = 48, 320, 32
@@ -144,14 +145,14 @@ def test_coarse_activations_are_x_rounded_to_8_bits_and_only_inside_their_block(
     s32, b32 = scales.astype(mx.float32), biases.astype(mx.float32)
     offsets = mx.repeat(b32, group, axis=1)
     scaled = mx.dequantize(packed, s32, b32, group_size=group, bits=bits) - offsets
-    with tiled_matmul.coarse_activations():
+    with coarse_products():
         coarse = tiled_matmul_native(x, *tiled, bits=bits, group_size=group)
         elsewhere: list = []
-        worker = threading.Thread(target=lambda: elsewhere.append(tiled_matmul.COARSE.active))
+        worker = threading.Thread(target=lambda: elsewhere.append(COARSE.active))
         worker.start()
         worker.join()
     exact = tiled_matmul_native(x, *tiled, bits=bits, group_size=group)
-    assert elsewhere == [False] and not tiled_matmul.COARSE.active
+    assert elsewhere == [False] and not COARSE.active
     want = _coarse_rounded(x) @ scaled.T + x @ offsets.T
     assert mx.abs(coarse - want).max().item() < 5e-5
     mlx = quantized_matmul_reference(x, packed, scales, biases, bits=bits, group_size=group).astype(mx.float32)

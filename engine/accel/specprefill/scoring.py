@@ -32,7 +32,7 @@ from engine.accel.attention_capture import capture_attention
 from engine.accel.positions import install_position_shift, token_positions
 from engine.events import PrefillProgressed, result_of
 from engine.mx_values import float_list, item_int
-from kernels.tiled_matmul import coarse_activations
+from kernels.coarse import coarse_products
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 CHUNK = 32  # selection granularity (tokens)
@@ -234,11 +234,11 @@ class DraftScorer:
             raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
         to_read = len(tokens) - 1 - self.cache.reuse(tokens[:-1], keep_last=False)
         yield PrefillProgressed(0, to_read, "draft")
-        # The draft's reading only ranks tokens: its products round activations to 8 bits
-        # (kernels/tiled_matmul.py), set only while a chunk is built, not across our yields.
+        # The draft's reading only ranks tokens: its products take llama.cpp's precision
+        # (kernels/coarse.py), set only while a chunk is built, not across our yields.
         chunks = self.cache.sync(tokens[:-1], step)
         while True:
-            with coarse_activations():
+            with coarse_products():
                 done = next(chunks, None)
             if done is None:
                 break

@@ -49,7 +49,7 @@ int brisk_skinny_matmul(const float*, const float*, const float*, float*, int, i
 int brisk_float_gemm(const float*, const float*, const float*, float*, int, int, int, int);
 int brisk_float_gemm_available();
 int brisk_attention(const float*, const void*, const void*, int, float*, int, int, int, int, int, int, const int64_t*,
-                    const int64_t*, float, int, const float*, int);
+                    const int64_t*, float, int, const float*, int, int);
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
 int brisk_swiglu(const float*, const float*, float*, int64_t, int);
 int brisk_sample_softmax(const float*, int64_t, int, float, const float*, uint32_t*);
@@ -193,9 +193,10 @@ class SkinnyMatmul : public CpuPrimitive {
 // key positions count: a compiled decode step attends over a fixed-size cache buffer.
 class Attention : public CpuPrimitive {
  public:
-  Attention(mx::Stream s, float scale, bool causal, bool has_sinks, bool has_length, bool half, int threads)
+  Attention(mx::Stream s, float scale, bool causal, bool has_sinks, bool has_length, bool half, int threads,
+            bool coarse)
       : CpuPrimitive(s), scale_(scale), causal_(causal), has_sinks_(has_sinks), has_length_(has_length), half_(half),
-        threads_(threads) {}
+        threads_(threads), coarse_(coarse) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const mx::array& q = inputs[0];
@@ -207,14 +208,14 @@ class Attention : public CpuPrimitive {
     const float* sinks = has_sinks_ ? inputs[3].data<float>() : nullptr;
     const int32_t* length = has_length_ ? inputs.back().data<int32_t>() : nullptr;
     encoder.dispatch([qs = row_major(q, encoder), k, v, sinks, length, y = out.data<float>(), B, Hq, Hkv, L, S, D,
-                      scale = scale_, causal = causal_, half = half_, threads = threads_]() {
+                      scale = scale_, causal = causal_, half = half_, threads = threads_, coarse = coarse_]() {
       qs.gather();
       k.gather_rows();
       v.gather_rows();
       if (length && (*length < L || *length > S)) throw std::out_of_range("brisk attention: a length outside the keys");
       const int used = length ? *length : S;
       if (brisk_attention(qs.data(), k.data(), v.data(), half, y, B, Hq, Hkv, L, used, D, k.strides.data(),
-                          v.strides.data(), scale, causal, sinks, threads))
+                          v.strides.data(), scale, causal, sinks, threads, coarse))
         throw std::runtime_error("brisk attention declined its shapes");
     });
   }
@@ -224,7 +225,7 @@ class Attention : public CpuPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const Attention&>(other);
     return scale_ == o.scale_ && causal_ == o.causal_ && has_sinks_ == o.has_sinks_ && has_length_ == o.has_length_ &&
-           half_ == o.half_ && threads_ == o.threads_;
+           half_ == o.half_ && threads_ == o.threads_ && coarse_ == o.coarse_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override { return {inputs[0].shape()}; }
@@ -270,6 +271,7 @@ class Attention : public CpuPrimitive {
   float scale_;
   bool causal_, has_sinks_, has_length_, half_;
   int threads_;
+  bool coarse_;
 };
 
 // Decode attention over a packed KV cache (../packed_attention.cpp). Inputs: the queries,
@@ -549,7 +551,7 @@ mx::array skinny_matmul(const mx::array& x, const mx::array& w, std::optional<mx
 }
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                    std::optional<mx::array> sinks, std::optional<mx::array> length, int threads) {
+                    std::optional<mx::array> sinks, std::optional<mx::array> length, int threads, bool coarse) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || k.shape() != v.shape() || q.shape(0) != k.shape(0) ||
       q.shape(3) != k.shape(3) || q.shape(1) % k.shape(1) || q.shape(3) % 8 || q.shape(3) > 256 ||
       q.shape(2) > k.shape(2) || q.shape(2) < 1 || q.shape(1) / k.shape(1) > 64)
@@ -567,7 +569,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
     inputs.push_back(plain(*length, mx::int32, s));
   }
   return mx::array(q.shape(), mx::float32,
-                   std::make_shared<Attention>(s, scale, causal, sinks.has_value(), length.has_value(), half, threads),
+                   std::make_shared<Attention>(s, scale, causal, sinks.has_value(), length.has_value(), half, threads, coarse),
                    std::move(inputs));
 }
 
@@ -672,7 +674,8 @@ NB_MODULE(_brisk_mlx_ops, m) {
         nb::arg("threads"), nb::arg("wide") = false);
   m.def("float_gemm_available", [] { return brisk_float_gemm_available() != 0; });
   m.def("attention", &attention, nb::arg("queries"), nb::arg("keys"), nb::arg("values"), nb::arg("scale"),
-        nb::arg("causal"), nb::arg("sinks").none(), nb::arg("length").none(), nb::arg("threads"));
+        nb::arg("causal"), nb::arg("sinks").none(), nb::arg("length").none(), nb::arg("threads"),
+        nb::arg("coarse") = false);
   m.def("packed_attention", &packed_attention, nb::arg("queries"), nb::arg("keys"), nb::arg("kv_heads"),
         nb::arg("scale"), nb::arg("causal"), nb::arg("threads"), nb::arg("k_meta"), nb::arg("k_data").none(),
         nb::arg("k_scales").none(), nb::arg("k_biases").none(), nb::arg("k_dense").none(),
