@@ -10,6 +10,8 @@
 // exp), then o += p v six rows at a time from L1. Units run on the pool without meeting.
 // Same arithmetic as the other paths up to summation order: float32 throughout, float16
 // keys and values widened into packed float32 once per call, one KV head at a time.
+// `coarse` (kernels/coarse.py: a sparse-prefill draft's reading, which only ranks tokens): on
+// CPUs with AVX512-BF16 both products take bfloat16 pairs with float32 sums instead.
 // What it does not take (no AVX-512, a head dim not a multiple of 16, BRISK_ATTENTION_FLASH=0)
 // it declines, and attention_tiles.cpp runs. Built into the MLX primitives module.
 
