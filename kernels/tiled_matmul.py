@@ -20,7 +20,9 @@ verify pass's rows equal one-row decode bit for bit.
   primitives (kernels/csrc/mlx_primitives/tiled.cpp).
 - `TiledQuantizedLinear`, `TiledQuantizedEmbedding`: the layers, and `use_tiled_layers(model)`
   which repacks a loaded model's quantized layers in place, one at a time.
-Each array keeps its shape, dtype and size: only the order of its bytes changes.
+Each weight keeps its shape, dtype and size: only the order of its bytes changes. Scales and
+biases that are a K-quant's factor x code become kernels/scale_codes.py's tables (fewer bytes,
+the same values); others keep their dtype, reordered.
 - Inside kernels/coarse.py's `coarse_products()` products built round x to 8 bits a block
   instead of 15 (one integer pass, not two: prefill products ~1.6x): for a sparse-prefill
   draft's scoring, which reads only a ranking of the prompt's tokens.
@@ -36,7 +38,7 @@ import os
 import mlx.core as mx
 import mlx.nn as nn
 
-from kernels import mlx_extension, native, quantized_matmul
+from kernels import mlx_extension, native, quantized_matmul, scale_codes
 from kernels.coarse import COARSE
 from kernels.native_attention import threads
 from kernels.quantized_matmul import (
@@ -50,6 +52,7 @@ TILE = 16  # output columns per tile: one per 32-bit lane of a 512-bit register
 BLOCK = 32  # k values per block: x's integer scale, and the smallest weight group
 BITS = (4, 5, 6, 8)
 GROUPS = (32, 64)
+CODES = 3  # the kernel's scale type for scale code tables (kernels/scale_codes.py)
 # BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
 ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
 
@@ -138,7 +141,7 @@ def tile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
 
 
 def untile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
-    """Tiles -> MLX's layout (`tile`'s inverse)."""
+    """Tiles -> MLX's layout (`tile`'s inverse; scale code tables back to float16 groups)."""
     n = weight.shape[0]
     raw = weight.view(mx.uint8).reshape(n, -1)
     k = raw.shape[1] * 8 // bits
@@ -159,6 +162,8 @@ def untile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
             top = ((planes >> shifts) & 3).reshape(tiles, blocks, 8, TILE, 4)
             quads = quads | (top << 4)
     values = quads.transpose(0, 3, 1, 2, 4).reshape(n, k)  # (T, c, J, u, i)
+    if scale_codes.is_table(scales):
+        return _mlx_packed(values, bits), scale_codes.table_values(scales, k), scale_codes.table_values(biases, k)
     return _mlx_packed(values, bits), _untile_groups(scales), _untile_groups(biases)
 
 
@@ -213,8 +218,12 @@ def tiled_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: 
     return quantized_matmul_reference(x, w, s, b, bits=bits, group_size=group_size, bias=bias)
 
 
+def _scale_type(scales: mx.array) -> int:
+    return CODES if scale_codes.is_table(scales) else SCALE_TYPES[scales.dtype]
+
+
 def tiled_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int, bias=None) -> mx.array:
-    scale_type = SCALE_TYPES[scales.dtype]
+    scale_type = _scale_type(scales)
     out = _primitives().tiled_matmul(
         x, weight, scales, biases, bias, bits, group_size, scale_type, threads(), COARSE.active
     )
@@ -222,7 +231,7 @@ def tiled_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int
 
 
 def tiled_gather_native(ids, weight, scales, biases, *, bits: int, group_size: int) -> mx.array:
-    return _primitives().tiled_gather(ids, weight, scales, biases, bits, group_size, SCALE_TYPES[scales.dtype])
+    return _primitives().tiled_gather(ids, weight, scales, biases, bits, group_size, _scale_type(scales))
 
 
 def tiled_matmul(x, weight, scales, biases, *, bits: int, group_size: int, bias=None, native_ok: bool = True):
@@ -245,7 +254,7 @@ class _Tiles:
 
     def __init__(self, primitives, arrays: tuple, bits: int, group_size: int):
         self.primitives, self.arrays = primitives, arrays
-        self.args = (bits, group_size, SCALE_TYPES[arrays[1].dtype])
+        self.args = (bits, group_size, _scale_type(arrays[1]))
 
     def held_by(self, layer) -> bool:
         """Arrays put in later (`update`, `load_weights`) are in MLX's layout and read as such."""
@@ -330,6 +339,9 @@ def use_tiled_layers(model: nn.Module) -> int:
         if not takes(weight, scales, biases, module.bits, module.group_size):
             continue
         tiled = repack_native(weight, scales, biases, module.bits)
+        tables = scale_codes.compact(scales, biases, module.group_size)
+        if tables is not None:  # fewer bytes a token, the same values
+            tiled = (tiled[0], *tables)
         mx.eval(*tiled)
         module["weight"], module["scales"], module["biases"] = tiled
         # which arrays hold tiles, and the checked call (a plain attribute, not a parameter)

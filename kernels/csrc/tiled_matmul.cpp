@@ -25,7 +25,11 @@
 //   4h + r, at bits 2r and 2r + 1 (r < 4);
 // - 8 bits: 512 bytes, eight chunks of 64; byte 4c + i of chunk u holds k = 32j + 4u + i.
 // Scales and biases (N, K / group), as MLX stores them, become [tile][group][16 columns].
-// Every array keeps its shape, dtype and size: only the order of its bytes changes.
+// Every weight array keeps its shape, dtype and size: only the order of its bytes changes.
+// Scale codes (kCodes, kernels/scale_codes.py): a K-quant's scales and biases are a float16
+// per 256 k values times a 6-bit integer, so a table per tile holds, per 256 k values, the
+// 16 columns' float16 factors (32 bytes) then one byte per group and column, and the kernel
+// takes code x factor in float32. For 4-bit groups of 32: 4.625 bits a weight instead of 5.
 
 #include <algorithm>
 #include <cmath>
@@ -44,7 +48,8 @@ constexpr int kBlock = 32;  // k values per block: x's integer scale and the sma
 constexpr int kPrefetchAhead = 4096;  // bytes of a tile's weights asked for before they are read
 constexpr float kLevels = 127.f * 128.f;  // |q| of x at most: its hi byte stays within [-127, 127]
 
-enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2 };
+enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2, kCodes = 3 };
+constexpr int kSuper = 256;  // k values per float16 factor of a code table
 
 #define BRISK_TILED __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
@@ -200,6 +205,13 @@ struct Tiled {
   int scale_type, K, N, bits, group;
   int blocks() const { return K / kBlock; }
   int groups() const { return K / group; }
+  int per_super() const { return kSuper / group; }
+  int super_bytes() const { return 2 * kTile + per_super() * kTile; }  // 16 factors, then codes
+  // Bytes of one tile's scales (or biases).
+  int64_t table_stride() const {
+    if (scale_type == kCodes) return int64_t(K / kSuper) * super_bytes();
+    return int64_t(groups()) * kTile * (scale_type == kF32 ? 4 : 2);
+  }
   const uint8_t* tile(int t) const { return w + int64_t(t) * blocks() * tile_block_bytes(bits); }
 };
 
@@ -211,14 +223,15 @@ BRISK_TILED inline __m512 sixteen(const void* p, int type, int64_t at = 0) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-inline float one_scale(const void* p, int type, int64_t at) {
-  if (type == kF32) return static_cast<const float*>(p)[at];
-  const uint16_t h = static_cast<const uint16_t*>(p)[at];
-  if (type == kF16) return _cvtsh_ss(h);
-  const uint32_t bits = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
+// The 16 values of group g in one tile's table (`p`: its start). Codes: code x factor, exact
+// in float32 (8 x 11 bits): the K-quant's own value, which MLX's float16 array rounded.
+BRISK_TILED __attribute__((always_inline)) inline __m512 group_values(const char* p, int type, int g, int per_super) {
+  if (type != kCodes) return sixteen(p, type, int64_t(g) * kTile);
+  const char* super = p + int64_t(g / per_super) * (2 * kTile + per_super * kTile);
+  const __m512 factor = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
+  const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + 2 * kTile + (g % per_super) * kTile));
+  const __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), factor);
+  return value;
 }
 
 inline int32_t quad(const int8_t* p) {
@@ -279,7 +292,8 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
   constexpr int kBytes = tile_block_bytes(BITS), kPerGroup = GROUP / kBlock;
   const int blocks = w.blocks();
   const int64_t tile_bytes = int64_t(blocks) * kBytes;
-  const int64_t scale_bytes = w.scale_type == kF32 ? 4 : 2, scale_stride = int64_t(w.groups()) * kTile * scale_bytes;
+  const int64_t scale_stride = w.table_stride();
+  constexpr int per_super = kSuper / GROUP;  // a constant: the table's offsets take shifts, not divisions
   const uint8_t* weights = w.tile(t0);
   const char* scales = static_cast<const char*>(w.scales) + t0 * scale_stride;
   const char* biases = static_cast<const char*>(w.biases) + t0 * scale_stride;
@@ -331,21 +345,20 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
         for (int c = 0; c < C; ++c) total[r][c] = _mm512_slli_epi32(total[r][c], 7);
       if (!x.coarse) plane_pass<BITS, R, C>(weights, tile_bytes, xl, row, k0, total);
     }
+    const int g = j / kPerGroup;
     for (int c = 0; c < C; ++c) {
-      const __m512 s = sixteen(scales + c * scale_stride, w.scale_type, 0);
+      const __m512 s = group_values(scales + c * scale_stride, w.scale_type, g, per_super);
       for (int r = 0; r < R; ++r) {
         const __m512 sd = _mm512_mul_ps(s, _mm512_set1_ps(xd[r * x.blocks + j]));
         acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total[r][c]), sd, acc[r][c]);
       }
     }
     if (j % kPerGroup == kPerGroup - 1) {
-      const int g = j / kPerGroup;
       for (int c = 0; c < C; ++c) {
-        const __m512 b = sixteen(biases + c * scale_stride, w.scale_type, 0);
+        const __m512 b = group_values(biases + c * scale_stride, w.scale_type, g, per_super);
         for (int r = 0; r < R; ++r)
           acc[r][c] = _mm512_fmadd_ps(b, _mm512_set1_ps(xs[r * x.groups + g]), acc[r][c]);
       }
-      scales += kTile * scale_bytes, biases += kTile * scale_bytes;
     }
   }
   for (int r = 0; r < R; ++r)
@@ -366,21 +379,51 @@ BRISK_TILED void row_tile_span(const Tiled& w, int t0, int t1, const IntegerX& x
   for (; t < t1; ++t) tile_kernel<BITS, GROUP, R, 1>(w, t, x, m0, bias, out);
 }
 
+// Tiles [t, t_end) of w with their code tables as float32 groups in `buffer`, the same values:
+// many rows that share a tile's weights then share one expansion instead of one per four
+// rows (prefill read tables 10% slower than float16 groups without it, and as fast with it).
+BRISK_TILED Tiled expanded_tiles(const Tiled& w, int t, int t_end, std::vector<float>& buffer) {
+  const int groups = w.groups(), per_super = w.per_super(), count = t_end - t;
+  buffer.resize(size_t(2) * count * groups * kTile);
+  float* scales = buffer.data();
+  float* biases = scales + size_t(count) * groups * kTile;
+  for (int u = 0; u < count; ++u) {
+    const int64_t table = int64_t(t + u) * w.table_stride();
+    for (int g = 0; g < groups; ++g) {
+      const int64_t at = (int64_t(u) * groups + g) * kTile;
+      _mm512_storeu_ps(scales + at, group_values(static_cast<const char*>(w.scales) + table, kCodes, g, per_super));
+      _mm512_storeu_ps(biases + at, group_values(static_cast<const char*>(w.biases) + table, kCodes, g, per_super));
+    }
+  }
+  Tiled view = w;
+  view.w = w.tile(t), view.scales = scales, view.biases = biases, view.scale_type = kF32;
+  return view;
+}
+
 // Tiles [t0, t1) of every row. One row (decode) takes one tile at a time: four tiles side by
 // side (four weight streams and eight of scales) left DRAM short, 4-bit weights reading at 28
 // GB/s against 32-36 one tile at a time (8-bit: 32 against 34.5). More rows take two tiles
 // and four rows at a time, the tiles' weights staying in L1 while the rows pass.
+constexpr int kReadCodesUpTo = 8;
+
 template <int BITS, int GROUP>
 BRISK_TILED void tiles_of_rows(const Tiled& w, int t0, int t1, const IntegerX& x, const float* bias, float* out) {
   if (x.M == 1) return row_tile_span<BITS, GROUP, 1, 1>(w, t0, t1, x, 0, bias, out);
+  thread_local std::vector<float> buffer;
   for (int t = t0; t < t1; t += 2) {
     const int t_end = std::min(t1, t + 2);
+    // a code table's pair is read as tiles 0 and 1 of its expansion: columns and bias from 16t
+    const bool codes = w.scale_type == kCodes && x.M > kReadCodesUpTo;
+    const Tiled pair = codes ? expanded_tiles(w, t, t_end, buffer) : w;
+    const int a = codes ? 0 : t, b = codes ? t_end - t : t_end;
+    const float* pair_bias = codes && bias ? bias + t * kTile : bias;
+    float* pair_out = codes ? out + t * kTile : out;
     int m = 0;
-    for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, GROUP, 4, 2>(w, t, t_end, x, m, bias, out);
+    for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, GROUP, 4, 2>(pair, a, b, x, m, pair_bias, pair_out);
     switch (x.M - m) {
-      case 1: row_tile_span<BITS, GROUP, 1, 2>(w, t, t_end, x, m, bias, out); break;
-      case 2: row_tile_span<BITS, GROUP, 2, 2>(w, t, t_end, x, m, bias, out); break;
-      case 3: row_tile_span<BITS, GROUP, 3, 2>(w, t, t_end, x, m, bias, out); break;
+      case 1: row_tile_span<BITS, GROUP, 1, 2>(pair, a, b, x, m, pair_bias, pair_out); break;
+      case 2: row_tile_span<BITS, GROUP, 2, 2>(pair, a, b, x, m, pair_bias, pair_out); break;
+      case 3: row_tile_span<BITS, GROUP, 3, 2>(pair, a, b, x, m, pair_bias, pair_out); break;
       default: break;
     }
   }
@@ -407,9 +450,9 @@ auto units_of(int bits) {
   return bits == 4 ? run_units<4, GROUP> : bits == 5 ? run_units<5, GROUP> : bits == 6 ? run_units<6, GROUP> : run_units<8, GROUP>;
 }
 
-bool supported(int bits, int group, int K, int N) {
+bool supported(int bits, int group, int K, int N, int scale_type) {
   return (bits == 4 || bits == 5 || bits == 6 || bits == 8) && (group == 32 || group == 64) && K % group == 0 && N % kTile == 0 &&
-         K > 0 && N > 0;
+         K > 0 && N > 0 && scale_type >= kF32 && scale_type <= kCodes && (scale_type != kCodes || K % kSuper == 0);
 }
 
 // Column v of a tiled table (row v of the (V, K) matrix it holds), dequantized.
@@ -437,9 +480,12 @@ BRISK_TILED void gather_row(const Tiled& w, int v, float* out) {
           for (int i = 0; i < 4; ++i)
             q[4 * u + i] |= uint8_t(((blk[256 + 64 * (u / 4) + 4 * c + i] >> (2 * (u % 4))) & 3) << 4);
     }
-    const int64_t at = (int64_t(t) * w.groups() + j * kBlock / w.group) * kTile + c;
-    const __m512 s = _mm512_set1_ps(one_scale(w.scales, w.scale_type, at));
-    const __m512 b = _mm512_set1_ps(one_scale(w.biases, w.scale_type, at));
+    const int g = j * kBlock / w.group;
+    const int64_t table = int64_t(t) * w.table_stride();
+    alignas(64) float sv[kTile], bv[kTile];
+    _mm512_store_ps(sv, group_values(static_cast<const char*>(w.scales) + table, w.scale_type, g, w.per_super()));
+    _mm512_store_ps(bv, group_values(static_cast<const char*>(w.biases) + table, w.scale_type, g, w.per_super()));
+    const __m512 s = _mm512_set1_ps(sv[c]), b = _mm512_set1_ps(bv[c]);
     for (int h = 0; h < 2; ++h) {
       const __m512 v16 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));
       _mm512_storeu_ps(out + j * kBlock + 16 * h, _mm512_fmadd_ps(v16, s, b));
@@ -481,7 +527,7 @@ int brisk_tiled_repack(const uint8_t* w, uint8_t* out, int N, int K, int bits, i
 int brisk_tiled_matmul(const float* x, const uint8_t* w, const void* scales, const void* biases, int scale_type,
                        const float* bias, float* out, int M, int K, int N, int bits, int group, int threads,
                        int coarse) {
-  if (!supported(bits, group, K, N) || M < 1) return 1;
+  if (!supported(bits, group, K, N, scale_type) || M < 1) return 1;
   if (!cpu_has_vnni()) return 2;
   thread_local IntegerX kept;  // reused between calls: a decode step makes ~200 of them
   IntegerX& rows = kept;
@@ -503,7 +549,7 @@ int brisk_tiled_matmul(const float* x, const uint8_t* w, const void* scales, con
 // Returns 4 for an id outside the table.
 int brisk_tiled_gather(const int32_t* ids, int count, const uint8_t* w, const void* scales, const void* biases,
                        int scale_type, float* out, int V, int K, int bits, int group) {
-  if (!supported(bits, group, K, V)) return 1;
+  if (!supported(bits, group, K, V, scale_type)) return 1;
   if (!cpu_has_vnni()) return 2;
   for (int n = 0; n < count; ++n) {
     if (ids[n] < 0 || ids[n] >= V) return 4;
@@ -512,5 +558,5 @@ int brisk_tiled_gather(const int32_t* ids, int count, const uint8_t* w, const vo
   return 0;
 }
 
-int brisk_tiled_matmul_version() { return 1; }
+int brisk_tiled_matmul_version() { return 2; }
 }
