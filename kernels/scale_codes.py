@@ -26,8 +26,10 @@ import numpy as np
 
 TILE = 16
 SUPER = 256  # k values per factor
-LEVELS = 63  # a K-quant's largest 6-bit code: its factor is the largest value / 63
-NEIGHBOURS = (0, 1, -1, 2, -2)  # float16 ulps from largest / 63 tried for the factor
+# The largest code in 256 k values: Q4_K / Q5_K's 6-bit codes reach 63; Q6_K's int8 sub-block
+# scales reach 128 (as Brisk imports it, a group's scale is d x the larger of its two |codes|).
+LEVELS = (63, 128, 127)
+NEIGHBOURS = (0, 1, -1, 2, -2)  # float16 ulps from largest / level tried for the factor
 # BRISK_SCALE_CODES=0 keeps float16 groups in the tiles (the A/B partner).
 ENABLED = os.environ.get("BRISK_SCALE_CODES", "1") != "0"
 
@@ -39,25 +41,26 @@ def find_codes(values: mx.array, group_size: int) -> tuple[np.ndarray, np.ndarra
     per_super = SUPER // group_size
     if values.dtype != mx.float16 or groups % per_super or n % TILE:
         return None
-    if n > 4 * TILE and _codes(values[: 4 * TILE], per_super) is None:  # most arrays that fail do at once
-        return None
-    found = _codes(values, per_super)
-    if found is None:
-        return None
-    codes, factors = found
-    return codes.reshape(n, groups), factors.reshape(n, -1)
+    for level in LEVELS:
+        if n > 4 * TILE and _codes(values[: 4 * TILE], per_super, level) is None:  # most misses show at once
+            continue
+        found = _codes(values, per_super, level)
+        if found is not None:
+            codes, factors = found
+            return codes.reshape(n, groups), factors.reshape(n, -1)
+    return None
 
 
-def _codes(values: mx.array, per_super: int) -> tuple[np.ndarray, np.ndarray] | None:
+def _codes(values: mx.array, per_super: int, level: int) -> tuple[np.ndarray, np.ndarray] | None:
     n, groups = values.shape
     shape = (n, groups // per_super, per_super)
     v = values.reshape(shape).astype(mx.float32)
     largest = mx.abs(v).max(axis=-1, keepdims=True)
     signed = mx.where(v.max(axis=-1, keepdims=True) >= largest, largest, -largest)  # one sign per 256
-    step = signed / LEVELS
-    # Each value is float16(d x code), 11 bits of precision against codes < 64: dividing by
-    # largest / 63 and rounding gives the codes; the factor is largest / 63 in float16, or an
-    # ulp or two from it (float16 rounded both largest and d), checked superblock by superblock.
+    step = signed / level
+    # Each value is float16(d x code), 11 bits of precision against codes <= 128: dividing by
+    # largest / level and rounding gives the codes; the factor is that in float16, or an ulp
+    # or two from it (float16 rounded both largest and d), checked superblock by superblock.
     codes = mx.round(v / mx.where(step == 0, 1, step))
     first = step.astype(mx.float16)
     exact = ((codes * first.astype(mx.float32)).astype(mx.float16) == values.reshape(shape)).all(axis=-1)
@@ -112,6 +115,42 @@ def table_values(table: mx.array, k: int) -> mx.array:
 
 def is_table(scales: mx.array) -> bool:
     return scales.dtype == mx.uint8
+
+
+def is_offset(biases: mx.array) -> bool:
+    """A layer's biases as one number: each bias is that x its scale (`compact_layer`)."""
+    return biases.size == 1
+
+
+def biases_of(scale_values: mx.array, biases: mx.array) -> mx.array:
+    """Biases in MLX's layout, from the scales' values when they are an offset."""
+    return scale_values * biases.astype(scale_values.dtype) if is_offset(biases) else biases
+
+
+def symmetric(scales: mx.array, biases: mx.array, bits: int) -> bool:
+    """Whether every bias is -2^(bits - 1) x its scale (Q4_0, Q5_0, Q8_0, Q6_K as imported):
+    exact in float16, a power of two."""
+    if biases.shape != scales.shape or biases.dtype != scales.dtype:
+        return False
+    return mx.array_equal(biases, scales * -(2 ** (bits - 1))).item()
+
+
+def compact_layer(scales, biases, tiled_scales, tiled_biases, *, group_size: int, bits: int):
+    """A repacked layer's (scales, biases) in the fewest bytes that keep its values: a code table
+    for the scales where they are factor x code, and for the biases, or the one number that
+    times the scales gives them (the kernel then reads no biases at all). MLX's layout in,
+    the tiles' (`tiled_*`) as they are when nothing fits."""
+    if not ENABLED:
+        return tiled_scales, tiled_biases
+    offset = symmetric(scales, biases, bits)
+    found = find_codes(scales, group_size)
+    new_scales = tiled_scales if found is None else code_table(*found, group_size)
+    if offset:
+        return new_scales, mx.array([-(2 ** (bits - 1))], dtype=scales.dtype)
+    found_biases = None if found is None else find_codes(biases, group_size)
+    if found_biases is None:
+        return tiled_scales, tiled_biases
+    return new_scales, code_table(*found_biases, group_size)
 
 
 def compact(scales: mx.array, biases: mx.array, group_size: int) -> tuple[mx.array, mx.array] | None:

@@ -53,6 +53,7 @@ BLOCK = 32  # k values per block: x's integer scale, and the smallest weight gro
 BITS = (4, 5, 6, 8)
 GROUPS = (32, 64)
 CODES = 3  # the kernel's scale type for scale code tables (kernels/scale_codes.py)
+SYMMETRIC = 8  # or'ed into it: the biases are one number x the scales, and not read
 # BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
 ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
 
@@ -163,8 +164,14 @@ def untile(weight: mx.array, scales: mx.array, biases: mx.array, bits: int):
             quads = quads | (top << 4)
     values = quads.transpose(0, 3, 1, 2, 4).reshape(n, k)  # (T, c, J, u, i)
     if scale_codes.is_table(scales):
-        return _mlx_packed(values, bits), scale_codes.table_values(scales, k), scale_codes.table_values(biases, k)
-    return _mlx_packed(values, bits), _untile_groups(scales), _untile_groups(biases)
+        scales = scale_codes.table_values(scales, k)
+    else:
+        scales = _untile_groups(scales)
+    if scale_codes.is_table(biases):
+        biases = scale_codes.table_values(biases, k)
+    elif not scale_codes.is_offset(biases):
+        biases = _untile_groups(biases)
+    return _mlx_packed(values, bits), scales, scale_codes.biases_of(scales, biases)
 
 
 def takes(weight: mx.array, scales: mx.array, biases: mx.array | None, bits: int, group_size: int) -> bool:
@@ -218,12 +225,13 @@ def tiled_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: 
     return quantized_matmul_reference(x, w, s, b, bits=bits, group_size=group_size, bias=bias)
 
 
-def _scale_type(scales: mx.array) -> int:
-    return CODES if scale_codes.is_table(scales) else SCALE_TYPES[scales.dtype]
+def _scale_type(scales: mx.array, biases: mx.array) -> int:
+    kind = CODES if scale_codes.is_table(scales) else SCALE_TYPES[scales.dtype]
+    return kind | SYMMETRIC if scale_codes.is_offset(biases) else kind
 
 
 def tiled_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int, bias=None) -> mx.array:
-    scale_type = _scale_type(scales)
+    scale_type = _scale_type(scales, biases)
     out = _primitives().tiled_matmul(
         x, weight, scales, biases, bias, bits, group_size, scale_type, threads(), COARSE.active
     )
@@ -231,7 +239,7 @@ def tiled_matmul_native(x, weight, scales, biases, *, bits: int, group_size: int
 
 
 def tiled_gather_native(ids, weight, scales, biases, *, bits: int, group_size: int) -> mx.array:
-    return _primitives().tiled_gather(ids, weight, scales, biases, bits, group_size, _scale_type(scales))
+    return _primitives().tiled_gather(ids, weight, scales, biases, bits, group_size, _scale_type(scales, biases))
 
 
 def tiled_matmul(x, weight, scales, biases, *, bits: int, group_size: int, bias=None, native_ok: bool = True):
@@ -254,7 +262,7 @@ class _Tiles:
 
     def __init__(self, primitives, arrays: tuple, bits: int, group_size: int):
         self.primitives, self.arrays = primitives, arrays
-        self.args = (bits, group_size, _scale_type(arrays[1]))
+        self.args = (bits, group_size, _scale_type(arrays[1], arrays[2]))
 
     def held_by(self, layer) -> bool:
         """Arrays put in later (`update`, `load_weights`) are in MLX's layout and read as such."""
@@ -339,9 +347,9 @@ def use_tiled_layers(model: nn.Module) -> int:
         if not takes(weight, scales, biases, module.bits, module.group_size):
             continue
         tiled = repack_native(weight, scales, biases, module.bits)
-        tables = scale_codes.compact(scales, biases, module.group_size)
-        if tables is not None:  # fewer bytes a token, the same values
-            tiled = (tiled[0], *tables)
+        # fewer bytes a token, the same values
+        compact = scale_codes.compact_layer(scales, biases, *tiled[1:], group_size=module.group_size, bits=module.bits)
+        tiled = (tiled[0], *compact)
         mx.eval(*tiled)
         module["weight"], module["scales"], module["biases"] = tiled
         # which arrays hold tiles, and the checked call (a plain attribute, not a parameter)

@@ -49,6 +49,9 @@ constexpr int kPrefetchAhead = 4096;  // bytes of a tile's weights asked for bef
 constexpr float kLevels = 127.f * 128.f;  // |q| of x at most: its hi byte stays within [-127, 127]
 
 enum ScaleType { kF32 = 0, kF16 = 1, kBF16 = 2, kCodes = 3 };
+// Or'ed into a scale type: every bias is -2^(bits - 1) x its scale (Q4_0, Q5_0, Q8_0, Q6_K as
+// imported): no bias array is read, and the product is the same as with one.
+constexpr int kSymmetric = 8;
 constexpr int kSuper = 256;  // k values per float16 factor of a code table
 
 #define BRISK_TILED __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
@@ -203,6 +206,10 @@ struct Tiled {
   const void* scales;
   const void* biases;
   int scale_type, K, N, bits, group;
+  bool symmetric = false;  // biases are -2^(bits - 1) x scales, and `biases` is not read
+  Tiled(const uint8_t* w, const void* scales, const void* biases, int type, int K, int N, int bits, int group)
+      : w(w), scales(scales), biases(biases), scale_type(type & ~kSymmetric), K(K), N(N), bits(bits), group(group),
+        symmetric((type & kSymmetric) != 0) {}
   int blocks() const { return K / kBlock; }
   int groups() const { return K / group; }
   int per_super() const { return kSuper / group; }
@@ -355,7 +362,9 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
     }
     if (j % kPerGroup == kPerGroup - 1) {
       for (int c = 0; c < C; ++c) {
-        const __m512 b = group_values(biases + c * scale_stride, w.scale_type, g, per_super);
+        const __m512 b = w.symmetric ? _mm512_mul_ps(group_values(scales + c * scale_stride, w.scale_type, g, per_super),
+                                                     _mm512_set1_ps(-float(1 << (BITS - 1))))
+                                     : group_values(biases + c * scale_stride, w.scale_type, g, per_super);
         for (int r = 0; r < R; ++r)
           acc[r][c] = _mm512_fmadd_ps(b, _mm512_set1_ps(xs[r * x.groups + g]), acc[r][c]);
       }
@@ -391,12 +400,15 @@ BRISK_TILED Tiled expanded_tiles(const Tiled& w, int t, int t_end, std::vector<f
     const int64_t table = int64_t(t + u) * w.table_stride();
     for (int g = 0; g < groups; ++g) {
       const int64_t at = (int64_t(u) * groups + g) * kTile;
-      _mm512_storeu_ps(scales + at, group_values(static_cast<const char*>(w.scales) + table, kCodes, g, per_super));
-      _mm512_storeu_ps(biases + at, group_values(static_cast<const char*>(w.biases) + table, kCodes, g, per_super));
+      const __m512 s = group_values(static_cast<const char*>(w.scales) + table, kCodes, g, per_super);
+      _mm512_storeu_ps(scales + at, s);
+      _mm512_storeu_ps(biases + at, w.symmetric ? _mm512_mul_ps(s, _mm512_set1_ps(-float(1 << (w.bits - 1))))
+                                                : group_values(static_cast<const char*>(w.biases) + table, kCodes, g,
+                                                               per_super));
     }
   }
   Tiled view = w;
-  view.w = w.tile(t), view.scales = scales, view.biases = biases, view.scale_type = kF32;
+  view.w = w.tile(t), view.scales = scales, view.biases = biases, view.scale_type = kF32, view.symmetric = false;
   return view;
 }
 
@@ -451,6 +463,7 @@ auto units_of(int bits) {
 }
 
 bool supported(int bits, int group, int K, int N, int scale_type) {
+  scale_type &= ~kSymmetric;
   return (bits == 4 || bits == 5 || bits == 6 || bits == 8) && (group == 32 || group == 64) && K % group == 0 && N % kTile == 0 &&
          K > 0 && N > 0 && scale_type >= kF32 && scale_type <= kCodes && (scale_type != kCodes || K % kSuper == 0);
 }
@@ -484,7 +497,9 @@ BRISK_TILED void gather_row(const Tiled& w, int v, float* out) {
     const int64_t table = int64_t(t) * w.table_stride();
     alignas(64) float sv[kTile], bv[kTile];
     _mm512_store_ps(sv, group_values(static_cast<const char*>(w.scales) + table, w.scale_type, g, w.per_super()));
-    _mm512_store_ps(bv, group_values(static_cast<const char*>(w.biases) + table, w.scale_type, g, w.per_super()));
+    _mm512_store_ps(bv, w.symmetric ? _mm512_mul_ps(_mm512_load_ps(sv), _mm512_set1_ps(-float(1 << (w.bits - 1))))
+                                    : group_values(static_cast<const char*>(w.biases) + table, w.scale_type, g,
+                                                   w.per_super()));
     const __m512 s = _mm512_set1_ps(sv[c]), b = _mm512_set1_ps(bv[c]);
     for (int h = 0; h < 2; ++h) {
       const __m512 v16 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(q + 16 * h))));

@@ -10,7 +10,7 @@ import pytest
 from kernels import scale_codes
 from kernels.native_layers import use_native_layers
 from kernels.quantized_matmul import quantized_matmul_reference
-from kernels.scale_codes import code_table, compact, find_codes, table_values
+from kernels.scale_codes import code_table, compact, compact_layer, find_codes, table_values
 from kernels.tiled_matmul import (
     TiledQuantizedLinear,
     _mlx_packed,
@@ -26,13 +26,13 @@ from kernels.tiled_matmul import (
 from tests.kernels.test_tiled_matmul import needs_kernels
 
 
-def _k_quant_groups(n, k, group, rng, sign=1.0):
+def _k_quant_groups(n, k, group, rng, sign=1.0, levels=63):
     """(N, K / group) float16 values as a K-quant import writes them: float16(d x code), d a
-    float16 per 256 k values, codes 0..63 with 63 the largest in each 256."""
+    float16 per 256 k values, codes 0..levels with `levels` the largest in each 256."""
     per_super = 256 // group
-    d = rng.uniform(1e-4, 3e-2, size=(n, k // 256, 1)).astype(np.float16).astype(np.float32)
-    codes = rng.integers(0, 64, size=(n, k // 256, per_super))
-    codes[..., rng.integers(0, per_super)] = 63
+    d = rng.uniform(1e-4, 3e-2 * 63 / levels, size=(n, k // 256, 1)).astype(np.float16).astype(np.float32)
+    codes = rng.integers(0, levels + 1, size=(n, k // 256, per_super))
+    codes[..., rng.integers(0, per_super)] = levels
     return mx.array((sign * d * codes).astype(np.float16).reshape(n, -1))
 
 
@@ -169,3 +169,50 @@ def test_a_k_quant_net_loads_with_tables_in_fewer_bytes_and_answers_as_before(mo
     for rows in (x, x[:1]):
         got, want = net(rows), plain(rows)
         assert mx.abs(got - want).max().item() < 2e-3 * mx.abs(want).max().item()
+
+
+def _symmetric_layer(n, k, bits, group, seed, k_quant_scales):
+    """Biases -2^(bits - 1) x scales, as Q4_0 / Q5_0 / Q8_0 import (any float16 scales) or Q6_K
+    (d x a code up to 128 per 256 k values)."""
+    rng = np.random.default_rng(seed)
+    packed = _mlx_packed(mx.array(rng.integers(0, 2**bits, size=(n, k)).astype(np.uint8)), bits)
+    if k_quant_scales:
+        scales = _k_quant_groups(n, k, group, rng, levels=128)
+    else:
+        scales = mx.array(rng.uniform(1e-4, 3e-2, size=(n, k // group)).astype(np.float16))
+    return packed, scales, (scales * -(2 ** (bits - 1))).astype(mx.float16)
+
+
+@needs_kernels
+@pytest.mark.parametrize("bits", [4, 5, 6, 8])
+@pytest.mark.parametrize("k_quant_scales", [False, True])
+@pytest.mark.parametrize("rows", [1, 4, 9, 70])
+def test_symmetric_layers_read_no_biases_and_give_the_same_bits(bits, k_quant_scales, rows):
+    packed, scales, biases = _symmetric_layer(80, 768, bits, 32, seed=bits + rows, k_quant_scales=k_quant_scales)
+    weight, tiled_scales, tiled_biases = repack_native(packed, scales, biases, bits)
+    new_scales, offset = compact_layer(scales, biases, tiled_scales, tiled_biases, group_size=32, bits=bits)
+    assert offset.size == 1 and offset.item() == -(2 ** (bits - 1))
+    assert (new_scales.dtype == mx.uint8) == k_quant_scales  # a code table where the scales are d x code
+    values = untile(weight, new_scales, offset, bits)
+    assert mx.array_equal(values[2].astype(mx.float16), biases).item()
+    exact = [_tile_groups(v) for v in values[1:]]  # the values as explicit float32 (or float16) groups
+    x = mx.random.normal((rows, 768))
+    got = tiled_matmul_native(x, weight, new_scales, offset, bits=bits, group_size=32)
+    assert mx.array_equal(got, tiled_matmul_native(x, weight, *exact, bits=bits, group_size=32)).item()
+    ids = mx.array([3, 79])
+    assert mx.array_equal(
+        tiled_gather_native(ids, weight, new_scales, offset, bits=bits, group_size=32),
+        tiled_gather_native(ids, weight, *exact, bits=bits, group_size=32),
+    ).item()
+
+
+def test_layers_that_fit_nothing_keep_their_tiles():
+    packed, scales, biases = _quantized_by_mlx(32, 512)
+    tiled = tile(packed, scales, biases, 4)
+    kept = compact_layer(scales, biases, *tiled[1:], group_size=32, bits=4)
+    assert kept[0] is tiled[1] and kept[1] is tiled[2]
+
+
+def _quantized_by_mlx(n, k):
+    packed, scales, biases = mx.quantize(mx.random.normal((n, k)), group_size=32, bits=4)
+    return packed, scales.astype(mx.float16), biases.astype(mx.float16)
