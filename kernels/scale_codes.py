@@ -132,7 +132,7 @@ def symmetric(scales: mx.array, biases: mx.array, bits: int) -> bool:
     exact in float16, a power of two."""
     if biases.shape != scales.shape or biases.dtype != scales.dtype:
         return False
-    return mx.array_equal(biases, scales * -(2 ** (bits - 1))).item()
+    return bool(mx.array_equal(biases, scales * -(2 ** (bits - 1))).item())
 
 
 def compact_layer(scales, biases, tiled_scales, tiled_biases, *, group_size: int, bits: int):
