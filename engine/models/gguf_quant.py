@@ -14,14 +14,18 @@ model exists at any point.
   once to float16. Re-quantizing them instead (MLX recomputes each group's scale from its
   min and max, moving values off the grid) left Qwen2.5-Coder-1.5B's Q4_K_M import at top-1
   0.941 against its own float32 import (mean KL 2.9e-2; llama.cpp on the file: 0.977).
+- Q6_K (w = d * sc * (q - 32), an int8 sc per 16 values) is a Q4_K_M file's head and half
+  its v/down projections: 41% of the bytes Qwen2.5-1.5B streams per token. One group of 32
+  cannot keep two sub-blocks' scales, so it goes to symmetric 6-bit groups of 32 (`q6_k`):
+  step |d| x the larger |sc| of the two, bias -32 steps; the sub-block with that scale keeps
+  its values. On the CPU that reads 6.375 bits a weight (kernels/scale_codes.py; the file
+  holds 6.5625). Against the file's values it errs less than MLX's min/max re-quantization
+  did (RMS 1.72-1.80% against 1.91-1.98%, Qwen2.5-1.5B's head and a layer), and against
+  llama.cpp's logits on the same file over 256 greedy tokens: top-1 1.000, mean KL 1.8e-3
+  (min/max: 0.992, 2.2e-3). At 8 bits (9 per weight with scales) Q6_K was nearly exact, but
+  slower.
 - Other quantized types are dequantized (the `gguf` package reads them all) and quantized
-  again by MLX: 4 bits in groups of 32 for the 4-bit-or-less K-quants; 6 bits in groups of
-  32 for Q6_K, whose sub-blocks of 16 have scales of their own that one group of 32 cannot
-  keep. At 8 bits (9 per weight with scales, against Q6_K's 6.56) Q6_K was nearly exact, but
-  it is a Q4_K_M file's head and half its v/down projections: 41% of the bytes Qwen2.5-1.5B
-  streams per token. At 6 bits its import against the float32 one over 256 greedy tokens:
-  top-1 0.996, mean KL 1.1e-3 (8 bits: 1.000, 6e-5; llama.cpp on the same file: 0.977,
-  1.7e-3), and decode 6% faster.
+  again by MLX: 4 bits in groups of 32 for the 4-bit-or-less K-quants.
 - Anything else goes to 8 bits in groups of 32.
 - Float tensors (norms, biases, an F16/F32 file) stay float.
 """
@@ -89,7 +93,8 @@ def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
 
 def pack(q: np.ndarray, bits: int) -> np.ndarray:
     """(N, K) integers 0..2^bits-1 in MLX's packing: each row one little-endian bit string,
-    element k at bits [bits * k, bits * (k + 1)) (for 5 bits, 8 elements in every 5 bytes)."""
+    element k at bits [bits * k, bits * (k + 1)) (for 5 bits, 8 elements in every 5 bytes; for 6
+    bits, 4 in every 3)."""
     q = q.astype(np.uint8)
     if bits == 4:
         q = q[:, 0::2] | (q[:, 1::2] << 4)
@@ -97,6 +102,10 @@ def pack(q: np.ndarray, bits: int) -> np.ndarray:
         eights = q.reshape(q.shape[0], -1, 8).astype(np.uint64)
         words = (eights << (5 * np.arange(8, dtype=np.uint64))).sum(axis=-1, dtype=np.uint64)
         q = words[..., None].view(np.uint8)[..., :5].reshape(q.shape[0], -1)  # little-endian: low 5 bytes
+    elif bits == 6:  # 4 elements in every 3 bytes
+        fours = q.reshape(q.shape[0], -1, 4).astype(np.uint32)
+        words = (fours << (6 * np.arange(4, dtype=np.uint32))).sum(axis=-1, dtype=np.uint32)
+        q = words[..., None].view(np.uint8)[..., :3].reshape(q.shape[0], -1)
     return np.ascontiguousarray(q).view(np.uint32)
 
 
@@ -163,6 +172,24 @@ def direct(gguf_type: str, data: np.ndarray, rows: int) -> Quantized:
     return Quantized(pack(q, 4), d, bias, 4)
 
 
+def q6_k(data: np.ndarray, rows: int, weight: np.ndarray) -> Quantized:
+    """Q6_K (w = d * sc * (q - 32), an int8 sc per 16 values, d per 256) as symmetric 6-bit
+    groups of 32: scale |d| * c, c the larger |sc| of the group's two sub-blocks, bias -32 x
+    scale. The sub-block with that sc keeps its values exactly, the other is rounded to its
+    grid (at most half a step off); biases as a multiple of the scale and scales as d x a code
+    per 256 let the CPU kernel read 6.375 bits a weight, where the file holds 6.5625
+    (kernels/scale_codes.py). `weight` is the tensor dequantized, (rows, K) float32."""
+    blocks = _blocks(data, rows, 210)  # ql (128), qh (64), 16 int8 scales, d (f16)
+    d = np.abs(_f16(blocks, 208).astype(np.float32))
+    sc = np.abs(blocks[..., 192:208].view(np.int8).astype(np.float32)).reshape(rows, -1, 8, 2).max(-1)
+    scales = (d[..., None] * sc).astype(np.float16).reshape(rows, -1)
+    step = scales.astype(np.float32)
+    grouped = weight.reshape(rows, -1, GROUP)
+    ratio = np.divide(grouped, step[..., None], out=np.zeros_like(grouped), where=step[..., None] > 0)
+    q = np.clip(np.rint(ratio) + 32, 0, 63).astype(np.uint8).reshape(rows, -1)
+    return Quantized(pack(q, 6), scales, (scales * np.float16(-32)).astype(np.float16), 6)
+
+
 def requantize(weight: np.ndarray, bits: int) -> Quantized:
     """A float (N, K) weight quantized by MLX to `bits` in groups of 32, scales in float16."""
     import mlx.core as mx
@@ -185,6 +212,8 @@ def convert(tensor, dequantize) -> Quantized | np.ndarray:
     if name in DIRECT and (name not in ("Q4_K", "Q5_K") or shape[1] % SUPER_BLOCK == 0):
         return direct(name, tensor.data, shape[0])
     weight = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32).reshape(shape)
+    if name == "Q6_K" and shape[1] % SUPER_BLOCK == 0:
+        return q6_k(tensor.data, shape[0], weight)
     return requantize(weight, REQUANTIZED_BITS.get(name, 8))
 
 

@@ -76,19 +76,29 @@ def test_k_quant_sub_blocks_map_to_mlx_groups_up_to_float16_scales(kind, bits):
     assert error < 2**-10 * np.abs(want).max()  # float16 scales: 2^-11 relative, times q and the bias
 
 
-def test_q6_k_goes_to_six_bits_within_a_step():
-    """Q6_K's sub-blocks of 16 have scales of their own: a group of 32 re-quantized to 6 bits
-    (the same bytes as the file, about) errs by at most one of its steps (MLX keeps zero
-    exact), float16 scales aside."""
+def test_q6_k_goes_to_symmetric_six_bits_exact_where_its_scale_is_the_groups():
+    """Q6_K's sub-blocks of 16 have scales of their own: a group of 32 takes the larger |d sc| of
+    its two as its step, with bias -32 steps (kernels/scale_codes.py then reads no biases and
+    codes for the scales). The sub-block that has that scale keeps its values, float16 aside;
+    the other is rounded to the step, at most half a step off (a value at +32 steps, which the
+    6 bits cannot hold, clips to 31)."""
     rows, k = 4, 512
     data = _k_quant_blocks("Q6_K", rows, k, seed=6)
     ggml = gguf.GGMLQuantizationType.Q6_K
     result = gguf_quant.convert(SimpleNamespace(tensor_type=ggml, shape=[k, rows], data=data), gguf.quants.dequantize)
     assert (result.bits, result.group_size) == (6, 32) and gguf_quant.outcome("Q6_K", result).endswith("re-quantized")
-    source = gguf.quants.dequantize(data, ggml).reshape(rows, -1, 32)
-    step = (source.max(-1) - source.min(-1)) / 63
-    error = np.abs(_mlx_values(result).reshape(rows, -1, 32) - source).max(-1)
-    assert (error <= step + 2**-10 * np.abs(source).max()).all()
+    assert np.array_equal(result.biases, (result.scales * np.float16(-32)).astype(np.float16))
+    blocks = data.reshape(rows, -1, 210)
+    d = np.abs(blocks[..., 208:210].copy().view(np.float16).astype(np.float32))  # (rows, supers, 1)
+    pairs = np.abs(blocks[..., 192:208].view(np.int8).astype(np.float32)).reshape(rows, -1, 8, 2)
+    step = (d[..., None] * pairs.max(-1, keepdims=True)).reshape(rows, -1, 1, 1)  # per group of 32
+    source = gguf.quants.dequantize(data, ggml).reshape(rows, -1, 2, 16)
+    error = np.abs(_mlx_values(result).reshape(rows, -1, 2, 16) - source)
+    slack = 2**-10 * np.abs(source).max()
+    clipped = source / step > 31.5
+    assert (error <= np.where(clipped, 1.0, 0.5) * step + slack).all()
+    owner = (pairs == pairs.max(-1, keepdims=True)).reshape(rows, -1, 2, 1) & ~clipped
+    assert owner.sum() > error.size / 2 and (error[owner] <= slack).all()
 
 
 @pytest.mark.parametrize("kind,bits", [("TQ1_0", 8)])  # the K-quants: the gguf package only reads them
