@@ -76,6 +76,12 @@ inline float read_scale(const void* p, int type, int64_t i) {
 
 class Pool {
   static constexpr std::chrono::microseconds kSpin{50};
+  // A job's state: its generation's low bits, whether the caller has closed it, and how many
+  // workers joined before that. The caller runs units itself and, once none are left, closes
+  // the job and waits only for the workers that joined: a worker the OS has not run yet (on two
+  // cores it shares one with Python's thread) finds the job closed and skips it, where the
+  // caller used to wait out its time slice for it to say it had nothing to do.
+  static constexpr uint64_t kClosed = uint64_t(1) << 31, kJoined = kClosed - 1;
 
  public:
   void run(int threads, const std::function<void()>& job) {
@@ -83,15 +89,17 @@ class Pool {
     std::unique_lock<std::mutex> serial(run_lock_);  // one job at a time through the pool
     grow(threads - 1);
     job_ = &job;
-    active_.store(threads - 1);
+    done_.store(0);
     {
       std::lock_guard<std::mutex> guard(mutex_);
       wanted_ = threads - 1;
-      generation_.fetch_add(1);
+      const uint64_t generation = generation_.fetch_add(1) + 1;
+      state_.store(generation << 32, std::memory_order_release);
     }
     wake_.notify_all();
     job();
-    while (active_.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+    const uint64_t joined = state_.fetch_or(kClosed, std::memory_order_acq_rel) & kJoined;
+    while (done_.load(std::memory_order_acquire) < joined) std::this_thread::yield();
     job_ = nullptr;
   }
 
@@ -115,6 +123,14 @@ class Pool {
     }
   }
 
+  // Joins job `generation` unless the caller has closed it (or a newer job has begun).
+  bool join(uint64_t generation) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    while ((s >> 32) == (generation & 0xffffffffu) && !(s & kClosed))
+      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) return true;
+    return false;
+  }
+
   void loop(int index, uint64_t seen) {
     for (;;) {
       // Wait a little for the next job (the next layer's call comes within microseconds), then
@@ -134,8 +150,9 @@ class Pool {
         if (stop_) return;
         if (index >= wanted_) continue;
       }
+      if (!join(seen)) continue;
       (*job_)();
-      active_.fetch_sub(1, std::memory_order_release);
+      done_.fetch_add(1, std::memory_order_release);
     }
   }
 
@@ -143,7 +160,8 @@ class Pool {
   std::mutex run_lock_, mutex_;
   std::condition_variable wake_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> active_{0};
+  std::atomic<uint64_t> state_{0};
+  std::atomic<uint64_t> done_{0};
   const std::function<void()>* job_ = nullptr;
   int wanted_ = 0;
   bool stop_ = false;
