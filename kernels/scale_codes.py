@@ -1,4 +1,4 @@
-"""Scale codes: a K-quant's scales and biases in fewer bytes, for the tiled kernels.
+"""Scale codes and symmetric layers: quantized scales and biases in fewer bytes, for the tiled kernels.
 
 Decode on a CPU reads every weight byte once per token, so the bytes are the speed. MLX keeps
 a float16 scale and a float16 bias per group of 32 weights: a bit per weight on top of the
@@ -13,8 +13,10 @@ factors (float16) and then one code byte per group and column. 4-bit groups of 3
 4.625 bits a weight instead of 5, and a decode step reads ~6% fewer bytes on Qwen2.5-1.5B's
 Q4_K_M file.
 
-Arrays that are not such products (MLX's own quantization, Q4_0, Q6_K re-quantized) find no
-codes and keep their float16 groups.
+Q6_K imports with int8 sub-block scales as codes (up to 128) and, like Q4_0, Q5_0 and Q8_0,
+with every bias -2^(bits - 1) x its scale: `compact_layer` then keeps that one number for the
+biases and the kernel reads none (Q6_K: 6.375 bits a weight). Arrays that fit neither (MLX's
+own quantization, Q4_1's free minimums) keep their float16 groups.
 """
 
 from __future__ import annotations
