@@ -27,9 +27,10 @@
 // Scales and biases (N, K / group), as MLX stores them, become [tile][group][16 columns].
 // Every weight array keeps its shape, dtype and size: only the order of its bytes changes.
 // Scale codes (kCodes, kernels/scale_codes.py): a K-quant's scales and biases are a float16
-// per 256 k values times a 6-bit integer, so a table per tile holds, per 256 k values, the
+// per 256 k values times a small integer, so a table per tile holds, per 256 k values, the
 // 16 columns' float16 factors (32 bytes) then one byte per group and column, and the kernel
 // takes code x factor in float32. For 4-bit groups of 32: 4.625 bits a weight instead of 5.
+// Symmetric layers (kSymmetric) take each bias from its scale and read no biases.
 
 #include <algorithm>
 #include <cmath>
@@ -237,8 +238,12 @@ BRISK_TILED __attribute__((always_inline)) inline __m512 group_values(const char
   const char* super = p + int64_t(g / per_super) * (2 * kTile + per_super * kTile);
   const __m512 factor = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(super)));
   const __m128i codes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(super + 2 * kTile + (g % per_super) * kTile));
-  const __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), factor);
-  return value;
+  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(codes)), factor);
+}
+
+// A symmetric layer's biases from its scales: -2^(bits - 1) x s, exact (a power of two).
+BRISK_TILED __attribute__((always_inline)) inline __m512 symmetric_biases(__m512 scales, int bits) {
+  return _mm512_mul_ps(scales, _mm512_set1_ps(-float(1 << (bits - 1))));
 }
 
 inline int32_t quad(const int8_t* p) {
@@ -362,9 +367,9 @@ BRISK_TILED void tile_kernel(const Tiled& w, int t0, const IntegerX& x, int m0, 
     }
     if (j % kPerGroup == kPerGroup - 1) {
       for (int c = 0; c < C; ++c) {
-        const __m512 b = w.symmetric ? _mm512_mul_ps(group_values(scales + c * scale_stride, w.scale_type, g, per_super),
-                                                     _mm512_set1_ps(-float(1 << (BITS - 1))))
-                                     : group_values(biases + c * scale_stride, w.scale_type, g, per_super);
+        const __m512 b =
+            w.symmetric ? symmetric_biases(group_values(scales + c * scale_stride, w.scale_type, g, per_super), BITS)
+                        : group_values(biases + c * scale_stride, w.scale_type, g, per_super);
         for (int r = 0; r < R; ++r)
           acc[r][c] = _mm512_fmadd_ps(b, _mm512_set1_ps(xs[r * x.groups + g]), acc[r][c]);
       }
@@ -402,7 +407,7 @@ BRISK_TILED Tiled expanded_tiles(const Tiled& w, int t, int t_end, std::vector<f
       const int64_t at = (int64_t(u) * groups + g) * kTile;
       const __m512 s = group_values(static_cast<const char*>(w.scales) + table, kCodes, g, per_super);
       _mm512_storeu_ps(scales + at, s);
-      _mm512_storeu_ps(biases + at, w.symmetric ? _mm512_mul_ps(s, _mm512_set1_ps(-float(1 << (w.bits - 1))))
+      _mm512_storeu_ps(biases + at, w.symmetric ? symmetric_biases(s, w.bits)
                                                 : group_values(static_cast<const char*>(w.biases) + table, kCodes, g,
                                                                per_super));
     }
@@ -412,11 +417,14 @@ BRISK_TILED Tiled expanded_tiles(const Tiled& w, int t, int t_end, std::vector<f
   return view;
 }
 
+// Up to this many rows (decode, most verify passes) the kernel reads code tables itself: an
+// expansion per pair of tiles cost 4- and 8-row products 4-7% (in-process A/B).
+constexpr int kReadCodesUpTo = 8;
+
 // Tiles [t0, t1) of every row. One row (decode) takes one tile at a time: four tiles side by
 // side (four weight streams and eight of scales) left DRAM short, 4-bit weights reading at 28
 // GB/s against 32-36 one tile at a time (8-bit: 32 against 34.5). More rows take two tiles
 // and four rows at a time, the tiles' weights staying in L1 while the rows pass.
-constexpr int kReadCodesUpTo = 8;
 
 template <int BITS, int GROUP>
 BRISK_TILED void tiles_of_rows(const Tiled& w, int t0, int t1, const IntegerX& x, const float* bias, float* out) {
@@ -497,7 +505,7 @@ BRISK_TILED void gather_row(const Tiled& w, int v, float* out) {
     const int64_t table = int64_t(t) * w.table_stride();
     alignas(64) float sv[kTile], bv[kTile];
     _mm512_store_ps(sv, group_values(static_cast<const char*>(w.scales) + table, w.scale_type, g, w.per_super()));
-    _mm512_store_ps(bv, w.symmetric ? _mm512_mul_ps(_mm512_load_ps(sv), _mm512_set1_ps(-float(1 << (w.bits - 1))))
+    _mm512_store_ps(bv, w.symmetric ? symmetric_biases(_mm512_load_ps(sv), w.bits)
                                     : group_values(static_cast<const char*>(w.biases) + table, w.scale_type, g,
                                                    w.per_super()));
     const __m512 s = _mm512_set1_ps(sv[c]), b = _mm512_set1_ps(bv[c]);
