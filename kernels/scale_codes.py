@@ -153,15 +153,3 @@ def compact_layer(scales, biases, tiled_scales, tiled_biases, *, group_size: int
     if found_biases is None:
         return tiled_scales, tiled_biases
     return new_scales, code_table(*found_biases, group_size)
-
-
-def compact(scales: mx.array, biases: mx.array, group_size: int) -> tuple[mx.array, mx.array] | None:
-    """Both code tables of a layer's (N, G) float16 scales and biases (MLX's layout), or None
-    when either is not factor x code throughout (or BRISK_SCALE_CODES=0)."""
-    if not ENABLED:
-        return None
-    found_scales = find_codes(scales, group_size)
-    found_biases = find_codes(biases, group_size) if found_scales is not None else None
-    if found_scales is None or found_biases is None:
-        return None
-    return code_table(*found_scales, group_size), code_table(*found_biases, group_size)
