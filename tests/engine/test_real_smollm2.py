@@ -235,16 +235,20 @@ def test_lookup_decoding_quotes_the_prompt_exactly_in_fewer_passes(smol):
     )
     prompt = "Repeat the following paragraph word for word:\n\n" + paragraph
     plain = finished(Session(smol, greedy(max_tokens=60, spec_decode="off")).send(prompt))
-    looked = finished(Session(smol, greedy(max_tokens=60, spec_decode="auto")).send(prompt))
-    assert looked.token_ids == plain.token_ids
     assert plain.text.startswith("The lighthouse stood")  # the model does quote
+    # `on` verifies every offer at a fixed k: what it keeps depends on the tokens alone.
+    # (`auto` prices each verify by its measured time, so how many cycles it spends on lookup
+    # depends on the machine's load: a CI run on a busy machine kept 21 of 45 tokens, not 22.)
+    looked = finished(Session(smol, greedy(max_tokens=60, spec_decode="on")).send(prompt))
+    assert looked.token_ids == plain.token_ids
     m = looked.metrics
-    assert m.spec_decode == "auto (lookup)"
     # (lookup_accepted may count tokens kept past the end of the answer: the quote's end
     # token, then the chat template that followed the paragraph in the prompt)
     assert m.sources.count("lookup") >= len(looked.token_ids) // 2
     assert m.sources.count("lookup") <= m.lookup_accepted
-    # Target passes: fewer than two thirds of plain's. The autopilot prices verifies by their
-    # measured time: one slow verify (a busy machine) sends it to plain decoding for 16 steps
-    # before it probes again, which took runs from the usual 3.3-3.8 tokens a pass to 1.9.
-    assert m.tokens_per_cycle > 1.5
+    assert m.tokens_per_cycle > 1.5  # target passes: fewer than two thirds of plain's
+    # `auto` chooses lookup here too, and stays plain greedy's token for token.
+    auto = finished(Session(smol, greedy(max_tokens=60, spec_decode="auto")).send(prompt))
+    assert auto.token_ids == plain.token_ids
+    assert auto.metrics.spec_decode == "auto (lookup)"
+    assert 0 < auto.metrics.sources.count("lookup") <= auto.metrics.lookup_accepted
