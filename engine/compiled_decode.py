@@ -113,6 +113,7 @@ class CompiledRun:
         self.buffers = [a for layer in layers for a in (layer.keys, layer.values)]
         # positions each layer holds once the built steps have run (UniPrefill leaves them unequal)
         self.written = [layer.offset for layer in layers]
+        self.grown = 0  # layers whose buffers grew (the step is traced anew for their shapes)
         for layer in layers:  # nothing else may hold the buffers: each step writes them in place
             layer.keys = layer.values = None
 
@@ -122,6 +123,7 @@ class CompiledRun:
         for i, held in enumerate(written):
             if held >= buffers[2 * i].shape[2]:
                 buffers[2 * i : 2 * i + 2] = [_grown(b) for b in buffers[2 * i : 2 * i + 2]]
+                self.grown += 1
         # offset and length arrays, shared by the layers that hold as many tokens (all, mostly)
         places = {held: (mx.array([held], dtype=mx.int32), mx.array([held + 1], dtype=mx.int32)) for held in written}
         out = self.step(

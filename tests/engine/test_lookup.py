@@ -274,6 +274,43 @@ def test_before_any_verify_is_timed_a_cpu_turn_does_not_bet_on_a_long_lookup(mod
     assert gpu.pick(even_odds, draft_usable=False)[1] >= 4
 
 
+@pytest.mark.parametrize("count", [2, 3, 8])
+def test_a_short_pipelined_run_times_its_steps_at_their_cost(models, monkeypatch, count):
+    """Reading a pipelined token back may wait for the step queued after it too: a run's
+    first read takes two steps, its last none. Timed from the first read, a lookup-ended run
+    of 2-4 steps read SmolLM2's 7 ms step as 4-6 ms (2 steps: as nothing), and every verify
+    pass then looked dearer than it was. The run is timed from its first step's queueing;
+    a run that traced the step is not timed at all."""
+    from engine.accel.speculative.controller import PairCosts
+    from engine.accel.speculative.pair import LookupOnly
+
+    target = models["llama"]
+    cache = PromptCache(target.model)
+    prompt = target.tokenizer.encode(PROMPT)
+    list(cache.sync(prompt[:-1], 64))  # as a turn's prefill leaves it
+    index = ContextIndex()
+    index.extend(prompt)
+    decoder = LookupOnly(target).make_decoder(cache, settings(), max_tokens=32, costs=PairCosts(), index=index)
+    step, clock, reads = 0.01, [0.0], [0]
+
+    def read_back(token):  # the stream: the first read waits two steps, the last one none
+        reads[0] += 1
+        clock[0] += {1: 2 * step, run: 0.0}.get(reads[0], step)
+        return int(token.item())
+
+    monkeypatch.setattr(speculative.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(speculative, "item_int", read_back)
+    sequence, run = list(prompt), count
+    decoder._held = len(prompt) - 1  # as steps() starts: the cache holds the prompt but its last token
+    list(decoder._plain_run(sequence, count))  # the turn's first run traces the step: untimed
+    assert decoder.metrics()["decode_step"] == "compiled"
+    assert decoder.controller.plain_samples == 0 and decoder.controller.t_plain.value is None
+    reads[0] = 0
+    list(decoder._plain_run(sequence, count))
+    assert decoder.controller.plain_samples == count
+    assert decoder.controller.t_plain.value == pytest.approx(step)
+
+
 def test_a_faster_draft_wins_over_a_weak_lookup_and_loses_to_a_quote():
     pilot = _warmed(has_draft=True, cost_ratio=0.05)
     for _ in range(20):  # the draft keeps 90% of its tokens, at 5% of a target step

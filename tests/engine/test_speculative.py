@@ -497,9 +497,9 @@ def test_once_measured_costs_say_no_draft_can_pay_auto_stops_scouting_and_probin
 
 def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):
     """A pipelined run's single intervals alternate (a read may wait for the next queued
-    step too), so the controller gets each run's mean: the same total time, one value. A
-    run's first step is left out (it may hold the compiled step's trace); steps taken one at
-    a time are reported one by one."""
+    step too), so the controller gets each run's mean over all its steps, timed from the
+    first one's queueing: the same total time, one value. The turn's first run traces the
+    compiled step and reports nothing; steps taken one at a time are reported one by one."""
     seen, runs = [], []
     observe, after, run = (
         DraftLengthController.observe_plain,
@@ -512,20 +512,22 @@ def test_pipelined_plain_runs_report_their_mean_step_time(models, monkeypatch):
         observe(self, seconds, count)
 
     def after_spy(self, sequence, token, elapsed, **kw):
-        runs[-1].append(elapsed) if not kw.get("timed", True) else runs.append([None, elapsed])
+        runs[-1].append(elapsed) if not kw.get("timed", True) else runs.append(["one", elapsed])
         after(self, sequence, token, elapsed, **kw)
 
     def run_spy(self, sequence, count):
-        runs.append([])
+        runs.append(["run"])
         yield from run(self, sequence, count)
 
     monkeypatch.setattr(DraftLengthController, "observe_plain", observe_spy)
     monkeypatch.setattr(SpeculativeDecoder, "_after_plain", after_spy)
     monkeypatch.setattr(SpeculativeDecoder, "_plain_run", run_spy)
     session = Session(models["llama"], settings(spec_decode="auto", max_tokens=30), draft=models["llama-draft"])
-    chat(session, PROMPTS[:1])
+    done = chat(session, PROMPTS[:1])[0][0]
+    assert done.metrics.decode_step == "compiled"
     assert any(count > 1 for _, count in seen)  # runs were pipelined, each reported once
-    reported = [steps[1:] for steps in runs if len(steps) > 1]  # (a one-step run reports nothing)
+    pipelined = [steps[1:] for steps in runs if steps[0] == "run" and len(steps) > 1]
+    reported = pipelined[1:] + [steps[1:] for steps in runs if steps[0] == "one"]  # (the first traced)
     assert sum(count for _, count in seen) == sum(len(steps) for steps in reported)
     assert sum(s * count for s, count in seen) == pytest.approx(sum(sum(steps) for steps in reported), rel=1e-6)
 

@@ -312,11 +312,14 @@ class SpeculativeDecoder:
                 if self.controller.lookup_pays(self._lookup_offer()):
                     return
             return
+        step_before = self._step
         started = time.perf_counter()
-        first_read = started
         self._start_compiled_run()
+        traced = self._run is not None and self._step is not step_before  # a turn's first run traces
+        grown = self._run.grown if self._run is not None else 0
         try:
             queued = self._queue_step(mx.array(sequence[-1:]))
+            last = started
             i = 0
             while i < count:
                 current = queued
@@ -324,23 +327,23 @@ class SpeculativeDecoder:
                     queued = self._queue_step(current)
                 token = item_int(current)
                 now = time.perf_counter()
-                self._after_plain(sequence, token, now - started, timed=False)
-                started = now
-                if i == 0:
-                    first_read = now
+                self._after_plain(sequence, token, now - last, timed=False)
+                last = now
                 i += 1
                 yield token, ""
                 if i + 1 < count and self.controller.lookup_pays(self._lookup_offer()):
                     count = i + 1  # read the step already queued, queue no more
+            traced = traced or (self._run is not None and self._run.grown != grown)
         finally:
             self._end_compiled_run()
-        # Reading a token back may wait for the step queued after it too, so single
-        # intervals alternate between ~2 steps and ~0: the controller gets the run's mean.
-        # The run's first step is left out: it traces the compiled step on a turn's first
-        # run (and whenever the buffers grow), and three steps' mean with a trace in it
-        # read SmolLM2's 10 ms step as 27 ms.
-        if count > 1:
-            self.controller.observe_plain((started - first_read) / (count - 1), count - 1)
+        # The controller gets the run's mean, from the first step's queueing to the last
+        # read (the stream was idle before it: a verify reads its result back). Single
+        # intervals are no measure (reading a token back may wait for the step queued after
+        # it too), nor is the mean of the intervals after the first read: on grounded text a
+        # lookup ends most runs after 2-4 steps, and that read SmolLM2's 7 ms step as 4-6 ms.
+        # A run that traced the step (a turn's first, or buffers grown) is not timed.
+        if not traced:
+            self.controller.observe_plain((last - started) / count, count)
 
     def _start_compiled_run(self) -> None:
         if not self._compiled_off:
