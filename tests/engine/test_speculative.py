@@ -347,6 +347,52 @@ def test_auto_does_not_draft_when_the_draft_costs_as_much_as_the_target(models):
     assert "drafting cannot pay" in done.metrics.spec_decode
 
 
+def _losing_pilot(**kw) -> SpeculationAutopilot:
+    """An autopilot that has measured its draft keeping nothing: drafting cannot pay."""
+    pilot = SpeculationAutopilot("auto", 3, has_draft=True, lookup=False, cost_ratio=0.3, **kw)
+    pilot.observe_plain(0.1, 3)
+    for _ in range(6):
+        pilot.observe_cycle(drafted=1, proposed=1, accepted=0, draft_s=0.03, verify_s=0.14)
+    return pilot
+
+
+def test_the_saving_a_catch_up_is_weighed_against_follows_acceptance():
+    losing = _losing_pilot()
+    assert losing.saving_per_token() == 0.0
+    winning = _losing_pilot()
+    for _ in range(20):
+        winning.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.09, verify_s=0.14)
+    assert 0.0 < winning.saving_per_token() < 0.1  # seconds a token, of a 0.1 s plain step
+    assert SpeculationAutopilot("auto", 3, has_draft=True, lookup=False).saving_per_token() == math.inf
+
+
+def test_auto_does_not_pay_a_long_catch_up_for_a_draft_that_is_not_paying(models):
+    """After a plain stretch the draft must read every token it missed before it can scout
+    or propose. On code a 0.5B draft's catch-ups (after 64- and 105-token plain runs) cost
+    Qwen-1.5B 12% of a turn it never drafted in: a draft measured to lose is not caught up,
+    one measured to win is; one not yet measured in this turn is (new content, new α)."""
+    target, draft = models["llama"], models["llama-draft"]
+    session = Session(target, settings(spec_decode="auto"), draft=draft)
+    decoder = session.pair.make_decoder(
+        PromptCache(target.model), session.settings, max_tokens=200, costs=PairCosts(), index=None
+    )
+    decoder.drafter.start(target.tokenizer.encode(PROMPTS[0]))
+    decoder._draft_ready, decoder._catch_up_s = True, 0.01  # 10 ms a missed token
+    decoder.drafter.observe_tokens(list(range(1, 51)))  # 50 plain tokens it did not read
+    assert decoder.drafter.unseen() == 50
+    decoder.controller = _losing_pilot()
+    assert decoder._catch_up_pays(left=200)  # α is an earlier turn's: this turn scouts once
+    decoder._alpha_this_turn = True  # (as its scout or a cycle sets it)
+    assert not decoder._catch_up_pays(left=200)  # 0.5 s to read, nothing to win back
+    for _ in range(20):
+        decoder.controller.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.09, verify_s=0.14)
+    assert decoder._catch_up_pays(left=200)  # 0.5 s against 200 tokens' saving
+    assert not decoder._catch_up_pays(left=2)  # ... but not against two tokens' saving
+    decoder.controller = _losing_pilot()
+    decoder.drafter.pending = decoder.drafter.pending[-5:]
+    assert decoder._catch_up_pays(left=200)  # four missed tokens: the next proposal feeds them
+
+
 def test_auto_skips_a_draft_that_would_read_a_long_prompt_for_a_short_answer(models):
     target, draft = models["llama"], models["llama-draft"]
     session = Session(target, settings(spec_decode="auto", max_tokens=2), draft=draft)

@@ -46,6 +46,9 @@ ACCEPTANCE_RULES = ("rejection", "match")
 # budget: catching up costs ~c/20 of a target step per token (batched), a speedup of 1.2x
 # saves ~0.17 step per answer token, so it breaks even near 10x.
 AUTO_MAX_CATCH_UP = 8
+# A draft's catch-up (reading the tokens it missed) is timed, and weighed, from this many
+# tokens: a batched pass worth pricing per token (fewer, the next proposal feeds anyway).
+CATCH_UP_FROM = 8
 
 
 @dataclass
@@ -150,6 +153,8 @@ class SpeculativeDecoder:
         self.consistent = True  # False: the cache could not be brought back; drop it
         self._draft_ready = False
         self._draft_failed = drafter is None
+        self._catch_up_s: float | None = None  # the draft's reading of missed tokens, per token
+        self._alpha_this_turn = False  # a scout or a draft cycle has measured α in this turn
         self._offer_at = -1  # the context length the offer below was looked up at
         self._offer: LookupOffer | None = None
         self.warnings: list[EngineWarned] = []  # degradations, in order, for the caller to report
@@ -198,15 +203,11 @@ class SpeculativeDecoder:
                 # A translating draft's scout counts hits in its own tokens over the target's
                 # text, which overstated acceptance (0.62-0.84 scouted, ~0.45 kept in cycles,
                 # code, SmolLM2 -> Qwen): it probes with real cycles instead.
-                if (
-                    self._draft_ready
-                    and not self._draft_failed
-                    and self.drafter.same_tokenizer
-                    and self.controller.scout_due()
-                ):
+                usable = not self._draft_failed and self._catch_up_pays(left)
+                if usable and self._draft_ready and self.drafter.same_tokenizer and self.controller.scout_due():
                     self._scout()
                 offer = self._lookup_offer()
-                source, k = self.controller.pick(offer, draft_usable=not self._draft_failed)
+                source, k = self.controller.pick(offer, draft_usable=usable)
                 k = min(k, left - 1)
                 if source == "draft" and k > 0 and not self._draft_ready:
                     warning = self._start_draft(prompt, sequence)
@@ -222,9 +223,7 @@ class SpeculativeDecoder:
                     steps = self._plain_run(
                         sequence,
                         min(
-                            self.controller.plain_run(
-                                draft_usable=not self._draft_failed, lookup=self.index is not None
-                            ),
+                            self.controller.plain_run(draft_usable=usable, lookup=self.index is not None),
                             left,
                         ),
                     )
@@ -269,6 +268,7 @@ class SpeculativeDecoder:
 
     def _start_draft(self, prompt, sequence) -> EngineWarned | None:
         started = time.perf_counter()
+        read = self.drafter.catch_up(prompt)
         try:
             self.drafter.start(prompt)
             if len(sequence) > len(prompt):
@@ -278,7 +278,28 @@ class SpeculativeDecoder:
         except Exception as exc:
             return self._drop_draft(exc)
         finally:
-            self.stats.draft_prefill_s += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self.stats.draft_prefill_s += elapsed
+            self._time_catch_up(elapsed, read)
+
+    def _time_catch_up(self, seconds: float, tokens: int) -> None:
+        if tokens >= CATCH_UP_FROM:
+            self._catch_up_s = seconds / tokens
+
+    def _catch_up_pays(self, left: int) -> bool:
+        """May `auto` use the draft now? After a plain stretch the draft must first read
+        every token it missed (one batched pass, before its scout or its first proposal):
+        on code, a 0.5B draft's catch-ups after 64- and 105-token plain runs cost Qwen-1.5B
+        12% of a turn it never drafted in. Worth it only while drafting the rest of the
+        answer at the acceptance measured so far would win back more than the reading costs.
+        Until this turn has measured α (a scout or a cycle) it is not weighed: the
+        conversation's α may be another content's."""
+        if self.controller.mode != "auto" or not self._alpha_this_turn or self._catch_up_s is None:
+            return True
+        missed = self.drafter.unseen()
+        if missed < CATCH_UP_FROM:
+            return True
+        return missed * self._catch_up_s < left * self.controller.saving_per_token()
 
     def _drop_draft(self, exc: Exception) -> EngineWarned:
         """The draft costs speed, never the answer: decode the rest of the turn plainly."""
@@ -297,8 +318,11 @@ class SpeculativeDecoder:
         would have proposed: α for the controller, without a target pass."""
         started = time.perf_counter()
         scored = self._to_draft(self.drafter.scout)
-        self.stats.draft_s += time.perf_counter() - started
+        elapsed = time.perf_counter() - started
+        self.stats.draft_s += elapsed
         if scored:
+            self._time_catch_up(elapsed, scored[1])
+            self._alpha_this_turn = True
             self.stats.scouted += scored[1]
             self.controller.observe_scout(*scored)
 
@@ -434,6 +458,7 @@ class SpeculativeDecoder:
         s = self.stats
         s.draft_s += time.perf_counter() - committed_at
         s.draft_cycles += 1
+        self._alpha_this_turn = True
         s.draft_tokens += len(proposal.tokens)
         s.accepted_tokens += n
         s.k_total += k

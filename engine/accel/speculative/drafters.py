@@ -109,6 +109,11 @@ class _Drafter:
         hits = q[mx.arange(len(feed)), following].sum()
         return item_float(hits), len(feed)
 
+    def unseen(self) -> int:
+        """Tokens the draft must read before it can propose or scout (missed plain steps),
+        besides the last, which a proposal feeds anyway."""
+        return max(0, len(self.pending) - 1)
+
     def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
         """The target kept `accepted` proposed tokens, then chose `token`."""
         self.target += proposal.tokens[:accepted] + [token]
