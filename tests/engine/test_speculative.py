@@ -310,7 +310,9 @@ def test_auto_does_not_pay_a_long_catch_up_for_a_draft_that_is_not_paying(models
     decoder = session.pair.make_decoder(
         PromptCache(target.model), session.settings, max_tokens=200, costs=PairCosts(), index=None
     )
-    decoder.drafter.start(target.tokenizer.encode(PROMPTS[0]))
+    prompt = target.tokenizer.encode(PROMPTS[0])
+    assert decoder.drafter.start(prompt) == len(prompt) - 1  # what the draft read (the catch-up timed)
+    assert decoder.drafter.start(prompt) == 0  # ... and again: all of it cached
     decoder._draft_ready, decoder._catch_up_s = True, 0.01  # 10 ms a missed token
     decoder.drafter.observe_tokens(list(range(1, 51)))  # 50 plain tokens it did not read
     assert decoder.drafter.unseen() == 50

@@ -267,10 +267,9 @@ class SpeculativeDecoder:
         return True
 
     def _start_draft(self, prompt, sequence) -> EngineWarned | None:
-        started = time.perf_counter()
-        read = self.drafter.catch_up(prompt)
+        started, read = time.perf_counter(), 0
         try:
-            self.drafter.start(prompt)
+            read = self.drafter.start(prompt)
             if len(sequence) > len(prompt):
                 self.drafter.observe_tokens(sequence[len(prompt) :])
             self._draft_ready = True

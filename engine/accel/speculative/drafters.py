@@ -51,14 +51,17 @@ class _Drafter:
         """Bring the draft's pending tokens up to `self.target`."""
         raise NotImplementedError
 
-    def _sync(self, sequence: list[int]) -> None:
+    def _sync(self, sequence: list[int]) -> int:
+        """Hold `sequence` (its last token pending); returns how many tokens the draft read."""
         if len(sequence) + 1 > self.draft.context_length:
             raise DraftUnavailable(
                 f"the draft holds {self.draft.context_length} tokens, this conversation needs {len(sequence)}"
             )
-        for _ in self.tc.sync(sequence[:-1], self.step):
+        read = 0
+        for read in self.tc.sync(sequence[:-1], self.step):
             pass
         self.pending = sequence[-1:]
+        return read
 
     def _draft(
         self, k: int, history: list[int], eos: set[int], stop_below: float = 0.0
@@ -138,9 +141,10 @@ class SameTokenizerDrafter(_Drafter):
         """Prompt tokens the draft has not read yet (its cache is reused across turns)."""
         return len(prompt) - self.tc.common_prefix(prompt)
 
-    def start(self, prompt: list[int]) -> None:
-        self._sync(prompt)
+    def start(self, prompt: list[int]) -> int:
+        """Read the prompt (what the cache does not hold yet); returns how many tokens that was."""
         self.target = list(prompt)  # the target's tokens so far (also the draft's, same vocabulary)
+        return self._sync(prompt)
 
     def propose(self, k: int, stop_below: float = 0.0) -> Proposal:
         if self.tc.layers is None:  # reset by a rewind it could not do in place
@@ -166,13 +170,13 @@ class TranslatingDrafter(_Drafter):
         base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
         return len(base) - self.tc.common_prefix(base)
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompt: list[int]) -> int:
         self.target = list(prompt)  # the target's tokens so far
         self.answer_from = len(prompt)
         self.base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
         self.answer_ids: list[int] = []  # the draft's tokens for the answer text so far
         self.answer_spans: list[tuple[int, int]] = []  # their character spans in that text
-        self._sync(self.base)
+        return self._sync(self.base)
 
     def propose(self, k: int, stop_below: float = 0.0) -> Proposal:
         if self.tc.layers is None:
