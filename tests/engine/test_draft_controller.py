@@ -75,6 +75,8 @@ def test_the_saving_a_catch_up_is_weighed_against_follows_acceptance():
     for _ in range(20):
         winning.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.09, verify_s=0.14)
     assert 0.0 < winning.saving_per_token() < 0.1  # seconds a token, of a 0.1 s plain step
+    assert winning.saving_per_token(0.2) == winning.saving_per_token()  # slower than plain: plain is the bar
+    assert winning.saving_per_token(0.03) == 0.0  # lookups at a third of a step: drafting cannot beat them
     assert SpeculationAutopilot("auto", 3, has_draft=True, lookup=False).saving_per_token() == math.inf
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine.accel.speculative.controller import DraftLengthController, PairCosts
-from engine.accel.speculative.costs_file import FILE_NAME, StoredPairCosts
+from engine.accel.speculative.costs_file import FILE_NAME, VERSION, StoredPairCosts
 
 PAIR = ("qwen-1.5b", "qwen-0.5b", "native")
 
@@ -83,7 +83,7 @@ def test_save_writes_only_what_changed_and_loads_back_the_same(tmp_path):
         b"{not json",
         b"[]",
         json.dumps({"version": 99, "pairs": []}).encode(),
-        json.dumps({"version": 1, "pairs": "x"}).encode(),
+        json.dumps({"version": VERSION, "pairs": "x"}).encode(),
     ],
 )
 def test_a_damaged_file_is_ignored_and_replaced_at_the_next_save(tmp_path, content):
@@ -109,9 +109,19 @@ def test_malformed_entries_are_dropped_and_the_rest_kept(tmp_path):
         "not an entry",
     ]
     path = tmp_path / FILE_NAME
-    path.write_text(json.dumps({"version": 1, "pairs": [*bad, good]}, allow_nan=True))
+    path.write_text(json.dumps({"version": VERSION, "pairs": [*bad, good]}, allow_nan=True))
     costs = StoredPairCosts(path)
     assert costs.pairs() == {("a", "b", "native"): {"draft_steps": 0.5, "verify_steps": {2: 1.6}}}
+
+
+def test_a_version_1_file_is_measured_again(tmp_path):
+    """Version 1 timed a draft step with the catch-up its proposal read first folded in (a
+    0.5B draft read as ~5x its 1.5B target), and a pair stored as unable to pay is never
+    measured again: its costs are dropped, not trusted."""
+    entry = {"target": "a", "draft": "b", "verify": "native", "draft_steps": 4.9, "verify_steps": {"2": 1.3}}
+    path = tmp_path / FILE_NAME
+    path.write_text(json.dumps({"version": 1, "pairs": [entry]}))
+    assert VERSION > 1 and StoredPairCosts(path).pairs() == {}
 
 
 def test_a_home_that_cannot_be_written_keeps_the_costs_for_this_run(tmp_path):

@@ -304,7 +304,8 @@ def test_auto_does_not_pay_a_long_catch_up_for_a_draft_that_is_not_paying(models
     """After a plain stretch the draft must read every token it missed before it can scout
     or propose. On code a 0.5B draft's catch-ups (after 64- and 105-token plain runs) cost
     Qwen-1.5B 12% of a turn it never drafted in: a draft measured to lose is not caught up,
-    one measured to win is; one not yet measured in this turn is (new content, new α)."""
+    one measured to win is; one not yet measured in this turn is (new content, new α) when
+    it reads at most a quarter as many tokens as are left to answer."""
     target, draft = models["llama"], models["llama-draft"]
     session = Session(target, settings(spec_decode="auto"), draft=draft)
     decoder = session.pair.make_decoder(
@@ -318,15 +319,77 @@ def test_auto_does_not_pay_a_long_catch_up_for_a_draft_that_is_not_paying(models
     assert decoder.drafter.unseen() == 50
     decoder.controller = losing_pilot()
     assert decoder._catch_up_pays(left=200)  # α is an earlier turn's: this turn scouts once
+    assert not decoder._catch_up_pays(left=199)  # ... if it reads at most a quarter as many tokens as are left
     decoder._alpha_this_turn = True  # (as its scout or a cycle sets it)
     assert not decoder._catch_up_pays(left=200)  # 0.5 s to read, nothing to win back
     for _ in range(20):
         decoder.controller.observe_cycle(drafted=3, proposed=3, accepted=3, draft_s=0.09, verify_s=0.14)
     assert decoder._catch_up_pays(left=200)  # 0.5 s against 200 tokens' saving
     assert not decoder._catch_up_pays(left=2)  # ... but not against two tokens' saving
+    decoder._note_pace(0.1, 3)  # lookups have been giving three tokens in a plain step's time
+    assert not decoder._catch_up_pays(left=200)  # the draft must beat them, and cannot
     decoder.controller = losing_pilot()
     decoder.drafter.pending = decoder.drafter.pending[-5:]
     assert decoder._catch_up_pays(left=200)  # four missed tokens: the next proposal feeds them
+
+
+class _TimedDraft:
+    """A loaded draft whose model calls advance a fake clock: 1 ms a call, 1 ms a token fed."""
+
+    def __init__(self, draft, clock):
+        self._draft, self.clock, self.fed = draft, clock, []
+
+    def __getattr__(self, name):
+        return getattr(self._draft, name)
+
+    @property
+    def model(self):
+        def call(tokens, cache):
+            self.fed.append(tokens.shape[1])
+            self.clock[0] += 0.001 * (1 + tokens.shape[1])
+            return self._draft.model(tokens, cache=cache)
+
+        return call
+
+
+def test_a_draft_cycle_times_the_missed_tokens_it_reads_as_a_catch_up(models, monkeypatch):
+    """After plain steps or lookups the draft reads every token it missed before drafting.
+    Read in the proposal's first step, that reading counted as drafting: after ~160 looked-up
+    tokens a 0.5B draft's step measured 4.9x its 1.5B target's, and `auto` kept (and stored)
+    "drafting cannot pay". The reading is a catch-up of its own now, and a draft step costs
+    what one costs."""
+    target, draft = models["llama"], models["llama-draft"]
+    prompt = target.tokenizer.encode(PROMPTS[0])
+    cache = make_prompt_cache(target.model)
+    logits = target.model(mx.array(prompt[:-1])[None], cache=cache)
+    sequence = list(prompt)
+    for _ in range(40):  # the target's own greedy tokens, which the draft misses
+        logits = target.model(mx.array(sequence[-1:])[None], cache=cache)
+        sequence.append(int(mx.argmax(logits[0, -1]).item()))
+    expected = []
+    for token in sequence[-1:] * 4:  # what the target says next: the cycle must say it too
+        logits = target.model(mx.array([expected[-1] if expected else token])[None], cache=cache)
+        expected.append(int(mx.argmax(logits[0, -1]).item()))
+    for layer in cache:
+        layer.trim(4)
+    held = PromptCache(target.model)
+    held.layers = cache
+    clock = [0.0]
+    monkeypatch.setattr(speculative.time, "perf_counter", lambda: clock[0])
+    drafter = SameTokenizerDrafter(draft, TokenDistribution(settings()), None, 64)
+    controller = SpeculationAutopilot("on", 3, has_draft=True, lookup=False)
+    decoder = SpeculativeDecoder(target.model, held, drafter, controller, TokenDistribution(settings()), max_tokens=9)
+    drafter.start(prompt)
+    drafter.observe_tokens(sequence[len(prompt) :])
+    decoder._draft_ready, decoder._held = True, len(sequence) - 1
+    assert drafter.unseen() == 40
+    drafter.draft = _TimedDraft(draft, clock)  # from here its calls are timed
+    steps = decoder._draft_cycle(sequence, 3)
+    assert [token for token, _ in steps] == expected[: len(steps)]
+    assert drafter.draft.fed == [40, 1, 1, 1]  # the catch-up, then one token a draft step
+    assert controller.t_draft.value == pytest.approx(0.002)  # a step's cost, not the catch-up's
+    assert decoder._catch_up_s == pytest.approx(0.041 / 40)
+    assert decoder.stats.draft_s == pytest.approx(0.041 + 0.006)
 
 
 def test_auto_skips_a_draft_that_would_read_a_long_prompt_for_a_short_answer(models):
@@ -444,7 +507,9 @@ def test_only_a_same_tokenizer_draft_scouts(models):
         controller = SpeculationAutopilot("auto", 3, has_draft=True, lookup=False, cost_ratio=0.01)
         held = PromptCache(target.model)
         held.layers = cache
-        decoder = SpeculativeDecoder(target.model, held, drafter, controller, dist, rule="match", max_tokens=40)
+        # (120 tokens: the tiny cross draft's near-character tokens miss 17 in the first 8 plain
+        # steps, and a first catch-up may read at most a quarter of what is left to answer)
+        decoder = SpeculativeDecoder(target.model, held, drafter, controller, dist, rule="match", max_tokens=120)
         list(decoder.steps(prompt))
         scouted[name] = decoder.stats.scouted
         assert decoder.stats.cycles > 0  # both drafted

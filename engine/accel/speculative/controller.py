@@ -226,16 +226,17 @@ class DraftLengthController:
             for k in range(1, self.max_k + 1)
         )
 
-    def saving_per_token(self) -> float:
-        """Seconds a token drafting would save over plain decoding at the acceptance measured
-        so far and the best k (0 where it would lose): what reading the tokens a draft
-        missed has to be paid back from."""
+    def saving_per_token(self, against: float | None = None) -> float:
+        """Seconds a token drafting would save over plain decoding (or over `against`
+        seconds a token, what decoding without the draft has been costing when faster: lookups)
+        at the acceptance measured so far and the best k (0 where it would lose): what
+        reading the tokens a draft missed has to be paid back from."""
         ratio, t = self.draft_ratio(), self.t_plain.value
         if ratio is None or t is None:
             return float("inf")  # nothing measured to weigh it by
         ks = range(1, self.max_k + 1)
         speed = max(expected_tokens(self.alpha, k) / (k * ratio * t + self.verify_time(k)) for k in ks)
-        return max(0.0, t - 1.0 / speed)
+        return max(0.0, min(t, against or t) - 1.0 / speed)
 
     def plain_run(self) -> int:
         """How many plain steps to take before asking again (they can then be pipelined)."""

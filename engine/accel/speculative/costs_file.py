@@ -21,7 +21,9 @@ from engine.accel.speculative.controller import PairCosts
 log = logging.getLogger(__name__)
 
 FILE_NAME = "speculation_costs.json"
-VERSION = 1
+# 2: draft steps timed without the catch-up a proposal used to read first (version 1 files
+# could hold a 0.5B draft's step at ~5x its 1.5B target's, and never measure it again)
+VERSION = 2
 
 
 def default_path() -> Path:

@@ -49,6 +49,11 @@ AUTO_MAX_CATCH_UP = 8
 # A draft's catch-up (reading the tokens it missed) is timed, and weighed, from this many
 # tokens: a batched pass worth pricing per token (fewer, the next proposal feeds anyway).
 CATCH_UP_FROM = 8
+# Before a turn has measured the draft's acceptance, a catch-up to scout it may read at most
+# this share of the tokens left to answer (exploring; later ones must pay back). Counted in
+# tokens, not timed: a small draft's per-token catch-up timing carries its call overheads.
+EXPLORE_SHARE = 0.25
+PACE_DECAY = 0.8  # per plain run or lookup cycle, in the pace a catch-up is weighed against
 
 
 @dataclass
@@ -154,6 +159,8 @@ class SpeculativeDecoder:
         self._draft_ready = False
         self._draft_failed = drafter is None
         self._catch_up_s: float | None = None  # the draft's reading of missed tokens, per token
+        # seconds and tokens of the turn's recent decoding without the draft (plain, lookups)
+        self._pace = [0.0, 0.0]
         self._alpha_this_turn = False  # a scout or a draft cycle has measured α in this turn
         self._offer_at = -1  # the context length the offer below was looked up at
         self._offer: LookupOffer | None = None
@@ -291,14 +298,28 @@ class SpeculativeDecoder:
         on code, a 0.5B draft's catch-ups after 64- and 105-token plain runs cost Qwen-1.5B
         12% of a turn it never drafted in. Worth it only while drafting the rest of the
         answer at the acceptance measured so far would win back more than the reading costs.
-        Until this turn has measured α (a scout or a cycle) it is not weighed: the
-        conversation's α may be another content's."""
-        if self.controller.mode != "auto" or not self._alpha_this_turn or self._catch_up_s is None:
+        Until this turn has measured α (a scout or a cycle; the conversation's α may be
+        another content's), a catch-up may explore if it reads at most EXPLORE_SHARE of the
+        tokens left: 66 tokens into a follow-up, all looked up, a 0.5B draft's first scout read
+        them for 0.31 s (the 1.5B target's step: ~40 ms), and no draft then beat a lookup."""
+        if self.controller.mode != "auto":
             return True
         missed = self.drafter.unseen()
         if missed < CATCH_UP_FROM:
             return True
-        return missed * self._catch_up_s < left * self.controller.saving_per_token()
+        if not self._alpha_this_turn:
+            return missed <= EXPLORE_SHARE * left
+        if self._catch_up_s is None:
+            return True
+        # against what decoding without the draft has been costing: where lookups carry the
+        # answer, the draft must beat them, not plain steps (a follow-up's scouts read ~130
+        # looked-up tokens each for a draft that then never beat a lookup)
+        pace = self._pace[0] / self._pace[1] if self._pace[1] else None
+        return missed * self._catch_up_s < left * self.controller.saving_per_token(pace)
+
+    def _note_pace(self, seconds: float, tokens: int) -> None:
+        """Decoding without the draft took `seconds` for `tokens` (recent events weigh more)."""
+        self._pace = [PACE_DECAY * self._pace[0] + seconds, PACE_DECAY * self._pace[1] + tokens]
 
     def _drop_draft(self, exc: Exception) -> EngineWarned:
         """The draft costs speed, never the answer: decode the rest of the turn plainly."""
@@ -324,6 +345,18 @@ class SpeculativeDecoder:
             self._alpha_this_turn = True
             self.stats.scouted += scored[1]
             self.controller.observe_scout(*scored)
+
+    def _read_unseen(self) -> None:
+        """The draft reads the tokens it missed (plain steps, lookups) before it proposes,
+        timed as a catch-up. Read in the proposal's first step, their cost counted as
+        drafting: after a follow-up's lookups a 0.5B draft's step measured 4.9x its 1.5B
+        target's, which `auto` kept (and stored) as "drafting cannot pay"."""
+        started = time.perf_counter()
+        read = self._to_draft(self.drafter.read_unseen)
+        elapsed = time.perf_counter() - started
+        self.stats.draft_s += elapsed
+        if read:
+            self._time_catch_up(elapsed, read)
 
     def _plain_run(self, sequence: list[int], count: int) -> Iterator[tuple[int, str]]:
         """Up to `count` plain target steps. Without logits processors they are pipelined like
@@ -367,6 +400,7 @@ class SpeculativeDecoder:
         # A run that traced the step (a turn's first, or buffers grown) is not timed.
         if not traced:
             self.controller.observe_plain((last - started) / count, count)
+            self._note_pace(last - started, count)
 
     def _start_compiled_run(self) -> None:
         if not self._compiled_off:
@@ -419,6 +453,7 @@ class SpeculativeDecoder:
         self.stats.plain_s += elapsed
         if timed:
             self.controller.observe_plain(elapsed)
+            self._note_pace(elapsed, 1)
         if tell_draft and self._draft_ready:
             self._to_draft(self.drafter.observe_tokens, [token])
 
@@ -440,6 +475,10 @@ class SpeculativeDecoder:
         return item_int(self.dist.draw(logits, sequence, []))
 
     def _draft_cycle(self, sequence: list[int], k: int) -> list[tuple[int, str]]:
+        if self.drafter.unseen() >= CATCH_UP_FROM:
+            self._read_unseen()
+            if self._draft_failed:
+                return [(self._plain(sequence), "")]
         started = time.perf_counter()
         proposal: Proposal | None = self._to_draft(self.drafter.propose, k, self.controller.stop_below())
         if proposal is None:
@@ -476,6 +515,7 @@ class SpeculativeDecoder:
         self.stats.lookup_tokens += k
         self.stats.lookup_accepted += n
         self.controller.observe_lookup_cycle(offer, proposed=k, accepted=n, verify_s=verified)
+        self._note_pace(verified, n + 1)
         return [(t, "lookup" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
 
     def _verify(self, sequence: list[int], proposal: Proposal) -> tuple[int, int, float]:

@@ -95,14 +95,9 @@ class _Drafter:
         draft on them: (Σ q(next token), positions), q being the draft's sampling
         distribution (one-hot when greedy). Its mean estimates acceptance (Σ p·q, the
         match rule's, a lower bound of rejection's) without running the target."""
-        feed = self.pending[:-1]  # the last pending token is fed with the next proposal
-        if self.tc.layers is None or not feed:
+        feed = self._unseen_feed()
+        if not feed:
             return 0.0, 0
-        if len(self.tc.tokens) + len(self.pending) + 1 > self.draft.context_length:
-            raise DraftUnavailable(
-                f"the draft holds {self.draft.context_length} tokens, "
-                f"this conversation needs {len(self.tc.tokens) + len(self.pending)}"
-            )
         history = self.tc.tokens + feed[:1]
         logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0]  # (n, V)
         self.tc.tokens += feed
@@ -116,6 +111,31 @@ class _Drafter:
         """Tokens the draft must read before it can propose or scout (missed plain steps),
         besides the last, which a proposal feeds anyway."""
         return max(0, len(self.pending) - 1)
+
+    def read_unseen(self) -> int:
+        """Read the unseen tokens in one pass (their keys and values only: no logits);
+        returns how many. A proposal would read them in its first step, where their cost
+        would count as drafting."""
+        feed, layers = self._unseen_feed(), self.tc.layers
+        if not feed or layers is None:
+            return 0
+        self.draft.model(mx.array(feed)[None], cache=layers)
+        self.tc.tokens += feed
+        self.pending = self.pending[-1:]
+        mx.eval([layer.state for layer in layers])
+        return len(feed)
+
+    def _unseen_feed(self) -> list[int]:
+        """The pending tokens but the last (the next proposal feeds it), if the draft holds them."""
+        feed = self.pending[:-1]
+        if self.tc.layers is None or not feed:
+            return []
+        if len(self.tc.tokens) + len(self.pending) + 1 > self.draft.context_length:
+            raise DraftUnavailable(
+                f"the draft holds {self.draft.context_length} tokens, "
+                f"this conversation needs {len(self.tc.tokens) + len(self.pending)}"
+            )
+        return feed
 
     def commit(self, proposal: Proposal, accepted: int, token: int) -> None:
         """The target kept `accepted` proposed tokens, then chose `token`."""
