@@ -311,6 +311,65 @@ def test_a_short_pipelined_run_times_its_steps_at_their_cost(models, monkeypatch
     assert decoder.controller.t_plain.value == pytest.approx(step)
 
 
+def _run_decoder(models, max_tokens=32):
+    from engine.accel.speculative.controller import PairCosts
+    from engine.accel.speculative.pair import LookupOnly
+
+    target = models["llama"]
+    cache = PromptCache(target.model)
+    prompt = target.tokenizer.encode(PROMPT)
+    list(cache.sync(prompt[:-1], 64))  # as a turn's prefill leaves it
+    decoder = LookupOnly(target).make_decoder(
+        cache, settings(), max_tokens=max_tokens, costs=PairCosts(), index=ContextIndex()
+    )
+    decoder._held = len(prompt) - 1
+    return decoder, list(prompt)
+
+
+def _counting_queue(decoder):
+    queued = []
+    original = decoder._queue_step
+
+    def queue(token):
+        queued.append(token)
+        return original(token)
+
+    decoder._queue_step = queue
+    return queued
+
+
+def test_a_plain_run_queues_no_step_behind_a_token_a_lookup_would_follow(models):
+    """A pipelined run queues the next step before it reads a token. When the context's
+    offer says a lookup would pay right after the token in flight, that step would cost a
+    plain step for one token the lookup's verify pass checks for a row's cost: the run
+    queues nothing behind it, and ends at once when the lookup does pay."""
+    decoder, sequence = _run_decoder(models)
+    queued = _counting_queue(decoder)
+    decoder._lookup_offer = lambda: LookupOffer([1, 2, 3], 8)
+    decoder.controller.lookup_pays = lambda offer: offer is not None
+    assert len(list(decoder._plain_run(sequence, 8))) == 1  # the old run read the queued step too: 2
+    assert len(queued) == 1
+    assert decoder._held == len(sequence) - 1  # no step beyond the token read went into the cache
+
+
+def test_a_lookup_that_does_not_come_leaves_the_run_unpipelined_and_its_tokens_unchanged(models):
+    """The offer predicts its first token; when the target chose another, the lookup does not
+    pay after all and the run goes on, queuing each step after its token is read: the same
+    tokens as a pipelined run."""
+    pipelined, sequence = _run_decoder(models)
+    pipelined._lookup_offer = lambda: LookupOffer([1, 2, 3], 8)
+    pipelined.controller.lookup_pays = lambda offer: False
+    expected = [token for token, _ in pipelined._plain_run(list(sequence), 8)]
+
+    decoder, sequence = _run_decoder(models)
+    queued = _counting_queue(decoder)
+    decoder._lookup_offer = lambda: LookupOffer([1, 2, 3], 8)
+    decoder.controller.lookup_pays = lambda offer: offer is not None and offer.match == 9  # the predicted one only
+    assert [token for token, _ in decoder._plain_run(sequence, 8)] == expected
+    assert len(queued) == 8
+    assert decoder._held == len(sequence) - 1
+
+
 def test_a_faster_draft_wins_over_a_weak_lookup_and_loses_to_a_quote():
     pilot = _warmed(has_draft=True, cost_ratio=0.05)
     for _ in range(20):  # the draft keeps 90% of its tokens, at 5% of a target step
