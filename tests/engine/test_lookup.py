@@ -370,6 +370,21 @@ def test_a_lookup_that_does_not_come_leaves_the_run_unpipelined_and_its_tokens_u
     assert decoder._held == len(sequence) - 1
 
 
+def test_a_verify_pass_is_dispatched_ahead_through_the_targets_cache(models, monkeypatch):
+    """Its first layers run while Python builds the rest (engine/dispatch_ahead.py)."""
+    decoder, sequence = _run_decoder(models)
+    entered = []
+    real = speculative.dispatching_ahead
+
+    def recording(layers):
+        entered.append(layers)
+        return real(layers)
+
+    monkeypatch.setattr(speculative, "dispatching_ahead", recording)
+    decoder._lookup_cycle(sequence, LookupOffer([1, 2, 3], 8), 3)
+    assert entered == [decoder.cache]
+
+
 def test_a_faster_draft_wins_over_a_weak_lookup_and_loses_to_a_quote():
     pilot = _warmed(has_draft=True, cost_ratio=0.05)
     for _ in range(20):  # the draft keeps 90% of its tokens, at 5% of a target step

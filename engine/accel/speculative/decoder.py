@@ -35,6 +35,7 @@ from engine.accel.speculative.drafters import DraftUnavailable, Proposal
 from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 from engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
 from engine.compiled_decode import CompiledRun, traced_step, why_not_compiled
+from engine.dispatch_ahead import dispatching_ahead
 from engine.events import EngineWarned
 from engine.mx_values import float_list, int_list, item_float, item_int
 from engine.sampling import TokenDistribution, sample
@@ -453,7 +454,8 @@ class SpeculativeDecoder:
 
     def _plain(self, sequence: list[int], *, tell_draft: bool = True) -> int:
         started = time.perf_counter()
-        logits = self.model(mx.array(sequence[-1:])[None], cache=self.cache)[0]  # (1, V)
+        with dispatching_ahead(self.cache):
+            logits = self.model(mx.array(sequence[-1:])[None], cache=self.cache)[0]  # (1, V)
         self._held += 1
         token = self._sample_one(logits, sequence)
         self._after_plain(sequence, token, time.perf_counter() - started, tell_draft=tell_draft)
@@ -542,7 +544,8 @@ class SpeculativeDecoder:
         candidates = proposal.tokens
         feed = sequence[-1:] + candidates
         checkpoint = CacheCheckpoint(self.cache, len(feed))
-        logits = self.model(mx.array(feed)[None], cache=self.cache)[0]  # (m+1, V)
+        with dispatching_ahead(self.cache):  # the first layers run while Python builds the rest
+            logits = self.model(mx.array(feed)[None], cache=self.cache)[0]  # (m+1, V)
         n, token = self._accept(logits, sequence, proposal)
         checkpoint.rewind(self.model, feed, 1 + n)
         self._held += 1 + n

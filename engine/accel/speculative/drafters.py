@@ -18,6 +18,7 @@ import mlx.core as mx
 from engine.accel.speculative.rewind import CacheCheckpoint
 from engine.accel.translate import decode_text, encode_with_spans
 from engine.cache import PromptCache
+from engine.dispatch_ahead import dispatching_ahead
 from engine.mx_values import item_float, item_int
 from engine.sampling import TokenDistribution, sample
 
@@ -72,7 +73,8 @@ class _Drafter:
         self._mark = (CacheCheckpoint(self.tc.layers, len(self.pending) + k), len(self.tc.tokens))
         feed, drafted, rows = list(self.pending), list[int](), list[mx.array]()
         for i in range(k):
-            logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0, -1:]  # (1, V)
+            with dispatching_ahead(self.tc.layers):
+                logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0, -1:]  # (1, V)
             self.tc.tokens += feed
             probs = self.dist.probs(logits, history + drafted, [])
             token = item_int(mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs))
@@ -99,7 +101,8 @@ class _Drafter:
         if not feed:
             return 0.0, 0
         history = self.tc.tokens + feed[:1]
-        logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0]  # (n, V)
+        with dispatching_ahead(self.tc.layers):
+            logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0]  # (n, V)
         self.tc.tokens += feed
         self.pending = self.pending[-1:]
         q = self.dist.probs(logits, history, feed[1:])
@@ -119,7 +122,8 @@ class _Drafter:
         feed, layers = self._unseen_feed(), self.tc.layers
         if not feed or layers is None:
             return 0
-        self.draft.model(mx.array(feed)[None], cache=layers)
+        with dispatching_ahead(layers):
+            self.draft.model(mx.array(feed)[None], cache=layers)
         self.tc.tokens += feed
         self.pending = self.pending[-1:]
         mx.eval([layer.state for layer in layers])
