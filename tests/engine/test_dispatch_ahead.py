@@ -63,3 +63,20 @@ def test_layers_are_restored_when_the_pass_fails(models):
         assert any("update_and_fetch" in vars(layer) for layer in layers)
         raise RuntimeError("a pass that failed")
     assert not any("update_and_fetch" in vars(layer) for layer in layers)
+
+
+def test_a_packed_cache_pass_dispatched_ahead_computes_the_same(tmp_path):
+    """Packed layers store tuples of codes, scales and biases: each is dispatched."""
+    from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
+    from tests.tiny_models import make_tiny_model
+
+    lm = load_folder(make_tiny_model(tmp_path / "m", "llama", hidden_size=256))  # head dim 64: groups of 32 fit
+    prompt, feed = list(range(3, 40)), [7, 8, 9]
+    whole, ahead = _prefilled(lm, prompt), _prefilled(lm, prompt)
+    for layers in (whole, ahead):
+        maybe_quantize_kv_cache(layers, k_bits=8, v_bits=4, group_size=32, start=0)
+        assert all(isinstance(layer, PackedKVCache) for layer in layers)
+    expected = lm.model(mx.array(feed)[None], cache=whole)
+    with dispatching_ahead(ahead):
+        got = lm.model(mx.array(feed)[None], cache=ahead)
+    assert mx.array_equal(got, expected).item()
