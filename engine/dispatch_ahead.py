@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from typing import Iterator
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 EVERY = 2  # layers per dispatch: each async_eval has a cost of its own
 
@@ -26,7 +25,7 @@ EVERY = 2  # layers per dispatch: each async_eval has a cost of its own
 def _dispatching(update):
     def update_and_dispatch(keys, values):
         out = update(keys, values)
-        mx.async_eval([a for _, a in tree_flatten(out) if isinstance(a, mx.array)])
+        mx.async_eval(out)  # a tree (a packed layer's codes, scales, biases); other leaves are skipped
         return out
 
     return update_and_dispatch

@@ -72,23 +72,23 @@ class _Drafter:
         is unsure the target usually disagrees, and every token drafted past it is wasted."""
         self._mark = (CacheCheckpoint(self.tc.layers, len(self.pending) + k), len(self.tc.tokens))
         feed, drafted, rows = list(self.pending), list[int](), list[mx.array]()
-        for i in range(k):
-            with dispatching_ahead(self.tc.layers):
+        with dispatching_ahead(self.tc.layers):
+            for i in range(k):
                 logits = self.draft.model(mx.array(feed)[None], cache=self.tc.layers)[0, -1:]  # (1, V)
-            self.tc.tokens += feed
-            probs = self.dist.probs(logits, history + drafted, [])
-            token = item_int(mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs))
-            drafted.append(token)
-            rows.append(probs)
-            if token in eos:
-                break
-            if (
-                stop_below
-                and i + 1 < k
-                and self.dist.confidence(logits, probs, history + drafted[:-1], token) < stop_below
-            ):
-                break
-            feed = [token]
+                self.tc.tokens += feed
+                probs = self.dist.probs(logits, history + drafted, [])
+                token = item_int(mx.argmax(probs, axis=-1) if self.dist.greedy else sample(probs))
+                drafted.append(token)
+                rows.append(probs)
+                if token in eos:
+                    break
+                if (
+                    stop_below
+                    and i + 1 < k
+                    and self.dist.confidence(logits, probs, history + drafted[:-1], token) < stop_below
+                ):
+                    break
+                feed = [token]
         self.pending = []
         return drafted, rows
 
