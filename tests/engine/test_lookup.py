@@ -370,6 +370,25 @@ def test_a_lookup_that_does_not_come_leaves_the_run_unpipelined_and_its_tokens_u
     assert decoder._held == len(sequence) - 1
 
 
+def test_a_plain_run_traces_its_compiled_step_once(models, monkeypatch):
+    """The run's first token went in as int32 and the rest as argmax's uint32: each dtype was
+    a trace of its own (~6.5 ms for SmolLM2), twice a turn."""
+    from engine import compiled_decode
+
+    slots = []
+    real = compiled_decode._FixedSlot.__init__
+
+    def counting(self, *args):
+        slots.append(1)  # made only while the step is traced
+        real(self, *args)
+
+    monkeypatch.setattr(compiled_decode._FixedSlot, "__init__", counting)
+    decoder, sequence = _run_decoder(models)
+    assert len(list(decoder._plain_run(sequence, 4))) == 4
+    assert decoder.metrics()["decode_step"] == "compiled"
+    assert len(slots) == len(decoder.cache)  # one trace: a slot per layer
+
+
 def test_a_verify_pass_is_dispatched_ahead_through_the_targets_cache(models, monkeypatch):
     """Its first layers run while Python builds the rest (engine/dispatch_ahead.py)."""
     decoder, sequence = _run_decoder(models)

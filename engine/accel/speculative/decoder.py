@@ -375,7 +375,7 @@ class SpeculativeDecoder:
         traced = self._run is not None and self._step is not step_before  # a turn's first run traces
         grown = self._run.grown if self._run is not None else 0
         try:
-            current = self._queue_step(mx.array(sequence[-1:]))
+            current = self._queue_step(mx.array(sequence[-1:], dtype=mx.uint32))  # as argmax gives: one trace
             last = started
             i = 0
             while True:
