@@ -274,6 +274,24 @@ def test_before_any_verify_is_timed_a_cpu_turn_does_not_bet_on_a_long_lookup(mod
     assert gpu.pick(even_odds, draft_usable=False)[1] >= 4
 
 
+def _run_decoder(models, *, indexed=False):
+    """A lookup-only decoder on the tiny llama, its cache as a turn's prefill leaves it (the
+    prompt but its last token), and the prompt; `indexed`: the prompt in its context index."""
+    from engine.accel.speculative.controller import PairCosts
+    from engine.accel.speculative.pair import LookupOnly
+
+    target = models["llama"]
+    cache = PromptCache(target.model)
+    prompt = target.tokenizer.encode(PROMPT)
+    list(cache.sync(prompt[:-1], 64))
+    index = ContextIndex()
+    if indexed:
+        index.extend(prompt)
+    decoder = LookupOnly(target).make_decoder(cache, settings(), max_tokens=32, costs=PairCosts(), index=index)
+    decoder._held = len(prompt) - 1  # as steps() starts
+    return decoder, list(prompt)
+
+
 @pytest.mark.parametrize("count", [2, 3, 8])
 def test_a_short_pipelined_run_times_its_steps_at_their_cost(models, monkeypatch, count):
     """Reading a pipelined token back may wait for the step queued after it too: a run's
@@ -281,16 +299,7 @@ def test_a_short_pipelined_run_times_its_steps_at_their_cost(models, monkeypatch
     of 2-4 steps read SmolLM2's 7 ms step as 4-6 ms (2 steps: as nothing), and every verify
     pass then looked dearer than it was. The run is timed from its first step's queueing;
     a run that traced the step is not timed at all."""
-    from engine.accel.speculative.controller import PairCosts
-    from engine.accel.speculative.pair import LookupOnly
-
-    target = models["llama"]
-    cache = PromptCache(target.model)
-    prompt = target.tokenizer.encode(PROMPT)
-    list(cache.sync(prompt[:-1], 64))  # as a turn's prefill leaves it
-    index = ContextIndex()
-    index.extend(prompt)
-    decoder = LookupOnly(target).make_decoder(cache, settings(), max_tokens=32, costs=PairCosts(), index=index)
+    decoder, sequence = _run_decoder(models, indexed=True)
     step, clock, reads = 0.01, [0.0], [0]
 
     def read_back(token):  # the stream: the first read waits two steps, the last one none
@@ -300,8 +309,7 @@ def test_a_short_pipelined_run_times_its_steps_at_their_cost(models, monkeypatch
 
     monkeypatch.setattr(speculative.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(speculative, "item_int", read_back)
-    sequence, run = list(prompt), count
-    decoder._held = len(prompt) - 1  # as steps() starts: the cache holds the prompt but its last token
+    run = count
     list(decoder._plain_run(sequence, count))  # the turn's first run traces the step: untimed
     assert decoder.metrics()["decode_step"] == "compiled"
     assert decoder.controller.plain_samples == 0 and decoder.controller.t_plain.value is None
@@ -309,21 +317,6 @@ def test_a_short_pipelined_run_times_its_steps_at_their_cost(models, monkeypatch
     list(decoder._plain_run(sequence, count))
     assert decoder.controller.plain_samples == count
     assert decoder.controller.t_plain.value == pytest.approx(step)
-
-
-def _run_decoder(models, max_tokens=32):
-    from engine.accel.speculative.controller import PairCosts
-    from engine.accel.speculative.pair import LookupOnly
-
-    target = models["llama"]
-    cache = PromptCache(target.model)
-    prompt = target.tokenizer.encode(PROMPT)
-    list(cache.sync(prompt[:-1], 64))  # as a turn's prefill leaves it
-    decoder = LookupOnly(target).make_decoder(
-        cache, settings(), max_tokens=max_tokens, costs=PairCosts(), index=ContextIndex()
-    )
-    decoder._held = len(prompt) - 1
-    return decoder, list(prompt)
 
 
 def _counting_queue(decoder):
