@@ -382,6 +382,24 @@ def test_a_plain_run_traces_its_compiled_step_once(models, monkeypatch):
     assert len(slots) == len(decoder.cache)  # one trace: a slot per layer
 
 
+def test_a_turn_asks_once_whether_its_plain_runs_can_be_compiled(models, monkeypatch):
+    """The check walks the model's modules (~1.6 ms for SmolLM2); a grounded answer's
+    lookups split a turn into ~20 plain runs, and each run asked again."""
+    asked = []
+    real = speculative.why_not_compiled
+
+    def counting(*args, **kwargs):
+        asked.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(speculative, "why_not_compiled", counting)
+    decoder, sequence = _run_decoder(models)
+    for _ in range(3):
+        assert len(list(decoder._plain_run(sequence, 2))) == 2
+    assert decoder.metrics()["decode_step"] == "compiled"
+    assert asked == [1]
+
+
 def test_a_verify_pass_is_dispatched_ahead_through_the_targets_cache(models, monkeypatch):
     """Its first layers run while Python builds the rest (engine/dispatch_ahead.py)."""
     decoder, sequence = _run_decoder(models)

@@ -171,6 +171,7 @@ class SpeculativeDecoder:
         self._run: CompiledRun | None = None
         self._kv_bits = dist.settings.kv_precision()
         self._compiled_off: str | None = None  # why plain runs call the model instead, once known
+        self._compiled_checked = False  # asked once a turn: the answer cannot change within it
 
     def metrics(self) -> dict:
         """The turn's speculation metrics, with the draft step's cost in target steps when
@@ -421,7 +422,10 @@ class SpeculativeDecoder:
         return self.controller.lookup_pays(LookupOffer(offer.tokens[1:], offer.match + 1))
 
     def _start_compiled_run(self) -> None:
-        if not self._compiled_off:
+        # once a turn, not once a run: the check walks the model's modules (~1.6 ms for
+        # SmolLM2), and a grounded answer's lookups split it into ~20 runs
+        if not self._compiled_checked:
+            self._compiled_checked = True
             self._compiled_off = why_not_compiled(self.prompt_cache.model, self.cache, kv_bits=self._kv_bits)
         if self._compiled_off:
             return
