@@ -171,6 +171,9 @@ def load() -> ModuleType | None:
 
 def status() -> prebuilt.Loaded:
     """Which module is in use and where it came from (`brisk info` reports it)."""
+    loaded = _state.get("loaded")  # once set it stays: read without the lock (every layer asks)
+    if loaded is not None:
+        return loaded
     with _lock:
         if "loaded" not in _state:
             off = [name for name in ("BRISK_NATIVE_KERNELS", "BRISK_MLX_PRIMITIVES") if os.environ.get(name) == "0"]

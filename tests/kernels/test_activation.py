@@ -7,7 +7,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernels import activation, mlx_extension
+from kernels import activation, mlx_extension, native_attention
 from kernels.activation import (
     MLX_LM_SWIGLU,
     mlx_activation_only,
@@ -58,12 +58,12 @@ def test_strided_inputs_are_read_through_their_strides():
     assert mx.allclose(got, swiglu_reference(gate.T, x), rtol=2e-6, atol=1e-7).item()
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_bits(threads, monkeypatch):
     gate, x = mx.random.normal((5, 20000)), mx.random.normal((5, 20000))  # several units of 16,384
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", "1")
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", 1)
     one = swiglu_native(gate, x)
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
     assert mx.array_equal(swiglu_native(gate, x), one).item()
 
 

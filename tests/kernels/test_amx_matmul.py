@@ -6,7 +6,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from kernels import native
+from kernels import native, native_attention
 from kernels.quantized_matmul import integer_products, quantized_matmul_native, quantized_matmul_reference
 from tests.kernels.test_quantized_matmul import _integer_rounded, _quantized
 
@@ -78,14 +78,14 @@ def test_amx_off_keeps_sgemm():
     assert mx.abs(on - want).max().item() > 1e-5 * mx.abs(want).max().item()  # the integers: another path
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_bits(threads, monkeypatch):
     _skip_without_amx()
     packed, scales, biases = _quantized(100, 256, 4, 32, mx.float16, seed=5)
     x = mx.random.normal((70, 256))
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", "1")
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", 1)
     one = quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=32)
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
     for _ in range(5):
         assert mx.array_equal(quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=32), one).item()
 

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from kernels import fused_attention, mlx_extension
+from kernels import fused_attention, mlx_extension, native_attention
 from kernels.coarse import coarse_products
 from kernels.fused_attention import (
     attention_native,
@@ -281,8 +281,8 @@ def test_long_chunks_give_the_same_bits_on_any_number_of_threads(monkeypatch):
     """Work units (six rows of a head in attention_flash.cpp) never share a row's sums."""
     q, k, v = _problem((1, 6, 2, 100, 300, 64), mx.float16)
     results = []
-    for threads in ("1", "2", "7"):
-        monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    for threads in (1, 2, 7):
+        monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
         results.append(attention_native(q, k, v, scale=0.125, mask="causal"))
         mx.eval(results[-1])
     assert all(mx.array_equal(results[0], other).item() for other in results[1:])

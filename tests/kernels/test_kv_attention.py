@@ -7,7 +7,7 @@ from unittest import mock
 import mlx.core as mx
 import pytest
 
-from kernels import mlx_extension, native
+from kernels import mlx_extension, native, native_attention
 from kernels.kv_attention import (
     kv_attention,
     kv_attention_dequantized,
@@ -105,7 +105,7 @@ def test_native_head_dims(d):
 def test_native_spreads_long_contexts_over_threads_on_group_bounds(monkeypatch):
     """Blocks split across threads must start on packed groups: an odd split would read a
     group's scales for the wrong tokens."""
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", "3")
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", 3)
     q, k, v = make(2, 1, 1, 45 * TOKEN_GROUP + 11, 64, seed=3)
     kl, vl = layout("channel", k, 4, 11), layout("token", v, 4)
     ref = kv_attention_reference(q, kl, vl, scale=0.125)

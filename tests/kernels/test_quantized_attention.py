@@ -5,7 +5,7 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from kernels import native
+from kernels import native, native_attention
 from kernels.native_attention import NativeUnsupported, quantized_attention_native
 from kernels.quantized_attention import (
     quantized_attention,
@@ -133,8 +133,8 @@ def test_native_splits_long_contexts_across_threads_and_merges(monkeypatch):
     q, qk, qv = make(1, 8, 2, 3, 5000, 64, 32, 4, seed=5)
     kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
     ref = quantized_attention_reference(q, qk, qv, **kw)
-    for threads in ("1", "2", "7"):
-        monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    for threads in (1, 2, 7):
+        monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
         assert mx.allclose(quantized_attention_native(q, qk, qv, **kw), ref, atol=1e-4, rtol=1e-4).item()
 
 

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from kernels import native, quantized_matmul
+from kernels import native, native_attention, quantized_matmul
 from kernels.native_attention import NativeUnsupported
 from kernels.native_layers import blas_only, use_native_layers
 from kernels.prebuilt import Loaded
@@ -169,13 +169,13 @@ def test_vnni_and_avx2_integer_products_agree_to_float_rounding(bits):
     assert 0 < mx.abs(wide - avx2).max().item() < 1e-5 * mx.abs(avx2).max().item()
 
 
-@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_numbers(threads, monkeypatch):
     packed, scales, biases = _quantized(200, 128, 4, 32, mx.float16, seed=1)
     x = mx.random.normal((2, 128))
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", "1")
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", 1)
     one = quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=32)
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
     for _ in range(20):  # the pool's threads wake and finish each call, again and again
         assert mx.array_equal(quantized_matmul_native(x, packed, scales, biases, bits=4, group_size=32), one).item()
 

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from kernels import mlx_extension, native, skinny_matmul
+from kernels import mlx_extension, native, native_attention, skinny_matmul
 from kernels.native_attention import NativeUnsupported
 from kernels.native_layers import blas_only, use_native_layers, verify_path
 from kernels.prebuilt import Loaded
@@ -39,9 +39,9 @@ def test_native_matmul_equals_mlx(rows, k, n, with_bias):
 
 
 @needs_native
-@pytest.mark.parametrize("threads", ["1", "2", "7"])
+@pytest.mark.parametrize("threads", [1, 2, 7])
 def test_native_matmul_splits_columns_across_threads(monkeypatch, threads):
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
     x, w = mx.random.normal((1, 5, 256)), mx.random.normal((1000, 256))  # batch and position axes kept
     got = skinny_matmul_native(x, w)
     assert got.shape == (1, 5, 1000)
@@ -219,8 +219,8 @@ def test_float_gemm_gives_the_same_bits_on_any_number_of_threads(kernel_path, mo
         pytest.skip("float_gemm.cpp runs only as an MLX primitive on AVX-512 CPUs")
     x, w, bias = mx.random.normal((1, 77, 600)), mx.random.normal((200, 600)), mx.random.normal((200,))
     results = []
-    for threads in ("1", "2", "7"):
-        monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    for threads in (1, 2, 7):
+        monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
         results.append(float_gemm_native(x, w, bias))
         mx.eval(results[-1])
     assert all(mx.array_equal(results[0], other).item() for other in results[1:])

@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from kernels import mlx_extension, native, tiled_matmul
+from kernels import mlx_extension, native, native_attention, tiled_matmul
 from kernels.coarse import COARSE, coarse_products
 from kernels.native_layers import blas_only, use_native_layers
 from kernels.quantized_matmul import NativeQuantizedLinear, quantized_matmul_reference
@@ -201,13 +201,13 @@ def test_rows_alone_and_together_give_the_same_bits(bits):
 
 
 @needs_kernels
-@pytest.mark.parametrize("threads", ["1", "2", "3"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_numbers(threads, monkeypatch):
     arrays = repack_native(*_quantized(208, 256, 4, 32, seed=1), 4)
     x = mx.random.normal((9, 256))
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", "1")
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", 1)
     one = tiled_matmul_native(x, *arrays, bits=4, group_size=32)
-    monkeypatch.setenv("BRISK_KERNEL_THREADS", threads)
+    monkeypatch.setattr(native_attention, "KERNEL_THREADS", threads)
     assert mx.array_equal(tiled_matmul_native(x, *arrays, bits=4, group_size=32), one).item()
 
 
