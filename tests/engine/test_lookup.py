@@ -415,6 +415,46 @@ def test_a_verify_pass_is_dispatched_ahead_through_the_targets_cache(models, mon
     assert entered == [decoder.cache]
 
 
+def test_lookups_measured_in_draft_cycles_win_back_the_choice():
+    """While the draft's cycles run, no plain step scouts the lookup, and a lookup left at its
+    prior never beat the draft: on structured output Qwen-1.5B drafted (31-32 tok/s) where
+    lookups alone ran at 36-38. What a cycle produced says how much the lookup would have kept."""
+    pilot = _warmed(has_draft=True, cost_ratio=0.3)
+    for _ in range(20):  # the draft keeps 3 of 4 tokens, at 0.3 of a target step each
+        pilot.observe_cycle(drafted=4, proposed=4, accepted=3, draft_s=0.12, verify_s=0.15)
+    for k in (1, 4, 8):
+        pilot.observe_verify(k, 0.11 + 0.01 * k)
+    assert pilot.pick(COINCIDENCE, draft_usable=True)[0] == "draft"  # short matches start pessimistic
+    for _ in range(10):  # the target said what the lookup proposed, five tokens each cycle
+        pilot.observe_lookup_outcome(COINCIDENCE, COINCIDENCE.tokens[:5])
+    assert pilot.pick(COINCIDENCE, draft_usable=True)[0] == "lookup"
+    before = list(pilot.lookup_counts[0])
+    pilot.observe_lookup_outcome(COINCIDENCE, [0, 1, 99, 3])  # kept two, then a miss
+    assert pilot.lookup_counts[0] == pytest.approx([0.95**3 * before[0] + 2, 0.95**3 * before[1] + 1])
+
+
+def test_a_draft_cycle_tells_the_autopilot_what_the_lookup_would_have_kept(models, monkeypatch):
+    from engine.accel.speculative.controller import PairCosts
+    from engine.accel.speculative.pair import DraftPair
+
+    target = models["llama"]
+    cache = PromptCache(target.model)
+    prompt = target.tokenizer.encode(PROMPT)
+    list(cache.sync(prompt[:-1], 64))
+    pair = DraftPair.make(target, models["llama-draft"])
+    index = ContextIndex()
+    decoder = pair.make_decoder(cache, settings(spec_decode="on"), max_tokens=32, costs=PairCosts(), index=index)
+    decoder._held = len(prompt) - 1
+    sequence = list(prompt)
+    assert decoder._start_draft(prompt, sequence) is None
+    told = []
+    monkeypatch.setattr(decoder.controller, "observe_lookup_outcome", lambda *call: told.append(call))
+    offer = LookupOffer([1, 2, 3], 4)
+    steps = decoder._draft_cycle(sequence, 3, offer)
+    assert decoder.stats.draft_cycles == 1
+    assert told == [(offer, [token for token, _ in steps])]
+
+
 def test_a_faster_draft_wins_over_a_weak_lookup_and_loses_to_a_quote():
     pilot = _warmed(has_draft=True, cost_ratio=0.05)
     for _ in range(20):  # the draft keeps 90% of its tokens, at 5% of a target step

@@ -12,7 +12,8 @@ plain step.
 Lookup acceptance is measured per match-length class (a 16-token match is a quote in
 progress, a 2-token one often a coincidence), and for free: on every plain step the
 autopilot checks whether the lookup's first token would have been the target's, so prose
-where lookups miss never pays for a verify pass to find out.
+where lookups miss never pays for a verify pass to find out; on every draft cycle, how many
+of the target's tokens the lookup would have kept.
 """
 
 from __future__ import annotations
@@ -101,6 +102,18 @@ class SpeculationAutopilot(DraftLengthController):
     def observe_lookup_scout(self, offer: LookupOffer, token: int) -> None:
         """A plain step chose `token` where the lookup would have proposed offer.tokens[0]."""
         self._observe_lookup(offer, int(offer.tokens[0] == token), int(offer.tokens[0] != token))
+
+    def observe_lookup_outcome(self, offer: LookupOffer, tokens: list[int]) -> None:
+        """A draft cycle produced `tokens` (the target's own, as a plain run would have) where
+        `offer` stood: how many of them the lookup would have kept, for free. While the draft's
+        cycles run no plain step scouts the lookup, and a lookup left at its prior never beat
+        the draft: on structured output Qwen-1.5B drafted (31-32 tok/s) where lookups alone ran
+        at 36-38."""
+        limit = min(len(offer.tokens), len(tokens), LOOKUP_MAX_K)
+        kept = 0
+        while kept < limit and offer.tokens[kept] == tokens[kept]:
+            kept += 1
+        self._observe_lookup(offer, kept, 1 if kept < limit else 0)
 
     def observe_lookup_cycle(self, offer: LookupOffer, *, proposed: int, accepted: int, verify_s: float) -> None:
         self._observe_lookup(offer, accepted, 1 if accepted < proposed else 0)

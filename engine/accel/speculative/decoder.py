@@ -227,7 +227,7 @@ class SpeculativeDecoder:
                 if source == "lookup" and k > 0 and offer is not None:
                     steps = self._lookup_cycle(sequence, offer, k)
                 elif source == "draft" and k > 0:
-                    steps = self._draft_cycle(sequence, k)
+                    steps = self._draft_cycle(sequence, k, offer)
                 else:
                     steps = self._plain_run(
                         sequence,
@@ -497,7 +497,7 @@ class SpeculativeDecoder:
             return item_int(mx.argmax(self.dist.process(logits, sequence, []), axis=-1))
         return item_int(self.dist.draw(logits, sequence, []))
 
-    def _draft_cycle(self, sequence: list[int], k: int) -> list[tuple[int, str]]:
+    def _draft_cycle(self, sequence: list[int], k: int, offer: LookupOffer | None = None) -> list[tuple[int, str]]:
         if self.drafter.unseen() >= CATCH_UP_FROM:
             self._read_unseen()
             if self._draft_failed:
@@ -526,7 +526,10 @@ class SpeculativeDecoder:
         self.controller.observe_cycle(
             drafted=proposal.drafted, proposed=len(proposal.tokens), accepted=n, draft_s=draft_s, verify_s=verified
         )
-        return [(t, "draft" if i < n else "") for i, t in enumerate(proposal.tokens[:n] + [token])]
+        produced = proposal.tokens[:n] + [token]
+        if offer is not None:  # what the lookup would have kept of them (no plain step scouts it now)
+            self.controller.observe_lookup_outcome(offer, produced)
+        return [(t, "draft" if i < n else "") for i, t in enumerate(produced)]
 
     def _lookup_cycle(self, sequence: list[int], offer: LookupOffer, k: int) -> list[tuple[int, str]]:
         proposal = Proposal(offer.tokens[:k], None, 0)
