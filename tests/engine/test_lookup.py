@@ -415,6 +415,27 @@ def test_a_verify_pass_is_dispatched_ahead_through_the_targets_cache(models, mon
     assert entered == [decoder.cache]
 
 
+def test_an_offer_continuing_a_fully_kept_lookup_has_an_acceptance_of_its_own():
+    """A copied file's first lookups were verified 1, 1, 1, 2, 5 tokens at a time, pooled with
+    every other offer of their match length, while 12 would have been kept each time."""
+    pilot = _warmed()
+    tokens = list(range(12))
+    for _ in range(20):  # offers of 4-7 matched tokens are mostly wrong elsewhere in the text
+        pilot.observe_lookup_scout(LookupOffer(tokens, 5), -1)
+    for k in (1, 4, 8):
+        pilot.observe_verify(k, 0.1 + 0.01 * k)
+    fresh = LookupOffer(tokens, 6)
+    assert pilot.pick(fresh, draft_usable=False) == ("plain", 0)
+    pilot.observe_lookup_cycle(LookupOffer(tokens, 2), proposed=3, accepted=3, verify_s=0.13)
+    continuing = LookupOffer(tokens, 6)  # the same place: 2 + 3 kept + the target's own
+    source, k = pilot.pick(continuing, draft_usable=False)
+    assert source == "lookup" and k >= 6
+    pilot.observe_lookup_cycle(continuing, proposed=k, accepted=1, verify_s=0.2)
+    # kept in part: the offer with the match a continuation would have (6 + 1 + 1) is an offer of its class
+    after_it, fresh_of_its_class = LookupOffer(tokens, 8), LookupOffer(tokens, 9)
+    assert pilot.pick(after_it, draft_usable=False) == pilot.pick(fresh_of_its_class, draft_usable=False)
+
+
 def test_lookups_measured_in_draft_cycles_win_back_the_choice():
     """While the draft's cycles run, no plain step scouts the lookup, and a lookup left at its
     prior never beat the draft: on structured output Qwen-1.5B drafted (31-32 tok/s) where

@@ -24,7 +24,7 @@ from engine.accel.speculative.controller import (
     DraftLengthController,
     expected_tokens,
 )
-from engine.accel.speculative.lookup import MATCH_CLASSES, LookupOffer, match_class
+from engine.accel.speculative.lookup import MATCH_CLASSES, MAX_MATCH, LookupOffer, match_class
 
 LOOKUP_MAX_K = 12  # a quote or a copied file accepts long runs; verify cost bounds it
 # Per-token observations fade faster than the draft's per-cycle ones: the same match class
@@ -34,6 +34,13 @@ LOOKUP_DECAY = 0.95
 # matches start pessimistic (most are "of the"), long ones at even odds.
 LOOKUP_PRIOR = ((0.5, 1.5), (0.8, 1.2), (1.0, 1.0), (1.2, 0.8))
 assert len(LOOKUP_PRIOR) == len(MATCH_CLASSES)
+# An offer that continues a lookup whose every token was kept (the same place in the context:
+# its match grew by the kept tokens and the target's own) has an acceptance of its own, with
+# an optimistic prior: a copy in progress mostly goes on. Pooled with its match class, a
+# copied file's first lookups were verified 1, 1, 1, 2, 5, 2, 5, 10 tokens at a time while
+# 12 would have been kept each time; replayed over SmolLM2's answers, code edit 1.04-1.08x,
+# quote 1.03-1.05x, follow-up 1.01-1.05x, summary and prose within 1.2%.
+CONTINUATION_PRIOR = (3.0, 0.5)
 
 
 class SpeculationAutopilot(DraftLengthController):
@@ -43,10 +50,17 @@ class SpeculationAutopilot(DraftLengthController):
         super().__init__(mode, k, **kw)
         self.has_draft, self.lookup = has_draft, lookup
         self.lookup_counts = [list(prior) for prior in LOOKUP_PRIOR]
+        self.continuation_counts = list(CONTINUATION_PRIOR)
+        self._continues_at: int | None = None  # the match an offer continuing the last lookup has
 
     def lookup_alpha(self, offer: LookupOffer) -> float:
-        accepted, rejected = self.lookup_counts[match_class(offer.match)]
+        accepted, rejected = self._counts_for(offer)
         return accepted / (accepted + rejected)
+
+    def _counts_for(self, offer: LookupOffer) -> list[float]:
+        if offer.match == self._continues_at:
+            return self.continuation_counts
+        return self.lookup_counts[match_class(offer.match)]
 
     def pick(self, offer: LookupOffer | None, *, draft_usable: bool) -> tuple[str, int]:
         """("lookup" | "draft" | "plain", k) for the next cycle."""
@@ -101,6 +115,7 @@ class SpeculationAutopilot(DraftLengthController):
 
     def observe_lookup_scout(self, offer: LookupOffer, token: int) -> None:
         """A plain step chose `token` where the lookup would have proposed offer.tokens[0]."""
+        self._continues_at = None  # a plain step came between: no lookup to continue
         self._observe_lookup(offer, int(offer.tokens[0] == token), int(offer.tokens[0] != token))
 
     def observe_lookup_outcome(self, offer: LookupOffer, tokens: list[int]) -> None:
@@ -113,14 +128,17 @@ class SpeculationAutopilot(DraftLengthController):
         kept = 0
         while kept < limit and offer.tokens[kept] == tokens[kept]:
             kept += 1
+        self._continues_at = None
         self._observe_lookup(offer, kept, 1 if kept < limit else 0)
 
     def observe_lookup_cycle(self, offer: LookupOffer, *, proposed: int, accepted: int, verify_s: float) -> None:
         self._observe_lookup(offer, accepted, 1 if accepted < proposed else 0)
         self.observe_verify(proposed, verify_s)
+        # kept whole: the next offer from the same place has a match this much longer
+        self._continues_at = min(offer.match + accepted + 1, MAX_MATCH) if accepted == proposed else None
 
     def _observe_lookup(self, offer: LookupOffer, accepted: int, rejected: int) -> None:
-        counts = self.lookup_counts[match_class(offer.match)]
+        counts = self._counts_for(offer)
         fade = LOOKUP_DECAY ** (accepted + rejected)
         counts[0] = fade * counts[0] + accepted
         counts[1] = fade * counts[1] + rejected
