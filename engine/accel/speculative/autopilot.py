@@ -10,10 +10,11 @@ to scout), so it pays whenever its acceptance covers the verify pass's extra cos
 plain step.
 
 Lookup acceptance is measured per match-length class (a 16-token match is a quote in
-progress, a 2-token one often a coincidence), and for free: on every plain step the
-autopilot checks whether the lookup's first token would have been the target's, so prose
-where lookups miss never pays for a verify pass to find out; on every draft cycle, how many
-of the target's tokens the lookup would have kept.
+progress, a 2-token one often a coincidence), and apart for offers that continue a lookup
+whose every token was kept (a copy in progress). Besides the lookups' own cycles it is learnt
+for free: on every plain step the autopilot checks whether the lookup's first token would have
+been the target's, so prose where lookups miss never pays for a verify pass to find out; on
+every draft cycle, how many of the target's tokens the lookup would have kept.
 """
 
 from __future__ import annotations
