@@ -13,7 +13,7 @@ from engine.accel.speculative import decoder as speculative
 from engine.accel.speculative.autopilot import SpeculationAutopilot
 from engine.accel.speculative.controller import EXTRA_POSITION_COST
 from engine.accel.speculative.decoder import SpeculativeDecoder
-from engine.accel.speculative.lookup import AGREE, SPLIT, UNIQUE, ContextIndex, LookupOffer
+from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 from engine.cache import PromptCache
 from engine.errors import InvalidSettings
 from engine.events import TokenEmitted
@@ -55,18 +55,6 @@ def test_prefers_the_most_recent_of_equally_long_matches():
     index = ContextIndex()
     index.extend([1, 2, 3, 4, 50, 9, 2, 3, 4, 60, 9, 2, 3, 4])
     assert index.propose(2) == LookupOffer([60, 9], 4)
-
-
-def test_an_offer_says_whether_the_other_occurrences_went_on_the_same_way():
-    index = ContextIndex()
-    index.extend([1, 2, 3, 4, 9, 1, 2, 3])  # "1 2 3" once before
-    assert index.propose(2).agreement == UNIQUE
-    index.extend([4, 8, 1, 2, 3])  # twice, both times followed by 4
-    offer = index.propose(2)
-    assert offer.tokens == [4, 8] and offer.agreement == AGREE
-    index.extend([5, 1, 2, 3])  # three times: 4, 4, then 5
-    offer = index.propose(2)
-    assert offer.tokens == [5, 1] and offer.agreement == SPLIT
 
 
 def test_a_single_shared_token_proposes_nothing():
@@ -446,25 +434,6 @@ def test_an_offer_continuing_a_fully_kept_lookup_has_an_acceptance_of_its_own():
     # kept in part: the offer with the match a continuation would have (6 + 1 + 1) is an offer of its class
     after_it, fresh_of_its_class = LookupOffer(tokens, 8), LookupOffer(tokens, 9)
     assert pilot.pick(after_it, draft_usable=False) == pilot.pick(fresh_of_its_class, draft_usable=False)
-
-
-def test_offers_whose_earlier_occurrences_disagree_have_an_acceptance_of_their_own():
-    """Where the suffix went on differently before, the lookup mostly guesses wrong (SmolLM2's
-    first-token acceptance 0.25-0.56 on short matches); where every occurrence agrees, mostly
-    right. Pooled by match length, the one set the other's odds."""
-    pilot = _warmed()
-    tokens = list(range(12))
-    for k in (1, 4, 8):
-        pilot.observe_verify(k, 0.1 + 0.01 * k)
-    for _ in range(10):  # among 4-7-token matches, split offers miss and agreeing ones hold
-        pilot.observe_lookup_scout(LookupOffer(tokens, 5, SPLIT), -1)
-        pilot.observe_lookup_scout(LookupOffer(tokens, 5, AGREE), tokens[0])
-    assert pilot.pick(LookupOffer(tokens, 5, SPLIT), draft_usable=False) == ("plain", 0)
-    source, k = pilot.pick(LookupOffer(tokens, 5, AGREE), draft_usable=False)
-    assert source == "lookup" and k >= 4
-    # a single occurrence of that length is judged by its class, which neither taught
-    single = LookupOffer(tokens, 5, UNIQUE)
-    assert pilot.lookup_alpha(single) == _warmed().lookup_alpha(single)
 
 
 def test_lookups_measured_in_draft_cycles_win_back_the_choice():

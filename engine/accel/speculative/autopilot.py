@@ -10,12 +10,11 @@ to scout), so it pays whenever its acceptance covers the verify pass's extra cos
 plain step.
 
 Lookup acceptance is measured per match-length class (a 16-token match is a quote in
-progress, a 2-token one often a coincidence), apart for offers that continue a lookup whose
-every token was kept (a copy in progress), and apart for offers whose suffix occurred more
-than once, by whether the occurrences went on the same way. Besides the lookups' own cycles
-it is learnt for free: on every plain step the autopilot checks whether the lookup's first
-token would have been the target's, so prose where lookups miss never pays for a verify pass
-to find out; on every draft cycle, how many of the target's tokens the lookup would have kept.
+progress, a 2-token one often a coincidence), and apart for offers that continue a lookup
+whose every token was kept (a copy in progress). Besides the lookups' own cycles it is learnt
+for free: on every plain step the autopilot checks whether the lookup's first token would have
+been the target's, so prose where lookups miss never pays for a verify pass to find out; on
+every draft cycle, how many of the target's tokens the lookup would have kept.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from engine.accel.speculative.controller import (
     DraftLengthController,
     expected_tokens,
 )
-from engine.accel.speculative.lookup import AGREE, MATCH_CLASSES, MAX_MATCH, SPLIT, LookupOffer, match_class
+from engine.accel.speculative.lookup import MATCH_CLASSES, MAX_MATCH, LookupOffer, match_class
 
 LOOKUP_MAX_K = 12  # a quote or a copied file accepts long runs; verify cost bounds it
 # Per-token observations fade faster than the draft's per-cycle ones: the same match class
@@ -43,12 +42,6 @@ assert len(LOOKUP_PRIOR) == len(MATCH_CLASSES)
 # 12 would have been kept each time; replayed over SmolLM2's answers, code edit 1.04-1.08x,
 # quote 1.03-1.05x, follow-up 1.01-1.05x, summary and prose within 1.2%.
 CONTINUATION_PRIOR = (3.0, 0.5)
-# Offers whose suffix occurred more than once, by whether the occurrences agree on the next
-# token (lookup.py), whatever their match length. In SmolLM2's greedy answers the first token
-# was the target's in 0.6-1.0 of the offers whose occurrences agreed (per kind and match
-# length), and in 0.25-0.56 where they disagreed on a match under 8 tokens. Replayed over those
-# answers: code edit 1.06-1.12x, structured 1.02-1.04x, quote 1.01-1.03x, the others within 1%.
-AGREEMENT_PRIOR = {AGREE: (2.0, 0.5), SPLIT: (0.5, 1.5)}
 
 
 class SpeculationAutopilot(DraftLengthController):
@@ -59,7 +52,6 @@ class SpeculationAutopilot(DraftLengthController):
         self.has_draft, self.lookup = has_draft, lookup
         self.lookup_counts = [list(prior) for prior in LOOKUP_PRIOR]
         self.continuation_counts = list(CONTINUATION_PRIOR)
-        self.agreement_counts = {agreement: list(prior) for agreement, prior in AGREEMENT_PRIOR.items()}
         self._continues_at: int | None = None  # the match an offer continuing the last lookup has
 
     def lookup_alpha(self, offer: LookupOffer) -> float:
@@ -69,8 +61,6 @@ class SpeculationAutopilot(DraftLengthController):
     def _counts_for(self, offer: LookupOffer) -> list[float]:
         if offer.match == self._continues_at:
             return self.continuation_counts
-        if offer.agreement in self.agreement_counts:
-            return self.agreement_counts[offer.agreement]
         return self.lookup_counts[match_class(offer.match)]
 
     def pick(self, offer: LookupOffer | None, *, draft_usable: bool) -> tuple[str, int]:

@@ -9,11 +9,10 @@ edit or a regenerate drops what they replaced and nothing is rebuilt per token.
 
 `propose` finds where the most recent tokens occurred before, extends each candidate match
 backwards to its true length, and proposes what followed the longest one (the most recent
-on ties). It also says whether the other occurrences went on with the same token, which
-predicts acceptance beyond the match length (autopilot.py: AGREEMENT_PRIOR). The proposal
-is deterministic (q is one-hot), so the decoder's `match` rule is the exact one: the target
-samples its own token t ~ p and the proposal is kept while it equals t, i.e. accepted with
-probability p(x), and on a rejection t is distributed as p with x removed and renormalized.
+on ties). The proposal is deterministic (q is one-hot), so the decoder's `match` rule is
+the exact one: the target samples its own token t ~ p and the proposal is kept while it
+equals t, i.e. accepted with probability p(x), and on a rejection t is distributed as p with
+x removed and renormalized.
 """
 
 from __future__ import annotations
@@ -36,15 +35,10 @@ def match_class(length: int) -> int:
     return max(i for i, floor in enumerate(MATCH_CLASSES) if length >= floor)
 
 
-# How the other occurrences of the suffix went on, against the offer's first token.
-UNIQUE, AGREE, SPLIT = "unique", "agree", "split"  # no other; every other the same; not all
-
-
 @dataclass(frozen=True)
 class LookupOffer:
     tokens: list[int]  # what followed the match in the context
     match: int  # tokens of the current suffix the match covers
-    agreement: str = UNIQUE
 
 
 class ContextIndex:
@@ -99,19 +93,15 @@ class ContextIndex:
             ends = self._tables[n].get(tuple(tokens[end + 1 - n :]))
             if not ends or (len(ends) == 1 and ends[0] == end):
                 continue
-            best, best_len, starts = -1, 0, []
+            best, best_len = -1, 0
             for start in reversed(ends[-CANDIDATES - 1 :]):
                 if start == end:
                     continue  # the suffix itself
-                starts.append(start)
                 length = n
                 while length < MAX_MATCH and start - length >= 0 and tokens[start - length] == tokens[end - length]:
                     length += 1
                 if length > best_len:
                     best, best_len = start, length
             if best_len >= MIN_MATCH:
-                following = tokens[best + 1]  # start < end: every start has a next token
-                agreeing = sum(tokens[start + 1] == following for start in starts)
-                agreement = UNIQUE if len(starts) == 1 else AGREE if agreeing == len(starts) else SPLIT
-                return LookupOffer(tokens[best + 1 : best + 1 + k], best_len, agreement)
+                return LookupOffer(tokens[best + 1 : best + 1 + k], best_len)
         return None
