@@ -188,14 +188,16 @@ def test_the_kernel_is_mlx_on_x_rounded_to_integers(bits, group, dtype, rows, n,
 
 @needs_kernels
 @pytest.mark.parametrize("bits", [4, 5, 6, 8])
-def test_rows_alone_and_together_give_the_same_bits(bits):
+@pytest.mark.parametrize("rows", [2, 3, 6, 37])
+def test_rows_alone_and_together_give_the_same_bits(bits, rows):
     """A verify pass's rows and a prefill's must equal one-row decode steps bit for bit (greedy
-    speculative decoding equals plain decoding only then): 37 rows are nine tiles of four and
-    one of one; 7 tiles take decode's fours and ones and prefill's pairs and a single."""
+    speculative decoding equals plain decoding only then). Up to six rows each tile is read
+    once (6: a four and a two); 37 rows are nine fours and a one, and 7 tiles take prefill's
+    pairs and a single."""
     packed, scales, biases = repack_native(*_quantized(112, 320, bits, 64, seed=9), bits)
-    x = mx.random.normal((37, 320))
+    x = mx.random.normal((rows, 320))
     together = tiled_matmul_native(x, packed, scales, biases, bits=bits, group_size=64)
-    for i in range(37):
+    for i in range(rows):
         alone = tiled_matmul_native(x[i : i + 1], packed, scales, biases, bits=bits, group_size=64)
         assert mx.array_equal(alone[0], together[i]).item()
 
