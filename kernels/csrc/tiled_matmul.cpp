@@ -421,6 +421,19 @@ BRISK_TILED Tiled expanded_tiles(const Tiled& w, int t, int t_end, std::vector<f
 // expansion per pair of tiles cost 4- and 8-row products 4-7% (in-process A/B).
 constexpr int kReadCodesUpTo = 8;
 
+// Every row against tiles [t0, t1), C tiles side by side: the rows four at a time, then the rest.
+template <int BITS, int GROUP, int C>
+BRISK_TILED void rows_in_fours(const Tiled& w, int t0, int t1, const IntegerX& x, const float* bias, float* out) {
+  int m = 0;
+  for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, GROUP, 4, C>(w, t0, t1, x, m, bias, out);
+  switch (x.M - m) {
+    case 1: row_tile_span<BITS, GROUP, 1, C>(w, t0, t1, x, m, bias, out); break;
+    case 2: row_tile_span<BITS, GROUP, 2, C>(w, t0, t1, x, m, bias, out); break;
+    case 3: row_tile_span<BITS, GROUP, 3, C>(w, t0, t1, x, m, bias, out); break;
+    default: break;
+  }
+}
+
 // Tiles [t0, t1) of every row. One row (decode) takes one tile at a time: four tiles side by
 // side (four weight streams and eight of scales) left DRAM short, 4-bit weights reading at 28
 // GB/s against 32-36 one tile at a time (8-bit: 32 against 34.5). So do a verify pass's few
@@ -434,17 +447,8 @@ constexpr int kOneTileUpTo = 6;
 template <int BITS, int GROUP>
 BRISK_TILED void tiles_of_rows(const Tiled& w, int t0, int t1, const IntegerX& x, const float* bias, float* out) {
   if (x.M == 1) return row_tile_span<BITS, GROUP, 1, 1>(w, t0, t1, x, 0, bias, out);
-  if (x.M <= kOneTileUpTo) {  // a verify pass: each tile once, its rows in fours and the rest
-    for (int t = t0; t < t1; ++t) {
-      int m = 0;
-      for (; m + 4 <= x.M; m += 4) tile_kernel<BITS, GROUP, 4, 1>(w, t, x, m, bias, out);
-      switch (x.M - m) {
-        case 1: tile_kernel<BITS, GROUP, 1, 1>(w, t, x, m, bias, out); break;
-        case 2: tile_kernel<BITS, GROUP, 2, 1>(w, t, x, m, bias, out); break;
-        case 3: tile_kernel<BITS, GROUP, 3, 1>(w, t, x, m, bias, out); break;
-        default: break;
-      }
-    }
+  if (x.M <= kOneTileUpTo) {  // a verify pass: each tile once
+    for (int t = t0; t < t1; ++t) rows_in_fours<BITS, GROUP, 1>(w, t, t + 1, x, bias, out);
     return;
   }
   thread_local std::vector<float> buffer;
@@ -456,14 +460,7 @@ BRISK_TILED void tiles_of_rows(const Tiled& w, int t0, int t1, const IntegerX& x
     const int a = codes ? 0 : t, b = codes ? t_end - t : t_end;
     const float* pair_bias = codes && bias ? bias + t * kTile : bias;
     float* pair_out = codes ? out + t * kTile : out;
-    int m = 0;
-    for (; m + 4 <= x.M; m += 4) row_tile_span<BITS, GROUP, 4, 2>(pair, a, b, x, m, pair_bias, pair_out);
-    switch (x.M - m) {
-      case 1: row_tile_span<BITS, GROUP, 1, 2>(pair, a, b, x, m, pair_bias, pair_out); break;
-      case 2: row_tile_span<BITS, GROUP, 2, 2>(pair, a, b, x, m, pair_bias, pair_out); break;
-      case 3: row_tile_span<BITS, GROUP, 3, 2>(pair, a, b, x, m, pair_bias, pair_out); break;
-      default: break;
-    }
+    rows_in_fours<BITS, GROUP, 2>(pair, a, b, x, pair_bias, pair_out);
   }
 }
 
