@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.accel.speculative.controller import DraftLengthController, PairCosts
+from engine.accel.speculative.controller import MAX_STORED_SAMPLES, DraftLengthController, PairCosts
 from engine.accel.speculative.costs_file import FILE_NAME, VERSION, StoredPairCosts
 
 PAIR = ("qwen-1.5b", "qwen-0.5b", "native")
@@ -106,12 +106,67 @@ def test_malformed_entries_are_dropped_and_the_rest_kept(tmp_path):
         {**good, "verify_steps": {"2": "fast"}},
         {**good, "verify_steps": {"-1": 1.0}},
         {**good, "verify_steps": [1.0]},
+        {**good, "draft_samples": -3},
+        {**good, "draft_samples": 2.5},
+        {**good, "verify_samples": {"2": True}},
+        {**good, "verify_samples": {"5": 4}},  # counts for a cost it does not hold
+        {**good, "verify_samples": [4]},
         "not an entry",
     ]
     path = tmp_path / FILE_NAME
     path.write_text(json.dumps({"version": VERSION, "pairs": [*bad, good]}, allow_nan=True))
     costs = StoredPairCosts(path)
-    assert costs.pairs() == {("a", "b", "native"): {"draft_steps": 0.5, "verify_steps": {2: 1.6}}}
+    assert costs.pairs() == {
+        ("a", "b", "native"): {"draft_steps": 0.5, "verify_steps": {2: 1.6}, "draft_samples": 0, "verify_samples": {}}
+    }
+
+
+def test_one_slow_turn_moves_the_stored_costs_a_little_and_the_draft_is_still_tried(tmp_path):
+    """Qwen-1.5B with its 0.5B draft here: a turn of 46 draft cycles stored a draft step at
+    0.39 target steps; the next turn, on a loaded machine, timed one cycle at 0.75 and wrote
+    it over them, and from then on every chat (across restarts too) read "drafting cannot
+    pay" and never started the draft again. The stored costs are means over the cycles that
+    measured them."""
+    path = tmp_path / FILE_NAME
+    first = StoredPairCosts(path)
+    steady = DraftLengthController("auto", 3, cost_ratio=0.3, pair=PAIR, costs=first)
+    for _ in range(3):
+        steady.observe_plain(0.1)
+    for _ in range(40):  # a draft step 0.4 of a plain one, a verify of k tokens 1.2 + 0.3 k
+        steady.observe_cycle(drafted=4, proposed=4, accepted=4, draft_s=0.04 * 4, verify_s=0.12 + 0.03 * 4)
+        steady.observe_cycle(drafted=1, proposed=1, accepted=1, draft_s=0.04, verify_s=0.12 + 0.03)
+    first.save()
+
+    after_restart = StoredPairCosts(path)
+    slow = DraftLengthController("auto", 3, cost_ratio=0.3, pair=PAIR, costs=after_restart)
+    for _ in range(3):
+        slow.observe_plain(0.1)
+    assert slow.could_pay()
+    slow.observe_cycle(drafted=1, proposed=1, accepted=1, draft_s=0.075, verify_s=0.3)  # the loaded machine
+    after_restart.save()
+
+    later = DraftLengthController("auto", 3, cost_ratio=0.3, pair=PAIR, costs=StoredPairCosts(path))
+    for _ in range(3):
+        later.observe_plain(0.1)
+    assert later.draft_ratio() == pytest.approx(0.4, abs=0.03)
+    assert later.verify_time(1) == pytest.approx(0.15, rel=0.1)
+    assert later.could_pay()  # with 0.75 and a verify of 3 steps written over them it could not
+    # the counts are kept, up to a cap (a machine that changes is followed)
+    entry = later.known
+    assert entry["draft_samples"] == entry["verify_samples"][1] == entry["verify_samples"][4] == MAX_STORED_SAMPLES
+
+
+def test_a_file_from_before_the_counts_weighs_each_cost_as_one_cycle(tmp_path):
+    entry = {"target": PAIR[0], "draft": PAIR[1], "verify": PAIR[2], "draft_steps": 0.4, "verify_steps": {"1": 1.5}}
+    path = tmp_path / FILE_NAME
+    path.write_text(json.dumps({"version": VERSION, "pairs": [entry]}))
+    c = DraftLengthController("auto", 3, cost_ratio=0.3, pair=PAIR, costs=StoredPairCosts(path))
+    for _ in range(3):
+        c.observe_plain(0.1)
+    assert c.draft_ratio() == pytest.approx(0.4)
+    c.observe_cycle(drafted=1, proposed=1, accepted=1, draft_s=0.06, verify_s=0.15)
+    assert c.draft_ratio() == pytest.approx((0.4 + 0.6) / 2)  # one cycle each
+    assert c.known["draft_samples"] == 2
 
 
 def test_a_version_1_file_is_measured_again(tmp_path):

@@ -83,6 +83,28 @@ def expected_tokens(alpha: float, k: int) -> float:
 OPTIMISTIC_ALPHA = 1.0
 
 
+# A pair's stored costs are means over the cycles that measured them, counted up to this many:
+# one turn's few cycles on a loaded machine move them a little, never replace them (one
+# cycle timed at 0.75 of a target step, against 0.39 over 46 cycles a turn before, once
+# told every later chat that the 0.5B draft could not pay, and it was never tried again).
+MAX_STORED_SAMPLES = 32
+
+
+def empty_costs() -> dict:
+    """A pair's entry in PairCosts: costs in target steps, and how many cycles measured each."""
+    return {"draft_steps": None, "verify_steps": {}, "draft_samples": 0, "verify_samples": {}}
+
+
+def _pooled(stored: float | None, weight: int, measured: float | None, samples: int) -> float | None:
+    """The mean of a stored cost (over `weight` cycles) and this turn's (over `samples`)."""
+    if measured is None or samples <= 0:
+        return stored
+    if stored is None:
+        return measured
+    weight = max(weight, 1)  # a file from before the counts were kept: one cycle's worth
+    return (weight * stored + samples * measured) / (weight + samples)
+
+
 class PairCosts:
     """Draft step and verify costs of each (target, draft, verify path) measured on this
     machine, in the target's plain steps. They belong to the machine and the models, not to
@@ -95,7 +117,7 @@ class PairCosts:
         self._by_pair: dict[tuple, dict] = by_pair or {}
 
     def for_pair(self, pair: tuple) -> dict:
-        return self._by_pair.setdefault(tuple(pair), {"draft_steps": None, "verify_steps": {}})
+        return self._by_pair.setdefault(tuple(pair), empty_costs())
 
     def pairs(self) -> dict[tuple, dict]:
         return self._by_pair
@@ -124,6 +146,15 @@ class DraftLengthController:
         self.mode, self.fixed_k, self.max_k = mode, k, max(k, max_k) if mode == "on" else max_k
         self.cost_ratio, self.position_cost = cost_ratio, position_cost
         self.known = (costs or PairCosts()).for_pair(pair) if pair else None
+        # what earlier turns had stored when this one began: this turn's measurements are
+        # pooled with it, not written over it
+        known = self.known or empty_costs()
+        self._stored = {
+            "draft": (known["draft_steps"], known.get("draft_samples", 0)),
+            **{m: (steps, known.get("verify_samples", {}).get(m, 0)) for m, steps in known["verify_steps"].items()},
+        }
+        self.draft_samples = 0
+        self.verify_samples: dict[int, int] = {}
         # acceptance as decayed counts, from a uniform prior (Laplace: one of each), so that
         # a scout that saw every token proposed can say so (8 of 8 reads as α ≈ 0.95)
         self.accepted, self.rejected = 1.0, 1.0
@@ -311,6 +342,7 @@ class DraftLengthController:
                 self.probe_gap = min(PROBE_BACKOFF * self.probe_gap, MAX_PROBE_GAP)
         if drafted:
             self.t_draft.add(_clip(draft_s / drafted, self.t_draft.value))
+            self.draft_samples += 1
             self.tokens_per_draft.add(proposed / drafted)
         self.observe_verify(proposed, verify_s)
 
@@ -318,6 +350,7 @@ class DraftLengthController:
         """A target pass over `proposed` speculated tokens took `verify_s` (any source)."""
         if proposed:
             self.t_verify.setdefault(proposed, Ema()).add(_clip(verify_s, self.verify_time(proposed)))
+            self.verify_samples[proposed] = self.verify_samples.get(proposed, 0) + 1
         self._remember_costs()
 
     def _remember_costs(self) -> None:
@@ -327,18 +360,25 @@ class DraftLengthController:
         if self.known is None or not plain:
             return
         if self.t_draft.value is not None:
-            self.known["draft_steps"] = self.t_draft.value / plain
-        self.known["verify_steps"].update({m: e.value / plain for m, e in self.t_verify.items() if e.value is not None})
+            self.known["draft_steps"] = self.draft_ratio()
+            self.known["draft_samples"] = self._pooled_weight("draft", self.draft_samples)
+        for m, e in self.t_verify.items():
+            if e.value is not None:
+                stored, weight = self._stored.get(m, (None, 0))
+                self.known["verify_steps"][m] = _pooled(stored, weight, e.value / plain, self.verify_samples[m])
+                self.known.setdefault("verify_samples", {})[m] = self._pooled_weight(m, self.verify_samples[m])
+
+    def _pooled_weight(self, key, samples: int) -> int:
+        stored, weight = self._stored.get(key, (None, 0))
+        return min(MAX_STORED_SAMPLES, (max(weight, 1) if stored is not None else 0) + samples)
 
     def draft_ratio(self) -> float | None:
-        """The draft step's cost in target steps: measured in this conversation, else in an
-        earlier one with this pair, else the weight-bytes guess."""
+        """The draft step's cost in target steps: what this conversation measured pooled with
+        what earlier ones with this pair stored, else the weight-bytes guess."""
         plain = self.t_plain.value
-        if plain and self.t_draft.value is not None:
-            return self.t_draft.value / plain
-        if self.known and self.known["draft_steps"] is not None:
-            return self.known["draft_steps"]
-        return self.cost_ratio
+        measured = self.t_draft.value / plain if plain and self.t_draft.value is not None else None
+        pooled = _pooled(*self._stored["draft"], measured, self.draft_samples)
+        return pooled if pooled is not None else self.cost_ratio
 
     def note(self) -> str:
         """Why `auto` drafts no more: decided without trying, or from what it measured."""

@@ -4,8 +4,10 @@ BRISK_HOME/speculation_costs.json.
 `auto` learns a pair's draft-step and verify costs by scouting and probing, which on a CPU
 costs whole target steps (a 16-token scout of Qwen-0.5B took ~0.6 s beside a 0.1 s step of
 the 1.5B). Learned once, a pair that cannot pay decodes plainly from the first token of
-every later conversation, also after the app restarts. The file is a cache: a damaged one
-is ignored (and replaced at the next save), never an error.
+every later conversation, also after the app restarts. Each cost is stored with how many
+cycles measured it (controller.py pools a new turn's with it: one slow cycle moves it a
+little). The file is a cache: a damaged one is ignored (and replaced at the next save),
+never an error.
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def _encode(by_pair: dict[tuple, dict]) -> str:
             "verify": verify,
             "draft_steps": costs["draft_steps"],
             "verify_steps": {str(m): steps for m, steps in sorted(costs["verify_steps"].items())},
+            "draft_samples": costs.get("draft_samples", 0),
+            "verify_samples": {str(m): n for m, n in sorted(costs.get("verify_samples", {}).items())},
         }
         for (target, draft, verify), costs in sorted(by_pair.items(), key=lambda item: repr(item[0]))
     ]
@@ -110,7 +114,27 @@ def _pair(entry) -> tuple[tuple, dict] | None:
         return None
     parsed: dict[int, float] = {}
     for m, steps in verify_steps.items():
-        if not (isinstance(m, str) and m.isdigit() and 0 < int(m) <= 64) or _steps(steps) is None:
+        if not _length(m) or _steps(steps) is None:
             return None
         parsed[int(m)] = float(steps)
-    return (target, draft, verify), {"draft_steps": _steps(draft_steps), "verify_steps": parsed}
+    # how many cycles measured each cost (absent in files written before they were counted)
+    draft_samples, verify_samples = entry.get("draft_samples", 0), entry.get("verify_samples", {})
+    if not _count(draft_samples) or not isinstance(verify_samples, dict):
+        return None
+    if not all(_length(m) and int(m) in parsed and _count(n) for m, n in verify_samples.items()):
+        return None
+    return (target, draft, verify), {
+        "draft_steps": _steps(draft_steps),
+        "verify_steps": parsed,
+        "draft_samples": draft_samples,
+        "verify_samples": {int(m): n for m, n in verify_samples.items()},
+    }
+
+
+def _length(m) -> bool:
+    """A verify length as the file spells it: "1" to "64"."""
+    return isinstance(m, str) and m.isdigit() and 0 < int(m) <= 64
+
+
+def _count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
