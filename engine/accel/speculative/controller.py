@@ -95,14 +95,23 @@ def empty_costs() -> dict:
     return {"draft_steps": None, "verify_steps": {}, "draft_samples": 0, "verify_samples": {}}
 
 
-def _pooled(stored: float | None, weight: int, measured: float | None, samples: int) -> float | None:
-    """The mean of a stored cost (over `weight` cycles) and this turn's (over `samples`)."""
+def _weight(stored: float | None, count: int) -> int:
+    """Cycles a stored cost stands for (one where a file from before the counts holds it)."""
+    return 0 if stored is None else max(count, 1)
+
+
+def _pooled(stored: tuple[float | None, int], measured: float | None, samples: int) -> float | None:
+    """The mean of a stored (cost, count) and this turn's cost measured over `samples` cycles."""
+    cost, weight = stored[0], _weight(*stored)
     if measured is None or samples <= 0:
-        return stored
-    if stored is None:
+        return cost
+    if cost is None:
         return measured
-    weight = max(weight, 1)  # a file from before the counts were kept: one cycle's worth
-    return (weight * stored + samples * measured) / (weight + samples)
+    return (weight * cost + samples * measured) / (weight + samples)
+
+
+def _pooled_count(stored: tuple[float | None, int], samples: int) -> int:
+    return min(MAX_STORED_SAMPLES, _weight(*stored) + samples)
 
 
 class PairCosts:
@@ -149,10 +158,9 @@ class DraftLengthController:
         # what earlier turns had stored when this one began: this turn's measurements are
         # pooled with it, not written over it
         known = self.known or empty_costs()
-        self._stored = {
-            "draft": (known["draft_steps"], known.get("draft_samples", 0)),
-            **{m: (steps, known.get("verify_samples", {}).get(m, 0)) for m, steps in known["verify_steps"].items()},
-        }
+        self._stored_draft = (known["draft_steps"], known.get("draft_samples", 0))
+        counts = known.get("verify_samples", {})
+        self._stored_verify = {m: (steps, counts.get(m, 0)) for m, steps in known["verify_steps"].items()}
         self.draft_samples = 0
         self.verify_samples: dict[int, int] = {}
         # acceptance as decayed counts, from a uniform prior (Laplace: one of each), so that
@@ -361,23 +369,19 @@ class DraftLengthController:
             return
         if self.t_draft.value is not None:
             self.known["draft_steps"] = self.draft_ratio()
-            self.known["draft_samples"] = self._pooled_weight("draft", self.draft_samples)
+            self.known["draft_samples"] = _pooled_count(self._stored_draft, self.draft_samples)
         for m, e in self.t_verify.items():
             if e.value is not None:
-                stored, weight = self._stored.get(m, (None, 0))
-                self.known["verify_steps"][m] = _pooled(stored, weight, e.value / plain, self.verify_samples[m])
-                self.known.setdefault("verify_samples", {})[m] = self._pooled_weight(m, self.verify_samples[m])
-
-    def _pooled_weight(self, key, samples: int) -> int:
-        stored, weight = self._stored.get(key, (None, 0))
-        return min(MAX_STORED_SAMPLES, (max(weight, 1) if stored is not None else 0) + samples)
+                stored, samples = self._stored_verify.get(m, (None, 0)), self.verify_samples[m]
+                self.known["verify_steps"][m] = _pooled(stored, e.value / plain, samples)
+                self.known.setdefault("verify_samples", {})[m] = _pooled_count(stored, samples)
 
     def draft_ratio(self) -> float | None:
         """The draft step's cost in target steps: what this conversation measured pooled with
         what earlier ones with this pair stored, else the weight-bytes guess."""
         plain = self.t_plain.value
         measured = self.t_draft.value / plain if plain and self.t_draft.value is not None else None
-        pooled = _pooled(*self._stored["draft"], measured, self.draft_samples)
+        pooled = _pooled(self._stored_draft, measured, self.draft_samples)
         return pooled if pooled is not None else self.cost_ratio
 
     def note(self) -> str:
