@@ -158,8 +158,8 @@ class DraftLengthController:
         # what earlier turns had stored when this one began: this turn's measurements are
         # pooled with it, not written over it
         known = self.known or empty_costs()
-        self._stored_draft = (known["draft_steps"], known.get("draft_samples", 0))
-        counts = known.get("verify_samples", {})
+        self._stored_draft = (known["draft_steps"], known["draft_samples"])
+        counts = known["verify_samples"]
         self._stored_verify = {m: (steps, counts.get(m, 0)) for m, steps in known["verify_steps"].items()}
         self.draft_samples = 0
         self.verify_samples: dict[int, int] = {}
@@ -374,7 +374,7 @@ class DraftLengthController:
             if e.value is not None:
                 stored, samples = self._stored_verify.get(m, (None, 0)), self.verify_samples[m]
                 self.known["verify_steps"][m] = _pooled(stored, e.value / plain, samples)
-                self.known.setdefault("verify_samples", {})[m] = _pooled_count(stored, samples)
+                self.known["verify_samples"][m] = _pooled_count(stored, samples)
 
     def draft_ratio(self) -> float | None:
         """The draft step's cost in target steps: what this conversation measured pooled with

@@ -64,8 +64,8 @@ def _encode(by_pair: dict[tuple, dict]) -> str:
             "verify": verify,
             "draft_steps": costs["draft_steps"],
             "verify_steps": {str(m): steps for m, steps in sorted(costs["verify_steps"].items())},
-            "draft_samples": costs.get("draft_samples", 0),
-            "verify_samples": {str(m): n for m, n in sorted(costs.get("verify_samples", {}).items())},
+            "draft_samples": costs["draft_samples"],
+            "verify_samples": {str(m): n for m, n in sorted(costs["verify_samples"].items())},
         }
         for (target, draft, verify), costs in sorted(by_pair.items(), key=lambda item: repr(item[0]))
     ]
