@@ -405,7 +405,9 @@ def console_main() -> None:
         # tells the app from the CLI by argv[0], which must stay `brisk`.
         if getattr(sys, "frozen", False):
             os.execv(sys.executable, [sys.argv[0], *sys.argv[1:]])
-        os.execv(sys.executable, [sys.executable, "-m", "engine.cli", *sys.argv[1:]])
+        from engine.python_argv import module_argv
+
+        os.execv(sys.executable, module_argv("engine.cli", *sys.argv[1:]))
     sys.exit(main())
 
 

@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 from engine.bench.common import interleave, median, print_table
+from engine.python_argv import module_argv
 
 PROBE = "engine.bench.blas_probe"
 
 
 def _probe(blas: str) -> dict:
     env = dict(os.environ, BRISK_BLAS=blas)
-    out = subprocess.run([sys.executable, "-m", PROBE], env=env, capture_output=True, text=True, check=True)
+    out = subprocess.run(module_argv(PROBE), env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.bench.common import filler_text, median, print_table, token_clock
+from engine.python_argv import module_argv
 
 ENGINES = ("brisk", "mlx_lm", "llama_cpp")
 
@@ -165,7 +166,7 @@ def run_peers(
     for _ in range(runs):
         for name, target in targets.items():
             done = subprocess.run(
-                [sys.executable, "-m", "engine.bench.peers", name, target, str(gen_tokens), str(threads)],
+                module_argv("engine.bench.peers", name, target, str(gen_tokens), str(threads)),
                 input=json.dumps(texts),
                 capture_output=True,
                 text=True,
