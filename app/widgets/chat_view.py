@@ -1,4 +1,7 @@
-"""The conversation: one bubble per message, Markdown with highlighted code, streaming."""
+"""The conversation: one bubble per message, Markdown with highlighted code, streaming.
+
+Every message is untrusted: bubbles render it in a SafeDocument (nothing is loaded), and a
+long one shows only its first DISPLAY_CHARS characters until "Show all"."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.icons import icon
 from app.widgets.coverage import CoverageMap
+from app.widgets.safe_text import MARKDOWN_FEATURES, SafeDocument, open_link, plain_label
 from engine.documents import join_attached, split_attached
 
 KEYWORDS = re.compile(
@@ -35,6 +39,13 @@ STRINGS = re.compile(r"(\"[^\"\n]*\"|'[^'\n]*')")
 COMMENTS = re.compile(r"(#.*$|//.*$)")
 NUMBERS = re.compile(r"\b\d+(\.\d+)?\b")
 RENDER_INTERVAL_MS = 80  # re-render a streaming answer at most this often
+# A bubble lays out at most this many characters (about 12K tokens, longer than almost any
+# answer); a 50 MB message laid out whole kept the window from opening for minutes.
+DISPLAY_CHARS = 50_000
+# "Show all" shows the whole text in a scrolling plain-text view, which lays out only the
+# lines on screen; a longer line is broken there, as one line is laid out whole.
+FULL_VIEW_LINE_CHARS = 10_000
+FULL_VIEW_HEIGHT = 480
 
 
 class CodeHighlighter(QSyntaxHighlighter):
@@ -64,11 +75,16 @@ class CodeHighlighter(QSyntaxHighlighter):
 
 
 class MessageBody(QTextBrowser):
-    """Read-only rich text that grows to fit its content instead of scrolling."""
+    """Read-only rich text that grows to fit its content instead of scrolling. It loads no
+    resource, and a clicked link opens in the browser only if it is http(s)."""
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.setOpenExternalLinks(True)
+        self.setDocument(SafeDocument(self))
+        # Qt would follow a link itself: a file: one was loaded into the bubble.
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(open_link)
         self.setFrameShape(QFrame.NoFrame)
         self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Minimum)
@@ -102,13 +118,14 @@ class DocumentChip(QFrame):
         glyph = QLabel()
         glyph.setPixmap(icon("document").pixmap(16, 16))
         layout.addWidget(glyph)
-        facts = [name, info.get("kind") or "text"]
-        if info.get("pages"):
-            facts.append(f"{info['pages']:,} page{'s' if info['pages'] != 1 else ''}")
-        if info.get("tokens"):
-            facts.append(f"{info['tokens']:,} tokens")
+        facts = [name, str(info.get("kind") or "text")]
+        pages, tokens = _count(info.get("pages")), _count(info.get("tokens"))
+        if pages:
+            facts.append(f"{pages:,} page{'s' if pages != 1 else ''}")
+        if tokens:
+            facts.append(f"{tokens:,} tokens")
         facts.append(f"{len(text.split()):,} words")
-        self.label = QLabel(" · ".join(facts))
+        self.label = plain_label(" · ".join(facts))
         layout.addWidget(self.label, 1)
         self.preview_button = QPushButton("Preview")
         self.preview_button.clicked.connect(self.preview)
@@ -160,7 +177,7 @@ class MessageWidget(QFrame):
         self.setProperty("role", role)
         layout = QVBoxLayout(self)
         header = QHBoxLayout()
-        self.title = QLabel({"user": "You", "assistant": "Brisk", "system": "System"}.get(role, role))
+        self.title = plain_label({"user": "You", "assistant": "Brisk", "system": "System"}.get(role, role))
         self.title.setObjectName("messageRole")
         header.addWidget(self.title)
         self.status = QLabel(_finish_note(finish_reason))
@@ -198,6 +215,13 @@ class MessageWidget(QFrame):
             layout.addWidget(chip)
         self.body = MessageBody()
         layout.addWidget(self.body)
+        self.show_all_button = QPushButton("Show all")
+        self.show_all_button.setObjectName("showAll")
+        self.show_all_button.clicked.connect(self.toggle_show_all)
+        self.show_all_button.hide()
+        layout.addWidget(self.show_all_button)
+        self.full_view: QPlainTextEdit | None = None
+        self._shown: tuple | None = None  # what the body holds now, to skip redoing it
         self.editor: QPlainTextEdit | None = None
         self.coverage: CoverageMap | None = None
         self.render()
@@ -226,6 +250,8 @@ class MessageWidget(QFrame):
         buttons.rejected.connect(self.stop_editing)
         self.edit_buttons = buttons
         self.body.hide()
+        self._close_full_view()
+        self.show_all_button.hide()
         self.layout().addWidget(self.editor)
         self.layout().addWidget(buttons)
         self.editor.setFocus()
@@ -239,6 +265,7 @@ class MessageWidget(QFrame):
             w.deleteLater()
         self.editor = None
         self.body.show()
+        self.show_all_button.setVisible(self.truncated)
 
     def _submit_edit(self) -> None:
         text = self.editor.toPlainText().strip()
@@ -276,18 +303,101 @@ class MessageWidget(QFrame):
     def set_finish(self, reason: str | None) -> None:
         self.status.setText(_finish_note(reason))
 
+    @property
+    def truncated(self) -> bool:
+        return sum(len(t) for t, _ in self.segments) > DISPLAY_CHARS
+
     def render(self) -> None:
-        self.copy_code_button.setVisible("```" in self.text)
-        if self.tint_draft and any(source for _, source in self.segments):
+        text = self.text
+        self.copy_code_button.setVisible("```" in text)
+        truncated = len(text) > DISPLAY_CHARS
+        tinted = self.tint_draft and any(source for _, source in self.segments)
+        if truncated:
+            whole = f"Show all ({len(text):,} characters)"
+            self.show_all_button.setText("Show less" if self.full_view is not None else whole)
+            self.show_all_button.setVisible(self.editor is None)
+            if self.full_view is not None and self.full_view.property("length") != len(text):
+                self._fill_full_view(text)
+        else:
+            self.show_all_button.hide()
+        shown = (truncated, tinted, len(text) if not truncated else None)
+        if shown == self._shown and truncated:
+            return  # a streaming answer past the limit: the part on screen is unchanged
+        self._shown = shown
+        if tinted:
             parts = [
                 f'<span style="background-color: {SOURCE_TINTS[source]}">{html.escape(t)}</span>'
                 if source
                 else html.escape(t)
-                for t, source in self.segments
+                for t, source in _head(self.segments, DISPLAY_CHARS)
             ]
-            self.body.setHtml(f'<div style="white-space: pre-wrap">{"".join(parts)}</div>')
+            more = "…" if truncated else ""
+            self.body.setHtml(f'<div style="white-space: pre-wrap">{"".join(parts)}{more}</div>')
+        elif truncated:
+            # Markdown only for a whole message: a cut one could end inside a code fence.
+            self.body.setPlainText(text[:DISPLAY_CHARS] + "…")
         else:
-            self.body.setMarkdown(self.text)
+            self.body.document().setMarkdown(text, MARKDOWN_FEATURES)
+
+    # --- a long message in full ------------------------------------------------------------
+
+    def toggle_show_all(self) -> None:
+        if self.full_view is None:
+            self.show_all()
+        else:
+            self._close_full_view()
+            self.body.show()
+            self.render()
+
+    def show_all(self) -> QPlainTextEdit:
+        """The whole text in a scrolling plain-text view in place of the cut one."""
+        if self.full_view is None:
+            self.full_view = QPlainTextEdit()
+            self.full_view.setReadOnly(True)
+            self.full_view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+            self.full_view.setFixedHeight(FULL_VIEW_HEIGHT)
+            self._fill_full_view(self.text)
+            self.layout().insertWidget(self.layout().indexOf(self.body) + 1, self.full_view)
+            self.body.hide()
+        self.show_all_button.setText("Show less")
+        return self.full_view
+
+    def _fill_full_view(self, text: str) -> None:
+        self.full_view.setPlainText(break_long_lines(text, FULL_VIEW_LINE_CHARS))
+        self.full_view.setProperty("length", len(text))
+
+    def _close_full_view(self) -> None:
+        if self.full_view is not None:
+            self.full_view.setParent(None)
+            self.full_view.deleteLater()
+            self.full_view = None
+
+
+def break_long_lines(text: str, width: int) -> str:
+    """`text` with every line longer than `width` cut into lines of `width` (for display only:
+    Copy, export and the store keep the text as it is)."""
+    if "\n" not in text and len(text) <= width:
+        return text
+    lines = []
+    for line in text.split("\n"):
+        lines.extend([line[at : at + width] for at in range(0, len(line), width)] or [""])
+    return "\n".join(lines)
+
+
+def _head(segments: list[tuple[str, str]], limit: int) -> list[tuple[str, str]]:
+    """The segments that make up the first `limit` characters."""
+    head, left = [], limit
+    for text, source in segments:
+        if left <= 0:
+            break
+        head.append((text[:left], source))
+        left -= len(text)
+    return head
+
+
+def _count(value) -> int:
+    """A page or token count from a stored row, or 0 if it is not a count."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _finish_note(reason: str | None) -> str:

@@ -7,6 +7,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.icons import icon
+from app.widgets.safe_text import plain_label, plain_tooltip
 
 DOCUMENT_FILTER = (
     "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "
@@ -40,9 +41,9 @@ class AttachmentChip(QWidget):
         glyph = QLabel()
         glyph.setPixmap(icon("document").pixmap(16, 16))  # an SVG: an emoji has no glyph on a bare Linux
         layout.addWidget(glyph)
-        self.label = QLabel(f"{name} · {tokens:,} tokens · {note}")
+        self.label = plain_label(f"{name} · {tokens:,} tokens · {note}")  # a file name is not markup
         self.label.setObjectName("attachmentOk" if fits else "attachmentTooBig")
-        self.label.setToolTip(reason or f"{name} fits the context at this chat's KV setting")
+        self.label.setToolTip(plain_tooltip(reason or f"{name} fits the context at this chat's KV setting"))
         layout.addWidget(self.label)
         remove = QPushButton("✕")
         remove.setFixedWidth(28)
@@ -62,7 +63,7 @@ class Composer(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         self.chips = QVBoxLayout()
         layout.addLayout(self.chips)
-        self.message = QLabel("")
+        self.message = plain_label()  # errors quote file names and their contents
         self.message.setObjectName("composerMessage")
         self.message.setWordWrap(True)
         self.message.hide()

@@ -3,10 +3,11 @@ saved), prefill/decode speed over turns, acceptance, KV memory, process memory, 
 
 from __future__ import annotations
 
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
 from app.widgets.gauges import LineChart, RingGauge
+from app.widgets.safe_text import plain_tooltip
 
 RECENT_TURNS = 5
 SOURCE_COLORS = {"draft": "#58a6ff", "lookup": "#3fb950"}  # the chat's tints, opaque
@@ -71,6 +72,10 @@ class Dashboard(QWidget):
         for w in (self.chat_model, self.spec_note, self.kv_note, self.memory, self.model_state):
             w.setWordWrap(True)  # a long line must not widen the column while a turn runs
             layout.addWidget(w)
+        # Model names and metrics come from stored chats, errors quote files: none of it is markup.
+        labels = (self.ttft, self.saved, self.recent, self.speed, self.spec_note, self.kv_note, self.memory)
+        for w in (*labels, self.model_state, self.chat_model):
+            w.setTextFormat(Qt.PlainText)
         layout.addStretch()
         self._ttfts: list[float] = []
         self._prefill_rates: dict[str, float] = {}  # model -> tok/s of its last long dense prefill
@@ -140,7 +145,7 @@ class Dashboard(QWidget):
         self.chart.add(prefill=rate, decode=m.get("decode_tps") or 0.0)
         self.speed.setText(f"Last turn: prefill {rate:,.1f} tok/s · decode {m.get('decode_tps') or 0.0:,.1f} tok/s")
         step = m.get("decode_step")  # which decode step ran: compiled, or mlx-lm's and why
-        self.speed.setToolTip(f"Decode step: {step}" if step else "")
+        self.speed.setToolTip(plain_tooltip(f"Decode step: {step}") if step else "")
         self._show_speculation(m)
         used = m.get("kv_bytes", 0)
         held = m.get("prompt_tokens", 0) + m.get("generated_tokens", 0)
@@ -151,7 +156,7 @@ class Dashboard(QWidget):
         free = self._free_memory_probe()
         k_bits, v_bits = m.get("k_bits", m.get("kv_bits", 16)), m.get("v_bits", m.get("kv_bits", 16))
         precision = f"{k_bits} bits" if k_bits == v_bits else f"K{k_bits}/V{v_bits} bits"
-        self.kv_note.setToolTip(m.get("kv_check") or "")
+        self.kv_note.setToolTip(plain_tooltip(str(m.get("kv_check") or "")))
         self.kv_note.setText(
             f"KV cache {_size(used)} at {precision}"
             + (f" of {_size(full)} at the full {context:,}-token context" if full else "")

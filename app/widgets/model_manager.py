@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
     QFileDialog,
@@ -72,6 +73,7 @@ class ModelManager(QDialog):
         progress_row.addWidget(self.cancel_button)
         layout.addLayout(progress_row)
         self.status = QLabel("")
+        self.status.setTextFormat(Qt.PlainText)  # it quotes typed repo ids and error messages
         self.status.setWordWrap(True)
         layout.addWidget(self.status)
         self.refresh()
