@@ -3,22 +3,28 @@
 Each completion request becomes a job on the one engine thread (scheduler.py); its events
 come back through an asyncio queue. A client that goes away cancels its job: the engine
 checks the cancel flag between prefill chunks and tokens.
+
+The event loop serves every client, so work that grows with a request (decoding and
+checking its body, looking its model up on disk) runs in a worker thread; what stays on the
+loop per token is bounded (stops.py). guard.py decides which requests are answered at all.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterable
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine.events import EngineErrored, TokenEmitted, TurnFinished
+from engine.serve.guard import make_middleware
 from engine.serve.requests import ApiError, Completion, parse
 from engine.serve.scheduler import DONE, EngineQueue, Job
 from engine.serve.stops import StopScanner
@@ -52,8 +58,11 @@ class Server:
         api_key: str | None = None,
         max_body: int = MAX_BODY_BYTES,
         known_model=None,
+        allowed_hosts: Iterable[str] = (),
+        allowed_origins: Iterable[str] = (),
     ):
         self.queue, self.default_model, self.api_key, self.max_body = queue, default_model, api_key, max_body
+        self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         self.known_model = known_model or _installed_or_default
         self.started = int(time.time())
 
@@ -64,11 +73,17 @@ class Server:
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
         ]
-        return Starlette(routes=routes, exception_handlers={404: _not_found, 405: _not_allowed})
+        return Starlette(
+            routes=routes,
+            middleware=make_middleware(allowed_hosts=self.allowed_hosts, allowed_origins=self.allowed_origins),
+            exception_handlers={404: _not_found, 405: _not_allowed},
+        )
 
     # --- small endpoints ----------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
+        if self.api_key is not None and not self._key_matches(request):
+            return JSONResponse({"status": "ok"})  # liveness for anyone; the rest is for key holders
         return JSONResponse({"status": "ok", "model": self.default_model, **self.queue.stats()})
 
     async def models(self, request: Request) -> Response:
@@ -101,21 +116,35 @@ class Server:
         try:
             if (denied := self._denied(request)) is not None:
                 return denied
-            completion = parse(await self._json(request), chat=chat, default_model=self.default_model)
-            for param, model in (("model", completion.settings.model), ("brisk.draft", completion.settings.draft)):
-                if model and not self.known_model(model):
-                    raise ApiError(
-                        404,
-                        f"The model '{model}' does not exist (GET /v1/models lists them)",
-                        param=param,
-                        code="model_not_found",
-                    )
+            body = await self._body(request)
+            completion = await asyncio.to_thread(self._parse, body, chat)
         except ApiError as error:
             return error_response(error)
+        except ClientDisconnect:  # it left (or its body was too slow) before sending it all
+            return Response(status_code=499)  # nobody reads this
         turn = Turn(self, request, completion, chat=chat)
         return await (turn.stream() if completion.stream else turn.whole())
 
-    async def _json(self, request: Request):
+    def _parse(self, body: bytes, chat: bool) -> Completion:
+        """The request, checked (in a worker thread: its cost grows with the body)."""
+        try:
+            data = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ApiError(400, f"The request body is not valid JSON: {exc}") from exc
+        except RecursionError as exc:
+            raise ApiError(400, "The request body is not valid JSON: nested too deeply") from exc
+        completion = parse(data, chat=chat, default_model=self.default_model)
+        for param, model in (("model", completion.settings.model), ("brisk.draft", completion.settings.draft)):
+            if model and not self.known_model(model):
+                raise ApiError(
+                    404,
+                    f"The model '{model}' does not exist (GET /v1/models lists them)",
+                    param=param,
+                    code="model_not_found",
+                )
+        return completion
+
+    async def _body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.max_body:
             raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
@@ -124,19 +153,22 @@ class Server:
             body += chunk
             if len(body) > self.max_body:
                 raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise ApiError(400, f"The request body is not valid JSON: {exc}") from exc
+        return bytes(body)
+
+    def _key_matches(self, request: Request) -> bool:
+        if self.api_key is None:
+            return True
+        # Header values arrive decoded as latin-1: encoding back gives the bytes the client sent.
+        sent = request.headers.get("authorization", "").encode("latin-1", "replace")
+        # Constant time: the time a wrong key takes to refuse must not say how much of it was right.
+        return hmac.compare_digest(sent, f"Bearer {self.api_key}".encode())
 
     def _denied(self, request: Request) -> Response | None:
-        if self.api_key is None:
+        if self._key_matches(request):
             return None
-        if request.headers.get("authorization", "") != f"Bearer {self.api_key}":
-            return error_response(
-                ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")
-            )
-        return None
+        return error_response(
+            ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)", code="invalid_api_key")
+        )
 
 
 class Turn:
@@ -245,8 +277,8 @@ class Turn:
                 text.append(value)
             elif isinstance(value, ApiError):
                 return error_response(value)
-            elif isinstance(value, TurnFinished):
-                return JSONResponse(self._whole_body("".join(text), value))
+            elif isinstance(value, TurnFinished):  # encoded off the loop: an answer can be megabytes
+                return await asyncio.to_thread(JSONResponse, self._whole_body("".join(text), value))
         return Response(status_code=499)  # the client went away: nobody reads this
 
     def _whole_body(self, text: str, finished: TurnFinished) -> dict:
