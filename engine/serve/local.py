@@ -8,18 +8,20 @@ import socket
 import threading
 import time
 
+from engine.serve.connections import ConnectionLimits, make_config
+
 
 class LocalServer:
     """`port=0`: any free port (`url` names the one it got)."""
 
-    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, limits: ConnectionLimits | None = None):
         import uvicorn
 
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.uvicorn = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.uvicorn = uvicorn.Server(make_config(app, limits=limits))
         self.thread = threading.Thread(target=self.uvicorn.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
