@@ -38,9 +38,12 @@
 #include <cstring>
 #include <vector>
 
-#include <immintrin.h>
-
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
+
+// x86-64 only (arm64 and other builds export the same symbols, each answering 2: no VNNI-512).
+#if defined(__x86_64__)
+#define BRISK_TILED_BUILD 1
+#include <immintrin.h>
 
 namespace {
 
@@ -532,9 +535,11 @@ BRISK_TILED void gather_row(const Tiled& w, int v, float* out) {
 }
 
 }  // namespace
+#endif  // BRISK_TILED_BUILD
 
 extern "C" {
 
+#if BRISK_TILED_BUILD
 // 1 when this CPU runs the tiled products (AVX512 F, BW, VL, DQ and VNNI).
 int brisk_tiled_available() { return cpu_has_vnni() ? 1 : 0; }
 
@@ -595,6 +600,18 @@ int brisk_tiled_gather(const int32_t* ids, int count, const uint8_t* w, const vo
   }
   return 0;
 }
+
+#else
+int brisk_tiled_available() { return 0; }
+int brisk_tiled_repack(const uint8_t*, uint8_t*, int, int, int, int) { return 2; }
+int brisk_tiled_matmul(const float*, const uint8_t*, const void*, const void*, int, const float*, float*, int, int, int,
+                       int, int, int, int) {
+  return 2;
+}
+int brisk_tiled_gather(const int32_t*, int, const uint8_t*, const void*, const void*, int, float*, int, int, int, int) {
+  return 2;
+}
+#endif  // BRISK_TILED_BUILD
 
 int brisk_tiled_matmul_version() { return 2; }
 }

@@ -13,7 +13,13 @@ python3 -m venv "$work/venv"
 "$work/venv/bin/python" -m pip install -q --upgrade pip
 "$work/venv/bin/python" -m pip install -q "$root[gui]" "pyinstaller==6.22.3"
 
-"$work/venv/bin/python" packaging/build_kernels.py --out "$work/prebuilt" >/dev/null
+# arm64 kernels, or none: on Metal MLX's own kernels do the work, and a Mac whose kernels did
+# not build still gets a working app (kernels/prebuilt.py finds no manifest and says so).
+if ! "$work/venv/bin/python" packaging/build_kernels.py --out "$work/prebuilt" >"$work/kernels.log" 2>&1; then
+    echo "warning: the native kernels did not build (see $work/kernels.log); the app ships without them" >&2
+    rm -rf "$work/prebuilt" && mkdir -p "$work/prebuilt"
+    echo "No prebuilt kernels: their build failed when this bundle was made." >"$work/prebuilt/README.txt"
+fi
 "$work/venv/bin/python" packaging/make_iconset.py "$work/Brisk.iconset"
 iconutil -c icns "$work/Brisk.iconset" -o "$work/Brisk.icns"
 
