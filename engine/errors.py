@@ -61,5 +61,11 @@ class InvalidSettings(BriskError):
     kind = "invalid_settings"
 
 
+class UnsafeLocation(BriskError):
+    """A data folder or file another user owns or could change (engine/private_files.py)."""
+
+    kind = "unsafe_location"
+
+
 class TurnCancelled(Exception):
     """Raised inside generation when the user cancels; caught by the session."""

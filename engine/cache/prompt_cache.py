@@ -15,9 +15,10 @@ Target and draft both use it; reuse, trim and reset are written once, here.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Iterator
+
+from engine.errors import BriskError
 
 
 class PromptCache:
@@ -142,10 +143,15 @@ class PromptCache:
         if self.layers is not None:
             maybe_quantize_kv_cache(self.layers, k_bits=k_bits, v_bits=v_bits, group_size=group_size, start=start)
 
-    def save(self, path, identity: dict) -> None:
-        """Write layers and state; `identity` (model id, tokenizer) is stored to be checked on load."""
+    def save(self, path, identity: dict, *, key: bytes | None = None) -> None:
+        """Write layers and state, signed with `key` (default: this installation's,
+        engine/cache/signing.py); `identity` (model id, tokenizer) is checked on load."""
         from mlx_lm.models.cache import save_prompt_cache
 
+        from engine.cache.signing import cache_mac, installation_key
+
+        if self.layers is None:
+            raise ValueError("the prompt cache holds no layers to save")
         state = {
             **identity,
             "tokens": self.tokens,
@@ -153,56 +159,56 @@ class PromptCache:
             "dense_from": self.dense_from,
             "layer_shifts": self.layer_shifts,
             "mode": self.mode,
-            "tokens_sha256": tokens_digest(self.tokens),
-            "kv_sha256": kv_digest(self.layers),
         }
-        if self.layers is None:
-            raise ValueError("the prompt cache holds no layers to save")
+        state["mac"] = cache_mac(installation_key() if key is None else key, state, self.layers)
         save_prompt_cache(str(path), self.layers, {"brisk": json.dumps(state)})
 
-    def load(self, path, identity: dict) -> None:
-        """Adopt a cache written by `save` for the same `identity`; refuse anything else."""
-        from mlx_lm.models.cache import load_prompt_cache
+    def load(self, path, identity: dict, *, key: bytes | None = None) -> None:
+        """Adopt a cache written by `save` for the same `identity` and signed with `key`;
+        BriskError for anything else (unsigned, altered, damaged, another model's)."""
+        from engine.cache.signing import installation_key
 
-        from engine.errors import BriskError
-
+        key = installation_key() if key is None else key
         try:
-            layers, meta = load_prompt_cache(str(path), return_metadata=True)
-            state = json.loads(meta["brisk"])
-        except Exception as exc:  # missing, truncated, or not ours
-            raise BriskError(f"Cannot read saved cache {path}: {exc}") from exc
+            layers, state = _read_signed(path, key)
+        except BriskError:
+            raise
+        except Exception as exc:  # truncated, not ours, or a field of the wrong type or size
+            raise BriskError(f"Cannot read saved cache {path}: {type(exc).__name__}: {exc}") from exc
         if {k: state.get(k) for k in identity} != identity:
             raise BriskError(f"Saved cache {path} belongs to model {state.get('model')}, not {identity.get('model')}")
-        # The KV must be the one computed for these tokens: a file spliced from two chats
-        # (KV of one, tokens of another) answered about the wrong document.
-        if state.get("tokens_sha256") != tokens_digest(state["tokens"]) or state.get("kv_sha256") != kv_digest(layers):
-            raise BriskError(
-                f"Saved cache {path} does not match its own tokens and KV (damaged or spliced "
-                "from another chat); it was not used"
-            )
         self.layers, self.tokens = layers, list(state["tokens"])
         self.shift, self.dense_from = state["shift"], state["dense_from"]
-        self.layer_shifts = state.get("layer_shifts")
+        self.layer_shifts = state["layer_shifts"]
         self.mode = tuple(state["mode"]) if state["mode"] else None
 
 
-def tokens_digest(tokens) -> str:
-    return hashlib.sha256(json.dumps(list(tokens)).encode()).hexdigest()
+def _read_signed(path, key: bytes) -> tuple[list, dict]:
+    """The layers and state of a saved cache whose MAC is right and whose fields have their
+    types; BriskError when the MAC is missing or wrong."""
+    from mlx_lm.models.cache import load_prompt_cache
 
+    from engine.cache.signing import cache_mac, same_mac
 
-def kv_digest(layers) -> str:
-    """sha256 over every array the layers save, as raw bytes, in layer order."""
-    import mlx.core as mx
-    import numpy as np
-
-    from engine.mx_values import tree_leaves
-
-    digest = hashlib.sha256()
-    for layer in layers or []:
-        for value in tree_leaves(layer.state):
-            if not isinstance(value, mx.array):  # e.g. an offset beside the arrays
-                digest.update(repr(value).encode())
-                continue
-            digest.update(f"{value.shape}{value.dtype}".encode())
-            digest.update(np.array(mx.view(value, mx.uint8)).tobytes())
-    return digest.hexdigest()
+    layers, meta = load_prompt_cache(str(path), return_metadata=True)
+    state = json.loads(meta["brisk"])
+    if not isinstance(state, dict):
+        raise ValueError("its state is not an object")
+    # Signed by this installation, over tokens and KV alike: a file spliced from two chats,
+    # or edited to claim more tokens than its KV holds, answered from the wrong context.
+    if not same_mac(state.get("mac"), cache_mac(key, state, layers)):
+        raise BriskError(
+            f"Saved cache {path} does not match its own tokens and KV under this Brisk's key (altered, damaged, "
+            "or spliced from another chat); it was not used"
+        )
+    # Signed means written by us; the checks below keep a bug from becoming a crash.
+    tokens, shifts, mode = state["tokens"], state["layer_shifts"], state["mode"]
+    if not (isinstance(tokens, list) and all(type(t) is int and t >= 0 for t in tokens)):
+        raise ValueError("its tokens are not token ids")
+    if not all(type(state[k]) is int and state[k] >= 0 for k in ("shift", "dense_from")):
+        raise ValueError("its position map is not counts")
+    if shifts is not None and not (isinstance(shifts, list) and len(shifts) == len(layers)):
+        raise ValueError("its layer shifts do not match its layers")
+    if mode is not None and not (isinstance(mode, list) and len(mode) == 3):
+        raise ValueError("its KV mode is not (k_bits, v_bits, group_size)")
+    return layers, state
