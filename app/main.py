@@ -100,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.crash_log import configure_console_logging
 
     configure_console_logging()
-    from app.platform_check import install_advice, missing_libraries, wants_xcb
+    from app.platform_check import install_advice, missing_libraries, qt_reference_leak, wants_xcb
 
+    leak = qt_reference_leak()
+    if leak:  # Python would abort mid-chat or at quit (issue 54); refuse now with the fix
+        print(f"brisk-app: error: {leak}", file=sys.stderr)
+        return 1
     missing = missing_libraries() if wants_xcb() else []
     if missing:  # Qt would abort with a misleading message; say exactly what to install
         print(f"brisk-app: error: {install_advice(missing)}", file=sys.stderr)

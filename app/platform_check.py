@@ -1,4 +1,5 @@
-"""Before Qt starts on X11: are the system libraries its xcb platform plugin needs there?
+"""Before Qt starts: are the system libraries its X11 (xcb) platform plugin needs there, and
+does the installed PySide6 keep its references (the second half, below)?
 
 Without them Qt aborts with "Could not load the Qt platform plugin xcb" and names the
 wrong culprit (it blamed xcb-cursor0, which was installed, when libxcb-icccm4 and
@@ -9,6 +10,7 @@ is missing; this turns that into the one command that installs it.
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import shutil
 import subprocess
@@ -95,3 +97,71 @@ def install_advice(missing: list[str]) -> str:
         f"  Debian/Ubuntu: sudo apt-get install -y {' '.join(debian)}\n"
         f"  Fedora:        sudo dnf install -y {' '.join(fedora)}"
     )
+
+
+# Qt's Python binding must keep its references to None, True and False. PySide6/shiboken6
+# 6.12.0 dropped one to None on every call that returns nothing; on Python 3.11 (Debian 12's)
+# the count reaches zero after a few thousand calls and the interpreter aborts ("none_dealloc"),
+# mid-chat or at quit. pyproject's gui extra keeps this requirement; the probe catches any
+# install that has a leaking release anyway, whatever its version string says.
+PYSIDE_REQUIREMENT = "PySide6-Essentials>=6.8,<6.12"
+PROBE_CALLS = 400
+
+
+def singleton_refcounts() -> dict[str, int]:
+    return {"None": sys.getrefcount(None), "True": sys.getrefcount(True), "False": sys.getrefcount(False)}
+
+
+def lost_references(call, calls: int = PROBE_CALLS) -> dict[str, int]:
+    """How many references to None, True and False `calls` runs of `call` took and never gave
+    back. The collector is held off meanwhile: freeing unrelated garbage lowers the counts too."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        before = singleton_refcounts()
+        for _ in range(calls):
+            call()
+        after = singleton_refcounts()
+    finally:
+        if collecting:
+            gc.enable()
+    return {name: before[name] - after[name] for name in before if after[name] < before[name]}
+
+
+def _qt_calls():
+    """Calls that return nothing and calls that take and return bools, on a throwaway object."""
+    from PySide6.QtCore import QObject
+
+    probe = QObject()
+
+    def call():
+        probe.setObjectName("probe")
+        probe.blockSignals(True)
+        probe.blockSignals(False)
+
+    return call
+
+
+def qt_reference_leak(call=None) -> str:
+    """Empty when Qt's calls keep their references; else the one line that says what to do.
+    A leak loses one reference per call, so half the calls is far above any noise."""
+    lost = lost_references(call or _qt_calls())
+    leaking = {name: n for name, n in lost.items() if n >= PROBE_CALLS // 2}
+    if not leaking:
+        return ""
+    _give_back(leaking)  # the probe's own losses, so that exiting now cannot abort
+    import PySide6
+
+    return (
+        f"PySide6 {PySide6.__version__} loses a reference to {' and '.join(leaking)} on every Qt call, "
+        "and Python aborts once the count runs out; install a release without the bug: "
+        f'{sys.executable} -m pip install "{PYSIDE_REQUIREMENT}"'
+    )
+
+
+def _give_back(lost: dict[str, int]) -> None:
+    objects = {"None": None, "True": True, "False": False}
+    increment = ctypes.PYFUNCTYPE(None, ctypes.py_object)(("Py_IncRef", ctypes.pythonapi))
+    for name, n in lost.items():
+        for _ in range(n):
+            increment(objects[name])
