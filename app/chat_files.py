@@ -1,10 +1,30 @@
-"""A chat as a file: JSON export and import (checked whole before anything is written),
-and Markdown export."""
+"""A chat as a file: JSON export and import (every value checked before anything is
+written), and Markdown export."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from app.chat_schema import (
+    MAX_CONTENT_CHARS,
+    MAX_TITLE_CHARS,
+    METRIC_CHECKS,
+    ROLES,
+    at,
+    metrics_problems,
+    one_of,
+    settings_problems,
+    shown,
+    text_problem,
+)
 from app.store import Store, StoreError
+from engine.settings import ChatSettings
 from engine.vocabulary import FINISH_REASONS
+
+# Far above any chat's export (a message holds at most a few 8M-character documents), far
+# below what reading the whole file into memory would make a problem.
+MAX_EXPORT_BYTES = 512 * 2**20
 
 
 def export_json(store: Store, conversation_id: int) -> dict:
@@ -22,39 +42,90 @@ def export_json(store: Store, conversation_id: int) -> dict:
 
 
 def import_json(store: Store, data: dict) -> int:
-    """A chat exported by `export_json`: checked whole first, then written in one
-    transaction, so a bad file adds nothing."""
-    from engine.errors import InvalidSettings
-    from engine.settings import ChatSettings
-
-    if not isinstance(data, dict) or data.get("format") != "brisk-chat":
-        raise StoreError('not a Brisk chat export (no "format": "brisk-chat")')
-    messages, title, settings = data.get("messages"), data.get("title"), data.get("settings")
-    if not isinstance(messages, list) or not all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        for m in messages
-    ):
-        raise StoreError("the export's messages are malformed (each needs a role and text content)")
-    for i, m in enumerate(messages):
-        if m.get("finish_reason") not in (None, *FINISH_REASONS):
-            raise StoreError(f"message {i + 1} has an invalid finish_reason {m.get('finish_reason')!r}")
-        if m.get("metrics") is not None and not isinstance(m["metrics"], dict):
-            raise StoreError(f"message {i + 1} has metrics that are not an object")
-    if title is not None and not isinstance(title, str):
-        raise StoreError(f"the export's title must be text, not {type(title).__name__}")
-    if settings is not None and not isinstance(settings, dict):
-        raise StoreError(f"the export's settings must be an object, not {type(settings).__name__}")
-    try:
-        settings = ChatSettings.from_dict(settings or {}).to_dict() if settings else {}
-    except (InvalidSettings, TypeError, ValueError) as exc:
-        raise StoreError(f"the export's settings are invalid: {exc}") from exc
+    """A chat exported by `export_json`: every value checked first (app/chat_schema.py), then
+    written in one transaction, so a bad file adds nothing and says which value is wrong."""
+    title, settings, messages = _checked_export(data)
     with store._transaction():
-        cid = store.create_conversation(title or "Imported chat", settings)
+        cid = store.create_conversation(title, settings)
         for m in messages:
             store.add_message(
                 cid, m["role"], m["content"], finish_reason=m.get("finish_reason"), metrics=m.get("metrics")
             )
     return cid
+
+
+def read_export(path) -> dict:
+    """A JSON file as `import_json` takes it; every way it can be unreadable is a StoreError."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_EXPORT_BYTES:
+            raise StoreError(f"the file is larger than {MAX_EXPORT_BYTES // 2**20} MiB; no chat export is")
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StoreError(exc.strerror or str(exc)) from exc
+    except UnicodeDecodeError as exc:
+        raise StoreError(f"the file is not UTF-8 text (byte {exc.start})") from exc
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise StoreError("the file nests too deeply to be a chat export") from None
+    except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+        raise StoreError(f"the file is not valid JSON ({exc})") from exc
+
+
+def _checked_export(data) -> tuple[str, dict, list[dict]]:
+    """(title, settings, messages) as they will be saved; StoreError naming the first bad value."""
+    if not isinstance(data, dict) or data.get("format") != "brisk-chat":
+        raise StoreError('not a Brisk chat export (no "format": "brisk-chat")')
+    if data.get("version", 1) != 1 or isinstance(data.get("version"), bool):
+        raise StoreError(f"version must be 1 (this Brisk reads version 1 exports), not {shown(data.get('version'))}")
+    title = data.get("title")
+    problem = None if title is None else text_problem(title, max_chars=MAX_TITLE_CHARS)
+    if problem:
+        raise StoreError(f"title {problem}")
+    settings = data.get("settings")
+    if settings is not None and not isinstance(settings, dict):
+        raise StoreError(f"settings must be an object, not {shown(settings)}")
+    wrong = _first(settings_problems(settings or {}))
+    if wrong:
+        raise StoreError(f"the settings are invalid: {wrong[0]} {wrong[1]}")
+    messages = data.get("messages")
+    if not isinstance(messages, list):
+        raise StoreError(f"messages must be a list, not {shown(messages)}")
+    return (
+        title or "Imported chat",
+        ChatSettings.from_dict(settings).to_dict() if settings else {},
+        [_checked_message(f"messages[{i}]", m) for i, m in enumerate(messages)],
+    )
+
+
+def _checked_message(path: str, m) -> dict:
+    if not isinstance(m, dict):
+        raise StoreError(f"{path} must be an object, not {shown(m)}")
+    checks = {
+        "role": one_of(ROLES),
+        "content": lambda v: text_problem(v, max_chars=MAX_CONTENT_CHARS),
+        "finish_reason": lambda v: None if v is None else one_of(FINISH_REASONS)(v),
+        "metrics": lambda v: None if v is None or isinstance(v, dict) else f"must be an object, not {shown(v)}",
+    }
+    for key, check in checks.items():
+        problem = check(m.get(key))
+        if problem:
+            raise StoreError(at(f"{path}.{key}", problem))
+    metrics = m.get("metrics") or {}
+    wrong = _first(metrics_problems(metrics))
+    if wrong:
+        raise StoreError(at(f"{path}.metrics.{wrong[0]}", wrong[1]))
+    # Fields this Brisk does not read are not saved (as settings written by a newer one are not).
+    return {**{k: m.get(k) for k in ("role", "content", "finish_reason")}, "metrics": _known(metrics)}
+
+
+def _first(problems: dict[str, str]) -> tuple[str, str] | None:
+    return next(iter(problems.items()), None)
+
+
+def _known(metrics: dict) -> dict | None:
+    return {k: v for k, v in metrics.items() if k in METRIC_CHECKS} or None
 
 
 def export_markdown(store: Store, conversation_id: int) -> str:

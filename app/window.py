@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.api_server import HOST as API_HOST
 from app.api_server import PORT as API_PORT
-from app.chat_files import export_json, export_markdown, import_json
+from app.chat_files import export_json, export_markdown, import_json, read_export
 from app.controller import ChatController
 from app.store import StoreError
 from app.widgets.chat_view import ChatView
@@ -319,9 +319,8 @@ class MainWindow(QMainWindow):
         if not path:
             return
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-            cid = import_json(self.store, data)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, StoreError) as exc:
+            cid = import_json(self.store, read_export(path))
+        except StoreError as exc:
             self.statusBar().showMessage(f"Cannot import {Path(path).name}: {exc}", 10000)
             return
         self.controller.open(cid)
