@@ -109,15 +109,20 @@ class ChatController(QObject):
         documents = {a["name"]: a for a in self.store.attachments(cid)}
         stored = self.store.messages(cid)
         for m in stored:
-            self.chat_view.add_message(
+            widget = self.chat_view.add_message(
                 m.role,
                 m.content,
                 m.finish_reason,
                 documents=documents,
                 coverage=(m.metrics or {}).get("coverage") if m.role == "assistant" else None,
             )
+            if m.note:  # a row the store could only partly read (app/chat_schema.py) says so
+                widget.setToolTip(m.note)
             if m.metrics:
                 last_metrics = m.metrics
+        marked = [m.note for m in stored if m.note]
+        if marked:
+            self.notice.emit(f"{marked[0]} ({len(marked)} message(s) in this chat; the note is on each one)")
         if stored and stored[-1].role == "assistant":  # only the last answer pages: later turns built on it
             self.chat_view.messages[-1].set_versions(*self.store.versions(cid, len(stored) - 1))
         if last_metrics:
@@ -453,5 +458,6 @@ def _unique(title: str, taken: set[str]) -> str:
 
 
 def _as_engine_messages(stored) -> list[Message]:
-    """Stored messages as the engine's (empty answers, failed or still starting, left out)."""
-    return [Message(m.role, m.content, m.finish_reason) for m in stored if m.content or m.role == "user"]
+    """Stored messages as the engine's (empty answers, failed or still starting, and rows the
+    store could not read, left out)."""
+    return [Message(m.role, m.content, m.finish_reason) for m in stored if m.sent and (m.content or m.role == "user")]

@@ -19,10 +19,18 @@ import sqlite3
 import stat
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+from app.chat_schema import (  # noqa: F401  Conversation and StoredMessage are this module's objects
+    Conversation,
+    StoredMessage,
+    decode_text,
+    read_message,
+    read_number,
+    read_settings,
+    read_text,
+)
 from engine.models.store import lock_file
 
 SCHEMA_VERSION = 2
@@ -81,23 +89,6 @@ class _ReadOnly(Exception):
     """The file or its folder cannot be written: open it read-only."""
 
 
-@dataclass
-class Conversation:
-    id: int
-    title: str
-    updated: float
-    settings: dict
-
-
-@dataclass
-class StoredMessage:
-    id: int
-    role: str
-    content: str
-    finish_reason: str | None
-    metrics: dict | None
-
-
 class Store:
     def __init__(self, path, *, default_location: bool = False):
         self.path = Path(path)
@@ -112,6 +103,7 @@ class Store:
         except BaseException:
             self._release_instance_lock()
             raise
+        self.db.text_factory = decode_text  # a row that is not UTF-8 is read, and marked, not fatal
         if not self.read_only:
             self._recover_streaming()
 
@@ -322,20 +314,20 @@ class Store:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"Saving failed: {exc}") from exc
 
-    def _json(self, text, what: str) -> dict | None:
-        """A stored JSON object, or None (reported once) when the row holds something else."""
-        if not text:
-            return None
-        try:
-            value = json.loads(text)
-        except (TypeError, ValueError):
-            value = None
-        if isinstance(value, dict):
-            return value
+    def _unreadable(self, what: str) -> None:
+        """Reported once: rows keep opening, without the values the app cannot use."""
         note = f"Unreadable {what} were skipped (the rest of the chat is kept)."
         if note not in self.problems:
             self.problems.append(note)
-        return None
+
+    def _conversation(self, row: tuple) -> Conversation:
+        title, bad_title = read_text(row[1], "Untitled")
+        settings, bad_settings = read_settings(row[3])
+        if bad_title:
+            self._unreadable("chat titles")
+        if bad_settings:
+            self._unreadable("chat settings")
+        return Conversation(row[0], title, read_number(row[2]), settings)
 
     # --- conversations ----------------------------------------------------------------
 
@@ -359,7 +351,7 @@ class Store:
             )
             args = (pattern, pattern)
         rows = self.db.execute(sql + " ORDER BY updated DESC, id DESC", args).fetchall()
-        return [Conversation(i, t, u, self._json(s, "chat settings") or {}) for i, t, u, s in rows]
+        return [self._conversation(row) for row in rows]
 
     def conversation(self, conversation_id: int) -> Conversation:
         row = self.db.execute(
@@ -367,7 +359,7 @@ class Store:
         ).fetchone()
         if row is None:
             raise StoreError(f"conversation {conversation_id} does not exist")
-        return Conversation(row[0], row[1], row[2], self._json(row[3], "chat settings") or {})
+        return self._conversation(row)
 
     def rename(self, conversation_id: int, title: str) -> None:
         self._write("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or "Untitled", conversation_id))
@@ -396,7 +388,13 @@ class Store:
             " WHERE conversation_id = ? ORDER BY position",
             (conversation_id,),
         ).fetchall()
-        return [StoredMessage(i, r, c, f, self._json(m, "turn metrics")) for i, r, c, f, m in rows]
+        messages = []
+        for row in rows:
+            message, unread = read_message(row)
+            for part in unread:
+                self._unreadable("turn metrics" if part.startswith("turn metrics") else "message parts")
+            messages.append(message)
+        return messages
 
     def add_message(
         self,
@@ -487,7 +485,7 @@ class Store:
                 (conversation_id, position),
             )
         ]
-        return sum(c < shown[0] for c in created), len(created) + 1
+        return sum(read_number(c) < read_number(shown[0]) for c in created), len(created) + 1
 
     def show_version(self, conversation_id: int, position: int, step: int) -> bool:
         """Show the answer `step` places older (-1) or newer (+1) at `position`: it swaps places
@@ -539,7 +537,10 @@ class Store:
             f"SELECT id, name, kind, tokens, {pages} FROM attachments WHERE conversation_id = ? ORDER BY id",
             (conversation_id,),
         ).fetchall()
-        return [{"id": i, "name": n, "kind": k, "tokens": t, "pages": p} for i, n, k, t, p in rows]
+        return [
+            {"id": i, "name": read_text(n, "")[0], "kind": read_text(k, "text")[0], "tokens": t, "pages": p}
+            for i, n, k, t, p in rows
+        ]
 
     def _tables(self) -> set[str]:
         return {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
