@@ -8,7 +8,8 @@ of the sources it was built from, the CPU features it was compiled for, and what
 must run beside (Python's ABI, and for the primitives the exact mlx).
 
 A prebuilt file is loaded only when all of these hold on this machine, and only from a
-folder and file no one else can write (the same rule as the kernel cache). Otherwise
+folder and file no one else can write (the same rule as the kernel cache); the manifest
+names it by a plain file name in its own folder, and neither may be a symlink. Otherwise
 `lookup` says why not; the caller then builds locally (source installs) or keeps the
 portable path, and `brisk info` reports which happened.
 """
@@ -46,14 +47,32 @@ def platform_tag() -> str:
     return f"{sys.platform}-{platform.machine().lower()}-{sys.implementation.cache_tag}"
 
 
-def check_shipped(path: Path) -> None:
+def check_shipped(path: Path, *, follow: bool = True) -> None:
     """PermissionError unless `path` is owned by this user or root and writable by no
-    one else: a library anyone could swap must never be loaded."""
-    info = path.stat()
+    one else: a library anyone could swap must never be loaded. With `follow=False` a
+    symlink is refused too (what it points to could be anywhere)."""
+    info = path.stat() if follow else path.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        raise PermissionError(f"{path} is a symbolic link")
     if hasattr(os, "getuid") and info.st_uid not in (0, os.getuid()):
         raise PermissionError(f"{path} belongs to another user")
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise PermissionError(f"{path} is writable by others (mode {stat.S_IMODE(info.st_mode):o})")
+
+
+def shipped_file(where: Path, name: object) -> Path:
+    """The manifest's `file` for a library: a plain file name, a regular file (not a symlink)
+    right in the manifest's folder `where`, which only its owner can write. An absolute path,
+    one with a folder or `..` in it, or a link into a folder others write was loaded once."""
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        raise PermissionError(f"the manifest names {name!r}, not a file name inside {where}")
+    path = where / name
+    check_shipped(path, follow=False)
+    if not stat.S_ISREG(path.lstat().st_mode):
+        raise PermissionError(f"{path} is not a regular file")
+    if path.resolve().parent != where.resolve():  # e.g. a Windows drive or device name
+        raise PermissionError(f"the manifest names {name!r}, which is not inside {where}")
+    return path
 
 
 def _sha256(path: Path) -> str:
@@ -70,10 +89,9 @@ def lookup(kind: str, sources: Iterable[Path], requires: dict[str, str], cpu: It
         return None, "no prebuilt kernels in this install"
     try:
         check_shipped(where)
-        check_shipped(manifest)
+        check_shipped(manifest, follow=False)
         entry = json.loads(manifest.read_text())["libraries"][kind]
-        path = where / entry["file"]
-        check_shipped(path)
+        path = shipped_file(where, entry["file"])
         if _sha256(path) != entry["sha256"]:
             return None, f"prebuilt {path.name} does not match its recorded sha256"
     except (OSError, KeyError, ValueError, TypeError) as error:
