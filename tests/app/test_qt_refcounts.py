@@ -141,8 +141,8 @@ def test_the_guard_refuses_a_binding_that_drops_references_and_gives_its_own_bac
     message = qt_reference_leak(_drop(obj))
     assert f"loses a reference to {name} on every Qt call" in message
     assert message.endswith(f'{sys.executable} -m pip install "{PYSIDE_REQUIREMENT}"') and "\n" not in message
-    # the probe's 400 losses were given back (a few references come and go with the message)
-    assert abs(sys.getrefcount(obj) - before) < platform_check.PROBE_CALLS // 10
+    # the probe's own losses were given back (else PROBE_CALLS fewer; the message holds a few)
+    assert before - 10 <= sys.getrefcount(obj) <= before + platform_check.PROBE_CALLS // 2
 
 
 @counted
