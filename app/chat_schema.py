@@ -345,11 +345,16 @@ def read_message(row: tuple) -> tuple[StoredMessage, list[str]]:
     metrics, unreadable = read_json_object(metrics_text)
     if unreadable:
         unread.append("turn metrics")
-    elif metrics is not None:
+    elif metrics:
         bad = metrics_problems(metrics)
         if bad:
             unread.append("turn metrics " + ", ".join(bad))
-        metrics = {k: (METRIC_DEFAULTS[k] if k in bad else v) for k, v in metrics.items() if k in METRIC_CHECKS}
+        # Whole, as TurnMetrics.to_dict() gives it: the dashboard reads accepted_tokens wherever
+        # draft_tokens is set, and rows from older Brisks (or imports) may lack either.
+        metrics = {
+            **TurnMetrics().to_dict(),
+            **{k: v for k, v in metrics.items() if k in METRIC_CHECKS and k not in bad},
+        }
     sent = role in ROLES and not repaired
     note = ""
     if unread:

@@ -251,3 +251,17 @@ def test_unreadable_import_files_say_why_in_the_status_bar(qtbot, make_window, t
         window.import_json(str(path))
         assert window.statusBar().currentMessage().startswith(f"Cannot import {name}: "), name
     assert len(window.store.conversations()) == chats
+
+
+def test_metrics_with_fields_missing_read_whole_and_the_window_starts(qtbot, make_window, db_path):
+    """An older Brisk's export (or row) may lack fields the dashboard reads together."""
+    store = Store(db_path)
+    old = export(**{"messages.1.metrics": {"ttft_s": 0.5, "draft_tokens": 3}})
+    cid = import_json(store, old)
+    store.close()
+    window = make_window()
+    assert window.controller.current == cid
+    window.grab()
+    metrics = window.store.messages(cid)[1].metrics
+    assert metrics == {**TurnMetrics().to_dict(), "ttft_s": 0.5, "draft_tokens": 3}
+    assert window.dashboard.ttft.text() == "0.50 s"
