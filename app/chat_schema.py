@@ -205,8 +205,9 @@ SPECIAL_METRICS: dict[str, Callable[[object], Problem]] = {
     "extra": object_problem,
 }
 BY_DEFAULT_TYPE: dict[type, Callable[[object], Problem]] = {
-    # Seconds, rates and shares may be a rounding error below 0 (flops_saved = 1 - sparse / dense).
-    float: lambda v: number_problem(v, low=-MAX_NUMBER),
+    # Seconds, rates and shares may be a rounding error below 0 (flops_saved = 1 - sparse / dense);
+    # a real negative one would be drawn far below the speed chart.
+    float: lambda v: number_problem(v, low=-1),
     int: count_problem,
     str: text_problem,
     list: lambda v: plain_json_problem(v) if isinstance(v, list) else f"must be a list, not {shown(v)}",

@@ -72,6 +72,7 @@ HOSTILE = {
     "huge int": ({"messages.1.metrics.kv_bytes": 10**400}, "messages[1].metrics.kv_bytes must be a whole number"),
     "int past SQLite": ({"messages.1.metrics.prompt_tokens": 2**64}, "prompt_tokens must be a whole number"),
     "negative count": ({"messages.1.metrics.generated_tokens": -3}, "generated_tokens must be a whole number"),
+    "negative rate": ({"messages.1.metrics.decode_tps": -5.0}, "decode_tps must be a number from -1 to"),
     "float as count": ({"messages.1.metrics.kv_bytes": 3.5}, "kv_bytes must be a whole number, not 3.5"),
     "object for a number": ({"messages.1.metrics.ttft_s": {"s": 1}}, "ttft_s must be a number, not an object"),
     "list for an object": ({"messages.1.metrics.coverage": [1, 2]}, "metrics.coverage must be an object, not a list"),
