@@ -9,8 +9,10 @@ paintEvent raised with its QPainter still open, and Qt crashed (SIGSEGV) at ever
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import MISSING, dataclass, fields
+from functools import lru_cache
 from typing import Callable
 
 from engine.errors import BriskError, InvalidSettings
@@ -296,8 +298,6 @@ class StoredMessage:
 
 def read_json_object(text) -> tuple[dict | None, bool]:
     """A stored JSON object, and whether the column held something unreadable instead."""
-    import json
-
     if text is None or text == "":
         return None, False
     try:
@@ -324,11 +324,21 @@ def read_number(value) -> float:
 
 def read_settings(text) -> tuple[dict, list[str]]:
     """Saved settings without the ones that cannot be used, and their names."""
+    if not isinstance(text, str):
+        return {}, [] if text is None else ["all"]
+    settings, problems = _read_settings_text(text)
+    return json.loads(settings), list(problems)
+
+
+@lru_cache(maxsize=1024)
+def _read_settings_text(text: str) -> tuple[str, tuple[str, ...]]:
+    """Cached by the row's text (the sidebar reads every chat's settings at each refresh: 1000
+    chats took 0.2 s), as JSON so that no caller can change what the cache holds."""
     settings, unreadable = read_json_object(text)
     if settings is None:
-        return {}, ["all"] if unreadable else []
+        return "{}", ("all",) if unreadable else ()
     problems = settings_problems(settings)
-    return {k: v for k, v in settings.items() if k not in problems}, sorted(problems)
+    return json.dumps({k: v for k, v in settings.items() if k not in problems}), tuple(sorted(problems))
 
 
 def read_message(row: tuple) -> tuple[StoredMessage, list[str]]:
