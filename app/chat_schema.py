@@ -151,6 +151,33 @@ def count_problem(value) -> Problem:
     return number_problem(value, whole=True)
 
 
+def counts(length: int) -> Callable[[object], Problem]:
+    """[a, b, ...] of `length` counts. Checked in one pass first: a chat's history is read at
+    every turn, and item by item its coverage runs cost 10x the JSON parsing."""
+    slow = list_of(count_problem, length=length)
+
+    def check(value) -> Problem:
+        if (
+            isinstance(value, list)
+            and len(value) == length
+            and all(type(v) is int and 0 <= v <= MAX_NUMBER for v in value)
+        ):
+            return None
+        return slow(value)
+
+    return check
+
+
+def sources_problem(value) -> Problem:
+    """Who proposed each answer token: one entry per token, so checked as a set first."""
+    try:
+        if isinstance(value, list) and set(value) <= set(SOURCES):
+            return None
+    except TypeError:  # an unhashable entry: the slow check names it
+        pass
+    return list_of(one_of(SOURCES))(value)
+
+
 def coverage_problem(value) -> Problem:
     """engine/accel/coverage.py's map; {} for a turn without sparse prefill."""
     if not isinstance(value, dict):
@@ -168,7 +195,7 @@ def coverage_problem(value) -> Problem:
     return None
 
 
-RUNS = list_of(list_of(count_problem, length=2))  # [start, end) of the tokens a layer read
+RUNS = list_of(counts(2))  # [start, end) of the tokens a layer read
 
 
 def _layers_problem(value) -> Problem:
@@ -201,9 +228,9 @@ def _skipped_problem(item) -> Problem:
 SPECIAL_METRICS: dict[str, Callable[[object], Problem]] = {
     "finish_reason": one_of(("", *FINISH_REASONS)),
     "sparse_outcome": one_of(SPARSE_OUTCOMES),
-    "drops": list_of(list_of(count_problem, length=3)),  # [layer, tokens in, tokens kept]
+    "drops": list_of(counts(3)),  # [layer, tokens in, tokens kept]
     "coverage": coverage_problem,
-    "sources": list_of(one_of(SOURCES)),
+    "sources": sources_problem,
     "extra": object_problem,
 }
 BY_DEFAULT_TYPE: dict[type, Callable[[object], Problem]] = {
@@ -341,6 +368,29 @@ def _read_settings_text(text: str) -> tuple[str, tuple[str, ...]]:
     return json.dumps({k: v for k, v in settings.items() if k not in problems}), tuple(sorted(problems))
 
 
+def read_metrics(text) -> tuple[dict | None, list[str]]:
+    """A row's turn metrics, whole, and the names of the fields replaced by their defaults
+    (["all"]: the column held no JSON object)."""
+    if not isinstance(text, str):
+        return None, [] if text is None else ["all"]
+    cleaned, bad = _read_metrics_text(text)
+    return (None if cleaned is None else json.loads(cleaned)), list(bad)
+
+
+@lru_cache(maxsize=2048)
+def _read_metrics_text(text: str) -> tuple[str | None, tuple[str, ...]]:
+    """Cached by the row's text: a chat's whole history is read at every turn, and checking
+    400 messages took 0.2 s. JSON, so that no caller can change what the cache holds."""
+    metrics, unreadable = read_json_object(text)
+    if not metrics:
+        return None, ("all",) if unreadable else ()
+    bad = metrics_problems(metrics)
+    # Whole, as TurnMetrics.to_dict() gives it: the dashboard reads accepted_tokens wherever
+    # draft_tokens is set, and rows from older Brisks (or imports) may lack either.
+    usable = {k: v for k, v in metrics.items() if k in METRIC_CHECKS and k not in bad}
+    return json.dumps({**METRIC_DEFAULTS, **usable}), tuple(bad)
+
+
 def read_message(row: tuple) -> tuple[StoredMessage, list[str]]:
     """A messages row as the app's message, and what could not be read (also in its note)."""
     message_id, role, content, finish_reason, metrics_text = row
@@ -353,19 +403,9 @@ def read_message(row: tuple) -> tuple[StoredMessage, list[str]]:
     if finish_reason is not None and finish_reason not in FINISH_REASONS:
         unread.append(f"finish reason {shown(finish_reason)}")
         finish_reason = None
-    metrics, unreadable = read_json_object(metrics_text)
-    if unreadable:
-        unread.append("turn metrics")
-    elif metrics:
-        bad = metrics_problems(metrics)
-        if bad:
-            unread.append("turn metrics " + ", ".join(bad))
-        # Whole, as TurnMetrics.to_dict() gives it: the dashboard reads accepted_tokens wherever
-        # draft_tokens is set, and rows from older Brisks (or imports) may lack either.
-        metrics = {
-            **TurnMetrics().to_dict(),
-            **{k: v for k, v in metrics.items() if k in METRIC_CHECKS and k not in bad},
-        }
+    metrics, bad = read_metrics(metrics_text)
+    if bad:
+        unread.append(" ".join(("turn metrics", ", ".join(n for n in bad if n != "all"))).strip())
     sent = role in ROLES and not repaired
     note = ""
     if unread:
