@@ -122,7 +122,7 @@ class ChatController(QObject):
                 last_metrics = m.metrics
         marked = [m.note for m in stored if m.note]
         if marked:
-            self.notice.emit(f"{marked[0]} ({len(marked)} message(s) in this chat; the note is on each one)")
+            self.notice.emit(f"{len(marked)} message(s) of this chat are marked (hover over one): {marked[0]}")
         if stored and stored[-1].role == "assistant":  # only the last answer pages: later turns built on it
             self.chat_view.messages[-1].set_versions(*self.store.versions(cid, len(stored) - 1))
         if last_metrics:

@@ -213,6 +213,8 @@ def test_a_bad_row_in_the_database_opens_marked_and_the_window_starts(qtbot, mak
     marked = [m for m in messages if m.note]
     assert len(marked) == 1 and "Could not be read from the chat database" in marked[0].note
     assert window.chat_view.messages[messages.index(marked[0])].toolTip() == marked[0].note
+    controller.open(cid)  # opened again later: the status bar says so too
+    assert window.statusBar().currentMessage().endswith(marked[0].note)
     # What was read can be exported and imported again: nothing bad travels on.
     import_json(store, json.loads(json.dumps(export_json(store, cid), allow_nan=False)))
 
