@@ -152,6 +152,7 @@ ROW_DAMAGE = {
     "string number": answer_metrics('{"ttft_s": "0.4s"}'),
     "NaN": answer_metrics('{"ttft_s": NaN, "decode_tps": 3.0}'),
     "inf": answer_metrics('{"decode_tps": Infinity}'),
+    "NaN speed": answer_metrics('{"prefill_tps": NaN, "decode_tps": 3.0}'),
     "huge int": answer_metrics(f'{{"kv_bytes": {10**400}, "prompt_tokens": 5}}'),
     "digits past Python's limit": answer_metrics(f'{{"kv_bytes": {"9" * 5000}}}'),
     "wrong nested type": answer_metrics('{"coverage": [1, 2]}'),
