@@ -41,8 +41,13 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     from engine.worker import EngineWorker
 
     store = Store(store_path, default_location=store_path == default_database())
-    # Chats' prompt caches are kept beside the database they belong to.
-    saved = SavedCaches(Path(store_path).with_name(Path(store_path).name + ".caches"))
+    # Chats' prompt caches are kept beside the database they belong to (a folder that is not
+    # private is refused now, with the database closed, rather than written through later).
+    try:
+        saved = SavedCaches.beside(store_path)
+    except BaseException:
+        store.close()
+        raise
     engine = EngineThread(worker or EngineWorker(saved_caches=saved, pair_costs=StoredPairCosts()))
     window = MainWindow(
         store,
@@ -86,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.store import StoreUnavailable
+    from engine.errors import UnsafeLocation
     from engine.settings import DEFAULT_MODEL_ID
 
     parser = argparse.ArgumentParser(prog="brisk-app", description="Brisk: fast local LLM chat")
@@ -119,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app, saved_theme()))
     try:
         window = build_window(model_id=args.model, store_path=args.database or default_database())
-    except StoreUnavailable as exc:  # a folder, locked, or a newer schema: nothing was touched
+    except (StoreUnavailable, UnsafeLocation) as exc:  # a folder, locked, not private, a newer schema: untouched
         return _refuse(app, str(exc), args.check)
     except Exception as exc:  # a bug: a sentence and the log's path, never a traceback
         from engine.crash_log import user_message

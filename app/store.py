@@ -31,7 +31,9 @@ from app.chat_schema import (  # noqa: F401  Conversation and StoredMessage are 
     read_settings,
     read_text,
 )
+from engine.errors import UnsafeLocation
 from engine.models.store import lock_file
+from engine.private_files import O_NOFOLLOW, check_owned_file, ensure_private_dir
 
 SCHEMA_VERSION = 2
 MIGRATIONS = {
@@ -114,14 +116,18 @@ class Store:
             raise StoreUnavailable(f"{self.path} is a folder, not a chat database; choose a file for --database")
         if self.path.exists() and not self.path.is_file():
             raise StoreUnavailable(f"{self.path} is not a regular file; choose a file for --database")
-        if not self.path.parent.exists():
-            try:
-                self.path.parent.mkdir(mode=0o700, parents=True)
-            except OSError as exc:
-                raise StoreUnavailable(f"Cannot create the data folder {self.path.parent}: {exc.strerror}") from exc
+        # Only a folder no other user can write, and a database file of ours: in /tmp (mode
+        # 1777) another user could plant the database, or links Brisk would write through.
+        try:
+            ensure_private_dir(self.path.parent)
+            check_owned_file(self.path)
+        except UnsafeLocation as exc:
+            raise StoreUnavailable(f"{exc} (start Brisk with --database OTHER_FILE)") from exc
+        except OSError as exc:
+            raise StoreUnavailable(f"Cannot create the data folder {self.path.parent}: {exc.strerror}") from exc
         if not self.path.exists():
             try:  # created private before SQLite opens it; SQLite gives -wal/-shm the same mode
-                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | O_NOFOLLOW, 0o600))
             except OSError:
                 pass  # a read-only folder: opened read-only below, or reported
         elif _owned_regular_file(self.path):
