@@ -141,6 +141,7 @@ class ModelStore:
     def staging(self, model_id: str, *, replace: bool = False) -> Iterator[Path]:
         """A scratch folder that becomes models/<id> only if the block succeeds."""
         final = self.path(model_id)
+        self._remove_stale_staging()
         with self._install_lock(model_id):
             if final.exists() and not replace:
                 raise BriskError(f"Model '{model_id}' is already installed; remove it first or choose another --id")
@@ -157,6 +158,16 @@ class ModelStore:
             elif final.exists():
                 shutil.rmtree(final)
             stage.rename(final)
+
+    def _remove_stale_staging(self) -> None:
+        """Staging folders of installs that were killed (out of memory: a 10 M-token GGUF left
+        one): no live install holds their lock."""
+        for stage in self.models_dir.glob(".staging-*"):
+            try:
+                with self._install_lock(stage.name.removeprefix(".staging-")):
+                    shutil.rmtree(stage, ignore_errors=True)
+            except BriskError:
+                continue  # being installed right now
 
     @contextmanager
     def _install_lock(self, model_id: str) -> Iterator[None]:

@@ -195,3 +195,20 @@ def test_the_tiny_gguf_itself_still_imports(tiny_gguf, tmp_path):
         import_gguf(rewrite(tiny_gguf, tmp_path / "same.gguf"), stage)
         store.register(stage, model_id="fine", source="test")
     assert store.has("fine")
+
+
+def test_a_staging_folder_left_by_a_killed_import_is_removed_by_the_next(tiny_gguf, tmp_path):
+    """A process killed for memory runs no cleanup; the next install sweeps what it left,
+    but never the folder of an install that is running (it holds the id's lock)."""
+    store = ModelStore(tmp_path / "home")
+    killed = store.models_dir / ".staging-killed"
+    running = store.models_dir / ".staging-running"
+    for folder in (killed, running):
+        folder.mkdir(parents=True)
+        (folder / "tokenizer.json").write_text("{}")
+    with store._install_lock("running"):
+        with store.staging("next") as stage:
+            import_gguf(tiny_gguf, stage)
+            store.register(stage, model_id="next", source="test")
+        assert not killed.exists() and running.exists()
+    assert store.has("next")
