@@ -425,12 +425,19 @@ TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_to
 
 
 def _token_id(meta: _Metadata, key: str, vocab: int) -> int | None:
-    """`tokenizer.ggml.<key>` as an index into the vocabulary, or None when absent."""
+    """`tokenizer.ggml.<key>` as an index into the vocabulary, or None when absent. An id past
+    the vocabulary is ignored, as llama.cpp does (some converters write one for a missing
+    pad token); one that is not a whole number is a damaged file."""
     value = meta.get(f"tokenizer.ggml.{key}")
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab:
-        raise GGUFImportError(f"GGUF metadata 'tokenizer.ggml.{key}' is {_shown(value)}, not a token of its {vocab:,}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GGUFImportError(f"GGUF metadata 'tokenizer.ggml.{key}' is {_shown(value)}, not a token id")
+    if not 0 <= value < vocab:
+        log.warning(
+            "GGUF metadata 'tokenizer.ggml.%s' is %d, outside the %d-token vocabulary: ignored", key, value, vocab
+        )
+        return None
     return value
 
 
