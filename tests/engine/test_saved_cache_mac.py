@@ -157,7 +157,7 @@ def test_partial_files_are_also_removed_when_the_app_starts(tmp_path):
     folder.mkdir(mode=0o700)
     (folder / "chat-3.partial.safetensors").write_bytes(b"half a cache")
     os.utime(folder / "chat-3.partial.safetensors", (1, 1))
-    SavedCaches.beside(tmp_path / "brisk.db")
+    SavedCaches(folder).check()
     assert list(folder.iterdir()) == []
 
 
@@ -165,10 +165,10 @@ def test_a_symlinked_caches_folder_is_never_written_through(tiny_llama, tmp_path
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (tmp_path / "brisk.db.caches").symlink_to(elsewhere)
-    with pytest.raises(UnsafeLocation, match="symbolic link"):
-        SavedCaches.beside(tmp_path / "brisk.db")
     save_chats(tiny_llama, SavedCaches(tmp_path / "brisk.db.caches"), [1])
     assert list(elsewhere.iterdir()) == []
+    with pytest.raises(UnsafeLocation, match="symbolic link"):
+        SavedCaches.beside(tmp_path / "brisk.db")
 
 
 def test_a_caches_folder_planted_by_another_user_is_refused(tiny_llama, tmp_path):
@@ -185,11 +185,11 @@ def test_a_caches_folder_planted_by_another_user_is_refused(tiny_llama, tmp_path
     os.chown(planted / "chat-1.partial.safetensors", STRANGER, STRANGER, follow_symlinks=False)
     os.chown(planted, STRANGER, STRANGER)
     planted.chmod(0o777)
-    with pytest.raises(UnsafeLocation, match="belongs to another user"):
-        SavedCaches.beside(shared / "brisk.db")
     save_chats(tiny_llama, SavedCaches(planted), [1])
     assert victim.read_text() == "precious"
     assert sorted(p.name for p in planted.iterdir()) == ["chat-1.partial.safetensors"]
+    with pytest.raises(UnsafeLocation, match="belongs to another user"):
+        SavedCaches.beside(shared / "brisk.db")
 
 
 def test_a_cache_file_of_another_user_is_not_loaded(tiny_llama, tmp_path):
