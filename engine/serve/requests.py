@@ -4,20 +4,29 @@ Every field is checked: an unknown one, a wrong type or a value the engine canno
 is refused with OpenAI's error shape and the HTTP status a client expects, never ignored.
 Brisk's own controls ride in a `brisk` object and become the same ChatSettings the CLI
 builds, so they are validated with the CLI's messages.
+
+Before any field is read, the whole body is walked once (`check_values`): nesting, strings
+that UTF-8 cannot carry (lone surrogates from `\\ud800` escapes) and non-finite numbers are
+refused there, so nothing later (the model store, the tokenizer, the JSON encoder) meets them.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.conversation import Message
 from engine.errors import BriskError
+from engine.models.store import validate_model_id
+from engine.serve.stops import check_stops
 from engine.settings import ChatSettings
 
 ROLES = ("system", "user", "assistant", "developer")
-MAX_STOPS = 4  # OpenAI's limit
+# A chat request nests 4 deep (body, messages, a message, its content parts); JSON's decoder
+# and every later walk recurse per level, so a body nested 100,000 deep is refused here.
+MAX_DEPTH = 32
 
 
 class ApiError(Exception):
@@ -54,6 +63,65 @@ class Completion:
 def _check(condition: object, message: str, param: str) -> None:
     if not condition:
         raise ApiError(400, message, param=param)
+
+
+def _shown(value: str, limit: int = 40) -> str:
+    """A client's string in a one-line message: escaped (newlines too) and cut."""
+    return repr(value[:limit]) + ("..." if len(value) > limit else "")
+
+
+def check_values(body: Any) -> None:
+    """The whole body, depth first without recursion: nesting, every string, every number."""
+    pending: list[tuple[Any, str, int]] = [(body, "", 1)]
+    while pending:
+        value, path, depth = pending.pop()
+        param = path or None
+        if isinstance(value, (dict, list)):
+            if depth > MAX_DEPTH:
+                field_name = re.split(r"[.\[]", path, maxsplit=1)[0]
+                raise ApiError(
+                    400,
+                    f"{field_name} nests deeper than {MAX_DEPTH} levels",
+                    param=field_name,
+                    code="nested_too_deeply",
+                )
+            if isinstance(value, dict):
+                for key, item in value.items():
+                    _check_string(key, f"{path}.{key}" if path else key)
+                    pending.append((item, f"{path}.{key}" if path else key, depth + 1))
+            else:
+                pending.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
+        elif isinstance(value, str):
+            _check_string(value, path)
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ApiError(400, f"{path or 'The body'} must be a finite number (got {value})", param=param)
+
+
+def _check_string(value: str, path: str) -> None:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate: no tokenizer or response can carry it
+        raise ApiError(
+            400,
+            f"{path or 'The body'} holds a lone surrogate (\\u{ord(value[exc.start]):04x} at character "
+            f"{exc.start}), which is not text: send characters outside the BMP as a surrogate pair",
+            param=path or None,
+        ) from None
+
+
+def _model_id(value: Any, param: str) -> str:
+    """A model id by the store's rules (a folder name: no '..', no '/', no uppercase, <= 80)."""
+    _check(isinstance(value, str) and value, f"{param} must be a model id (GET /v1/models lists them)", param)
+    try:
+        return validate_model_id(value)
+    except BriskError:
+        raise ApiError(
+            400,
+            f"{param} {_shown(value)} is not a model id: ids are lowercase letters, digits, '.', '_' and '-', "
+            "at most 80 (GET /v1/models lists them)",
+            param=param,
+            code="invalid_model_id",
+        ) from None
 
 
 def _number(body: dict, name: str, low: float, high: float) -> float | None:
@@ -168,7 +236,10 @@ def _stops(value: Any) -> list[str]:
         "stop must be a non-empty string or a list of them",
         "stop",
     )
-    _check(len(stops) <= MAX_STOPS, f"stop takes at most {MAX_STOPS} sequences", "stop")
+    try:
+        check_stops(stops)
+    except ValueError as exc:
+        raise ApiError(400, str(exc), param="stop") from None
     return stops
 
 
@@ -221,7 +292,10 @@ def _brisk_settings(controls: Any, settings: dict) -> dict:
         "kv_group_size",
     ):
         if name in controls:
-            settings[renames.get(name, name)] = controls[name]
+            value = controls[name]
+            if name == "draft" and value not in (None, ""):  # "" or null: no draft
+                value = _model_id(value, "brisk.draft")
+            settings[renames.get(name, name)] = value
     if "kv_bits" in controls:
         if controls["kv_bits"] == "auto":
             settings["kv_auto"] = True
@@ -231,9 +305,10 @@ def _brisk_settings(controls: Any, settings: dict) -> dict:
 
 
 def parse(body: Any, *, chat: bool, default_model: str) -> Completion:
+    check_values(body)
     body = _known_fields(body, CHAT_FIELDS if chat else COMPLETION_FIELDS)
-    model = body.get("model", default_model)
-    _check(isinstance(model, str) and model, "model must be a model id (GET /v1/models lists them)", "model")
+    model = _model_id(body.get("model", default_model), "model")
+    _check(isinstance(body.get("user", ""), str), "user must be a string", "user")
     if chat:
         system, messages = parse_messages(body.get("messages"))
     else:
