@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 
 from app.icons import icon
 from app.widgets.coverage import CoverageMap
+from app.widgets.full_text import FullTextView
 from app.widgets.safe_text import MARKDOWN_FEATURES, SafeDocument, open_link, plain_label
 from engine.documents import join_attached, split_attached
 
@@ -42,10 +43,6 @@ RENDER_INTERVAL_MS = 80  # re-render a streaming answer at most this often
 # A bubble lays out at most this many characters (about 12K tokens, longer than almost any
 # answer); a 50 MB message laid out whole kept the window from opening for minutes.
 DISPLAY_CHARS = 50_000
-# "Show all" shows the whole text in a scrolling plain-text view, which lays out only the
-# lines on screen; a longer line is broken there, as one line is laid out whole.
-FULL_VIEW_LINE_CHARS = 10_000
-FULL_VIEW_HEIGHT = 480
 
 
 class CodeHighlighter(QSyntaxHighlighter):
@@ -220,7 +217,7 @@ class MessageWidget(QFrame):
         self.show_all_button.clicked.connect(self.toggle_show_all)
         self.show_all_button.hide()
         layout.addWidget(self.show_all_button)
-        self.full_view: QPlainTextEdit | None = None
+        self.full_view: FullTextView | None = None
         self._shown: tuple | None = None  # what the body holds now, to skip redoing it
         self.editor: QPlainTextEdit | None = None
         self.coverage: CoverageMap | None = None
@@ -316,8 +313,8 @@ class MessageWidget(QFrame):
             whole = f"Show all ({len(text):,} characters)"
             self.show_all_button.setText("Show less" if self.full_view is not None else whole)
             self.show_all_button.setVisible(self.editor is None)
-            if self.full_view is not None and self.full_view.property("length") != len(text):
-                self._fill_full_view(text)
+            if self.full_view is not None:
+                self.full_view.set_text(text)
         else:
             self.show_all_button.hide()
         shown = (truncated, tinted, len(text) if not truncated else None)
@@ -349,39 +346,21 @@ class MessageWidget(QFrame):
             self.body.show()
             self.render()
 
-    def show_all(self) -> QPlainTextEdit:
-        """The whole text in a scrolling plain-text view in place of the cut one."""
+    def show_all(self) -> FullTextView:
+        """The whole text, in a plain-text view that takes it a part at a time, in place of the cut one."""
         if self.full_view is None:
-            self.full_view = QPlainTextEdit()
-            self.full_view.setReadOnly(True)
-            self.full_view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
-            self.full_view.setFixedHeight(FULL_VIEW_HEIGHT)
-            self._fill_full_view(self.text)
+            self.full_view = FullTextView(self.text)
             self.layout().insertWidget(self.layout().indexOf(self.body) + 1, self.full_view)
+            self.full_view.show()  # now, not at the next turn of the event loop
             self.body.hide()
         self.show_all_button.setText("Show less")
         return self.full_view
-
-    def _fill_full_view(self, text: str) -> None:
-        self.full_view.setPlainText(break_long_lines(text, FULL_VIEW_LINE_CHARS))
-        self.full_view.setProperty("length", len(text))
 
     def _close_full_view(self) -> None:
         if self.full_view is not None:
             self.full_view.setParent(None)
             self.full_view.deleteLater()
             self.full_view = None
-
-
-def break_long_lines(text: str, width: int) -> str:
-    """`text` with every line longer than `width` cut into lines of `width` (for display only:
-    Copy, export and the store keep the text as it is)."""
-    if "\n" not in text and len(text) <= width:
-        return text
-    lines = []
-    for line in text.split("\n"):
-        lines.extend([line[at : at + width] for at in range(0, len(line), width)] or [""])
-    return "\n".join(lines)
 
 
 def _head(segments: list[tuple[str, str]], limit: int) -> list[tuple[str, str]]:

@@ -1,0 +1,288 @@
+"""Hostile message text must not make the app read files, follow links or lay out megabytes
+(issue 54, items 3 and 5). Each input reaches the app the way it would for real: a stored
+row opened at startup, an imported chat, a chip, a streamed answer."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from PySide6.QtCore import QUrl
+from PySide6.QtGui import QColor, QImage, QTextCursor
+
+from app.widgets.chat_view import DISPLAY_CHARS, ChatView
+from app.widgets.full_text import LINE_CHARS, PART_CHARS, FullTextView
+from app.widgets.safe_text import is_openable_link
+from engine.documents import attached_block
+
+# Taller than any line of text: a bubble or label this tall has read the image.
+IMAGE_HEIGHT = 400
+
+
+@pytest.fixture
+def picture(tmp_path):
+    """A real image on disk: Qt's old rendering opened it and made the bubble its height."""
+    image = QImage(300, IMAGE_HEIGHT, QImage.Format_RGB32)
+    image.fill(QColor("red"))
+    path = tmp_path / "picture.png"
+    assert image.save(str(path))
+    return path
+
+
+def stored_chat(make_window, db_path, *contents, role="assistant"):
+    """A chat whose rows hold `contents`, opened the way startup opens the newest chat."""
+    from app.store import Store
+
+    store = Store(db_path)
+    cid = store.create_conversation("Hostile", {})
+    for content in contents:
+        store.add_message(cid, role, content)
+    store.close()
+    window = make_window()
+    assert window.controller.current == cid
+    return window
+
+
+def body_height(bubble) -> float:
+    return bubble.body.document().size().height()
+
+
+def test_a_markdown_image_in_a_stored_row_is_never_read(qtbot, make_window, db_path, picture):
+    window = stored_chat(make_window, db_path, f"before ![x]({picture}) after", "![zero](/dev/zero)")
+    first, zero = window.chat_view.messages
+    assert body_height(first) < IMAGE_HEIGHT / 4  # the placeholder, not the picture
+    assert str(picture) in first.body.document().refused
+    assert "before" in first.body.toPlainText() and "after" in first.body.toPlainText()
+    # /dev/zero never ends: reading it grew the app to 5 GB. It was asked for, and refused.
+    assert "/dev/zero" in zero.body.document().refused
+    assert body_height(zero) < IMAGE_HEIGHT / 4
+
+
+def test_raw_html_in_a_message_stays_text(qtbot, make_window, db_path, picture):
+    hostile = f'<img src="{picture}"> <link rel="stylesheet" href="{picture}"> <b>bold?</b>'
+    window = stored_chat(make_window, db_path, hostile, role="user")
+    bubble = window.chat_view.messages[0]
+    assert body_height(bubble) < IMAGE_HEIGHT / 4
+    assert f'<img src="{picture}">' in bubble.body.toPlainText()  # shown as typed
+    assert "<b>bold?</b>" in bubble.body.toPlainText()
+
+
+# Serves every open of the FIFO from another process (a thread would need the GIL, which the
+# GUI thread holds while Qt blocks in a read): logs each open, writes a little, closes.
+FIFO_WRITER = """
+import os, sys
+fifo, log, done = sys.argv[1:]
+while True:
+    fd = os.open(fifo, os.O_WRONLY)  # returns once a reader opens the FIFO
+    if os.path.exists(done):  # the test's own reader, releasing this process
+        os.close(fd)
+        break
+    with open(log, "a") as f:
+        f.write("opened\\n")
+    os.write(fd, b"not an image")
+    os.close(fd)
+"""
+
+
+def test_an_image_on_a_fifo_is_never_opened(qtbot, make_window, db_path, tmp_path):
+    """Opening a FIFO to read blocks until someone writes: it hung the app. Here a writer
+    serves every open, so an open by the app is logged instead of hanging the test."""
+    fifo, log, done = tmp_path / "pipe.png", tmp_path / "opens.log", tmp_path / "done"
+    os.mkfifo(fifo)
+    log.touch()
+    writer = subprocess.Popen([sys.executable, "-c", FIFO_WRITER, str(fifo), str(log), str(done)])
+    window = stored_chat(make_window, db_path, f"![pipe]({fifo})", f'<img src="{fifo}">')
+    window.chat_view.messages[-1].body.viewport().repaint()
+    opens_by_the_app = log.read_text()  # a reader that opened it has read to EOF by now
+    refused = getattr(window.chat_view.messages[0].body.document(), "refused", [])
+    window.chat_view.clear()  # nothing left to paint: a failed image was opened at every paint
+    done.touch()
+    release = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer.wait()
+    os.close(release)
+    assert opens_by_the_app == ""
+    assert str(fifo) in refused
+
+
+def click_anchor(qtbot, body, text):
+    """A left click on the first occurrence of `text` in the bubble, as a user would."""
+    from PySide6.QtCore import Qt
+
+    cursor = body.document().find(text)
+    assert not cursor.isNull()
+    cursor.setPosition(cursor.selectionStart() + 1, QTextCursor.MoveAnchor)
+    qtbot.mouseClick(body.viewport(), Qt.LeftButton, pos=body.cursorRect(cursor).center())
+
+
+class Opened:
+    """Stands in for QDesktopServices: records the urls the app asks the desktop to open."""
+
+    urls: list = []
+
+    @classmethod
+    def openUrl(cls, url):
+        cls.urls.append(url.toString())
+        return True
+
+
+def test_a_file_link_opens_nothing_and_its_file_never_shows(qtbot, make_window, db_path, tmp_path, monkeypatch):
+    monkeypatch.setattr("app.widgets.safe_text.QDesktopServices", Opened)
+    monkeypatch.setattr(Opened, "urls", [])
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:THE SECRET\n")
+    window = stored_chat(
+        make_window,
+        db_path,
+        f"[passwd]({QUrl.fromLocalFile(str(secret)).toString()}) and [web](https://example.com/page)",
+    )
+    body = window.chat_view.messages[0].body
+    click_anchor(qtbot, body, "passwd")
+    assert "THE SECRET" not in body.toPlainText()
+    assert "passwd and web" in body.toPlainText()  # the bubble still shows the message
+    assert Opened.urls == []
+    click_anchor(qtbot, body, "web")
+    assert Opened.urls == ["https://example.com/page"]
+    assert "passwd and web" in body.toPlainText()
+
+
+@pytest.mark.parametrize(
+    ("url", "opens"),
+    [
+        ("https://example.com/x", True),
+        ("http://example.com", True),
+        ("HTTPS://EXAMPLE.COM", True),
+        ("file:///etc/passwd", False),
+        ("/etc/passwd", False),
+        ("secret.txt", False),
+        ("qrc:/icons/app.svg", False),
+        ("data:text/html,<b>x</b>", False),
+        ("javascript:alert(1)", False),
+        ("https:///etc/passwd", False),  # no host
+    ],
+)
+def test_only_web_links_leave_the_app(url, opens):
+    assert is_openable_link(QUrl(url)) is opens
+
+
+def test_a_chip_named_with_html_shows_the_name(qtbot, make_window, db_path, picture):
+    name = f'<img src="{picture}">'
+    window = stored_chat(make_window, db_path, attached_block(name, "the document") + "\n\nRead it", role="user")
+    chip = window.chat_view.messages[0].chips[0]
+    assert chip.label.text().startswith(name)
+    assert chip.label.sizeHint().height() < IMAGE_HEIGHT / 4
+    composer_chip = window.composer.add_attachment(name, 12, False, f"{name} does not fit")
+    assert composer_chip.label.text().startswith(name)
+    assert composer_chip.label.sizeHint().height() < IMAGE_HEIGHT / 4
+    tooltip = composer_chip.label.toolTip()
+    assert "<img" not in tooltip and "&lt;img" in tooltip  # shown as typed, not as an image
+    window.composer.show_message(f"Cannot attach {name}: not a document", error=True)
+    assert window.composer.message.sizeHint().height() < IMAGE_HEIGHT / 4
+
+
+def test_labels_quoting_a_model_or_an_error_stay_text(qtbot, make_window, picture):
+    hostile = f'<img src="{picture}">'
+    window = make_window()
+    window.dashboard.set_chat_models(hostile, None)
+    window.dashboard.set_model_state(f"Cannot load {hostile}")
+    for label in (window.dashboard.chat_model, window.dashboard.model_state):
+        assert hostile in label.text() and label.sizeHint().height() < IMAGE_HEIGHT / 4
+
+
+def test_an_imported_chat_renders_safely(qtbot, make_window, tmp_path, picture):
+    export = tmp_path / "hostile.json"
+    export.write_text(
+        json.dumps(
+            {
+                "format": "brisk-chat",
+                "title": "Imported",
+                "messages": [
+                    {"role": "user", "content": f"![x]({picture}) <img src='{picture}'>"},
+                    {"role": "assistant", "content": "[x](file:///etc/passwd)"},
+                ],
+            }
+        )
+    )
+    window = make_window()
+    window.import_json(str(export))
+    first, second = window.chat_view.messages
+    assert body_height(first) < IMAGE_HEIGHT / 4
+    assert second.body.toPlainText().strip() == "x"
+
+
+def fifty_megabytes(line: str) -> str:
+    size = 50 * 2**20
+    return (line * (size // len(line) + 1))[:size]
+
+
+@pytest.mark.parametrize("line", ["Lorem ipsum dolor sit amet, **bold** `code`.\n", "one endless line "])
+def test_a_fifty_megabyte_message_opens_cut_and_shows_all_on_demand(qtbot, make_window, db_path, line):
+    text = fifty_megabytes(line)
+    window = stored_chat(make_window, db_path, "A short question", text)
+    bubble = window.chat_view.messages[-1]
+    # The work at startup is bounded: the bubble holds (and lays out) only the first part.
+    assert bubble.body.document().characterCount() <= DISPLAY_CHARS + 2
+    assert bubble.body.toPlainText().startswith(text[:1000])
+    assert bubble.show_all_button.isVisibleTo(window)
+    assert f"{len(text):,} characters" in bubble.show_all_button.text()
+    assert bubble.text == text  # Copy and Edit work on the whole message
+    assert window.store.messages(window.controller.current)[-1].content == text
+
+    bubble.show_all_button.click()
+    full = bubble.full_view
+    assert full is not None and not bubble.body.isVisibleTo(window)
+    assert full.parts == -(-len(text) // PART_CHARS) and full.pager.isVisibleTo(window)
+    shown = full.view.toPlainText()  # a click lays out one part, never the whole
+    assert full.view.document().characterCount() <= PART_CHARS + PART_CHARS // LINE_CHARS + 1
+    full.next.click()
+    shown += full.view.toPlainText()
+    full.show_part(full.parts - 1)
+    assert not full.next.isEnabled()
+    last = full.view.toPlainText()
+    if "\n" in line:  # short lines: shown exactly as stored
+        assert shown == text[: 2 * PART_CHARS] and text.endswith(last)
+    else:  # one line: cut into lines the view lays out one at a time
+        assert max(len(shown_line) for shown_line in last.split("\n")) == LINE_CHARS
+        assert shown.replace("\n", "") == text[: 2 * PART_CHARS] and text.endswith(last.replace("\n", ""))
+    full.previous.click()
+    assert full.part == full.parts - 2
+    bubble.show_all_button.click()
+    assert bubble.full_view is None and bubble.body.isVisibleTo(window)
+
+
+def test_the_full_view_walks_through_every_part(qtbot):
+    lines = "short line\n" * ((2 * PART_CHARS + 100) // 11 + 1)  # into the third part
+    long_line = "x" * (3 * LINE_CHARS + 5)
+    text = lines + long_line
+    view = FullTextView(text)
+    qtbot.addWidget(view)
+    seen = [view.view.toPlainText()]
+    while view.next.isEnabled():
+        view.next.click()
+        seen.append(view.view.toPlainText())
+    assert len(seen) == view.parts == 3
+    assert "".join(seen[:2]) == text[: 2 * PART_CHARS]  # parts follow on exactly
+    assert seen[2] == text[2 * PART_CHARS : len(lines)] + "\n".join(["x" * LINE_CHARS] * 3 + ["xxxxx"])
+    view.previous.click()
+    assert view.view.toPlainText() == seen[1] and view.previous.isEnabled()
+
+
+def test_a_streamed_answer_past_the_limit_stays_cut(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    piece = "word " * 2000  # 10,000 characters
+    for i in range(8):
+        view.append_to_last(piece, source="draft" if i % 2 else "")
+        view.flush()
+    bubble = view.messages[-1]
+    assert len(bubble.text) == 80_000
+    assert bubble.body.document().characterCount() <= DISPLAY_CHARS + 2
+    view.set_tint_draft(True)  # the tinted rendering is cut the same way
+    assert bubble.body.document().characterCount() <= DISPLAY_CHARS + 2
+    assert "background-color" in bubble.body.toHtml()
+    full = bubble.show_all()
+    assert not full.pager.isVisibleTo(view)  # one part holds it all
+    assert full.view.toPlainText().replace("\n", "") == bubble.text  # one line, cut for display
+    view.append_to_last("the end")  # a streaming answer grows under an open view
+    view.flush()
+    assert full.view.toPlainText().endswith("the end")
