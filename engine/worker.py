@@ -4,6 +4,8 @@
 thread (app/engine_thread.py) and the tests drive it directly. It owns the loaded models
 (a few, least recently used dropped) and one `Session` per open conversation, so a chat's
 prompt cache survives while the user switches between chats. Every failure is an event.
+The API server's conversations (negative ids) are bounded by their owner, the server's
+queue, by bytes (`ForgetConversation`), and `DescribeSessions` tells it which are alive.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ log = logging.getLogger(__name__)
 
 # Target plus draft for the current chat, and one more for switching back and forth.
 MAX_MODELS = 3
-MAX_SESSIONS = 4  # prompt caches kept for recently used chats
+MAX_SESSIONS = 4  # prompt caches kept for recently used chats (the server's are bounded by bytes)
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,16 @@ class ForgetConversation:
 
 
 @dataclass(frozen=True)
+class DescribeSessions:
+    """Which conversations have a live session, and the bytes their prompt caches hold."""
+
+
+@dataclass(frozen=True)
+class SessionsDescribed:
+    sessions: dict[int, int]  # conversation id -> KV bytes its caches reserve (target and draft)
+
+
+@dataclass(frozen=True)
 class CheckDocument:
     conversation_id: int
     path: str
@@ -82,7 +94,7 @@ class DocumentChecked:
 
 TURN_COMMANDS = (Answer,)
 # What `EngineWorker.handle` yields: engine events, scoped to their chat when they belong to one.
-WorkerEvent = Union[EngineEvent, ConversationEvent, DocumentChecked, ModelsChanged]
+WorkerEvent = Union[EngineEvent, ConversationEvent, DocumentChecked, ModelsChanged, SessionsDescribed]
 
 
 class EngineWorker:
@@ -148,6 +160,8 @@ class EngineWorker:
             yield self._check_document(command)
         elif isinstance(command, ForgetConversation):
             self._sessions.pop(command.conversation_id, None)
+        elif isinstance(command, DescribeSessions):
+            yield SessionsDescribed({cid: session_bytes(s) for cid, s in self._sessions.items()})
         elif isinstance(command, MODEL_COMMANDS):
             if isinstance(command, RemoveModel):  # a loaded model's files are about to go
                 self._models.pop(command.model_id, None)
@@ -189,9 +203,9 @@ class EngineWorker:
         session.settings = settings
         self._sessions[cid] = session
         self._sessions.move_to_end(cid)
-        while len(self._sessions) > MAX_SESSIONS:
-            evicted, old = self._sessions.popitem(last=False)
-            self._save(evicted, old)
+        chats = [c for c in self._sessions if not is_server_conversation(c)]
+        for evicted in chats[: max(0, len(chats) - MAX_SESSIONS)]:  # least recently used first
+            self._save(evicted, self._sessions.pop(evicted))
         return session
 
     def close(self) -> None:
@@ -200,7 +214,7 @@ class EngineWorker:
             self._save(cid, session)
 
     def _save(self, cid: int, session: Session) -> None:
-        if self._saved is not None and cid > 0:  # negative ids are the API server's requests
+        if self._saved is not None and not is_server_conversation(cid):
             self._saved.save(cid, session)
 
     def _check_document(self, command: CheckDocument) -> DocumentChecked:
@@ -215,6 +229,19 @@ class EngineWorker:
     def _scoped_events(cid: int, events) -> Iterator[ConversationEvent]:
         for event in events:
             yield ConversationEvent(cid, event)
+
+
+def is_server_conversation(cid: int) -> bool:
+    """Negative ids are the API server's conversations (engine/serve/scheduler.py), never a chat's."""
+    return cid < 0
+
+
+def session_bytes(session: Session) -> int:
+    """The memory a session's prompt caches reserve: the target's and its draft's buffers."""
+    from engine.metrics import kv_bytes_allocated
+
+    caches = [session.cache] + ([session.pair.cache] if session.pair is not None else [])
+    return sum(kv_bytes_allocated(c.layers) for c in caches if c.layers is not None)
 
 
 def _scoped(cid, event):

@@ -5,7 +5,12 @@ client's burst cannot starve the others; the queue depth is reported. Each reque
 worker `Answer` on a conversation slot: a request whose messages continue an earlier
 one's (an editor or agent re-sending a growing chat) lands on that slot, and the
 session's prompt cache reads only what is new.
-Slots are kept least-recently-used first, bounded by the bytes their prompt caches hold.
+
+A slot is a live worker session, nothing else: before and after each request the worker
+says which sessions it holds and the bytes their caches reserve (`DescribeSessions`), slots
+whose session is gone are dropped, sessions no slot knows are forgotten, and the least
+recently used are forgotten until the bytes fit `cache_bytes`. So `reused_conversation`,
+`cached_tokens` and /health's counts describe caches that exist.
 """
 
 from __future__ import annotations
@@ -21,10 +26,18 @@ from engine.conversation import CancelToken, Message
 from engine.events import TurnFinished
 from engine.mlx_threads import MlxThread
 from engine.settings import ChatSettings
-from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
+from engine.worker import (
+    Answer,
+    ConversationEvent,
+    DescribeSessions,
+    EngineWorker,
+    ForgetConversation,
+    SessionsDescribed,
+    is_server_conversation,
+)
 
 log = logging.getLogger(__name__)
-DEFAULT_CACHE_BYTES = 2 << 30
+DEFAULT_CACHE_BYTES = 2 << 30  # a few long conversations of a small model, or one of a large one
 MAX_CLIENTS = 256  # idle clients remembered beyond this are forgotten
 DONE = object()  # after a job's last event
 
@@ -45,7 +58,7 @@ class Job:
 class Slot:
     model: str
     history: list[tuple[str, str]]  # (role, content) of the messages its cache holds, answer included
-    kv_bytes: int = 0
+    kv_bytes: int = 0  # what the session's caches reserve, as the worker last said
 
 
 def _shared_prefix(a: list, b: list) -> int:
@@ -115,7 +128,7 @@ class EngineQueue:
     def stats(self) -> dict:
         with self._lock:
             cached = sum(s.kv_bytes for s in self._slots.values())
-            return {
+            return {  # the cache figures: the worker's sessions as of the last request's end
                 "queued": sum(len(q) for q in self._queues.values()),
                 "running": self._running is not None,
                 "served": self.served,
@@ -166,9 +179,13 @@ class EngineQueue:
                 with self._lock:
                     self._running = None
                     self.served += 1
+        self._forget(list(self._slots))  # closed: the worker (the app's outlives us) keeps none of ours
+        with self._lock:
+            self._slots.clear()
 
     def _run(self, job: Job) -> None:
         key = [(m.role, m.content) for m in job.messages]
+        self._sync()  # the worker may have dropped sessions since (the app's chats share it)
         job.slot, job.reused_slot = self._slot_for(job.settings.model, key)
         outcome: list[TurnFinished] = []
 
@@ -178,14 +195,18 @@ class EngineQueue:
                 outcome.append(inner)
             job.deliver(inner)
 
-        self.execute(Answer(job.slot, job.settings, job.messages), job.cancel, deliver)
-        finished = outcome[-1] if outcome else None
-        with self._lock:
-            self.finished[finished.metrics.finish_reason if finished else "error"] += 1
-        self._remember(job, key, finished)
+        try:
+            self.execute(Answer(job.slot, job.settings, job.messages), job.cancel, deliver)
+        finally:
+            finished = outcome[-1] if outcome else None
+            with self._lock:
+                self.finished[finished.metrics.finish_reason if finished else "error"] += 1
+            self._remember(job, key, finished)
+            self._sync()
+            self._evict()
 
     def _slot_for(self, model: str, key: list) -> tuple[int, bool]:
-        """The slot whose history this request continues the furthest, else a new one."""
+        """The live slot whose history this request continues the furthest, else a new one."""
         best, shared = None, 0
         for slot_id, slot in self._slots.items():
             n = _shared_prefix(slot.history, key)
@@ -197,13 +218,41 @@ class EngineQueue:
 
     def _remember(self, job: Job, key: list, finished: TurnFinished | None) -> None:
         if finished is None or finished.metrics.finish_reason in ("cancelled", "error"):
-            return  # the session's cache still holds the earlier turns; keep the old history
-        history = key + [("assistant", finished.text)]
+            return  # a reused session still holds the earlier turns (keep the old history); a new one is forgotten
         with self._lock:
-            self._slots[job.slot] = Slot(job.settings.model, history, finished.metrics.kv_bytes)
+            self._slots[job.slot] = Slot(job.settings.model, key + [("assistant", finished.text)])
             self._slots.move_to_end(job.slot)
+
+    def _sync(self) -> None:
+        """Slots become exactly the worker's live server sessions, with their real bytes."""
+        described: list[SessionsDescribed] = []
+
+        def keep(event: object) -> None:
+            if isinstance(event, SessionsDescribed):
+                described.append(event)
+
+        self.execute(DescribeSessions(), CancelToken(), keep)
+        if not described:  # the worker could not say (cancelled, broken): keep no slot that may be a fiction
+            log.warning("the engine did not describe its sessions; the server's are forgotten")
+            live = {}
+            self._forget(list(self._slots))
+        else:
+            live = {cid: n for cid, n in described[-1].sessions.items() if is_server_conversation(cid)}
+        with self._lock:
+            for slot_id in [s for s in self._slots if s not in live]:
+                del self._slots[slot_id]
+            for slot_id, slot in self._slots.items():
+                slot.kv_bytes = live[slot_id]
+        self._forget([cid for cid in live if cid not in self._slots])  # half-made or another queue's
+
+    def _evict(self) -> None:
+        """Forget least recently used slots until their bytes fit the budget (the last one too)."""
+        with self._lock:
             dropped = []
-            while len(self._slots) > 1 and sum(s.kv_bytes for s in self._slots.values()) > self.cache_bytes:
+            while self._slots and sum(s.kv_bytes for s in self._slots.values()) > self.cache_bytes:
                 dropped.append(self._slots.popitem(last=False)[0])
-        for slot in dropped:
+        self._forget(dropped)
+
+    def _forget(self, slots: list[int]) -> None:
+        for slot in slots:
             self.execute(ForgetConversation(slot), CancelToken(), lambda event: None)

@@ -9,7 +9,7 @@ from engine.metrics import TurnMetrics
 from engine.serve.scheduler import DONE, EngineQueue, Job
 from engine.serve.stops import StopScanner
 from engine.settings import ChatSettings
-from engine.worker import ConversationEvent, ForgetConversation
+from engine.worker import ConversationEvent, DescribeSessions, ForgetConversation, SessionsDescribed
 
 
 class FakeWorker:
@@ -18,11 +18,17 @@ class FakeWorker:
     def __init__(self, kv_bytes=100):
         self.release, self.entered = threading.Event(), threading.Event()
         self.order, self.forgotten, self.kv_bytes = [], [], kv_bytes
+        self.sessions = {}  # conversation id -> bytes, as a real worker keeps them
 
     def handle(self, command, cancel):
         if isinstance(command, ForgetConversation):
             self.forgotten.append(command.conversation_id)
+            self.sessions.pop(command.conversation_id, None)
             return
+        if isinstance(command, DescribeSessions):
+            yield SessionsDescribed(dict(self.sessions))
+            return
+        self.sessions[command.conversation_id] = self.kv_bytes
         if not self.order:
             self.entered.set()
             self.release.wait(10)
@@ -81,8 +87,9 @@ def test_slots_beyond_the_byte_bound_are_forgotten_oldest_first():
             Job("x", [Message("user", text)], ChatSettings(model="m"), lambda e, done=done: e is DONE and done.set())
         )
         assert done.wait(10)
-    queue.close()
     assert len(worker.forgotten) == 2 and queue.stats()["cached_bytes"] == 200
+    queue.close()
+    assert worker.sessions == {}  # a closed queue leaves no session behind in a worker it shares
 
 
 def test_stop_text_is_held_back_until_it_is_decided():
