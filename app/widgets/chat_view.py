@@ -43,6 +43,9 @@ RENDER_INTERVAL_MS = 80  # re-render a streaming answer at most this often
 # A bubble lays out at most this many characters (about 12K tokens, longer than almost any
 # answer); a 50 MB message laid out whole kept the window from opening for minutes.
 DISPLAY_CHARS = 50_000
+# Past this an editor would freeze the app laying the text out (seconds per megabyte), and
+# splitting it into words for a chip took 9 s for 50 MB: counted as characters instead.
+EDITABLE_CHARS = 1_000_000
 
 
 class CodeHighlighter(QSyntaxHighlighter):
@@ -121,7 +124,7 @@ class DocumentChip(QFrame):
             facts.append(f"{pages:,} page{'s' if pages != 1 else ''}")
         if tokens:
             facts.append(f"{tokens:,} tokens")
-        facts.append(f"{len(text.split()):,} words")
+        facts.append(f"{len(text.split()):,} words" if len(text) <= EDITABLE_CHARS else f"{len(text):,} characters")
         self.label = plain_label(" · ".join(facts))
         layout.addWidget(self.label, 1)
         self.preview_button = QPushButton("Preview")
@@ -134,10 +137,7 @@ class DocumentChip(QFrame):
         dialog.setWindowTitle(self.name)
         dialog.resize(720, 560)
         layout = QVBoxLayout(dialog)
-        view = QPlainTextEdit(self.text)
-        view.setReadOnly(True)
-        view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
-        layout.addWidget(view)
+        layout.addWidget(FullTextView(self.text, height=None))  # a part at a time: it may be megabytes
         buttons = QDialogButtonBox(QDialogButtonBox.Close)
         buttons.rejected.connect(dialog.reject)
         layout.addWidget(buttons)
@@ -190,6 +190,9 @@ class MessageWidget(QFrame):
         if role == "user":
             self.edit_button = QPushButton("Edit")
             self.edit_button.clicked.connect(lambda: self.edit_requested.emit(self.index))
+            if len(text) > EDITABLE_CHARS:
+                self.edit_button.setEnabled(False)
+                self.edit_button.setToolTip(f"Too long to edit here ({len(text):,} characters): Copy it instead")
             header.addWidget(self.edit_button)
         else:
             self.older = QPushButton("<")

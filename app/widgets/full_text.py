@@ -30,14 +30,16 @@ class FullTextView(QWidget):
     """A read-only plain-text view of `text` that lays out only what it shows: one part of
     PART_CHARS characters, and of that only the lines on screen."""
 
-    def __init__(self, text: str, parent=None):
+    def __init__(self, text: str, parent=None, *, height: int | None = VIEW_HEIGHT):
+        """`height`: fixed inside a bubble (the chat scrolls, not the bubble); None in a dialog."""
         super().__init__(parent)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         self.view = QPlainTextEdit()
         self.view.setReadOnly(True)
         self.view.setLineWrapMode(QPlainTextEdit.WidgetWidth)
-        self.view.setFixedHeight(VIEW_HEIGHT)
+        if height is not None:
+            self.view.setFixedHeight(height)
         layout.addWidget(self.view)
         pager = QHBoxLayout()
         self.previous = QPushButton("Previous part")

@@ -11,7 +11,7 @@ import pytest
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QImage, QTextCursor
 
-from app.widgets.chat_view import DISPLAY_CHARS, ChatView
+from app.widgets.chat_view import DISPLAY_CHARS, EDITABLE_CHARS, ChatView
 from app.widgets.full_text import LINE_CHARS, PART_CHARS, FullTextView
 from app.widgets.safe_text import is_openable_link
 from engine.documents import attached_block
@@ -248,6 +248,23 @@ def test_a_fifty_megabyte_message_opens_cut_and_shows_all_on_demand(qtbot, make_
     assert full.part == full.parts - 2
     bubble.show_all_button.click()
     assert bubble.full_view is None and bubble.body.isVisibleTo(window)
+
+
+def test_a_huge_user_message_with_a_huge_document_opens_without_laying_either_out(qtbot, make_window, db_path):
+    document = "a line of it\n" * (2 * PART_CHARS // 13 + 1)  # more than two parts
+    typed = "x" * (EDITABLE_CHARS + 1)
+    window = stored_chat(make_window, db_path, attached_block("huge.txt", document) + "\n\n" + typed, role="user")
+    bubble = window.chat_view.messages[0]
+    assert bubble.text == typed and bubble.body.document().characterCount() <= DISPLAY_CHARS + 2
+    assert not bubble.edit_button.isEnabled()  # an editor would lay the whole text out
+    assert f"{len(typed):,} characters" in bubble.edit_button.toolTip()
+    chip = bubble.chips[0]
+    assert chip.label.text().endswith(f"{len(document):,} characters")  # not split into words
+    chip.preview()
+    full = chip.dialog.findChild(FullTextView)
+    assert full.parts == 3 and full.view.toPlainText() == document[:PART_CHARS]
+    full.show_part(2)
+    assert document.endswith(full.view.toPlainText())
 
 
 def test_the_full_view_walks_through_every_part(qtbot):
