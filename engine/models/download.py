@@ -216,10 +216,13 @@ def pull(
 
 
 def _install(store: ModelStore, downloaded: Path, model_id: str, source: str) -> CatalogEntry:
-    with store.staging(model_id) as stage:
-        for item in downloaded.iterdir():
-            if item.is_file():
-                shutil.move(str(item), stage / item.name)
-        store.register(stage, model_id=model_id, source=source)
+    try:
+        with store.staging(model_id) as stage:
+            for item in downloaded.iterdir():
+                if item.is_file():
+                    shutil.move(str(item), stage / item.name)
+            store.register(stage, model_id=model_id, source=source)
+    except OSError as exc:
+        raise disk_error(exc, f"installing {model_id}") from exc
     shutil.rmtree(downloaded, ignore_errors=True)
     return store.get(model_id)

