@@ -13,6 +13,10 @@ reader keeps about 1.7 KB of numpy views per string in an array, and a tokenizer
 0.4 KB more per token or merge. A 222 MB file of 10 million tokens passed every length
 check and needed over 10 GB to import, so string arrays are refused by count (beyond any
 real vocabulary) and by the memory they would take, before the reader is built.
+
+Once the importer has a config from the metadata, `check_tensors` holds the file's tensors
+to it: exactly the tensors that config needs, each of its shape (a vocabulary of one, a
+zero dimension or a wrong hidden size used to install and fail at load).
 """
 
 from __future__ import annotations
@@ -21,8 +25,12 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.errors import GGUFImportError
+
+if TYPE_CHECKING:
+    from engine.models.gguf_import import ArchSpec
 
 # GGUF value types -> bytes per item; 8 = string, 9 = array.
 SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
@@ -271,3 +279,63 @@ def check_tensor_data(name: str, header: Header) -> None:
                 f"Tensor {first} is {end - start:,} bytes for its type but {next_start - start:,} lie before "
                 f"{second}: its type does not match its data (the file is damaged or mislabelled)"
             )
+
+
+# Tensors whose values must stay exact: a norm or bias stored quantized is mislabelled.
+FLOAT_TYPE_IDS = {0: "F32", 1: "F16", 28: "F64", 30: "BF16"}
+# Integer tensors (I8..I64) are no weights this importer knows.
+INTEGER_TYPE_IDS = {24, 25, 26, 27}
+
+
+def expected_shapes(config: dict, spec: ArchSpec) -> dict[str, tuple[int, ...]]:
+    """Every tensor this config needs, GGUF-named, with its shape in Hugging Face order."""
+    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = config["head_dim"]
+    q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    per_layer = {
+        "attn_norm": (hidden,),
+        "attn_q": (q_rows, hidden),
+        "attn_k": (kv_rows, hidden),
+        "attn_v": (kv_rows, hidden),
+        "attn_output": (hidden, q_rows),
+        "ffn_gate": (inter, hidden),
+        "ffn_up": (inter, hidden),
+        "ffn_down": (hidden, inter),
+        "ffn_norm": (hidden,),
+        "attn_q_norm": (head_dim,),
+        "attn_k_norm": (head_dim,),
+        "post_attention_norm": (hidden,),
+        "post_ffw_norm": (hidden,),
+    }
+    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
+    if not config["tie_word_embeddings"]:
+        shapes["output.weight"] = (vocab, hidden)
+    for layer in range(config["num_hidden_layers"]):
+        for kind in spec.layer_names:
+            shapes[f"blk.{layer}.{kind}.weight"] = per_layer[kind]
+        for kind in spec.biases:
+            shapes[f"blk.{layer}.{kind}.bias"] = per_layer[kind][:1]
+    return shapes
+
+
+def check_tensors(config: dict, spec: ArchSpec, tensors: list[TensorEntry]) -> None:
+    """GGUFImportError unless the file holds exactly the tensors `config` needs, each of the
+    shape and kind of type its name says, before anything is written."""
+    expected = expected_shapes(config, spec)
+    for entry in tensors:
+        shape = tuple(reversed(entry.dims))  # GGUF lists the fastest-moving dimension first
+        if entry.name not in expected:
+            raise GGUFImportError(
+                f"Tensor {entry.name} does not belong to this {spec.model_type} model "
+                f"({config['num_hidden_layers']} layers, biases: {', '.join(spec.biases) or 'none'})"
+            )
+        if shape != expected[entry.name]:
+            raise GGUFImportError(
+                f"Tensor {entry.name} is {list(shape)} but the metadata makes it {list(expected[entry.name])}: "
+                "the file's tensors do not match its metadata"
+            )
+        if entry.type_id in INTEGER_TYPE_IDS or (len(shape) == 1 and entry.type_id not in FLOAT_TYPE_IDS):
+            raise GGUFImportError(f"Tensor {entry.name} is stored as type {entry.type_id}, which no such tensor uses")
+    missing = sorted(set(expected) - {entry.name for entry in tensors})
+    if missing:
+        raise GGUFImportError(f"The GGUF lacks {len(missing)} tensor(s) its metadata promises (e.g. {missing[0]})")

@@ -27,7 +27,7 @@ import numpy as np
 from engine.errors import BrokenModelFolder, GGUFImportError
 from engine.models import gguf_quant
 from engine.models.folder import check_config_values
-from engine.models.gguf_check import MAX_VOCAB, TensorEntry, check_gguf_structure
+from engine.models.gguf_check import MAX_VOCAB, check_gguf_structure, check_tensors
 from engine.models.gguf_quant import Report
 
 log = logging.getLogger(__name__)
@@ -207,67 +207,6 @@ def build_config(meta: _Metadata, arch: str, spec: ArchSpec, tensor_names: set[s
         if window < 1 or pattern < 1:
             raise GGUFImportError("GGUF metadata: Gemma-3's sliding window and its pattern must be above 0")
     return config
-
-
-# Tensors whose values must stay exact: a norm or bias stored quantized is mislabelled.
-FLOAT_TYPE_IDS = {0: "F32", 1: "F16", 28: "F64", 30: "BF16"}
-# Integer tensors (I8..I64) are no weights this importer knows.
-INTEGER_TYPE_IDS = {24, 25, 26, 27}
-
-
-def expected_shapes(config: dict, spec: ArchSpec) -> dict[str, tuple[int, ...]]:
-    """Every tensor this config needs, GGUF-named, with its shape in Hugging Face order."""
-    hidden, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    head_dim = config["head_dim"]
-    q_rows, kv_rows = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    per_layer = {
-        "attn_norm": (hidden,),
-        "attn_q": (q_rows, hidden),
-        "attn_k": (kv_rows, hidden),
-        "attn_v": (kv_rows, hidden),
-        "attn_output": (hidden, q_rows),
-        "ffn_gate": (inter, hidden),
-        "ffn_up": (inter, hidden),
-        "ffn_down": (hidden, inter),
-        "ffn_norm": (hidden,),
-        "attn_q_norm": (head_dim,),
-        "attn_k_norm": (head_dim,),
-        "post_attention_norm": (hidden,),
-        "post_ffw_norm": (hidden,),
-    }
-    shapes = {"token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,)}
-    if not config["tie_word_embeddings"]:
-        shapes["output.weight"] = (vocab, hidden)
-    for layer in range(config["num_hidden_layers"]):
-        for kind in spec.layer_names:
-            shapes[f"blk.{layer}.{kind}.weight"] = per_layer[kind]
-        for kind in spec.biases:
-            shapes[f"blk.{layer}.{kind}.bias"] = per_layer[kind][:1]
-    return shapes
-
-
-def check_tensors(config: dict, spec: ArchSpec, tensors: list[TensorEntry]) -> None:
-    """GGUFImportError unless the file holds exactly the tensors `config` needs, each of the
-    shape and kind of type its name says, before anything is written."""
-    expected = expected_shapes(config, spec)
-    for entry in tensors:
-        shape = tuple(reversed(entry.dims))  # GGUF lists the fastest-moving dimension first
-        if entry.name not in expected:
-            hf_name(entry.name, spec)  # names the unknown tensor
-            raise GGUFImportError(
-                f"Tensor {entry.name} does not belong to this {spec.model_type} model "
-                f"({config['num_hidden_layers']} layers, biases: {', '.join(spec.biases) or 'none'})"
-            )
-        if shape != expected[entry.name]:
-            raise GGUFImportError(
-                f"Tensor {entry.name} is {list(shape)} but the metadata makes it {list(expected[entry.name])}: "
-                "the file's tensors do not match its metadata"
-            )
-        if entry.type_id in INTEGER_TYPE_IDS or (len(shape) == 1 and entry.type_id not in FLOAT_TYPE_IDS):
-            raise GGUFImportError(f"Tensor {entry.name} is stored as type {entry.type_id}, which no such tensor uses")
-    missing = sorted(set(expected) - {entry.name for entry in tensors})
-    if missing:
-        raise GGUFImportError(f"The GGUF lacks {len(missing)} tensor(s) its metadata promises (e.g. {missing[0]})")
 
 
 def _unpermute(weight: np.ndarray, n_heads: int) -> np.ndarray:
