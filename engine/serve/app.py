@@ -76,7 +76,7 @@ class Server:
         return Starlette(
             routes=routes,
             middleware=make_middleware(allowed_hosts=self.allowed_hosts, allowed_origins=self.allowed_origins),
-            exception_handlers={404: _not_found, 405: _not_allowed},
+            exception_handlers={404: _not_found, 405: _not_allowed, Exception: _internal_error},
         )
 
     # --- small endpoints ----------------------------------------------------------------
@@ -361,6 +361,19 @@ async def _not_found(request: Request, exc) -> Response:
 async def _not_allowed(request: Request, exc) -> Response:
     return error_response(
         ApiError(405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed")
+    )
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    """Any exception no handler turned into an answer: OpenAI's shape, and no traceback for the
+    client (Starlette re-raises it after this response, so the server's log has it)."""
+    return error_response(
+        ApiError(
+            500,
+            "The server failed to answer this request (its log says why)",
+            code="internal_error",
+            kind="server_error",
+        )
     )
 
 

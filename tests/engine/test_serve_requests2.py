@@ -4,6 +4,7 @@ shape (never a 500 with a traceback), and what the server reports about reused
 conversations and cached bytes is what its worker really holds."""
 
 import json
+import logging
 
 import pytest
 
@@ -181,3 +182,24 @@ def test_cache_bytes_bounds_the_sessions_the_worker_really_keeps(own_server):
     tight = own_server(cache_bytes=one - 1)  # smaller than any one cache: nothing is kept
     ask(tight, [{"role": "user", "content": "Too big to keep"}])
     assert real_sessions(tight.worker) == {} and health(tight)["cached_bytes"] == 0
+
+
+def test_an_unexpected_error_is_a_500_in_openais_shape_with_the_traceback_only_in_the_log(tiny_home, caplog):  # noqa: F811
+    def broken_lookup(model_id):
+        raise RuntimeError("a bug in the model lookup")
+
+    queue = EngineQueue()
+    live = Live(Server(queue, default_model="tiny", known_model=broken_lookup).app())
+    server_log = logging.getLogger("uvicorn.error")  # where uvicorn logs what the app raised (set up by Live)
+    server_log.addHandler(caplog.handler)
+    try:
+        response = post(live, json.dumps({"model": "tiny", "messages": HI}).encode())
+    finally:
+        live.stop()
+        queue.close()
+        server_log.removeHandler(caplog.handler)
+    assert response.status_code == 500
+    assert "Traceback" not in response.text and "a bug in the model lookup" not in response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["type"] == "server_error"
+    assert "a bug in the model lookup" in caplog.text  # the server's log has what went wrong
