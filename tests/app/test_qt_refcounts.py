@@ -55,7 +55,7 @@ def metrics(turn: int) -> TurnMetrics:
     )
 
 
-# --- (a) the app's widgets, 10,000 calls each ---------------------------------------------
+# --- (a) the app's widgets, 10,000 Qt calls or more each --------------------------------
 
 
 @counted
@@ -92,7 +92,7 @@ def test_sidebar_search_over_many_chats_keeps_its_references(qtbot, make_window)
     w.refresh_sidebar()
     query = "chat about river 12"
 
-    def typing():  # each keystroke refills the list: 35 keystrokes x up to 301 rows
+    def typing():  # each keystroke refills the list: 100 refills of up to 301 rows
         for _ in range(5):
             for n in range(1, len(query) + 1):
                 w.sidebar.search.setText(query[:n])
@@ -183,6 +183,7 @@ class ScriptedWorker:
             yield ConversationEvent(cid, TurnFinished("".join(pieces), list(range(5)), metrics(turn)))
 
 
+# The waits below only catch a hang: a scripted turn takes milliseconds.
 def real_window(qtbot, path, *, deleted_by_test=False):
     from app.main import build_window
 
@@ -190,14 +191,14 @@ def real_window(qtbot, path, *, deleted_by_test=False):
     if not deleted_by_test:
         qtbot.addWidget(window)
     window.show()
-    qtbot.waitUntil(lambda: "loaded" in window.dashboard.model_state.text(), timeout=10_000)
+    qtbot.waitUntil(lambda: "loaded" in window.dashboard.model_state.text(), timeout=60_000)
     return window
 
 
 def chat_turn(qtbot, window, text):
     window.composer.edit.setPlainText(text)
     qtbot.keyClick(window.composer.edit, Qt.Key_Return)
-    qtbot.waitUntil(lambda: not window.controller.busy, timeout=10_000)
+    qtbot.waitUntil(lambda: not window.controller.busy, timeout=60_000)
 
 
 def close(window):
@@ -253,7 +254,7 @@ window = build_window(model_id="tiny", store_path=Path(sys.argv[1]), worker=Scri
 window.show()
 
 def until(done):
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120  # a hang guard, not a speed bound
     while not done() and time.monotonic() < deadline:
         app.processEvents()
         time.sleep(0.001)
@@ -283,7 +284,7 @@ def test_the_app_quits_cleanly_after_long_chats(tmp_path):
             capture_output=True,
             text=True,
             cwd=ROOT,
-            timeout=300,
+            timeout=600,
         )
         assert done.returncode == 0 and "Fatal Python error" not in done.stderr, done.stderr[-2000:]
         assert done.stdout.strip().splitlines()[-1] == f"{stored} Answer to question {turns - 1} done."
