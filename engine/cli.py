@@ -318,8 +318,12 @@ def cmd_info(args) -> int:
         print(json.dumps(info, indent=2))
         return 0
     model = info.pop("model", None)
+    plan_lines = info.pop("kernel_plan", [])
     for key, value in info.items():
         print(f"{key:>14}: {value}")
+    print("\nkernel plan (kernels/plan.py; BRISK_KERNELS, BRISK_ISA):")
+    for line in plan_lines:
+        print(f"  {line}")
     if model:
         print(
             f"\n{model['id']}: weights {model['weights_bytes'] / 2**30:.2f} GiB, context {model['context_length']}, "

@@ -48,11 +48,19 @@ def _native_kernel_path() -> str:  # one library holds both CPU kernels
 
 def _quantized_products() -> str:
     from kernels.quantized_matmul import integer_products
-    from kernels.tiled_matmul import why_not_tiled
+    from kernels.tiled_matmul import tiled_bits, why_not_tiled
 
     if why_not_tiled() is None:
-        return "VNNI-512 integer x on weights repacked in column tiles (4, 5 and 8 bits), decode to prefill"
+        bits = ", ".join(map(str, sorted(tiled_bits())))
+        return f"VNNI-512 integer x on weights repacked in column tiles ({bits} bits), decode to prefill"
     return integer_products()
+
+
+def kernel_plan_lines() -> list[str]:
+    """The kernel plan (kernels/plan.py): the CPU, and per layer kind the kernel and why."""
+    from kernels import plan
+
+    return plan.current().describe()
 
 
 def describe_kernels(loaded) -> str:
@@ -97,6 +105,7 @@ def engine_info() -> dict:
         ),
         "quantized_products": _quantized_products(),
         **kernel_origins(),
+        "kernel_plan": kernel_plan_lines(),
         "memory_total": f"{mem['MemTotal'] / 2**30:.1f} GiB",
         "memory_free": f"{mem['MemAvailable'] / 2**30:.1f} GiB",
         "brisk_home": str(brisk_home()),

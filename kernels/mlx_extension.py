@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import importlib.machinery
 import importlib.util
-import os
 import platform
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from types import ModuleType
 
-from kernels import native, prebuilt
+from kernels import native, plan, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 TILED_PRIMITIVES = native.CSRC / "mlx_primitives" / "tiled.cpp"
@@ -56,6 +55,7 @@ HEADERS = [
     native.CSRC / "half.h",
     native.CSRC / "sgemm.h",
     native.CSRC / "register_tile.h",
+    native.CSRC / "isa.h",
     native.CSRC / "mlx_primitives" / "primitive_base.h",
 ]
 MODULE = "_brisk_mlx_ops"
@@ -174,11 +174,13 @@ def status() -> prebuilt.Loaded:
     loaded = _state.get("loaded")  # once set it stays: read without the lock (every layer asks)
     if loaded is not None:
         return loaded
+    if not plan.on_cpu_now():  # asked again later: a `with mx.stream(mx.cpu)` block may build them
+        return prebuilt.Loaded(None, "off", note=plan.NOT_ON_CPU)
     with _lock:
         if "loaded" not in _state:
-            off = [name for name in ("BRISK_NATIVE_KERNELS", "BRISK_MLX_PRIMITIVES") if os.environ.get(name) == "0"]
-            if off:
-                _state["loaded"] = prebuilt.Loaded(None, "off", note=f"turned off by {off[0]}=0")
+            off = plan.turned_off(primitives=True)
+            if off is not None:
+                _state["loaded"] = prebuilt.Loaded(None, "off", note=off)
             else:
                 requires = {"platform": prebuilt.platform_tag(), "mlx": _mlx_version()}
                 found = prebuilt.lookup("mlx_primitives", all_sources(), requires, native.cpu_features())

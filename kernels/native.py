@@ -5,8 +5,8 @@ flags and Python version into Brisk's cache folder (`BRISK_KERNEL_CACHE` overrid
 with the system C++ compiler (`CXX`, else `c++`), and loaded through ctypes: no MLX
 headers, nanobind or build step at install time. A bundle ships the library prebuilt (kernels/prebuilt.py), used
 first when it fits. When no compiler is found or the build fails, `load()` returns None
-and `unavailable_reason()` says why; callers keep MLX's portable paths. `BRISK_NATIVE_KERNELS=0`
-turns the native path off.
+and `unavailable_reason()` says why; callers keep MLX's portable paths. Nothing is built or
+loaded where the kernel plan (kernels/plan.py) puts no work on the CPU.
 
 Loading a shared library runs its constructors, so the cache is guarded: the folder is
 created private (0700), a folder or file others can write is refused, and the sha256 of
@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from kernels import prebuilt
+from kernels import plan, prebuilt
 
 CSRC = Path(__file__).with_name("csrc")
 # Each source's version function and the version this Python side speaks.
@@ -39,7 +39,7 @@ SOURCES = {
     CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 7),
     CSRC / "amx_matmul.cpp": ("brisk_amx_matmul_version", 1),
 }
-HEADERS = [CSRC / "half.h", CSRC / "sgemm.h"]  # included by the sources: part of the build's key
+HEADERS = [CSRC / "half.h", CSRC / "sgemm.h", CSRC / "isa.h"]  # included by the sources: part of the build's key
 
 
 def all_sources() -> list[Path]:
@@ -52,16 +52,9 @@ _state: dict = {}
 
 
 def cpu_features() -> list[str]:
-    """The SIMD features the kernels use that this CPU has (a local build targets the
-    machine that runs it; a prebuilt one records those it was built with)."""
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return []  # arm64: NEON is the baseline
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    have = set(info.split())
-    return [f for f in ("avx2", "fma", "f16c") if f in have]
+    """The SIMD features a local build targets (kernels/plan.py: the CPU's, under BRISK_ISA
+    and BRISK_KERNELS=portable); a prebuilt library records those it was built with."""
+    return list(plan.current().build_features)
 
 
 def _cpu_flags() -> list[str]:
@@ -233,10 +226,13 @@ def load() -> ctypes.CDLL | None:
 
 def status() -> prebuilt.Loaded:
     """Which library is in use and where it came from (`brisk info` reports it)."""
+    if not plan.on_cpu_now():  # asked again later: a `with mx.stream(mx.cpu)` block may build them
+        return prebuilt.Loaded(None, "off", note=plan.NOT_ON_CPU)
     with _lock:
         if "loaded" not in _state:
-            if os.environ.get("BRISK_NATIVE_KERNELS", "1") == "0":
-                _state["loaded"] = prebuilt.Loaded(None, "off", note="turned off by BRISK_NATIVE_KERNELS=0")
+            off = plan.turned_off()
+            if off is not None:
+                _state["loaded"] = prebuilt.Loaded(None, "off", note=off)
             else:
                 found = prebuilt.lookup("ctypes", all_sources(), {"platform": prebuilt.platform_tag()}, cpu_features())
                 _state["loaded"] = prebuilt.load_first(

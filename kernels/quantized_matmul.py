@@ -24,13 +24,11 @@ sums, added in another float order: equal to float rounding, not bit for bit).
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from kernels import mlx_extension, native
+from kernels import mlx_extension, native, plan
 from kernels.native_attention import NativeUnsupported, threads
 
 # Few-row passes cost about linearly in rows (compute-bound); the dense path first dequantizes
@@ -38,12 +36,12 @@ from kernels.native_attention import NativeUnsupported, threads
 # ms; the two meet near 48 rows on Qwen 0.5B/1.5B and SmolLM2. A draft's catch-up or scout of
 # 17+ tokens and a long lookup's verify land here.
 MAX_FEW_ROWS = 32
-# Read once: the dispatcher runs ~200 times per decoded token.
-INTEGER_ACTIVATIONS = os.environ.get("BRISK_INTEGER_ACTIVATIONS", "1") != "0"
-# BRISK_VNNI=0 keeps AVX2's integer products on a CPU with VNNI-512 (the A/B partner).
-VNNI = os.environ.get("BRISK_VNNI", "1") != "0"
-# BRISK_AMX=0 keeps prefill's matmuls on sgemm on a CPU with AMX (the A/B partner).
-AMX = os.environ.get("BRISK_AMX", "1") != "0"
+# From the kernel plan, read once: the dispatcher runs ~200 times per decoded token. Tests
+# switch them per test. INTEGER_ACTIVATIONS: x rounded to integers for few-row products;
+# VNNI: with VNNI-512 (else AVX2's); AMX: prefill's products on AMX tiles (else sgemm).
+INTEGER_ACTIVATIONS = plan.current().integer_x
+VNNI = plan.current().vnni
+AMX = plan.current().amx
 # The kernel's integer_x argument: x kept float32; rounded to integers with the fastest
 # products the CPU has (VNNI for few rows, AMX tiles for prefill's many rows, where found);
 # with AVX2's products only; or the fastest but prefill on sgemm (the A/B partners).

@@ -28,11 +28,12 @@ def sample_softmax_reference(logits: mx.array, temperature: float) -> mx.array:
 
 def sample_softmax_native(logits: mx.array, temperature: float) -> mx.array:
     """A token (uint32) per row of float32 logits (..., V), from softmax(logits / temperature)."""
+    # The device first: on a GPU (a Mac's default) nothing is compiled or loaded.
+    if mx.default_device() != mx.cpu or logits.dtype != mx.float32 or logits.ndim < 1 or not temperature > 0:
+        raise NativeUnsupported("the native sampler takes float32 logits on the CPU and a temperature above 0")
     primitives = mlx_extension.load()
     if primitives is None:
         raise NativeUnsupported(mlx_extension.unavailable_reason())
-    if mx.default_device() != mx.cpu or logits.dtype != mx.float32 or logits.ndim < 1 or not temperature > 0:
-        raise NativeUnsupported("the native sampler takes float32 logits on the CPU and a temperature above 0")
     uniforms = mx.random.uniform(shape=logits.shape[:-1] or (1,))
     return primitives.sample_softmax(logits, uniforms, 1 / temperature)
 
@@ -40,7 +41,7 @@ def sample_softmax_native(logits: mx.array, temperature: float) -> mx.array:
 def temperature_sampler(temperature: float) -> Callable[[mx.array], mx.array] | None:
     """A sampler for logits or log-probabilities at `temperature` alone (no top-p, min-p or
     top-k), or None where the kernel does not run here."""
-    if not temperature > 0 or mlx_extension.load() is None or mx.default_device() != mx.cpu:
+    if not temperature > 0 or mx.default_device() != mx.cpu or mlx_extension.load() is None:
         return None  # (asked without drawing: a trial draw would advance the random state)
 
     def sample(logits: mx.array) -> mx.array:

@@ -21,10 +21,10 @@ own quantization, Q4_1's free minimums) keep their float16 groups.
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 import numpy as np
+
+from kernels import plan
 
 TILE = 16
 SUPER = 256  # k values per factor
@@ -32,8 +32,8 @@ SUPER = 256  # k values per factor
 # scales reach 128 (as Brisk imports it, a group's scale is d x the larger of its two |codes|).
 LEVELS = (63, 128, 127)
 NEIGHBOURS = (0, 1, -1, 2, -2)  # float16 ulps from largest / level tried for the factor
-# BRISK_SCALE_CODES=0 keeps float16 groups in the tiles (the A/B partner).
-ENABLED = os.environ.get("BRISK_SCALE_CODES", "1") != "0"
+# BRISK_SCALE_CODES=0 keeps float16 groups in the tiles (the A/B partner; kernels/plan.py).
+ENABLED = plan.switch_on("BRISK_SCALE_CODES")
 
 
 def find_codes(values: mx.array, group_size: int) -> tuple[np.ndarray, np.ndarray] | None:

@@ -16,13 +16,11 @@ kernels/mlx_extension.py builds one, else as an eager ctypes call that evaluates
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from kernels import mlx_extension, native
+from kernels import mlx_extension, native, plan
 from kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
@@ -70,7 +68,7 @@ def float_gemm_native(x: mx.array, weight: mx.array, bias: mx.array | None = Non
         raise NativeUnsupported(mlx_extension.unavailable_reason())
     if not primitives.float_gemm_available():
         raise NativeUnsupported("the float gemm needs AVX-512")
-    if os.environ.get("BRISK_FLOAT_GEMM") == "0":  # read per call: the A/B partner, tests
+    if not plan.switch_on("BRISK_FLOAT_GEMM"):  # read per call: the A/B partner, tests
         raise NativeUnsupported("turned off (BRISK_FLOAT_GEMM=0)")
     if x.dtype != mx.float32 or weight.dtype != mx.float32 or (bias is not None and bias.dtype != mx.float32):
         raise NativeUnsupported("the float gemm takes float32 only")

@@ -27,18 +27,17 @@ the same values); others keep their dtype, reordered.
   instead of 15 (one integer pass, not two: prefill products ~1.6x): for a sparse-prefill
   draft's scoring, which reads only a ranking of the prompt's tokens.
 `why_not_tiled()` says when the layout is not used: BRISK_TILED=0 (the A/B partner), no
-VNNI-512, float x asked for (BRISK_INTEGER_ACTIVATIONS=0), or a CPU with AMX, whose prefill
-tiles (kernels/csrc/amx_matmul.cpp) read MLX's layout.
+VNNI-512, or float x asked for (BRISK_INTEGER_ACTIVATIONS=0). On a CPU with AMX only 6-bit
+layers are tiled (`tiled_bits()`): AMX's prefill tiles (kernels/csrc/amx_matmul.cpp) read
+MLX's layout for 4, 5 and 8 bits and do not take 6.
 """
 
 from __future__ import annotations
 
-import os
-
 import mlx.core as mx
 import mlx.nn as nn
 
-from kernels import mlx_extension, native, quantized_matmul, scale_codes
+from kernels import mlx_extension, native, plan, quantized_matmul, scale_codes
 from kernels.coarse import COARSE
 from kernels.native_attention import threads
 from kernels.quantized_matmul import (
@@ -54,8 +53,9 @@ BITS = (4, 5, 6, 8)
 GROUPS = (32, 64)
 CODES = 3  # the kernel's scale type for scale code tables (kernels/scale_codes.py)
 SYMMETRIC = 8  # or'ed into it: the biases are one number x the scales, and not read
-# BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B partner).
-ENABLED = os.environ.get("BRISK_TILED", "1") != "0"
+# BRISK_TILED=0 keeps MLX's layout and the few-row kernels of quantized_matmul.py (the A/B
+# partner; kernels/plan.py). Tests switch it per test.
+ENABLED = plan.switch_on("BRISK_TILED")
 
 
 # --- the layout, in plain MLX ops ---------------------------------------------------------
@@ -201,11 +201,19 @@ def why_not_tiled() -> str | None:
     if primitives is None:
         return f"no MLX primitives ({mlx_extension.unavailable_reason()})"
     if not primitives.tiled_available():
-        return "this CPU has no AVX512-VNNI"
-    lib = native.load()
-    if lib is not None and lib.brisk_amx_available():
-        return "this CPU has AMX, whose prefill tiles read MLX's layout"
+        return "this CPU has no AVX512-VNNI (or BRISK_ISA is below vnni)"
     return None
+
+
+def tiled_bits() -> frozenset[int]:
+    """The bit widths whose layers this process repacks: the kernel plan's (on an AMX CPU, only
+    those its prefill tiles do not take), none when `why_not_tiled()`."""
+    if why_not_tiled() is not None:
+        return frozenset()
+    lib = native.load()
+    if quantized_matmul.AMX and lib is not None and lib.brisk_amx_available():
+        return plan.QUANTIZED_BITS - plan.AMX_BITS
+    return plan.QUANTIZED_BITS
 
 
 def _primitives():
@@ -335,13 +343,15 @@ def use_tiled_layers(model: nn.Module) -> int:
     """Repack the model's native quantized layers (kernels/native_layers.py swapped them in)
     into tiles, in place and one at a time: each old array is freed as its repacked one takes
     its place, so loading needs one layer's worth of memory more, not a model's. Returns how
-    many layers were repacked (0 when `why_not_tiled()`)."""
-    if why_not_tiled() is not None:
+    many layers were repacked (0 when `why_not_tiled()`). Only the plan's bit widths
+    (`tiled_bits()`) are repacked; the others keep MLX's layout and the few-row kernels."""
+    bits = tiled_bits()
+    if not bits:
         return 0
     repacked, primitives = 0, _primitives()
     for _, module in model.named_modules():
         cls = TILED.get(type(module))
-        if cls is None or getattr(module, "mode", "affine") != "affine":
+        if cls is None or getattr(module, "mode", "affine") != "affine" or module.bits not in bits:
             continue
         weight, scales, biases = module["weight"], module["scales"], module.get("biases")
         if not takes(weight, scales, biases, module.bits, module.group_size):

@@ -81,10 +81,14 @@ def paired_ratio(a_rows: list[dict], b_rows: list[dict], key: str) -> float:
 
 
 def print_table(title: str, header: list[str], rows: list[list], payload: dict, as_json: bool) -> None:
+    """A benchmark's table, headed by the machine's kernel plan (its CPU and the paths it ran)."""
+    from kernels import plan
+
+    lines = plan.current().describe()
     if as_json:
-        print(json.dumps(payload, indent=2))
+        print(json.dumps({**payload, "kernel_plan": lines}, indent=2))
         return
-    print(title)
+    print(f"{title}\n  kernel plan: {lines[0]}")
     widths = [max(len(str(h)), *(len(_fmt(r[i])) for r in rows)) for i, h in enumerate(header)]
     print("  ".join(str(h).rjust(w) for h, w in zip(header, widths)))
     for row in rows:

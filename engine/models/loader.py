@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -32,12 +31,11 @@ class LoadedModel:
 
 
 def compute_dtype_name() -> str:
-    """float32 on the CPU: half-precision matmuls run ~40x slower there (shared/CPU.md)."""
-    import mlx.core as mx
+    """The kernel plan's: float32 where the CPU kernels run (half-precision matmuls are ~40x
+    slower on MLX's CPU: shared/CPU.md), the stored dtype on a GPU (kernels/plan.py)."""
+    from kernels import plan
 
-    if sys.platform == "darwin" and mx.metal.is_available():
-        return "native"
-    return "float32"
+    return plan.current().compute_dtype
 
 
 def to_float32(model) -> None:
@@ -58,6 +56,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from mlx_lm.utils import load
 
     from engine.mlx_hooks import check_hooks
+    from kernels import plan
     from kernels.activation import use_native_activation
     from kernels.fused_attention import use_fused_attention
     from kernels.native_layers import use_native_layers
@@ -76,6 +75,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     dtype = compute_dtype_name()
     if dtype == "float32":
         to_float32(model)
+    if plan.current().native:
         swapped = use_native_layers(model)  # quantized layers and few-row float products
         tiled = use_tiled_layers(model)  # quantized layers repacked for VNNI-512, where the CPU has it
         fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)

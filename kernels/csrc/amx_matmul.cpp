@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "half.h"
+#include "isa.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 
@@ -53,7 +54,7 @@ bool request_tiles() {
   unsigned eax, ebx, ecx, edx;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   const bool tile = edx & (1u << 24), int8 = edx & (1u << 25);
-  if (!tile || !int8 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+  if (!brisk::isa_allows(brisk::kIsaAmx) || !tile || !int8 || !__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
       !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq") ||
       !__builtin_cpu_supports("avx512vbmi"))  // every AMX CPU has it: the 5-bit unpacking uses it
     return false;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "half.h"
+#include "isa.h"
 #include "vector_exp.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -262,7 +263,8 @@ __attribute__((target("avx2,fma,f16c,avx512f,avx512vl"))) void fold_block_wide(c
 }
 
 bool wide_registers() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  static const bool has =
+      brisk::isa_allows(brisk::kIsaAvx512) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
   return has;
 }
 #endif

@@ -23,6 +23,7 @@
 
 #include "register_tile.h"
 #include "vector_exp.h"
+#include "isa.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 
@@ -341,7 +342,8 @@ extern "C" {
 int brisk_attention_flash(const float* q, const void* k, const void* v, int kv_half, float* out, int B, int Hq, int Hkv,
                           int L, int S, int D, const int64_t* k_strides, const int64_t* v_strides, float scale,
                           int causal, int threads, int coarse) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+  static const bool avx512 =
+      brisk::isa_allows(brisk::kIsaAvx512) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   static const bool bf16 = avx512 && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
   const bool pairs = coarse && bf16;
   if (!avx512 || D % 16 || D > 256 || S < L) return 1;

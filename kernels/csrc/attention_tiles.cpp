@@ -20,6 +20,7 @@
 #include "half.h"
 #include "sgemm.h"
 #include "vector_exp.h"
+#include "isa.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 extern "C" int brisk_attention_flash(const float*, const void*, const void*, int, float*, int, int, int, int, int, int,
@@ -76,7 +77,7 @@ BRISK_AVX512_EXP void softmax_row_512(float* s, int valid, float scale, float ol
 }
 
 bool has_avx512() {
-  static const bool has = __builtin_cpu_supports("avx512f");
+  static const bool has = brisk::isa_allows(brisk::kIsaAvx512) && __builtin_cpu_supports("avx512f");
   return has;
 }
 #endif

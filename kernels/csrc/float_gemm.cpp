@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+#include "isa.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 
@@ -90,7 +91,7 @@ extern "C" {
 
 // y (M, N) = x (M, K) @ w (N, K).T (+ bias (N)), all float32 row-major: 0 done, 1 declined.
 int brisk_float_gemm(const float* x, const float* w, const float* bias, float* y, int M, int K, int N, int threads) {
-  static const bool avx512 = __builtin_cpu_supports("avx512f");
+  static const bool avx512 = brisk::isa_allows(brisk::kIsaAvx512) && __builtin_cpu_supports("avx512f");
   if (!avx512 || M < 1 || K < 1 || N < 1) return 1;
   const int blocks = (N + kColumns - 1) / kColumns;
   // Few column blocks (a GQA model's key and value projections): rows are shared out too.
@@ -100,7 +101,9 @@ int brisk_float_gemm(const float* x, const float* w, const float* bias, float* y
   return 0;
 }
 
-int brisk_float_gemm_available() { return __builtin_cpu_supports("avx512f") ? 1 : 0; }
+int brisk_float_gemm_available() {
+  return brisk::isa_allows(brisk::kIsaAvx512) && __builtin_cpu_supports("avx512f") ? 1 : 0;
+}
 }
 
 #else

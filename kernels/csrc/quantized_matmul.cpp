@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "half.h"
+#include "isa.h"
 #include "sgemm.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -579,8 +580,8 @@ void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, 
 #define BRISK_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 bool cpu_has_vnni() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+  static const bool has = brisk::isa_allows(brisk::kIsaVnni) && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vnni");
   return has;
 }

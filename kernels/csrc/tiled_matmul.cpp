@@ -37,6 +37,7 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#include "isa.h"
 
 extern "C" void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context);
 
@@ -61,8 +62,8 @@ constexpr int kSuper = 256;  // k values per float16 factor of a code table
 #define BRISK_TILED __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 bool cpu_has_vnni() {
-  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+  static const bool has = brisk::isa_allows(brisk::kIsaVnni) && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                           __builtin_cpu_supports("avx512vnni");
   return has;
 }

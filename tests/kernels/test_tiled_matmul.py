@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from kernels import mlx_extension, native, native_attention, tiled_matmul
+from kernels import mlx_extension, native, native_attention, quantized_matmul, tiled_matmul
 from kernels.coarse import COARSE, coarse_products
 from kernels.native_layers import blas_only, use_native_layers
 from kernels.quantized_matmul import NativeQuantizedLinear, quantized_matmul_reference
@@ -20,6 +20,7 @@ from kernels.tiled_matmul import (
     TiledQuantizedLinear,
     repack_native,
     tile,
+    tiled_bits,
     tiled_gather_native,
     tiled_matmul_native,
     tiled_matmul_reference,
@@ -251,17 +252,17 @@ def test_the_reference_untiles_and_asks_mlx():
 
 
 @pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the native kernels")
-def test_tiles_are_used_exactly_where_the_cpu_has_vnni_and_not_amx(monkeypatch):
+def test_tiles_are_used_where_the_cpu_has_vnni_and_on_amx_for_the_bits_amx_does_not_take(monkeypatch):
     flags = _cpu_flags()
     reason = why_not_tiled()
     if mlx_extension.load() is None:
         assert reason.startswith("no MLX primitives")
     elif not VNNI_FLAGS <= flags:
-        assert reason == "this CPU has no AVX512-VNNI"
+        assert reason.startswith("this CPU has no AVX512-VNNI")
     elif "amx_int8" in flags and native.load().brisk_amx_available():
-        assert reason.startswith("this CPU has AMX")
+        assert reason is None and tiled_bits() == {6}  # AMX's prefill tiles take 4, 5 and 8 bits
     else:
-        assert reason is None
+        assert reason is None and tiled_bits() == {4, 5, 6, 8}
     monkeypatch.setattr(tiled_matmul, "ENABLED", False)
     assert why_not_tiled() == "turned off (BRISK_TILED=0)"
 
@@ -289,7 +290,8 @@ def _tiny(bits=4):
 
 @needs_kernels
 @pytest.mark.parametrize("bits", [4, 8])
-def test_a_repacked_net_answers_as_before_and_holds_as_many_bytes(bits):
+def test_a_repacked_net_answers_as_before_and_holds_as_many_bytes(bits, monkeypatch):
+    monkeypatch.setattr(quantized_matmul, "AMX", False)  # a plan that tiles every width
     net = _tiny(bits)
     ids = mx.array([[1, 2, 3, 4, 5]])
     head, odd = net(ids)
@@ -305,7 +307,8 @@ def test_a_repacked_net_answers_as_before_and_holds_as_many_bytes(bits):
 
 
 @needs_kernels
-def test_weights_put_in_after_the_repack_are_read_in_mlxs_layout():
+def test_weights_put_in_after_the_repack_are_read_in_mlxs_layout(monkeypatch):
+    monkeypatch.setattr(quantized_matmul, "AMX", False)  # a plan that tiles every width
     net = _tiny()
     use_tiled_layers(net)
     packed, scales, biases = mx.quantize(mx.random.normal((96, 64)), group_size=32, bits=4)
