@@ -265,7 +265,7 @@ class MessageWidget(QFrame):
             w.deleteLater()
         self.editor = None
         self.body.show()
-        self.show_all_button.setVisible(self.truncated)
+        self.render()  # the "Show all" button back, with its label
 
     def _submit_edit(self) -> None:
         text = self.editor.toPlainText().strip()
@@ -302,10 +302,6 @@ class MessageWidget(QFrame):
 
     def set_finish(self, reason: str | None) -> None:
         self.status.setText(_finish_note(reason))
-
-    @property
-    def truncated(self) -> bool:
-        return sum(len(t) for t, _ in self.segments) > DISPLAY_CHARS
 
     def render(self) -> None:
         text = self.text

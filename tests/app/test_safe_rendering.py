@@ -303,3 +303,17 @@ def test_a_streamed_answer_past_the_limit_stays_cut(qtbot):
     view.append_to_last("the end")  # a streaming answer grows under an open view
     view.flush()
     assert full.view.toPlainText().endswith("the end")
+
+
+def test_editing_a_cut_message_and_cancelling_brings_show_all_back(qtbot):
+    view = ChatView()
+    qtbot.addWidget(view)
+    bubble = view.add_message("user", "y" * (DISPLAY_CHARS + 10))
+    bubble.show_all()
+    bubble.start_editing()
+    assert bubble.full_view is None and not bubble.show_all_button.isVisibleTo(view)
+    assert bubble.editor.toPlainText() == bubble.text  # the whole message, not the cut one
+    bubble.stop_editing()
+    assert bubble.show_all_button.isVisibleTo(view)
+    assert bubble.show_all_button.text() == f"Show all ({DISPLAY_CHARS + 10:,} characters)"
+    assert bubble.body.isVisibleTo(view) and bubble.body.document().characterCount() <= DISPLAY_CHARS + 2
