@@ -27,6 +27,8 @@ ROLES = ("system", "user", "assistant", "developer")
 # A chat request nests 4 deep (body, messages, a message, its content parts); JSON's decoder
 # and every later walk recurse per level, so a body nested 100,000 deep is refused here.
 MAX_DEPTH = 32
+MAX_MESSAGE_CHARS = 1000
+PLAIN_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # a key a message may name as it is
 
 
 class ApiError(Exception):
@@ -41,6 +43,8 @@ class ApiError(Exception):
         code: str | None = None,
         kind: str = "invalid_request_error",
     ):
+        if len(message) > MAX_MESSAGE_CHARS:  # a message quoting a client's megabyte value stays readable
+            message = message[:MAX_MESSAGE_CHARS] + "..."
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -87,14 +91,21 @@ def check_values(body: Any) -> None:
                 )
             if isinstance(value, dict):
                 for key, item in value.items():
-                    _check_string(key, f"{path}.{key}" if path else key)
-                    pending.append((item, f"{path}.{key}" if path else key, depth + 1))
+                    _check_string(key, _key_path(path, key))
+                    pending.append((item, _key_path(path, key), depth + 1))
             else:
                 pending.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(value))
         elif isinstance(value, str):
             _check_string(value, path)
         elif isinstance(value, float) and not math.isfinite(value):
             raise ApiError(400, f"{path or 'The body'} must be a finite number (got {value})", param=param)
+
+
+def _key_path(path: str, key: str) -> str:
+    """`path.key`, or `path['odd key']` escaped and cut when a client's key is not a plain name."""
+    if not PLAIN_KEY.fullmatch(key):
+        return f"{path}[{_shown(key)}]"
+    return f"{path}.{key}" if path else key
 
 
 def _check_string(value: str, path: str) -> None:
@@ -179,7 +190,8 @@ def _known_fields(body: Any, allowed: set[str]) -> dict:
         raise ApiError(400, "The request body must be a JSON object")
     unknown = sorted(set(body) - allowed)
     if unknown:
-        raise ApiError(400, f"Unrecognized request argument supplied: {', '.join(unknown)}", param=unknown[0])
+        shown = ", ".join(k if PLAIN_KEY.fullmatch(k) else _shown(k) for k in unknown[:8])
+        raise ApiError(400, f"Unrecognized request argument supplied: {shown}", param=_key_path("", unknown[0]))
     for name, neutral in NEUTRAL.items():
         if name in body and body[name] not in (neutral, None):
             what = (
@@ -273,7 +285,8 @@ def _brisk_settings(controls: Any, settings: dict) -> dict:
     unknown = sorted(set(controls) - BRISK_FIELDS)
     _check(
         not unknown,
-        f"Unknown brisk control(s): {', '.join(unknown)} (known: {', '.join(sorted(BRISK_FIELDS))})",
+        f"Unknown brisk control(s): {', '.join(_key_path('', k) for k in unknown[:8])} "
+        f"(known: {', '.join(sorted(BRISK_FIELDS))})",
         "brisk",
     )
     if "prefill" in controls:

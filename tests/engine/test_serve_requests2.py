@@ -72,6 +72,11 @@ HOSTILE = [
         "brisk.draft",
         id="surrogate-draft",
     ),
+    pytest.param(  # a field's name: echoed in the error, it had to be escaped to be sent at all
+        _escaped({"model": "tiny", "messages": HI, "LONEx": 1}, lone="LONE"),
+        "['\\ud800x']",
+        id="surrogate-key",
+    ),
 ]
 
 
