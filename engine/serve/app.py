@@ -12,11 +12,12 @@ loop per token is bounded (stops.py). guard.py decides which requests are answer
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import time
 import uuid
-from typing import AsyncIterator, Iterable
+from typing import AsyncGenerator, AsyncIterator, Iterable
 
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
@@ -215,7 +216,7 @@ class Turn:
                 self.started_at = time.perf_counter()
             return event
 
-    async def _pieces(self) -> AsyncIterator[tuple[str, object]]:
+    async def _pieces(self) -> AsyncGenerator[tuple[str, object], None]:
         """("text", str) pieces, then ("done", TurnFinished) or ("error", ApiError)."""
         finished, error = None, None
         while (event := await self._next()) is not DONE:
@@ -272,13 +273,16 @@ class Turn:
 
     async def whole(self) -> Response:
         text: list[str] = []
-        async for _, value in self._pieces():
-            if isinstance(value, str):
-                text.append(value)
-            elif isinstance(value, ApiError):
-                return error_response(value)
-            elif isinstance(value, TurnFinished):  # encoded off the loop: an answer can be megabytes
-                return await asyncio.to_thread(JSONResponse, self._whole_body("".join(text), value))
+        # Closed here, not left to the garbage collector: asyncio would close it later on the
+        # loop, keeping this turn (and its answer) alive until then.
+        async with contextlib.aclosing(self._pieces()) as pieces:
+            async for _, value in pieces:
+                if isinstance(value, str):
+                    text.append(value)
+                elif isinstance(value, ApiError):
+                    return error_response(value)
+                elif isinstance(value, TurnFinished):  # encoded off the loop: an answer can be megabytes
+                    return await asyncio.to_thread(JSONResponse, self._whole_body("".join(text), value))
         return Response(status_code=499)  # the client went away: nobody reads this
 
     def _whole_body(self, text: str, finished: TurnFinished) -> dict:
@@ -304,6 +308,7 @@ class Turn:
         pieces = self._pieces()
         first = await anext(pieces, None)
         if first is not None and isinstance(first[1], ApiError):  # nothing sent yet: a proper HTTP error
+            await pieces.aclose()
             return error_response(first[1])
         return StreamingResponse(
             self._events(first, pieces), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
@@ -348,6 +353,7 @@ class Turn:
             yield "data: [DONE]\n\n"
         finally:  # the client went away mid-answer (Starlette cancels this generator)
             self.job.cancel.cancel()
+            await pieces.aclose()
 
 
 def _sse(payload: dict) -> str:
