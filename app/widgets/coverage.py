@@ -67,9 +67,10 @@ def coverage_tooltip(coverage: dict) -> str:
     if layers and layers[0][0] < 0:
         lines = [f"SpecPrefill: the model read {share:.0%} of the {total:,} new prompt tokens."]
     else:
+        names = [html.escape(str(layer)) for layer, _ in layers]  # stored values: text, never markup
         lines = [
-            f"UniPrefill dropped blocks at layers {', '.join(str(layer) for layer, _ in layers)}; "
-            f"the layers after {layers[-1][0] if layers else '-'} read {share:.0%} of the {total:,} new "
+            f"UniPrefill dropped blocks at layers {', '.join(names)}; "
+            f"the layers after {names[-1] if names else '-'} read {share:.0%} of the {total:,} new "
             "prompt tokens (one row per drop layer, blue = read)."
         ]
     skipped = coverage.get("skipped", [])

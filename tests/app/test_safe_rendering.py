@@ -317,3 +317,13 @@ def test_editing_a_cut_message_and_cancelling_brings_show_all_back(qtbot):
     assert bubble.show_all_button.isVisibleTo(view)
     assert bubble.show_all_button.text() == f"Show all ({DISPLAY_CHARS + 10:,} characters)"
     assert bubble.body.isVisibleTo(view) and bubble.body.document().characterCount() <= DISPLAY_CHARS + 2
+
+
+def test_a_stored_coverage_map_quotes_its_values_as_text(qtbot):
+    from app.widgets.coverage import coverage_tooltip
+
+    hostile = '<img src="/dev/zero">'
+    tooltip = coverage_tooltip(
+        {"read_share": 0.5, "new_tokens": 10, "layers": [[3, [[0, 5]]], [hostile, []]], "skipped": [[5, 9, hostile]]}
+    )
+    assert "<img" not in tooltip and tooltip.count("&lt;img") == 3
