@@ -90,6 +90,7 @@ class MainWindow(QMainWindow):
         self.chat_view.version_requested.connect(self.controller.show_version)
         self.api_server = None  # app/api_server.py, made when first switched on
         self.api_status = QLabel("")
+        self.api_status.setTextFormat(Qt.PlainText)  # it quotes addresses and errors
         self.statusBar().addPermanentWidget(self.api_status)
         self.undo_button = QPushButton("Undo")
         self.undo_button.hide()
@@ -105,6 +106,7 @@ class MainWindow(QMainWindow):
         note = " ".join(filter(None, [store.recovery_note, *store.problems]))
         if note:
             self.recovery_box = QMessageBox(QMessageBox.Warning, "Chat database", note, parent=self)
+            self.recovery_box.setTextFormat(Qt.PlainText)  # the note quotes paths and stored text
             QTimer.singleShot(0, self.recovery_box.open)  # window-modal, never blocks the event loop
             self.statusBar().showMessage(note)
         self.refresh_sidebar()

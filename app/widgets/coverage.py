@@ -29,6 +29,12 @@ class CoverageStrip(QWidget):
 
     def paintEvent(self, event) -> None:
         painter = QPainter(self)
+        try:  # a painter left open when drawing raises takes the whole app down
+            self._paint(painter)
+        finally:
+            painter.end()
+
+    def _paint(self, painter: QPainter) -> None:
         width = self.width()
         for row, (_, runs) in enumerate(self.layers):
             y = 1 + row * ROW_HEIGHT
@@ -38,7 +44,6 @@ class CoverageStrip(QWidget):
                     QRectF(width * start / self.total, y, max(width * (end - start) / self.total, 1), ROW_HEIGHT - 1),
                     READ,
                 )
-        painter.end()
 
 
 class CoverageMap(QWidget):

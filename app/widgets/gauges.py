@@ -34,6 +34,12 @@ class RingGauge(QWidget):
 
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
+        try:  # a painter left open when drawing raises takes the whole app down
+            self._paint(p)
+        finally:
+            p.end()
+
+    def _paint(self, p: QPainter) -> None:
         p.setRenderHint(QPainter.Antialiasing)
         side = min(self.width(), self.height()) - 12
         rect = QRectF((self.width() - side) / 2, 6, side, side)
@@ -73,7 +79,8 @@ class LineChart(QWidget):
 
     def add(self, **values: float) -> None:
         for name in self.names:
-            self.series[name] = self.series[name] + [values.get(name, 0.0)]
+            value = values.get(name, 0.0)
+            self.series[name] = self.series[name] + [value if math.isfinite(value) else 0.0]  # nothing to draw
         overflow = len(self.series[self.names[0]]) - self.keep
         if overflow > 0:
             self.series = {n: s[overflow:] for n, s in self.series.items()}
@@ -94,6 +101,12 @@ class LineChart(QWidget):
 
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
+        try:  # a painter left open when drawing raises takes the whole app down
+            self._paint(p)
+        finally:
+            p.end()
+
+    def _paint(self, p: QPainter) -> None:
         p.setRenderHint(QPainter.Antialiasing)
         area = QRectF(40, 8, self.width() - 48, self.height() - 44)  # below: turn numbers, then the legend
         ticks = self.y_ticks()
@@ -124,7 +137,7 @@ class LineChart(QWidget):
 
 def nice_ticks(top: float, most: int = 4) -> list[float]:
     """0 up to a round number at or above `top` (1, 2 or 5 times a power of ten per step)."""
-    if top <= 0:
+    if not math.isfinite(top) or top <= 0:  # a NaN or inf reaching here raised mid-paint: Qt then crashed
         return [0.0, 1.0]
     raw = top / most
     power = 10 ** math.floor(math.log10(raw))

@@ -35,3 +35,17 @@ def test_turns_are_numbered_from_the_first_shown_and_keep_their_numbers_when_old
     chart.grab()  # paints without error at a small size
     chart.clear()
     assert chart.count() == 0 and chart.first_turn == 1
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_value_that_is_not_finite_is_drawn_as_zero_and_never_breaks_the_paint(qtbot, bad):
+    """An infinite decode speed in a stored row raised inside paintEvent with its QPainter open,
+    and Qt crashed with SIGSEGV at every start (issue 54 item 4)."""
+    assert nice_ticks(bad) == [0.0, 1.0]
+    chart = LineChart(["prefill", "decode"])
+    qtbot.addWidget(chart)
+    chart.add(prefill=bad, decode=12.0)
+    chart.add(prefill=40.0, decode=bad)
+    assert chart.series == {"prefill": [0.0, 40.0], "decode": [12.0, 0.0]}
+    chart.resize(400, 200)
+    assert not chart.grab().isNull()

@@ -327,3 +327,15 @@ def test_a_stored_coverage_map_quotes_its_values_as_text(qtbot):
         {"read_share": 0.5, "new_tokens": 10, "layers": [[3, [[0, 5]]], [hostile, []]], "skipped": [[5, 9, hostile]]}
     )
     assert "<img" not in tooltip and tooltip.count("&lt;img") == 3
+
+
+def test_the_database_recovery_note_shows_its_path_as_typed(make_window, tmp_path):
+    """The note quotes the database's file name: a name that looks like markup is shown as text."""
+    from PySide6.QtCore import Qt
+
+    path = tmp_path / "<img src=x.png><b>chats.db"  # (a name cannot hold the slash of a closing tag)
+    path.write_bytes(b"not a database at all" * 100)
+    window = make_window(path)
+    assert window.recovery_box.textFormat() == Qt.PlainText
+    assert "<img src=x.png><b>chats" in window.recovery_box.text()
+    assert window.api_status.textFormat() == Qt.PlainText
