@@ -96,6 +96,7 @@ class ChatController(QObject):
         except StoreError as exc:
             self.notice.emit(f"Cannot start a new chat: {exc}")
             return None
+        self.current = cid  # the sidebar, redrawn now, highlights the new chat (not the one left)
         self.conversations_changed.emit()
         self.open(cid)
         return cid

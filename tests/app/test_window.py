@@ -427,3 +427,17 @@ def test_the_dashboard_keeps_its_width_through_a_turn(qtbot, make_window, engine
     answer(engine, cid, ["x" * 10])
     qtbot.wait(20)
     assert w.tabs.width() == width and w.dashboard.ttft.text() == "1.25 s"
+
+
+def test_after_a_new_chat_the_sidebar_highlights_it_and_the_old_chat_opens_on_click(qtbot, make_window, engine):
+    """Issue 58 item 5: after Ctrl+N the old chat stayed highlighted, and clicking it did nothing."""
+    w = make_window()
+    old = send(qtbot, w, "about rivers").conversation_id
+    answer(engine, old, ["The Vistula flows north."])
+    new = w.controller.new_conversation()
+    current = w.sidebar.list.currentItem()
+    assert current is not None and current.data(Qt.UserRole) == new
+    row = next(i for i in range(w.sidebar.list.count()) if w.sidebar.list.item(i).data(Qt.UserRole) == old)
+    rect = w.sidebar.list.visualItemRect(w.sidebar.list.item(row))
+    qtbot.mouseClick(w.sidebar.list.viewport(), Qt.LeftButton, pos=rect.center())
+    assert w.controller.current == old
