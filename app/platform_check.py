@@ -91,11 +91,12 @@ def _ldd(file: Path) -> str:
 def install_advice(missing: list[str]) -> str:
     debian = sorted({PACKAGES.get(m, (m, m))[0] for m in missing})
     fedora = sorted({PACKAGES.get(m, (m, m))[1] for m in missing})
+    sudo = "" if hasattr(os, "geteuid") and os.geteuid() == 0 else "sudo "  # root has no sudo on a bare system
     return (
         "Qt's X11 (xcb) platform cannot start: these system libraries are missing: "
         f"{', '.join(missing)}.\nInstall them, then start brisk-app again:\n"
-        f"  Debian/Ubuntu: sudo apt-get install -y {' '.join(debian)}\n"
-        f"  Fedora:        sudo dnf install -y {' '.join(fedora)}"
+        f"  Debian/Ubuntu: {sudo}apt-get install -y {' '.join(debian)}\n"
+        f"  Fedora:        {sudo}dnf install -y {' '.join(fedora)}"
     )
 
 

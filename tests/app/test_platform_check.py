@@ -28,7 +28,7 @@ def test_brisk_app_prints_the_install_command_instead_of_qts_abort(monkeypatch, 
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     assert main(["--check"]) == 1
     err = capsys.readouterr().err
-    assert "sudo apt-get install -y libxcb-icccm4 libxcb-keysyms1" in err
+    assert "apt-get install -y libxcb-icccm4 libxcb-keysyms1" in err
     assert "xcb-util-keysyms xcb-util-wm" in err
 
 
@@ -43,3 +43,32 @@ def test_other_platforms_are_not_checked(monkeypatch):
 )
 def test_the_readme_packages_leave_nothing_missing():
     assert platform_check.missing_libraries() == []
+
+
+@pytest.mark.parametrize("uid,prefix", [(0, ""), (1000, "sudo ")])
+def test_the_install_command_uses_sudo_only_for_a_user_who_is_not_root(monkeypatch, uid, prefix):
+    """As root on a bare Debian there is no sudo ("sudo: command not found", issue 58)."""
+    monkeypatch.setattr(platform_check.os, "geteuid", lambda: uid)
+    advice = platform_check.install_advice(["libxcb-icccm.so.4"])
+    assert f"  Debian/Ubuntu: {prefix}apt-get install -y libxcb-icccm4" in advice
+    assert f"  Fedora:        {prefix}dnf install -y" in advice
+
+
+def test_the_readmes_launch_command_runs_apt_get_itself_as_root_and_through_sudo_otherwise(tmp_path):
+    import re
+    import subprocess
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if "apt-get install -y libxcb" in line)
+    prefix = re.match(r"(.*?)apt-get install", line).group(1)
+    assert "sudo" in prefix
+    for uid, want in (("0", ""), ("1000", "sudo")):
+        fake = tmp_path / uid
+        fake.mkdir()
+        (fake / "id").write_text(f"#!/bin/sh\necho {uid}\n")
+        (fake / "id").chmod(0o755)
+        out = subprocess.run(
+            ["bash", "-c", f"echo {prefix}"], env={"PATH": f"{fake}:/usr/bin:/bin"}, capture_output=True, text=True
+        )
+        assert out.stdout.strip() == want
