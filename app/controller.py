@@ -70,6 +70,7 @@ class ChatController(QObject):
         self._answer: dict | None = None  # the streaming answer: conversation, message id, text, last save
         self._turn_job = None  # the engine job of the answer being generated
         self._documents: dict[int, list] = {}  # conversation -> documents checked and waiting to be sent
+        self._fit_key: dict[int, tuple] = {}  # conversation -> the settings its documents were checked under
         self.search_text = ""
         # answers the store could not take yet: message id -> (text, finish reason, metrics)
         self.unsaved: dict[int, tuple] = {}
@@ -80,6 +81,7 @@ class ChatController(QObject):
         composer.send_requested.connect(self.send)
         composer.stop_requested.connect(self.stop)
         composer.attach_requested.connect(self.attach)
+        composer.attachment_removed.connect(self.remove_attachment)
         chat_view.regenerate_requested.connect(self.regenerate)
         chat_view.read_all_requested.connect(self.read_all)
         settings_panel.changed.connect(self.settings_changed)
@@ -135,9 +137,8 @@ class ChatController(QObject):
             self.notice.emit(f"This chat's saved settings were unusable and defaults are shown ({exc})")
         self.settings_panel.set_settings(settings)
         self.dashboard.set_chat_models(settings.model, settings.draft)
-        self.composer.clear_attachments()
-        for doc, fit in self._documents.get(cid, []):
-            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
+        self._fit_key[cid] = _fit_key(settings)
+        self._show_attachments(cid)
 
     def rename(self, cid: int, title: str) -> None:
         if self._saved("Cannot rename", self.store.rename, cid, title):
@@ -165,6 +166,9 @@ class ChatController(QObject):
         if self.current is not None:
             self._saved("Settings not saved", self.store.save_settings, self.current, settings.to_dict())
             self.dashboard.set_chat_models(settings.model, settings.draft)
+            if self._fit_key.get(self.current) != _fit_key(settings):  # another model, KV size or overflow
+                self._fit_key[self.current] = _fit_key(settings)
+                self._recheck_attachments(self.current)
 
     # --- turns ---------------------------------------------------------------------------
 
@@ -281,7 +285,25 @@ class ChatController(QObject):
             self.new_conversation()
         self.composer.show_message("Reading the document…")
         settings = self.settings_panel.settings()
-        self.engine.submit(CheckDocument(self.current, path, settings, self._history(self.current)))
+        self.engine.submit(CheckDocument(self.current, path, settings, self._history_with(self.current, None)))
+
+    def remove_attachment(self, index: int) -> None:
+        """✕ on a chip: the document leaves what is sent, and the rest's fit is checked without it."""
+        documents = self._documents.get(self.current, []) if self.current is not None else []
+        if 0 <= index < len(documents):
+            documents.pop(index)
+            self._recheck_attachments(self.current)
+        self.composer.show_message("")
+
+    def _recheck_attachments(self, cid: int | None) -> None:
+        """Each attached document checked again, after the chat and the documents before it,
+        under the chat's settings now (its chips keep their old fit until the answers come)."""
+        documents = self._documents.get(cid, []) if cid is not None else []
+        if cid is None or not documents:
+            return
+        settings = self.settings_panel.settings()
+        for i, (doc, _) in enumerate(documents):
+            self.engine.submit(CheckDocument(cid, doc.name, settings, self._history_with(cid, i), document=doc))
 
     def load_model(self, model_id: str) -> None:
         self.dashboard.set_model_state(f"Loading {model_id}…")
@@ -377,10 +399,28 @@ class ChatController(QObject):
 
     def _document_checked(self, item: DocumentChecked) -> None:
         doc, fit = item.document, item.fit
-        self._documents.setdefault(item.conversation_id, []).append((doc, fit))
+        documents = self._documents.setdefault(item.conversation_id, [])
+        at = next((i for i, (known, _) in enumerate(documents) if known is doc), None)
+        if at is not None:  # a re-check: the same document's fit now
+            documents[at] = (doc, fit)
+        elif not item.recheck:
+            documents.append((doc, fit))
+        else:
+            return  # removed while its re-check was under way
         if item.conversation_id == self.current:
-            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
+            self._show_attachments(item.conversation_id)
             self.composer.show_message("" if fit.fits else fit.reason, error=not fit.fits)
+
+    def _show_attachments(self, cid: int) -> None:
+        self.composer.clear_attachments()
+        for doc, fit in self._documents.get(cid, []):
+            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
+
+    def _history_with(self, cid: int, attached: int | None) -> list[Message]:
+        """The chat's messages and the first `attached` documents waiting to be sent (None: all):
+        what a document's fit is checked after."""
+        documents = self._documents.get(cid, [])[:attached]
+        return [*self._history(cid), *(Message("user", doc.as_prompt()) for doc, _ in documents)]
 
     # --- helpers ----------------------------------------------------------------------
 
@@ -443,6 +483,12 @@ class ChatController(QObject):
         self.busy = busy
         self.composer.set_busy(busy)
         self.busy_changed.emit(busy)
+
+
+def _fit_key(settings: ChatSettings) -> tuple:
+    """The settings a document's fit depends on: the model's context and the KV cache's size."""
+    kv = (settings.kv_precision(), settings.kv_auto, settings.kv_group_size)
+    return (settings.model, *kv, settings.context_overflow)
 
 
 def _title(text: str) -> str:

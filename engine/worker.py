@@ -14,7 +14,7 @@ import logging
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Iterator, Union
+from typing import TYPE_CHECKING, Callable, Iterator, Union
 
 from engine.accel.speculative.controller import PairCosts
 from engine.accel.speculative.drafters import check_draft_pair
@@ -27,6 +27,9 @@ from engine.metrics import TurnMetrics
 from engine.model_commands import MODEL_COMMANDS, ModelsChanged, RemoveModel, run_model_command
 from engine.session import Session
 from engine.settings import ChatSettings
+
+if TYPE_CHECKING:
+    from engine.documents import Document
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +74,14 @@ class SessionsDescribed:
 
 @dataclass(frozen=True)
 class CheckDocument:
+    """Would `path` (or a document already read) fit, after `history` and the documents
+    attached before it? Sent again when the chat's model or KV setting changes."""
+
     conversation_id: int
     path: str
     settings: ChatSettings
     history: list
+    document: Document | None = None  # already read: checked again without reading the file
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,7 @@ class DocumentChecked:
     conversation_id: int
     document: object  # engine.documents.Document
     fit: object  # engine.documents.Fit
+    recheck: bool = False  # a document already attached, checked again (CheckDocument.document)
 
 
 TURN_COMMANDS = (Answer,)
@@ -220,10 +228,10 @@ class EngineWorker:
     def _check_document(self, command: CheckDocument) -> DocumentChecked:
         from engine.documents import check_fit, read_document
 
-        document = read_document(command.path)
+        document = command.document or read_document(command.path)
         lm = self.model(command.settings.model)
         fit = check_fit(lm, command.history, document, command.settings, memory_available=self._memory_available())
-        return DocumentChecked(command.conversation_id, document, fit)
+        return DocumentChecked(command.conversation_id, document, fit, recheck=command.document is not None)
 
     @staticmethod
     def _scoped_events(cid: int, events) -> Iterator[ConversationEvent]:

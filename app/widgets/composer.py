@@ -56,6 +56,7 @@ class Composer(QWidget):
     send_requested = Signal(str)
     stop_requested = Signal()
     attach_requested = Signal(str)  # a file path
+    attachment_removed = Signal(int)  # the position of the chip the user removed with ✕
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -105,7 +106,7 @@ class Composer(QWidget):
 
     def add_attachment(self, name: str, tokens: int, fits: bool, reason: str = "") -> AttachmentChip:
         chip = AttachmentChip(name, tokens, fits, reason)
-        chip.removed.connect(self._remove_chip)
+        chip.removed.connect(self._user_removed)
         self.chips.addWidget(chip)
         self.attachments.append(chip)
         return chip
@@ -113,6 +114,11 @@ class Composer(QWidget):
     def clear_attachments(self) -> None:
         for chip in list(self.attachments):
             self._remove_chip(chip)
+
+    def _user_removed(self, chip) -> None:
+        index = self.attachments.index(chip)
+        self._remove_chip(chip)
+        self.attachment_removed.emit(index)  # the controller drops the document from what is sent
 
     def _remove_chip(self, chip) -> None:
         self.attachments.remove(chip)

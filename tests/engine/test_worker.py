@@ -65,6 +65,11 @@ def test_check_document_reports_its_fit(tiny_llama, tmp_path):
     path.write_text("Meeting notes: the budget grew. " * 10)
     (event,) = run(worker_for(tiny_llama), CheckDocument(5, str(path), settings(), []))
     assert isinstance(event, DocumentChecked) and event.fit.fits and event.document.name == "notes.txt"
+    assert not event.recheck
+    path.unlink()  # checked again (another model, a document removed): from the text already read
+    (again,) = run(worker_for(tiny_llama), CheckDocument(5, str(path), settings(), [], document=event.document))
+    assert isinstance(again, DocumentChecked) and again.recheck and again.document is event.document
+    assert again.fit == event.fit
 
 
 def test_cancel_stops_the_turn_and_keeps_the_partial_answer(tiny_llama):
