@@ -7,8 +7,9 @@ from pathlib import Path
 # Before anything reads it: tests never touch the user's real data folder.
 os.environ["BRISK_HOME"] = tempfile.mkdtemp(prefix="brisk-test-home-")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# The native kernel is built once per test session, outside the user's cache.
-os.environ["BRISK_KERNEL_CACHE"] = str(Path(os.environ["BRISK_HOME"]) / "kernels")
+# The native kernels are built outside the user's cache: once per test session, or once per CI
+# run when .ci/run names a folder that every pytest run (and the subprocesses) share.
+os.environ.setdefault("BRISK_KERNEL_CACHE", str(Path(os.environ["BRISK_HOME"]) / "kernels"))
 
 import pytest  # noqa: E402
 
