@@ -27,6 +27,7 @@ DEFAULT_MAX_CONNECTIONS = 1024  # far beyond what one engine thread can answer a
 RESERVED_FDS = 128  # left to the process: model files, pipes, the engine's own
 BACKLOG = 128  # asyncio accepts up to this many sockets per wake-up before any can be closed
 LOG_EVERY_S = 60.0  # one message of a kind per minute; the rest are counted
+MAX_LOG_KINDS = 1000
 TIMED_OUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
 
@@ -131,7 +132,7 @@ def protocol_with(limits: ConnectionLimits) -> type[GuardedH11Protocol]:
 
 
 class RateLimitedLog(logging.Filter):
-    """Lets one record of each kind (logger and message template) through per `every_s`
+    """Lets one record of each kind (logger and message's first line) through per `every_s`
     seconds; the next one let through says how many were dropped in between."""
 
     def __init__(self, every_s: float = LOG_EVERY_S, *, clock: Callable[[], float] = time.monotonic):
@@ -141,8 +142,11 @@ class RateLimitedLog(logging.Filter):
         self.dropped: dict[tuple[str, str], int] = {}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        key = (record.name, str(record.msg))
+        # The first line names the kind: asyncio writes its context (the socket...) below it.
+        key = (record.name, str(record.msg).split("\n", 1)[0])
         now = self.clock()
+        if len(self.last) > MAX_LOG_KINDS:  # kinds are few; a message with data in its first line is not
+            self.last.clear()
         if key in self.last and now - self.last[key] < self.every_s:
             self.dropped[key] = self.dropped.get(key, 0) + 1
             return False

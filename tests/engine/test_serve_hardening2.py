@@ -327,7 +327,7 @@ def test_the_log_filter_lets_one_of_a_kind_through_per_interval():
     def record(msg, *args):
         return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, msg, args, None)
 
-    passed = [limiter.filter(record("socket.accept() out of system resource")) for _ in range(1000)]
+    passed = [limiter.filter(record(f"socket.accept() out of system resource\nsocket: fd={i}")) for i in range(1000)]
     assert passed.count(True) == 1
     assert limiter.filter(record("another message %s", 1))  # other kinds are not held back
     now[0] = 61.0
