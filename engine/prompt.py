@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.chat_template import TemplateError, max_template_chars, render_guarded
+from engine.chat_template import encode_chat
 from engine.errors import ContextOverflow, ConversationTooLong
 from engine.text_input import max_chars_for
 
@@ -19,26 +19,15 @@ class RenderedPrompt:
 
 
 def encode_messages(lm, messages, *, cancelled=lambda: False, template: bool = True) -> list[int]:
-    """Prompt tokens for `messages`: the chat template (rendered under limits, see
-    engine/chat_template.py), or plain paragraphs for base models and raw completions."""
+    """Prompt tokens for `messages`: the chat template (rendered in a bounded sandbox, control
+    tokens inside messages kept as text, see engine/chat_template.py), or plain paragraphs
+    for base models and raw completions."""
     tokenizer = lm.tokenizer
     dicts = [{"role": m.role, "content": m.content} for m in messages]
     if tokenizer.chat_template and template:
-        text = render_guarded(
-            lambda: _render(lm, dicts), model_id=lm.id, max_chars=max_template_chars(dicts), cancelled=cancelled
-        )
-        return list(tokenizer.encode(text, add_special_tokens=False))
+        return encode_chat(tokenizer, dicts, model_id=lm.id, cancelled=cancelled)
     text = PLAIN_SEPARATOR.join(m["content"] for m in dicts)
     return list(tokenizer.encode(text))
-
-
-def _render(lm, dicts) -> str:
-    from jinja2 import TemplateError as JinjaError
-
-    try:
-        return lm.tokenizer.apply_chat_template(dicts, add_generation_prompt=True, tokenize=False)
-    except JinjaError as exc:  # the template's own raise_exception(), or a syntax error
-        raise TemplateError(f"The chat template of {lm.id} failed: {exc}") from exc
 
 
 def render_prompt(lm, messages, settings, *, cancelled=lambda: False) -> RenderedPrompt:

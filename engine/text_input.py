@@ -69,15 +69,20 @@ def count_tokens_bounded(tokenizer, text: str, limit: int) -> tuple[int, bool]:
     costs one piece of tokenizer memory. Pieces split at whitespace, so the count equals
     whole-text tokenization for byte-level BPE and is within a token per piece otherwise."""
     if len(text) <= TOKENIZE_PIECE_CHARS:
-        return len(tokenizer.encode(text, add_special_tokens=False)), True
+        return len(_encode_as_text(tokenizer, text)), True
     total, start = 0, 0
     while start < len(text):
         end = min(start + TOKENIZE_PIECE_CHARS, len(text))
         if end < len(text):
             cut = max(text.rfind(" ", start, end), text.rfind("\n", start, end))
             end = cut if cut > start else end
-        total += len(tokenizer.encode(text[start:end], add_special_tokens=False))
+        total += len(_encode_as_text(tokenizer, text[start:end]))
         if total > limit:
             return total, False
         start = end
     return total, True
+
+
+def _encode_as_text(tokenizer, text: str) -> list[int]:
+    # A user's text becomes a message, whose "<|im_start|>" is plain text (see engine/chat_template.py).
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
