@@ -24,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.errors import BrokenModelFolder, GGUFImportError
+from engine.errors import BriskError, BrokenModelFolder, GGUFImportError
 from engine.models import gguf_quant
 from engine.models.folder import check_config_values
 from engine.models.gguf_check import MAX_VOCAB, check_gguf_structure, check_tensors
@@ -297,6 +297,14 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
     tokens = list(meta.require("tokenizer.ggml.tokens"))
     ids = {key: _token_id(meta, key, len(tokens)) for key in TOKEN_ID_KEYS}
     template = meta.text("tokenizer.chat_template")
+    if template:
+        bos_id, eos_id = ids["bos_token_id"], ids["eos_token_id"]
+        check_chat_template(
+            template,
+            bos=tokens[bos_id] if bos_id is not None else None,
+            eos=tokens[eos_id] if eos_id is not None else None,
+            name=str(meta.text("general.name") or "the GGUF"),
+        )
     tokenizer_dict = {
         "tokenizer_type": meta.text("tokenizer.ggml.model"),
         "pre_tokenizer_type": meta.text("tokenizer.ggml.pre"),
@@ -358,6 +366,42 @@ def write_tokenizer(reader, meta: _Metadata, arch: str, dest: Path) -> dict:
         tokenizer_config["chat_template"] = template
     (dest / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return {"eos_token_id": eos_ids} if eos_ids else {}
+
+
+# A plain exchange every chat template must render, as the first chat will.
+SAMPLE_CHAT = [
+    {"role": "user", "content": "Hello"},
+    {"role": "assistant", "content": "Hi. How can I help?"},
+    {"role": "user", "content": "Say something."},
+]
+
+
+@dataclass(frozen=True)
+class _TemplateOnly:
+    """What engine/chat_template.py reads of a tokenizer, before the tokenizer exists."""
+
+    template: str
+    special_tokens_map: dict[str, str]
+
+    def get_chat_template(self) -> str:
+        return self.template
+
+
+def check_chat_template(template: str, *, bos: str | None, eos: str | None, name: str) -> None:
+    """GGUFImportError unless the GGUF's chat template renders SAMPLE_CHAT as a chat will
+    (engine/chat_template.py's bounded sandbox and time budget): a template that cannot
+    (a range beyond the sandbox's limit, `9**9999999`, an error it raises) would install a
+    model that fails at its first message."""
+    from engine.chat_template import render_chat
+
+    specials = {key: value for key, value in (("bos_token", bos), ("eos_token", eos)) if value is not None}
+    try:
+        render_chat(_TemplateOnly(template, specials), SAMPLE_CHAT, model_id=name)
+    except Exception as exc:  # whatever the template does wrong, said in one line
+        reason = str(exc) if isinstance(exc, BriskError) else f"{type(exc).__name__}: {exc}"
+        raise GGUFImportError(
+            f"The GGUF's chat template cannot render a plain conversation, so the model could not chat: {reason[:300]}"
+        ) from None
 
 
 TOKEN_ID_KEYS = ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id")

@@ -197,6 +197,22 @@ def test_the_tiny_gguf_itself_still_imports(tiny_gguf, tmp_path):
     assert store.has("fine")
 
 
+@pytest.mark.parametrize(
+    "template,match",
+    [
+        ("{% for i in range(100001) %}x{% endfor %}", "Range too big"),
+        ("{{ 9**9999999 }}", "cannot render a plain conversation"),
+        ("{% set n = 99999 %}{{ 9**n }}", "cannot render a plain conversation"),
+        ("{{ raise_exception('no chats here') }}", "cannot render a plain conversation.*no chats here"),
+        ("{% for m in messages %}{{ m.content", "cannot render a plain conversation"),
+        ("{% for i in range(99999) %}{% for j in range(99999) %}x{% endfor %}{% endfor %}", "was stopped"),
+    ],
+)
+def test_a_chat_template_that_cannot_render_a_chat_is_refused_at_import(tiny_gguf, tmp_path, template, match):
+    path = rewrite(tiny_gguf, tmp_path / "tpl.gguf", fields={"tokenizer.chat_template": (template, T.STRING)})
+    refused(path, tmp_path, match)
+
+
 def test_a_staging_folder_left_by_a_killed_import_is_removed_by_the_next(tiny_gguf, tmp_path):
     """A process killed for memory runs no cleanup; the next install sweeps what it left,
     but never the folder of an install that is running (it holds the id's lock)."""
