@@ -147,11 +147,18 @@ def test_chat_reuses_the_prompt_cache_across_turns(cli_home):
 def test_info_reports_blas_and_dtype(cli_home):
     out = brisk(cli_home, "info", "--json", "--model", "tiny")
     info = json.loads(out.stdout)
-    assert info["compute_dtype"] == "float32"
+    from kernels import plan
+
+    here = plan.current()  # the subprocess decides the same plan from the same environment
+    assert info["compute_dtype"] == here.compute_dtype and info["kernel_plan"] == here.describe()
     compiler = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
-    assert info["packed_kv_attention"].startswith("native" if compiler else "portable MLX (no C++ compiler")
-    assert info["few_row_matmul"].startswith("native" if compiler else "portable MLX (no C++ compiler")
-    if compiler and os.uname().machine == "x86_64":
+    if not here.native:  # BRISK_KERNELS=off: MLX's own paths, as on a GPU
+        assert info["packed_kv_attention"] == "portable MLX (turned off by BRISK_KERNELS=off)"
+    else:
+        assert info["compute_dtype"] == "float32"
+        assert info["packed_kv_attention"].startswith("native" if compiler else "portable MLX (no C++ compiler")
+        assert info["few_row_matmul"].startswith("native" if compiler else "portable MLX (no C++ compiler")
+    if here.native and compiler and os.uname().machine == "x86_64":
         flags = set(open("/proc/cpuinfo").read().split())
         vnni = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= flags
         assert info["quantized_products"].startswith("VNNI-512" if vnni else "AVX2" if "avx2" in flags else "float x")
