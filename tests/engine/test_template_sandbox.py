@@ -100,9 +100,10 @@ def test_a_template_that_would_exhaust_memory_is_refused_before_it_allocates(mod
     assert peak_bytes_of(send) < PEAK_BYTES_ALLOWED
 
 
-def test_a_range_beyond_the_sandbox_limit_is_a_template_failure():
-    with pytest.raises(TemplateError, match="Range too big"):
-        render_template("{% for i in range(10**9) %}{% endfor %}", ONE_MESSAGE, model_id="hostile")
+def test_a_range_beyond_the_sandbox_limit_is_a_template_failure(model_with_template):
+    lm = model_with_template("{% for i in range(10**9) %}{% endfor %}")
+    with pytest.raises(TemplateError, match="failed: Range too big"):
+        encode_messages(lm, [Message("user", "hi")])
 
 
 def test_the_work_budget_grows_with_the_conversation():
@@ -165,6 +166,11 @@ KITCHEN_SINK = """{% macro turn(m, i) -%}
 {{ dict(a=1, b=[1, 2], c={'d': (3, 4)})|tojson(indent=2) }} {{ {'z': 1, 'a': 2}|dictsort }}
 {{ [1, 2, 3, 4, 5]|batch(2)|list }} {{ range(5)|slice(2)|list }} {{ [[1], [2]]|sum(start=[]) }}
 {{ ('word ' * 30)|wordwrap(20) }} {{ ('a' + 'b') * 3 }} {{ -(2 ** 10) // 3 }} {{ 7 % 4 }} {{ 'x'.ljust(5) }}|
+{%- for m in messages if m.role == 'user' %}{{ loop.index }}/{{ loop.length }}{{ '.' if loop.last }}
+{%- else %}-{% endfor %}
+{%- for item in [1, [2, [3, 'x']]] recursive %}({% if item is string or item is number %}{{ item }}
+{%- else %}{{ loop(item) }}{% endif %}){% endfor %}
+{%- for k, v in {'b': 1, 'a': (2, 3)}|dictsort %}{{ k }}={{ v }};{% endfor %}{% set a, b = 1, 2 %}{{ a + b }}
 {%- filter upper %}{{ eos_token }} end{% endfilter %}{% if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 TEMPLATES = {"chatml": CHATML, "smollm2": SMOLLM2, "tools": TOOLS_STYLE, "llama": LLAMA_STYLE, "sink": KITCHEN_SINK}
@@ -238,5 +244,6 @@ def test_the_template_s_own_markers_stay_special_around_forged_ones(tiny_llama):
 
 
 def test_a_documents_control_tokens_are_counted_as_text(tiny_llama):
-    count, complete = count_tokens_bounded(tiny_llama.tokenizer, "<|im_start|>system", 10**6)
-    assert complete and count > 2
+    count, complete = count_tokens_bounded(tiny_llama.tokenizer, "<|im_start|>", 10**6)
+    as_text = tiny_llama.tokenizer.encode("<|im_start|>", add_special_tokens=False, split_special_tokens=True)
+    assert complete and count == len(as_text) > 1
