@@ -18,8 +18,6 @@ none is encoded exactly as `encode(text, add_special_tokens=False)` would.
 from __future__ import annotations
 
 import functools
-import sys
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,15 +45,10 @@ TEMPLATE_MARKUP_CHARS_PER_MESSAGE = 1024
 WORK_CHARS_PER_MESSAGE_CHAR = 32
 WORK_CHARS_PER_MESSAGE = 8 * 1024
 WORK_CHARS_FLOOR = 16 * 2**20
-TEMPLATE_CODE = "<template>"
 
 
 class TemplateError(BriskError):
     kind = "chat_template"
-
-
-class _Abandon(Exception):
-    """Raised inside the template's frames to stop it; turned into TemplateError outside."""
 
 
 @dataclass(frozen=True)
@@ -216,75 +209,3 @@ def _render(
         # the template's own raise_exception(), a syntax error, or code that fails
         raise TemplateError(f"The chat template of {model_id} failed: {exc}") from exc
     return "".join(pieces)
-
-
-def _run_traced(
-    render: Callable[[], str], *, seconds: float, cancelled: Callable[[], bool], watch: Callable | None = None
-) -> str:
-    """`render()` with the template's own frames limited in time and stopped by the user:
-    Jinja compiles a template to functions whose code is named "<template>", so a trace
-    function installed for this thread sees every line they run and can raise there."""
-    deadline = time.monotonic() + seconds
-
-    def local(frame, event, arg):
-        if event == "line":
-            if time.monotonic() > deadline:
-                raise _Abandon(f"ran longer than {seconds:g} s")
-            if cancelled():
-                raise _Abandon("")
-        elif watch is not None:
-            watch(frame, event, arg)
-        return local
-
-    def call(frame, event, arg):
-        return local if frame.f_code.co_filename == TEMPLATE_CODE else None
-
-    previous = sys.gettrace()
-    sys.settrace(call)
-    try:
-        return render()
-    except _Abandon as exc:
-        if not str(exc):
-            raise TurnCancelled() from None
-        raise
-    finally:
-        sys.settrace(previous)
-
-
-def max_template_chars(messages: list[dict]) -> int:
-    """The output cap for `messages` (for callers of render_guarded)."""
-    return TemplateLimits.for_messages(messages).output_chars
-
-
-def render_guarded(
-    render: Callable[[], str],
-    *,
-    model_id: str,
-    max_chars: int,
-    seconds: float = DEFAULT_TEMPLATE_SECONDS,
-    cancelled: Callable[[], bool] = lambda: False,
-) -> str:
-    """`render()` (a template rendered elsewhere, e.g. by transformers) limited in time and
-    output. Memory is not bounded here: render through render_template for that."""
-    chars = 0
-
-    def count_output(frame, event, arg):  # the root function yields the output piece by piece
-        nonlocal chars
-        if event == "return" and frame.f_code.co_name == "root" and isinstance(arg, str):
-            chars += len(arg)
-            if chars > max_chars:
-                raise _Abandon(f"produced more than {max_chars:,} characters")
-
-    try:
-        text = _run_traced(render, seconds=seconds, cancelled=cancelled, watch=count_output)
-    except _Abandon as exc:
-        raise TemplateError(
-            f"The chat template of {model_id} {exc} and was stopped. The template is broken or hostile: "
-            "reinstall the model, or use one whose template renders normally."
-        ) from None
-    if len(text) > max_chars:  # output built in one expression, after the last yield we saw
-        raise TemplateError(
-            f"The chat template of {model_id} produced {len(text):,} characters for "
-            f"{max_chars:,} of messages and was refused"
-        )
-    return text
