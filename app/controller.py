@@ -357,7 +357,7 @@ class ChatController(QObject):
                 self.chat_view.append_to_last(event.text, event.source)
                 if answer is not None and not answer.get("first_at"):
                     answer["first_at"] = time.monotonic()  # live TTFT; the exact one comes with the metrics
-                    self.dashboard.ttft.setText(f"{answer['first_at'] - answer['started']:.2f} s")
+                    self.dashboard.first_token(answer["first_at"] - answer["started"])
         elif isinstance(event, TurnFinished):
             metrics = event.metrics.to_dict()
             if metrics.get("kv_check"):
@@ -383,6 +383,7 @@ class ChatController(QObject):
                 if self.chat_view.messages and self.chat_view.messages[-1].role == "assistant":
                     self.chat_view.messages[-1].set_finish("error")
                 self.composer.show_message(event.message, error=True)
+                self.dashboard.turn_failed()
             self.notice.emit(event.message)
         elif isinstance(event, EngineWarned):
             self.notice.emit(event.message)

@@ -101,6 +101,17 @@ class Dashboard(QWidget):
         self.ttft.setText("…")
         self.saved.setText("Waiting for the first token…")
 
+    def first_token(self, seconds: float) -> None:
+        """The first token is on screen: its time, live (the exact one comes with the metrics)."""
+        self.ttft.setText(f"{seconds:.2f} s")
+        self.saved.setText("")
+
+    def turn_failed(self) -> None:
+        """A turn ended without metrics: nothing is waited for any more."""
+        if self.ttft.text() == "…":
+            self.ttft.setText("–")
+        self.saved.setText("")
+
     def set_model_state(self, text: str) -> None:
         self.model_state.setText(text)
 

@@ -441,3 +441,16 @@ def test_after_a_new_chat_the_sidebar_highlights_it_and_the_old_chat_opens_on_cl
     rect = w.sidebar.list.visualItemRect(w.sidebar.list.item(row))
     qtbot.mouseClick(w.sidebar.list.viewport(), Qt.LeftButton, pos=rect.center())
     assert w.controller.current == old
+
+
+def test_the_waiting_line_clears_at_the_first_token_and_after_a_failed_turn(qtbot, make_window, engine):
+    """Issue 58: 'Waiting for the first token…' stayed while text streamed, and forever after a failure."""
+    w = make_window()
+    cid = send(qtbot, w).conversation_id
+    assert w.dashboard.saved.text() == "Waiting for the first token…" and w.dashboard.ttft.text() == "…"
+    engine.play(ConversationEvent(cid, TokenEmitted("Hel", 1)))
+    assert w.dashboard.saved.text() == "" and w.dashboard.ttft.text().endswith(" s")
+    engine.play(ConversationEvent(cid, EngineErrored("Generation failed: boom", "internal")))
+    cid = send(qtbot, w, "again").conversation_id
+    engine.play(ConversationEvent(cid, EngineErrored("Model load failed", "model")))
+    assert w.dashboard.saved.text() == "" and w.dashboard.ttft.text() == "–"
