@@ -7,6 +7,7 @@ large) is a DocumentError whose message says what is wrong with that file.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,10 @@ def _pdf_text(name: str, data: bytes) -> tuple[str, int]:
     from pypdf import PdfReader
     from pypdf.errors import LimitReachedError, PdfReadError
 
+    # pypdf and fontTools log a warning per object they repair (hundreds in a long damaged
+    # PDF, all on stderr); what matters reaches the user as one DocumentError line.
+    for noisy in ("pypdf", "fontTools"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
     pages, chars = [], 0
     try:
         reader = PdfReader(io.BytesIO(data))

@@ -69,6 +69,23 @@ def test_pdf_text_is_extracted(tmp_path):
     assert doc.kind == "pdf" and "Water budget report" in doc.text and doc.pages == 2
 
 
+def test_a_damaged_pdfs_library_warnings_stay_off_the_console(tmp_path, caplog):
+    """pypdf (and fontTools under it) log a warning per repaired object: a long malformed PDF
+    flooded stderr. Brisk reports what matters itself, in one line."""
+    import logging
+
+    pytest.importorskip("pypdf", reason="PDF attachments need pypdf")
+    test_pdf_text_is_extracted(tmp_path)
+    data = (tmp_path / "r.pdf").read_bytes()
+    broken = data.replace(b"startxref\n", b"startxref\n9", 1)  # a wrong xref offset: pypdf repairs it, warning
+    assert broken != data
+    (tmp_path / "broken.pdf").write_bytes(broken)
+    caplog.set_level(logging.WARNING)
+    doc = read_document(tmp_path / "broken.pdf")
+    assert "Water budget report" in doc.text
+    assert not [r for r in caplog.records if r.name.startswith(("pypdf", "fontTools"))]
+
+
 def test_fit_reports_tokens_context_and_memory(tiny_llama, tmp_path):
     (tmp_path / "d.txt").write_text("The quick brown fox. " * 40)
     doc = read_document(tmp_path / "d.txt")
