@@ -104,8 +104,18 @@ def check_binding(args: argparse.Namespace) -> None:
             f"give an API key (--api-key-file PATH or ${API_KEY_ENV}; clients send `Authorization: Bearer KEY`), "
             "or keep the default 127.0.0.1"
         )
-    if "*" in getattr(args, "allowed_origin", []) and not args.api_key:
+    from engine.serve.guard import parse_origin  # here: Starlette loads only for `brisk serve`
+
+    try:
+        args.allowed_origin = [parse_origin(o) for o in getattr(args, "allowed_origin", [])]
+    except ValueError as exc:
+        raise BriskError(str(exc)) from exc
+    if "*" in args.allowed_origin and not args.api_key:
         raise BriskError("--allowed-origin '*' lets every web page use this server: it needs an API key")
+    if getattr(args, "max_body", 1) < 1:
+        raise BriskError(f"--max-body must be a positive number of bytes (got {args.max_body})")
+    if getattr(args, "cache_bytes", 0) < 0:
+        raise BriskError(f"--cache-bytes must be 0 or more (got {args.cache_bytes})")
     if not 0 < args.port < 65536:
         raise BriskError(f"--port must be between 1 and 65535 (got {args.port})")
 

@@ -27,6 +27,20 @@ LOOPBACK_NAMES = ("localhost",)
 JSON_TYPE = "application/json"
 
 
+def parse_origin(value: str) -> str:
+    """An --allowed-origin as browsers send it (`scheme://host[:port]`, no path), or `*` for
+    every page; ValueError for anything else, so no spelling of `*` gets past the key check."""
+    text = value.strip().rstrip("/")
+    if text == "*":
+        return "*"
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query or parts.fragment:
+        raise ValueError(f"--allowed-origin {value!r} is not a web page's origin (like https://app.example:8443) or *")
+    if "*" in parts.netloc or "@" in parts.netloc:
+        raise ValueError(f"--allowed-origin {value!r}: an origin names one host, with no wildcard or user")
+    return f"{parts.scheme}://{parts.netloc.lower()}"
+
+
 def host_name(host_header: str) -> str | None:
     """The name in a Host header, without port or IPv6 brackets (None: not a host)."""
     try:
@@ -57,7 +71,7 @@ class RequestGuard:
         self.app = app
         names = (host_name(h) or h.lower() for h in allowed_hosts)
         self.allowed_hosts = {*LOOPBACK_NAMES, *names}
-        self.allowed_origins = {o.rstrip("/") for o in allowed_origins}
+        self.allowed_origins = {parse_origin(o) for o in allowed_origins}
         self.any_origin = "*" in self.allowed_origins
 
     def host_allowed(self, header: str | None) -> bool:
@@ -106,7 +120,7 @@ def _media_type(content_type: str) -> str:
 
 def make_middleware(*, allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()) -> list[Middleware]:
     """The guard, then CORS answers (preflights too) for the allowed origins."""
-    origins = sorted({o.rstrip("/") for o in allowed_origins})
+    origins = sorted({parse_origin(o) for o in allowed_origins})
     return [
         Middleware(RequestGuard, allowed_hosts=list(allowed_hosts), allowed_origins=origins),
         Middleware(

@@ -290,7 +290,12 @@ def _brisk_settings(controls: Any, settings: dict) -> dict:
         "brisk",
     )
     if "prefill" in controls:
-        _check(controls["prefill"] in PREFILL, f"brisk.prefill must be one of {', '.join(PREFILL)}", "brisk.prefill")
+        prefill = controls["prefill"]  # a list or object cannot be looked up: a 400, not a TypeError
+        _check(
+            isinstance(prefill, str) and prefill in PREFILL,
+            f"brisk.prefill must be one of {', '.join(PREFILL)}",
+            "brisk.prefill",
+        )
         settings["sparse_prefill"], settings["uniprefill"] = PREFILL[controls["prefill"]]
     renames = {"keep": "sparse_keep", "top_p_mass": "uniprefill_p"}
     for name in (

@@ -184,7 +184,7 @@ class EngineQueue:
             self._slots.clear()
 
     def _run(self, job: Job) -> None:
-        key = [(m.role, m.content) for m in job.messages]
+        key = _history_key(job)
         self._sync()  # the worker may have dropped sessions since (the app's chats share it)
         job.slot, job.reused_slot = self._slot_for(job.settings.model, key)
         outcome: list[TurnFinished] = []
@@ -205,9 +205,9 @@ class EngineQueue:
             self._sync()
             self._evict()
 
-    def _slot_for(self, model: str, key: list) -> tuple[int, bool]:
+    def _slot_for(self, model: str, key: list) -> tuple[int, bool]:  # key: _history_key
         """The live slot whose history this request continues the furthest, else a new one."""
-        best, shared = None, 0
+        best, shared = None, 1  # the prelude alone is no shared history: a message must match too
         for slot_id, slot in self._slots.items():
             n = _shared_prefix(slot.history, key)
             if slot.model == model and n > shared:
@@ -256,3 +256,12 @@ class EngineQueue:
     def _forget(self, slots: list[int]) -> None:
         for slot in slots:
             self.execute(ForgetConversation(slot), CancelToken(), lambda event: None)
+
+
+def _history_key(job: Job) -> list:
+    """What a conversation's prompt cache holds, item by item: first what comes before every
+    message (the system prompt, and whether the chat template wraps them: /v1/completions
+    sends the prompt as is), then the messages. Requests that differ in the first share
+    nothing, so one never takes, or overwrites, the other's cache."""
+    settings = job.settings
+    return [("prelude", settings.system_prompt, settings.chat_template)] + [(m.role, m.content) for m in job.messages]

@@ -394,6 +394,41 @@ def test_the_key_comes_from_a_private_file_or_the_environment(tmp_path):
         check_binding(serve_args(tmp_path, "--allowed-origin", "*"))
 
 
+@pytest.mark.parametrize("spelling", ["*/", " * ", "*//"])
+def test_no_spelling_of_every_origin_gets_past_the_key_check(tmp_path, spelling):
+    """'*/' was stripped to '*' by the guard after the check had compared it with '*'."""
+    from engine.serve.cli import check_binding
+
+    with pytest.raises(BriskError, match="needs an API key"):
+        check_binding(serve_args(tmp_path, "--allowed-origin", spelling))
+
+
+@pytest.mark.parametrize(
+    "origin", ["app.example", "ftp://app.example", "https://app.example/path", "https://*.example", "https://u@a.b"]
+)
+def test_an_allowed_origin_must_be_a_pages_origin(tmp_path, origin):
+    from engine.serve.cli import check_binding
+
+    with pytest.raises(BriskError, match="allowed-origin"):
+        check_binding(serve_args(tmp_path, "--allowed-origin", origin))
+
+
+def test_allowed_origins_are_kept_as_browsers_send_them(tmp_path):
+    from engine.serve.cli import check_binding
+
+    args = serve_args(tmp_path, "--allowed-origin", "https://App.Example:8443/")
+    check_binding(args)
+    assert args.allowed_origin == ["https://app.example:8443"]
+
+
+@pytest.mark.parametrize("flags", [["--max-body", "-1"], ["--max-body", "0"], ["--cache-bytes", "-5"]])
+def test_sizes_that_could_never_work_are_refused_at_start(tmp_path, flags):
+    from engine.serve.cli import check_binding
+
+    with pytest.raises(BriskError, match="must be"):
+        check_binding(serve_args(tmp_path, *flags))
+
+
 def test_with_a_key_health_tells_only_liveness_and_keys_are_compared_in_constant_time(monkeypatch):
     import engine.serve.app as app_module
 

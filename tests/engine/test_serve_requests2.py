@@ -72,6 +72,14 @@ HOSTILE = [
         "brisk.draft",
         id="surrogate-draft",
     ),
+    *[  # a list or object where a name is expected: looked up in a dict, it raised TypeError (a 500)
+        pytest.param(
+            json.dumps({"model": "tiny", "messages": HI, "brisk": {"prefill": value}}).encode(),
+            "brisk.prefill",
+            id=f"prefill-{type(value).__name__}",
+        )
+        for value in (["auto"], {}, 3)
+    ],
     pytest.param(  # a field's name: echoed in the error, it had to be escaped to be sent at all
         _escaped({"model": "tiny", "messages": HI, "LONEx": 1}, lone="LONE"),
         "['\\ud800x']",
@@ -168,6 +176,27 @@ def test_a_conversation_continued_after_others_reuses_its_cache_as_reported(own_
     sessions, report = real_sessions(live.worker), health(live)
     assert report["cached_conversations"] == len(sessions) == 6
     assert report["cached_bytes"] == sum(sessions.values()) > 0
+
+
+def test_conversations_that_differ_before_their_messages_never_share_or_overwrite_a_cache(own_server):
+    """Slots were matched on the messages alone: two system prompts, or a chat and a raw
+    completion of the same text, were reported as reused with 0 tokens cached, each wiping
+    the other's cache."""
+    live = own_server()
+    user = [{"role": "user", "content": "Tell me about the river."}]
+    sys_a = [{"role": "system", "content": "You are A."}, *user]
+    sys_b = [{"role": "system", "content": "You are B."}, *user]
+    ask(live, sys_a)
+    other = ask(live, sys_b)
+    assert other["brisk"]["prompt_cache"]["reused_conversation"] is False
+    again = ask(live, sys_a)  # A's cache survived B
+    assert again["brisk"]["prompt_cache"]["reused_conversation"] is True
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    raw = httpx.post(
+        f"{live.url}/v1/completions",
+        json={"model": "tiny", "prompt": "Tell me about the river.", "max_tokens": 4, "temperature": 0},
+    ).json()
+    assert raw["brisk"]["prompt_cache"]["reused_conversation"] is False
 
 
 def test_cache_bytes_bounds_the_sessions_the_worker_really_keeps(own_server):
