@@ -334,8 +334,9 @@ def parse(body: Any, *, chat: bool, default_model: str) -> Completion:
         _check(isinstance(prompt, str) and prompt, "prompt must be a non-empty string", "prompt")
         system, messages = None, [Message("user", prompt)]
     settings: dict[str, Any] = {"model": model, "system_prompt": system, "chat_template": chat}
+    plain = _integer(body, "max_tokens", 1, 1 << 20)  # checked even where the other one wins
     limit = _integer(body, "max_completion_tokens", 1, 1 << 20) if chat else None
-    limit = limit if limit is not None else _integer(body, "max_tokens", 1, 1 << 20)
+    limit = limit if limit is not None else plain
     for name, value in (
         ("max_tokens", limit),
         ("temperature", _number(body, "temperature", 0, 2)),
@@ -348,11 +349,15 @@ def parse(body: Any, *, chat: bool, default_model: str) -> Completion:
         settings["top_p"] = 1e-6  # OpenAI allows 0 (greedy); the engine's range is (0, 1]
     stream = body.get("stream", False)
     _check(isinstance(stream, bool), "stream must be true or false", "stream")
-    options = body.get("stream_options") or {}
+    options = body.get("stream_options")
+    options = {} if options is None else options
     _check(
         isinstance(options, dict) and set(options) <= {"include_usage"},
         "stream_options takes include_usage",
         "stream_options",
+    )
+    _check(
+        isinstance(options.get("include_usage", False), bool), "include_usage must be true or false", "stream_options"
     )
     controls = _brisk_settings(body.get("brisk"), settings)
     try:

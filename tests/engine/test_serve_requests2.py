@@ -72,6 +72,19 @@ HOSTILE = [
         "brisk.draft",
         id="surrogate-draft",
     ),
+    pytest.param(  # checked even where max_completion_tokens wins (it was ignored, a 200)
+        json.dumps({"model": "tiny", "messages": HI, "max_completion_tokens": 2, "max_tokens": -5}).encode(),
+        "max_tokens",
+        id="max-tokens-negative-beside-max-completion-tokens",
+    ),
+    *[
+        pytest.param(
+            json.dumps({"model": "tiny", "messages": HI, "stream_options": value}).encode(),
+            "stream_options",
+            id=f"stream-options-{value!r}",
+        )
+        for value in ({"include_usage": "no"}, [])
+    ],
     *[  # a list or object where a name is expected: looked up in a dict, it raised TypeError (a 500)
         pytest.param(
             json.dumps({"model": "tiny", "messages": HI, "brisk": {"prefill": value}}).encode(),
