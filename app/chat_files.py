@@ -4,6 +4,9 @@ written), and Markdown export."""
 from __future__ import annotations
 
 import json
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 from app.chat_schema import (
@@ -25,6 +28,9 @@ from engine.vocabulary import FINISH_REASONS
 # Far above any chat's export (a message holds at most a few 8M-character documents), far
 # below what reading the whole file into memory would make a problem.
 MAX_EXPORT_BYTES = 512 * 2**20
+# Opening a chat lays out every message: 8,000 took 30 s and 100,000 never finished, at
+# every start after (the newest chat opens first).
+MAX_IMPORT_MESSAGES = 5_000
 
 
 def export_json(store: Store, conversation_id: int) -> dict:
@@ -58,9 +64,15 @@ def read_export(path) -> dict:
     """A JSON file as `import_json` takes it; every way it can be unreadable is a StoreError."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_EXPORT_BYTES:
+        # Non-blocking open: a FIFO or a device must be refused, not waited on or read forever.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise StoreError("it is not a regular file (a folder, a device or a pipe)")
+            data = file.read(MAX_EXPORT_BYTES + 1)
+        if len(data) > MAX_EXPORT_BYTES:
             raise StoreError(f"the file is larger than {MAX_EXPORT_BYTES // 2**20} MiB; no chat export is")
-        text = path.read_text(encoding="utf-8")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise StoreError(exc.strerror or str(exc)) from exc
     except UnicodeDecodeError as exc:
@@ -71,6 +83,26 @@ def read_export(path) -> dict:
         raise StoreError("the file nests too deeply to be a chat export") from None
     except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
         raise StoreError(f"the file is not valid JSON ({exc})") from exc
+
+
+def write_export(path, text: str) -> None:
+    """`text` into `path` whole or not at all: a FIFO, a device or a folder there is refused
+    (a FIFO hung the app), and the file appears only once written (a temporary file beside it,
+    renamed over it). Every failure is a StoreError."""
+    path = Path(path)
+    try:
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            raise StoreError(f"{path.name} is not a regular file (a folder, a device or a pipe)")
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as file:
+                file.write(text)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise StoreError(exc.strerror or str(exc)) from exc
 
 
 def _checked_export(data) -> tuple[str, dict, list[dict]]:
@@ -92,6 +124,11 @@ def _checked_export(data) -> tuple[str, dict, list[dict]]:
     messages = data.get("messages")
     if not isinstance(messages, list):
         raise StoreError(f"messages must be a list, not {shown(messages)}")
+    if len(messages) > MAX_IMPORT_MESSAGES:
+        raise StoreError(
+            f"the chat has {len(messages):,} messages; Brisk imports at most {MAX_IMPORT_MESSAGES:,} "
+            "(a chat that long is not usable in one window)"
+        )
     return (
         title or "Imported chat",
         ChatSettings.from_dict(settings).to_dict() if settings else {},

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from app.preferences import record_draft_cost
 from app.store import StoreError
+from app.widgets.safe_text import plain_tooltip
 from engine.conversation import Message
 from engine.documents import join_attached
 from engine.errors import InvalidSettings
@@ -120,7 +121,7 @@ class ChatController(QObject):
                 coverage=(m.metrics or {}).get("coverage") if m.role == "assistant" else None,
             )
             if m.note:  # a row the store could only partly read (app/chat_schema.py) says so
-                widget.setToolTip(m.note)
+                widget.setToolTip(plain_tooltip(m.note))  # it quotes the stored value
             if m.metrics:
                 last_metrics = m.metrics
         marked = [m.note for m in stored if m.note]
@@ -437,6 +438,16 @@ class ChatController(QObject):
     def _end_answer(self) -> None:
         self._answer = None
         self._set_busy(False)
+
+    def save_before_quit(self) -> None:
+        """The answer streaming now, as far as it got, and answers kept in memory after a failed
+        save: saved at once (saves are otherwise every SAVE_INTERVAL_S)."""
+        if self._answer is not None:
+            try:
+                self.store.set_content(self._answer["id"], self._answer["text"])
+            except StoreError:
+                pass  # the restart marks it interrupted with what the last save held
+        self.retry_unsaved()
 
     def _maybe_save(self, answer: dict) -> None:
         now = time.monotonic()

@@ -157,11 +157,14 @@ def _report_bug(window, exc: BaseException) -> None:
 
 
 def _refuse(app, message: str, quiet: bool) -> int:
+    from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QMessageBox
 
     print(f"brisk-app: error: {message}", file=sys.stderr)
     if not quiet:
-        QMessageBox.critical(None, "Brisk cannot start", message)
+        box = QMessageBox(QMessageBox.Critical, "Brisk cannot start", message)
+        box.setTextFormat(Qt.PlainText)  # the message quotes paths, which may look like markup
+        box.exec()
     return 1
 
 

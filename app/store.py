@@ -23,6 +23,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from app.chat_schema import (  # noqa: F401  Conversation and StoredMessage are this module's objects
+    MAX_TITLE_CHARS,
     Conversation,
     StoredMessage,
     decode_text,
@@ -277,9 +278,9 @@ class Store:
     def _recover_streaming(self) -> None:
         try:
             self.db.execute("UPDATE messages SET streaming = 0, finish_reason = 'interrupted' WHERE streaming = 1")
-        except sqlite3.OperationalError as exc:
+        except sqlite3.DatabaseError as exc:  # locked, read-only, or a trigger that refuses (IntegrityError)
             self.close()
-            if _locked(exc):
+            if isinstance(exc, sqlite3.OperationalError) and _locked(exc):
                 raise StoreUnavailable(
                     f"The chat database {self.path} is in use by another program (still locked "
                     f"after {LOCK_TIMEOUT_S:g} s); close it and start Brisk again."
@@ -333,7 +334,8 @@ class Store:
             self._unreadable("chat titles")
         if bad_settings:
             self._unreadable("chat settings")
-        return Conversation(row[0], title, read_number(row[2]), settings)
+        # A title edited in by hand can be megabytes: laid out in the sidebar at every start.
+        return Conversation(row[0], title[:MAX_TITLE_CHARS], read_number(row[2]), settings)
 
     # --- conversations ----------------------------------------------------------------
 
@@ -368,7 +370,9 @@ class Store:
         return self._conversation(row)
 
     def rename(self, conversation_id: int, title: str) -> None:
-        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title.strip() or "Untitled", conversation_id))
+        # As long as an export may hold (app/chat_schema.py), so a renamed chat's backup imports.
+        title = title.strip()[:MAX_TITLE_CHARS] or "Untitled"
+        self._write("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
 
     def save_settings(self, conversation_id: int, settings: dict) -> None:
         self._write("UPDATE conversations SET settings = ? WHERE id = ?", (json.dumps(settings), conversation_id))

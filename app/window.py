@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from app.api_server import HOST as API_HOST
 from app.api_server import PORT as API_PORT
-from app.chat_files import export_json, export_markdown, import_json, read_export
+from app.chat_files import export_json, export_markdown, import_json, read_export, write_export
 from app.controller import ChatController
 from app.store import StoreError
 from app.widgets.chat_view import ChatView
@@ -312,7 +312,11 @@ class MainWindow(QMainWindow):
             if kind == "md"
             else json.dumps(export_json(self.store, cid), indent=2, ensure_ascii=False)
         )
-        Path(path).write_text(data, encoding="utf-8")
+        try:
+            write_export(path, data)
+        except StoreError as exc:
+            self.statusBar().showMessage(f"Cannot export to {Path(path).name}: {exc}", 10000)
+            return
         self.statusBar().showMessage(f"Exported to {path}", 5000)
 
     def import_json(self, path: str | None = None) -> None:
@@ -329,6 +333,7 @@ class MainWindow(QMainWindow):
         self.refresh_sidebar()
 
     def closeEvent(self, event) -> None:
+        self.controller.save_before_quit()
         if self.api_server is not None:
             self.api_server.stop()
         try:

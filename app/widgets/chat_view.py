@@ -415,6 +415,7 @@ class ChatView(QScrollArea):
         bar.rangeChanged.connect(lambda _, top: bar.setValue(top) if self._follow else None)
 
     def clear(self) -> None:
+        self._dirty = None  # a streaming bubble about to be deleted: the render timer must not draw it
         for widget in self.messages:
             widget.setParent(None)
             widget.deleteLater()
