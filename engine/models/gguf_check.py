@@ -25,12 +25,22 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from engine.errors import GGUFImportError
 
-if TYPE_CHECKING:
-    from engine.models.gguf_import import ArchSpec
+
+class ArchSpec(Protocol):
+    """What the shape checks read of gguf_import's ArchSpec (named here, not imported: that
+    module imports this one)."""
+
+    @property
+    def model_type(self) -> str: ...
+    @property
+    def layer_names(self) -> dict[str, str]: ...
+    @property
+    def biases(self) -> tuple[str, ...]: ...
+
 
 # GGUF value types -> bytes per item; 8 = string, 9 = array.
 SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
