@@ -66,9 +66,10 @@ def read_export(path) -> dict:
     try:
         # Non-blocking open: a FIFO or a device must be refused, not waited on or read forever.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise StoreError("it is not a regular file (a folder, a device or a pipe)")
         with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                raise StoreError("it is not a regular file (a folder, a device or a pipe)")
             data = file.read(MAX_EXPORT_BYTES + 1)
         if len(data) > MAX_EXPORT_BYTES:
             raise StoreError(f"the file is larger than {MAX_EXPORT_BYTES // 2**20} MiB; no chat export is")

@@ -228,6 +228,7 @@ class Store:
                 db.execute(f"PRAGMA application_id = {APPLICATION_ID}")
                 db.execute("COMMIT")
             self._repair_tables(db)
+            self._repair_columns(db)
         except sqlite3.OperationalError as exc:
             if _locked(exc):
                 raise StoreUnavailable(
@@ -258,6 +259,31 @@ class Store:
             f"The chat database lacked its {', '.join(missing)} table(s); they were recreated "
             "empty and the rest of your chats are kept."
         )
+
+    def _repair_columns(self, db: sqlite3.Connection) -> None:
+        """Add back a column dropped by hand, with its default: every query names it, and
+        'no such column' failed every start. One that has no default (the text of a message)
+        cannot be made up: the file is then unusable and moved aside like any corrupt one."""
+        reference = sqlite3.connect(":memory:")
+        for v in sorted(MIGRATIONS):
+            reference.executescript(MIGRATIONS[v])
+        added = []
+        for table in TABLES:
+            have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
+            for _, name, kind, not_null, default, _ in reference.execute(f"PRAGMA table_info({table})"):
+                if name in have:
+                    continue
+                if not_null and default is None:
+                    raise _Corrupt(f"its {table} table lacks the {name} column")
+                constraint = (" NOT NULL" if not_null else "") + (f" DEFAULT {default}" if default is not None else "")
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}{constraint}")
+                added.append(f"{table}.{name}")
+        reference.close()
+        if added:
+            self.problems.append(
+                f"The chat database lacked the column(s) {', '.join(added)}; they were added back "
+                "with their defaults and your chats are kept."
+            )
 
     def _may_move_aside(self) -> bool:
         """Only a regular file Brisk could have made: at its default place, named *.db, or marked as ours."""
