@@ -46,6 +46,9 @@ DISPLAY_CHARS = 50_000
 # Past this an editor would freeze the app laying the text out (seconds per megabyte), and
 # splitting it into words for a chip took 9 s for 50 MB: counted as characters instead.
 EDITABLE_CHARS = 1_000_000
+# Qt lays a Markdown table out cell by cell at every resize: 8,000 rows or 6,000 columns froze
+# the window 10-12 s (5 s a resize). Past this many cell borders a message is shown as text.
+MARKDOWN_TABLE_BORDERS = 2_000
 
 
 class CodeHighlighter(QSyntaxHighlighter):
@@ -332,6 +335,8 @@ class MessageWidget(QFrame):
         elif truncated:
             # Markdown only for a whole message: a cut one could end inside a code fence.
             self.body.setPlainText(text[:DISPLAY_CHARS] + "…")
+        elif text.count("|") > MARKDOWN_TABLE_BORDERS:
+            self.body.setPlainText(text)
         else:
             self.body.document().setMarkdown(text, MARKDOWN_FEATURES)
 

@@ -339,3 +339,19 @@ def test_the_database_recovery_note_shows_its_path_as_typed(make_window, tmp_pat
     assert window.recovery_box.textFormat() == Qt.PlainText
     assert "<img src=x.png><b>chats" in window.recovery_box.text()
     assert window.api_status.textFormat() == Qt.PlainText
+
+
+def test_a_table_too_big_to_lay_out_is_shown_as_text(qtbot):
+    """An 8,000-row Markdown table (under the display cap) froze the window ~10 s, then ~5 s
+    at every resize: Qt lays out each cell. Counted in cells made, not seconds."""
+    from app.widgets.chat_view import MARKDOWN_TABLE_BORDERS, MessageWidget
+
+    rows = "\n".join(f"| {i} | x |" for i in range(MARKDOWN_TABLE_BORDERS // 3 + 10))
+    big = MessageWidget(0, "assistant", "| a | b |\n|---|---|\n" + rows)
+    qtbot.addWidget(big)
+    assert big.body.document().toPlainText().startswith("| a | b |")  # as typed
+    assert not big.body.document().rootFrame().childFrames()  # no table made
+    small = MessageWidget(1, "assistant", "| a | b |\n|---|---|\n| 1 | 2 |")
+    qtbot.addWidget(small)
+    frames = small.body.document().rootFrame().childFrames()
+    assert frames and type(frames[0]).__name__ == "QTextTable"  # a real table below the limit
