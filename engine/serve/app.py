@@ -31,6 +31,7 @@ from engine.serve.scheduler import DONE, EngineQueue, Job
 from engine.serve.stops import StopScanner
 
 MAX_BODY_BYTES = 8 << 20  # a long document pasted into a chat fits; a runaway upload does not
+READING_BUDGET = 256 << 20  # bodies arriving at once, all clients together (at least 4 x the cap)
 POLL_S = 0.05  # how often a waiting request looks for its client having gone
 FINISH = {"stop": "stop", "length": "length", "context": "length"}
 # Engine error kinds and the HTTP status a client should see for them.
@@ -58,11 +59,16 @@ class Server:
         default_model: str,
         api_key: str | None = None,
         max_body: int = MAX_BODY_BYTES,
+        reading_budget: int | None = None,
         known_model=None,
         allowed_hosts: Iterable[str] = (),
         allowed_origins: Iterable[str] = (),
     ):
         self.queue, self.default_model, self.api_key, self.max_body = queue, default_model, api_key, max_body
+        # Bytes of request bodies held while they arrive, all connections together: up to a
+        # thousand connections each one byte short of --max-body held 8 GiB (issue 54 trial).
+        self.reading_budget = reading_budget if reading_budget is not None else max(4 * max_body, READING_BUDGET)
+        self.reading = 0
         self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         self.known_model = known_model or _installed_or_default
         self.started = int(time.time())
@@ -150,11 +156,21 @@ class Server:
         if declared and declared.isdigit() and int(declared) > self.max_body:
             raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body:
-                raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
-        return bytes(body)
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                self.reading += len(chunk)
+                if len(body) > self.max_body:
+                    raise ApiError(
+                        413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large"
+                    )
+                if self.reading > self.reading_budget:
+                    raise ApiError(
+                        503, "The server is receiving too many large requests at once; try again", code="busy"
+                    )
+            return bytes(body)
+        finally:
+            self.reading -= len(body)
 
     def _key_matches(self, request: Request) -> bool:
         if self.api_key is None:

@@ -484,3 +484,27 @@ def test_a_client_that_leaves_mid_body_is_no_server_error(served):
     assert not [r for r in captured.records if r.levelno >= logging.ERROR]
     dropped = sum(sum(f.dropped.values()) for f in errors.filters if isinstance(f, RateLimitedLog))
     assert dropped == dropped_before  # and none held back by the log limiter
+
+
+def test_bodies_arriving_at_once_are_held_within_one_budget():
+    """A thousand connections each one byte short of --max-body held 8 GiB; past the budget a
+    body is refused (503) and its bytes let go, and the server goes on answering."""
+    live = fake_server(max_body=1000, reading_budget=2500)
+    try:
+        address = live.sock.getsockname()[:2]
+        slow = []
+        for _ in range(3):  # 3 x 900 bytes held: the third passes the budget of 2,500
+            sock = socket.create_connection(address, timeout=HANG_GUARD_S)
+            sock.sendall(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1000\r\n\r\n" + b" " * 900
+            )
+            slow.append(sock)
+        refused = read_all(slow[2])
+        assert refused.startswith(b"HTTP/1.1 503") and b'"busy"' in refused
+        assert httpx.post(f"{live.url}/v1/chat/completions", json=chat()).status_code == 200
+        for sock in slow[:2]:
+            sock.close()
+    finally:
+        live.stop()
+        live.queue.close()
