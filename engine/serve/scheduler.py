@@ -38,6 +38,9 @@ from engine.worker import (
 
 log = logging.getLogger(__name__)
 DEFAULT_CACHE_BYTES = 2 << 30  # a few long conversations of a small model, or one of a large one
+# Each request looks through every kept conversation (and asks the worker for its sessions):
+# 3,600 short ones cost ~100 ms a request, and 2 GiB holds ~32,000 of a small model's.
+MAX_CONVERSATIONS = 256
 MAX_CLIENTS = 256  # idle clients remembered beyond this are forgotten
 DONE = object()  # after a job's last event
 
@@ -81,8 +84,10 @@ class EngineQueue:
         worker: EngineWorker | None = None,
         *,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        max_conversations: int = MAX_CONVERSATIONS,
         execute: Execute | None = None,
     ):
+        self.max_conversations = max_conversations
         if execute is None:
             from engine.accel.speculative.costs_file import StoredPairCosts
 
@@ -246,11 +251,15 @@ class EngineQueue:
         self._forget([cid for cid in live if cid not in self._slots])  # half-made or another queue's
 
     def _evict(self) -> None:
-        """Forget least recently used slots until their bytes fit the budget (the last one too)."""
+        """Forget least recently used slots until their bytes fit the budget (the last one too)
+        and they number at most `max_conversations`."""
         with self._lock:
             dropped = []
-            while self._slots and sum(s.kv_bytes for s in self._slots.values()) > self.cache_bytes:
-                dropped.append(self._slots.popitem(last=False)[0])
+            total = sum(s.kv_bytes for s in self._slots.values())
+            while self._slots and (total > self.cache_bytes or len(self._slots) > self.max_conversations):
+                slot_id, slot = self._slots.popitem(last=False)
+                dropped.append(slot_id)
+                total -= slot.kv_bytes
         self._forget(dropped)
 
     def _forget(self, slots: list[int]) -> None:

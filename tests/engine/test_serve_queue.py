@@ -100,3 +100,18 @@ def test_stop_text_is_held_back_until_it_is_decided():
     other = StopScanner(["END"])
     assert other.feed("abc E") == "abc " and other.feed("ast") == "East" and other.flush() == ""
     assert StopScanner(["\n\n"]).feed("one\n") == "one"
+
+
+def test_kept_conversations_are_bounded_in_number_too():
+    """Small caches fit the bytes by the thousand, and every request looked through them all."""
+    worker = FakeWorker(kv_bytes=1)
+    worker.release.set()
+    queue = EngineQueue(worker, max_conversations=3)
+    for text in ("one", "two", "three", "four", "five"):
+        done = threading.Event()
+        queue.submit(
+            Job("x", [Message("user", text)], ChatSettings(model="m"), lambda e, done=done: e is DONE and done.set())
+        )
+        assert done.wait(10)
+    assert queue.stats()["cached_conversations"] == 3 and len(worker.sessions) == 3
+    queue.close()
