@@ -114,9 +114,12 @@ def encode_chat(
     marked = mark_control_tokens(messages, control_tokens)
     text = _render(source, marked, hf.special_tokens_map, model_id=model_id, cancelled=cancelled)
     try:
-        return list(encode_marked_chat(hf, text))
+        tokens = list(encode_marked_chat(hf, text))
     except ValueError as exc:  # the tokenizer makes a control token out of plain text
         raise TemplateError(f"A message cannot be encoded for {model_id}: {exc}") from exc
+    if not tokens:  # MLX cannot take an empty prompt (it failed deep in a gather or reshape)
+        raise TemplateError(f"The chat template of {model_id} renders these messages as nothing")
+    return tokens
 
 
 def _control_tokens(hf, source: str, model_id: str) -> tuple[str, ...]:
@@ -142,6 +145,8 @@ def _template_literals(source: str, model_id: str) -> str:
         tree = _sandbox().parse(source)
     except TemplateSyntaxError as exc:
         raise TemplateError(f"The chat template of {model_id} failed: {exc}") from exc
+    except RecursionError:  # thousands of nested brackets or blocks: no real template nests so
+        raise TemplateError(f"The chat template of {model_id} nests too deeply to be read") from None
     literals = {node.data for node in tree.find_all(nodes.TemplateData)}
     literals |= {node.value for node in tree.find_all(nodes.Const) if isinstance(node.value, str)}
     return "\0".join(literals)

@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import unicodedata
 from typing import cast
 
 from engine.errors import BriskError
@@ -389,16 +390,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except BriskError as exc:
-        print(f"brisk: error: {exc}", file=sys.stderr)
+        print(f"brisk: error: {printable(str(exc))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nbrisk: interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug: a sentence and the log's path, never a traceback
+    except SystemExit:
+        raise
+    except BaseException as exc:  # a bug (or a library's Rust panic): a sentence and the log's path
         from engine.crash_log import user_message
 
-        print(f"brisk: error: {user_message(exc, context=f'brisk {args.command}')}", file=sys.stderr)
+        print(f"brisk: error: {printable(user_message(exc, context=f'brisk {args.command}'))}", file=sys.stderr)
         return 1
+
+
+def printable(text: str) -> str:
+    """`text` with control characters shown as escapes: an error can quote a model's template
+    or file, and ESC sequences in it would clear the terminal or retitle the window."""
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) != "Cc" else ascii(ch)[1:-1] for ch in text)
 
 
 def console_main() -> None:

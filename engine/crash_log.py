@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import time
 import traceback
 from pathlib import Path
@@ -28,7 +29,13 @@ def record_failure(exc: BaseException, *, context: str = "", detail: str = "") -
         if path.exists() and path.stat().st_size > MAX_LOG_BYTES:
             os.replace(path, path.with_suffix(".log.1"))
         text = detail or "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        fd = os.open(path, os.O_CREAT | os.O_APPEND | os.O_WRONLY, 0o600)
+        # Never through a planted link, and never waiting on a FIFO; only a file that is ours.
+        flags = os.O_CREAT | os.O_APPEND | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+        fd = os.open(path, flags, 0o600)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+            os.close(fd)
+            raise OSError(f"{path} is not a file of this user's; the error log is not written there")
         with os.fdopen(fd, "a", encoding="utf-8") as fh:
             fh.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} {context}\n{text}\n")
     except OSError:

@@ -142,7 +142,11 @@ class EngineWorker:
             yield from self._dispatch(command, cancel)
         except BriskError as exc:
             yield _scoped(cid, EngineErrored(str(exc), exc.kind))
-        except Exception as exc:  # the engine thread must outlive any bug
+        except (KeyboardInterrupt, SystemExit, GeneratorExit):
+            raise
+        except BaseException as exc:  # the engine thread must outlive any bug, a Rust panic too
+            # (the tokenizers library raises pyo3's PanicException, a BaseException, on a
+            # hostile tokenizer.json: it killed the server's engine thread for good)
             log.exception("engine command failed")
             yield _scoped(
                 cid, EngineErrored(user_message(exc, context="The engine"), "internal", traceback.format_exc())

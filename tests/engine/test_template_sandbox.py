@@ -247,3 +247,23 @@ def test_a_documents_control_tokens_are_counted_as_text(tiny_llama):
     count, complete = count_tokens_bounded(tiny_llama.tokenizer, "<|im_start|>", 10**6)
     as_text = tiny_llama.tokenizer.encode("<|im_start|>", add_special_tokens=False, split_special_tokens=True)
     assert complete and count == len(as_text) > 1
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{{ " + "(" * 5000 + "1" + ")" * 5000 + " }}", "{% if true %}" * 3000 + "x" + "{% endif %}" * 3000],
+    ids=["5000 brackets", "3000 ifs"],
+)
+def test_a_template_nested_too_deeply_to_read_is_a_clear_refusal(model_with_template, template):
+    """Its parse ran outside the render's guard: 'Generation failed unexpectedly: RecursionError'."""
+    lm = model_with_template(template)
+    with pytest.raises(TemplateError, match="The chat template of hostile"):
+        encode_messages(lm, [Message("user", "hi")])
+
+
+@pytest.mark.parametrize("template", ["{{ '' }}", "{% if false %}x{% endif %}"])
+def test_a_template_that_renders_nothing_is_a_clear_refusal(model_with_template, template):
+    """An empty prompt failed deep in MLX ('[gather] indices invalid dtype')."""
+    lm = model_with_template(template)
+    with pytest.raises(TemplateError, match="renders these messages as nothing"):
+        encode_messages(lm, [Message("user", "hi")])

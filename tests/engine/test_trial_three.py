@@ -1,0 +1,68 @@
+"""Inputs from the third adversarial trial (models, CLI, data folder; issue 54): each built
+here, each refused or survived without a hang, a traceback or a write outside Brisk's files."""
+
+from __future__ import annotations
+
+import os
+
+from engine.conversation import CancelToken, Message
+from engine.events import EngineErrored
+from engine.settings import ChatSettings
+from engine.worker import Answer, ConversationEvent, EngineWorker
+
+
+def _logs(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRISK_HOME", str(tmp_path / "home"))
+    logs = tmp_path / "home" / "logs"
+    logs.mkdir(parents=True, mode=0o700)
+    return logs / "brisk-errors.log"
+
+
+def test_the_error_log_is_never_written_through_a_planted_link(tmp_path, monkeypatch):
+    from engine.crash_log import record_failure
+
+    log = _logs(tmp_path, monkeypatch)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("one line\n")
+    log.symlink_to(victim)
+    assert record_failure(RuntimeError("boom"), context="test") is None
+    assert victim.read_text() == "one line\n"
+
+
+def test_a_fifo_planted_as_the_error_log_is_not_waited_on(tmp_path, monkeypatch):
+    from engine.crash_log import record_failure, user_message
+
+    log = _logs(tmp_path, monkeypatch)
+    os.mkfifo(log)  # no reader: a blocking open for writing never returns
+    assert record_failure(RuntimeError("boom"), context="test") is None
+    assert user_message(RuntimeError("boom"), context="The engine").startswith("The engine failed unexpectedly")
+
+
+class RustPanic(BaseException):
+    """As pyo3's PanicException: a BaseException, which `except Exception` does not catch."""
+
+
+def test_a_library_panic_is_an_error_event_and_the_engine_goes_on():
+    """A hostile tokenizer.json made the tokenizers library panic: the server's engine thread
+    died and every later chat request hung."""
+
+    def load(model_id):
+        raise RustPanic("Onig: Regex search error: retry-limit-in-match over")
+
+    worker = EngineWorker(load=load)
+    command = Answer(3, ChatSettings(model="k1"), [Message("user", "a" * 40 + "b")])
+    (event,) = list(worker.handle(command, CancelToken()))
+    assert isinstance(event, ConversationEvent) and isinstance(event.event, EngineErrored)
+    assert "RustPanic" in event.event.message
+    (again,) = list(worker.handle(command, CancelToken()))  # the worker still answers
+    assert isinstance(again.event, EngineErrored)
+
+
+def test_errors_printed_to_a_terminal_carry_no_control_sequences():
+    from engine.cli import printable
+
+    hostile = "boom\x1b[2J\x1b]0;PWNED\x07\x1b[31mred\x9b"
+    shown = printable(hostile)
+    assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown
+    assert shown == "boom\\x1b[2J\\x1b]0;PWNED\\x07\\x1b[31mred\\x9b"
+    assert printable("two\nlines\tand tabs") == "two\nlines\tand tabs"
