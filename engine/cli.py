@@ -421,8 +421,18 @@ def console_main() -> None:
         from engine.python_argv import module_argv
 
         os.execv(sys.executable, module_argv("engine.cli", *sys.argv[1:]))
-    sys.exit(main())
+    sys.exit(main_interruptible())
+
+
+def main_interruptible(argv: list[str] | None = None) -> int:
+    """`main`, with Ctrl-C while the parser and its imports load (the first second) ending
+    as quietly as it does later: one line, no traceback."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("\nbrisk: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main_interruptible())

@@ -66,3 +66,16 @@ def test_errors_printed_to_a_terminal_carry_no_control_sequences():
     assert "\x1b" not in shown and "\x07" not in shown and "\x9b" not in shown
     assert shown == "boom\\x1b[2J\\x1b]0;PWNED\\x07\\x1b[31mred\\x9b"
     assert printable("two\nlines\tand tabs") == "two\nlines\tand tabs"
+
+
+def test_ctrl_c_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
+    """SIGINT in the first second (building the parser imports the subcommands) printed a raw
+    KeyboardInterrupt traceback."""
+    import engine.cli
+
+    def interrupted_while_loading(_parser):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.cli, "add_sampling_args", interrupted_while_loading)
+    assert engine.cli.main_interruptible(["run", "--prompt", "hi"]) == 130
+    assert capsys.readouterr().err.strip() == "brisk: interrupted"
