@@ -15,7 +15,7 @@ import shutil
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -46,6 +46,23 @@ class CatalogEntry(FolderInfo):
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+# What each catalog field must hold: `models list` formats them (a dict there failed it for
+# every model) and the loader reads them.
+_ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {"str": str, "int": int, "float": (int, float), "bool": bool}
+
+
+def _check_entry(entry: CatalogEntry, folder_id: str) -> None:
+    """TypeError unless every field holds its declared type and the id is the folder's own
+    (an entry claiming "../../etc" was listed under that id)."""
+    for name, annotation in ((f.name, str(f.type)) for f in fields(entry)):
+        value, wanted = getattr(entry, name), _ENTRY_TYPES.get(annotation)
+        is_bool = isinstance(value, bool)
+        if wanted is not None and (not isinstance(value, wanted) or (is_bool and annotation != "bool")):
+            raise TypeError(f"{name} must be {annotation}, not {type(value).__name__}")
+    if entry.id != folder_id:
+        raise TypeError(f"it names the model {entry.id!r}, but its folder is {folder_id!r}")
 
 
 def lock_file(handle) -> None:
@@ -108,7 +125,8 @@ class ModelStore:
             )
         try:
             entry = CatalogEntry(**json.loads(entry_file.read_text()))
-        except (json.JSONDecodeError, TypeError, UnicodeDecodeError) as exc:
+            _check_entry(entry, model_id)
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
             raise BrokenModelFolder(f"Catalog entry {entry_file} is corrupt ({exc}); reinstall the model") from exc
         if not entry.memory_bytes:  # written before entries knew their bits and memory
             info = inspect_folder(folder)

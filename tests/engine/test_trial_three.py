@@ -79,3 +79,38 @@ def test_ctrl_c_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(engine.cli, "add_sampling_args", interrupted_while_loading)
     assert engine.cli.main_interruptible(["run", "--prompt", "hi"]) == 130
     assert capsys.readouterr().err.strip() == "brisk: interrupted"
+
+
+def _catalog(tmp_path, tiny_llama_dir):
+    import json
+
+    from engine.models.store import ModelStore
+
+    store = ModelStore(tmp_path / "home")
+    store.install_folder(tiny_llama_dir, model_id="good", source="test")
+    store.install_folder(tiny_llama_dir, model_id="bad", source="test")
+    entry = store.path("bad") / "brisk.json"
+    return store, entry, json.loads(entry.read_text())
+
+
+def test_a_catalog_entry_of_the_wrong_shape_hides_only_itself(tmp_path, tiny_llama_dir):
+    """A dict where `models list` formats a string failed the list for every model; a deeply
+    nested file failed it with RecursionError; an entry naming '../../etc' was listed so."""
+    import json
+
+    import pytest
+
+    from engine.errors import BrokenModelFolder
+
+    store, entry, data = _catalog(tmp_path, tiny_llama_dir)
+    for hostile in (
+        json.dumps({**data, "architecture": {"a": 1}}),
+        json.dumps({**data, "context_length": "4096"}),
+        json.dumps({**data, "has_chat_template": 1}),
+        json.dumps({**data, "id": "../../etc"}),
+        '{"a":' * 100_000,
+    ):
+        entry.write_text(hostile)
+        assert [e.id for e in store.list()] == ["good"]
+        with pytest.raises(BrokenModelFolder, match="corrupt"):
+            store.get("bad")
