@@ -20,7 +20,8 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class HubServer:
     """Serves `root/<org>/<name>/*` as repos `<org>/<name>`; records requests."""
 
-    def __init__(self, root: Path, *, drop_first_get_after: int | None = None):
+    def __init__(self, root: Path, *, drop_first_get_after: int | None = None, omit_sizes: bool = False):
+        self.omit_sizes = omit_sizes  # a hub that lists files without their sizes
         self.root = Path(root)
         self.drop_first_get_after = drop_first_get_after  # simulate one dropped connection per file
         self._dropped: set[str] = set()
@@ -69,7 +70,7 @@ class HubServer:
         if repo is None:
             return self._send(req, 404, b'{"error": "Repository not found"}', {"X-Error-Code": "RepoNotFound"})
         siblings = [
-            {"rfilename": f.name, "size": f.stat().st_size, "blobId": _sha1(f)}
+            {"rfilename": f.name, "size": None if self.omit_sizes else f.stat().st_size, "blobId": _sha1(f)}
             for f in sorted(repo.iterdir())
             if f.is_file()
         ]

@@ -38,6 +38,10 @@ TRANSFER_RETRIES = 5
 CHUNK_BYTES = 1 << 20
 
 
+# A config or tokenizer file whose size the hub does not give is read up to this much.
+UNSIZED_FILE_BYTES = 64 << 20
+
+
 def fetch_resumable(
     url: str,
     dest: Path,
@@ -189,6 +193,11 @@ def pull(
             raise UnsupportedModel(f"{repo_id} has no config.json: not a transformers/mlx-lm model repository")
         if not any(name.endswith(".safetensors") for name in files):
             raise UnsupportedModel(f"{repo_id} has no .safetensors weights (mlx-lm cannot read PyTorch .bin files)")
+        unsized = [name for name, size in files.items() if not size and name.endswith(".safetensors")]
+        if unsized:  # nothing would bound the download: a hostile hub could stream until the disk is full
+            raise DownloadError(
+                f"The hub does not say how large {unsized[0]} is; Brisk downloads weights of known size only"
+            )
 
         def fetch(name: str, done_before: int) -> None:
             def on_bytes(on_disk: int) -> None:
@@ -198,7 +207,7 @@ def pull(
 
             if not (target / name).is_file():
                 url = hf_hub_url(repo_id, name, revision=info.sha, endpoint=endpoint)
-                fetch_resumable(url, target / name, files[name], on_bytes)
+                fetch_resumable(url, target / name, files[name], on_bytes, max_bytes=UNSIZED_FILE_BYTES)
 
         total = sum(files.values())
         fetch("config.json", 0)

@@ -95,3 +95,15 @@ def test_pull_while_offline_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
     with pytest.raises(DownloadError, match="Cannot reach .* offline"):
         pull("acme/tiny-llama", store=ModelStore(tmp_path / "home"))
+
+
+def test_a_hub_that_hides_the_weights_size_is_refused_before_any_weight_byte(tmp_path, hub_root, monkeypatch):
+    """With no size, nothing bounded the download: a hostile hub streamed 200 MB for a file
+    it listed without one (an endless stream would fill the disk)."""
+    store = ModelStore(tmp_path / "home")
+    with HubServer(hub_root, omit_sizes=True) as hub:
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        with pytest.raises(DownloadError, match="does not say how large model.safetensors is"):
+            pull("acme/tiny-llama", store=store)
+    assert not [r for r in hub.requests if r.startswith("GET") and r.endswith(".safetensors")]
+    assert not store.has("tiny-llama")
