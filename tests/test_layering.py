@@ -1,24 +1,114 @@
-"""engine/ and kernels/ never import Qt or the app (the GUI depends on them, not back)."""
+"""Layering: engine/ and kernels/ never import Qt or the app, and no modules anywhere import
+each other in a cycle (lazy imports inside functions and type-only imports count too)."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("engine", "kernels", "app", "resources")
 FORBIDDEN = ("PySide6", "PyQt5", "PyQt6", "app")
+# Installed, the packages may sit under one `brisk` name (brisk.engine is engine/).
+INSTALL_PREFIX = "brisk."
+
+# Known cycles, each as the set of modules tied together, with why they are tolerated for now.
+# Any other cycle fails the test, and so does one of these once untied (the list only shrinks).
+EXPECTED_CYCLES: dict[frozenset[str], str] = {
+    frozenset({"kernels.mlx_extension", "kernels.native", "kernels.prebuilt"}): (
+        "the loaders use prebuilt.lookup/load_first, and prebuilt.build_into (the packaging step) "
+        "imports both loaders lazily to compile them; kernels/ is being reorganised separately"
+    ),
+}
 
 
-def imported_modules(path: Path):
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def source_files(*packages: str) -> list[Path]:
+    return [p for package in packages for p in sorted((ROOT / package).glob("**/*.py"))]
+
+
+def local_modules() -> set[str]:
+    return {module_name(p) for p in source_files(*PACKAGES)}
+
+
+def _absolute(name: str) -> str:
+    return name[len(INSTALL_PREFIX) :] if name.startswith(INSTALL_PREFIX) else name
+
+
+def imported_modules(path: Path, known: frozenset[str] | set[str] = frozenset(), root: Path = ROOT):
+    """Every module `path` imports, wherever the import sits (module level, a function, an
+    `if TYPE_CHECKING:` block). `from pkg import name` yields `pkg.name` when that is a module
+    in `known` (`from kernels import native` imports kernels.native), else `pkg`; relative
+    imports are resolved against the file's package."""
     tree = ast.parse(path.read_text(), filename=str(path))
+    package = module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            yield node.module
+            yield from (_absolute(alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+            else:
+                base = _absolute(node.module or "")
+            for alias in node.names:
+                yield f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+
+
+def import_graph(packages=PACKAGES) -> dict[str, set[str]]:
+    known = local_modules()
+    return {module_name(p): {m for m in imported_modules(p, known) if m in known} for p in source_files(*packages)}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components with more than one module (or a module importing
+    itself): each is one or more import cycles (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, deps = work[-1]
+            dep = next(deps, None)
+            if dep is not None:
+                if dep not in index:
+                    index[dep] = low[dep] = len(index)
+                    stack.append(dep)
+                    on_stack.add(dep)
+                    work.append((dep, iter(sorted(graph.get(dep, ())))))
+                elif dep in on_stack:
+                    low[node] = min(low[node], index[dep])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph.get(node, ()):
+                    found.append(frozenset(component))
+    return found
 
 
 def test_engine_and_kernels_do_not_import_qt_or_app():
     offenders = []
-    files = [*ROOT.glob("engine/**/*.py"), *ROOT.glob("kernels/**/*.py")]
+    files = source_files("engine", "kernels")
     assert len(files) > 10
     for path in files:
         for module in imported_modules(path):
@@ -27,29 +117,24 @@ def test_engine_and_kernels_do_not_import_qt_or_app():
     assert offenders == []
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def test_engine_and_kernels_have_no_import_cycles():
+def test_no_import_cycles_anywhere():
     """Counting imports inside functions too: a lazy import that closes a cycle
     (prompt -> session -> prompt) still ties two modules into one."""
-    files = [*ROOT.glob("engine/**/*.py"), *ROOT.glob("kernels/**/*.py")]
-    assert len(files) > 10
-    graph = {
-        module_name(p): {m for m in imported_modules(p) if m.split(".")[0] in ("engine", "kernels")} for p in files
-    }
-    cycles = []
+    graph = import_graph()
+    assert "kernels.native" in graph["kernels.mlx_extension"]  # `from kernels import native` is seen
+    found = {component: sorted(component) for component in cycles(graph)}
+    new = [" <-> ".join(names) for component, names in found.items() if component not in EXPECTED_CYCLES]
+    assert new == [], "modules that import each other (a cycle)"
+    gone = [" <-> ".join(sorted(c)) for c in EXPECTED_CYCLES if c not in found]
+    assert gone == [], "a known cycle was untied: remove it from EXPECTED_CYCLES"
 
-    def visit(node, path):
-        for dep in sorted(graph.get(node, ())):
-            if dep == path[0]:
-                cycles.append(" -> ".join(path + [dep]))
-            elif dep not in path and dep in graph:
-                visit(dep, path + [dep])
 
-    for start in sorted(graph):
-        visit(start, [start])
-    assert cycles == []
-    assert graph["engine.session"]  # the graph is real: the session imports engine modules
+def test_the_cycle_finder_sees_from_imports_lazy_imports_and_relative_ones(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert sorted(map(sorted, cycles(graph))) == [["a", "b", "c"], ["e"]]
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "one.py").write_text("def f():\n    from pkg import two\n    from .three import x\n")
+    known = {"pkg", "pkg.one", "pkg.two", "pkg.three"}
+    assert set(imported_modules(package / "one.py", known, root=tmp_path)) == {"pkg.two", "pkg.three"}
