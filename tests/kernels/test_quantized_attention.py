@@ -189,10 +189,19 @@ def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, t
     build that variant and check it on scales with subnormal and negative values."""
     import subprocess
 
+    from kernels import mlx_extension
+    from kernels.prebuilt import Loaded
+
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     lib_path = tmp_path / "portable_half.so"
     subprocess.run(native.compile_command(cxx, lib_path, "-DBRISK_PORTABLE_HALF"), check=True)
-    monkeypatch.setattr(native, "_state", {"lib": native.open_library(lib_path), "reason": None})
+    portable, calls = native.open_library(lib_path), []
+    kernel = portable.brisk_kv_attention
+    monkeypatch.setattr(portable, "brisk_kv_attention", lambda *args: calls.append(1) or kernel(*args))
+    # The ctypes path with this build: the loaders' state as they record it (the MLX primitives,
+    # built without the define, would otherwise take the call).
+    monkeypatch.setattr(mlx_extension, "_state", {"loaded": Loaded(None, "off", note="the ctypes path under test")})
+    monkeypatch.setattr(native, "_state", {"loaded": Loaded(portable, "built locally", str(lib_path))})
     q, qk, qv = make(1, 6, 2, 2, 300, 64, 32, 4, seed=9)
     tiny = lambda p: (p[0], (p[1] * 1e-5).astype(mx.float16), p[2].astype(mx.float16))  # noqa: E731
     subnormal = tiny(qk)
@@ -203,6 +212,7 @@ def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, t
         kw = dict(scale=0.125, mask="causal", group_size=32, bits=4)
         ref = quantized_attention_reference(q, keys, values, **kw)
         assert mx.allclose(quantized_attention_native(q, keys, values, **kw), ref, atol=1e-4, rtol=1e-4).item()
+    assert len(calls) == 2  # both answers came from the portable build
 
 
 @needs_native
