@@ -252,6 +252,7 @@ class ChatController(QObject):
             return
         if self._saved("Cannot switch answers", self.store.show_version, cid, len(messages) - 1, step):
             self.open(cid)
+            self.chat_view.focus_versions(step)
 
     def edit(self, index: int, text: str) -> None:
         cid = self.current
@@ -416,7 +417,7 @@ class ChatController(QObject):
     def _show_attachments(self, cid: int) -> None:
         self.composer.clear_attachments()
         for doc, fit in self._documents.get(cid, []):
-            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason)
+            self.composer.add_attachment(doc.name, fit.tokens, fit.fits, fit.reason, exact=fit.tokens_exact)
 
     def _history_with(self, cid: int, attached: int | None) -> list[Message]:
         """The chat's messages and the first `attached` documents waiting to be sent (None: all):

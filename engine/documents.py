@@ -171,6 +171,7 @@ class Fit:
     kv_bytes_available: int
     fits: bool
     reason: str = ""
+    tokens_exact: bool = True  # False: `tokens` is a lower bound (counting stopped past the context)
 
 
 def check_fit(lm, messages, document: Document, settings, *, memory_available: int) -> Fit:
@@ -237,4 +238,4 @@ def _too_long(document: Document, lm, tokens: int) -> Fit:
         f"{document.name} is more than {tokens:,} tokens "
         f"({len(document.text):,} characters), but {lm.id} holds {lm.context_length:,}"
     )
-    return Fit(tokens, tokens, lm.context_length, 0, 0, False, reason)
+    return Fit(tokens, tokens, lm.context_length, 0, 0, False, reason, tokens_exact=False)

@@ -448,6 +448,17 @@ class ChatView(QScrollArea):
         QTimer.singleShot(0, self._scroll_to_end)
         return widget
 
+    def focus_versions(self, step: int) -> None:
+        """After paging, focus the last answer's pager (the bubble that had it was rebuilt, and
+        Qt gave the focus to the next widget in line: the search box): the same arrow while there
+        are more that way, else the other, else the chat itself."""
+        last = self.messages[-1] if self.messages else None
+        buttons = (last.older, last.newer) if last is not None and last.role == "assistant" else ()
+        if step > 0:
+            buttons = buttons[::-1]
+        target = next((b for b in buttons if not b.isHidden() and b.isEnabled()), self)  # shown at the next paint
+        target.setFocus(Qt.OtherFocusReason)
+
     def append_to_last(self, delta: str, source: str = "") -> None:
         if not self.messages or self.messages[-1].role != "assistant":
             self.add_message("assistant")

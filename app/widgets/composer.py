@@ -32,7 +32,7 @@ class PromptEdit(QPlainTextEdit):
 class AttachmentChip(QWidget):
     removed = Signal(object)
 
-    def __init__(self, name: str, tokens: int, fits: bool, reason: str, parent=None):
+    def __init__(self, name: str, tokens: int, fits: bool, reason: str, parent=None, *, exact: bool = True):
         super().__init__(parent)
         self.name, self.tokens, self.fits = name, tokens, fits
         layout = QHBoxLayout(self)
@@ -41,7 +41,9 @@ class AttachmentChip(QWidget):
         glyph = QLabel()
         glyph.setPixmap(icon("document").pixmap(16, 16))  # an SVG: an emoji has no glyph on a bare Linux
         layout.addWidget(glyph)
-        self.label = plain_label(f"{name} · {tokens:,} tokens · {note}")  # a file name is not markup
+        # A count that stopped past the context is a lower bound, and says so as its message does.
+        count = f"{tokens:,} tokens" if exact else f"more than {tokens:,} tokens"
+        self.label = plain_label(f"{name} · {count} · {note}")  # a file name is not markup
         self.label.setObjectName("attachmentOk" if fits else "attachmentTooBig")
         self.label.setToolTip(plain_tooltip(reason or f"{name} fits the context at this chat's KV setting"))
         layout.addWidget(self.label)
@@ -104,8 +106,10 @@ class Composer(QWidget):
         self.message.style().polish(self.message)
         self.message.setVisible(bool(text))
 
-    def add_attachment(self, name: str, tokens: int, fits: bool, reason: str = "") -> AttachmentChip:
-        chip = AttachmentChip(name, tokens, fits, reason)
+    def add_attachment(
+        self, name: str, tokens: int, fits: bool, reason: str = "", *, exact: bool = True
+    ) -> AttachmentChip:
+        chip = AttachmentChip(name, tokens, fits, reason, exact=exact)
         chip.removed.connect(self._user_removed)
         self.chips.addWidget(chip)
         self.attachments.append(chip)
