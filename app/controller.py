@@ -28,6 +28,7 @@ from engine.events import (
     TokenEmitted,
     TurnFinished,
 )
+from engine.model_commands import ModelCommandFailed
 from engine.settings import ChatSettings
 from engine.worker import (
     Answer,
@@ -338,7 +339,8 @@ class ChatController(QObject):
             )
         elif isinstance(item, EngineErrored):
             self.notice.emit(item.message)
-            self.composer.show_message(item.message, error=True)
+            if not isinstance(item, ModelCommandFailed):  # the model manager shows its own errors
+                self.composer.show_message(item.message, error=True)
         elif isinstance(item, EngineWarned):
             self.notice.emit(item.message)
 

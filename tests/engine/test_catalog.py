@@ -203,3 +203,18 @@ def test_the_limit_option_is_checked(capsys):
     with pytest.raises(SystemExit):
         main(["models", "search", "tiny", "--limit", "0"])
     assert "from 1 to 50" in capsys.readouterr().err
+
+
+def test_a_model_commands_error_is_the_managers_in_the_apps_words(tmp_path):
+    """Through the worker as the app runs it: not a chat's EngineErrored, no CLI advice."""
+    from engine.model_commands import ModelCommandFailed, PullModel
+    from engine.models.store import ModelStore
+    from engine.session import CancelToken
+    from engine.worker import EngineWorker
+
+    ModelStore().install_folder(make_tiny_model(tmp_path / "m"), model_id="taken", source="test")
+    (event,) = EngineWorker(lambda mid: None).handle(PullModel("acme/tiny-llama", "taken"), CancelToken())
+    assert isinstance(event, ModelCommandFailed) and event.kind == "download"
+    assert "already installed" in event.message and "brisk models rm" not in event.message
+    assert "remove it in Models first" in event.message
+    ModelStore().remove("taken")
