@@ -216,9 +216,9 @@ def _quantized_few_rows(plan: KernelPlan) -> Choice:
         parts.append(f"{', '.join(map(str, tiled))} bits in column tiles, VNNI-512")
     if rest:
         if plan.vnni:
-            how = "VNNI-512 integer x" + (" (6 bits float x)" if 6 in rest else "")
+            how = "VNNI-512 integer x"
         elif plan.integer_x:
-            how = "AVX2 integer x for 4 and 5 bits, float x for 6 and 8"
+            how = "AVX2 integer x (8 bits as q - 128)"
         else:
             how = "float x"
         parts.append(f"{', '.join(map(str, rest))} bits in MLX's layout, {how}")

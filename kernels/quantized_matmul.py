@@ -17,9 +17,9 @@ reference to float rounding (about 1e-6 relative). More rows keep x in float32 f
 except on CPUs with AMX (found at run time): there 4-, 5- and 8-bit weights meet the same
 integer x in AMX tiles (kernels/csrc/amx_matmul.cpp), about 1.7x sgemm; `BRISK_AMX=0` or
 `amx=False` keeps sgemm.
-On CPUs with AVX512-VNNI (found at run time) the integer products use vpdpbusd, which also
-takes 8-bit weights; `vnni=False` keeps the AVX2 products (for 4 and 5 bits the same integer
-sums, added in another float order: equal to float rounding, not bit for bit).
+On CPUs with AVX512-VNNI (found at run time) the integer products use vpdpbusd; `vnni=False`
+keeps the AVX2 products (for 4, 5 and 6 bits the same integer sums, added in another float
+order: equal to float rounding, not bit for bit; 8 bits sum q - 128 there).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ AMX = plan.current().amx
 # with AVX2's products only; or the fastest but prefill on sgemm (the A/B partners).
 FLOAT_X, INTEGER_X, INTEGER_X_WITHOUT_VNNI, INTEGER_X_WITHOUT_AMX = 0, 1, 2, 3
 SCALE_TYPES = {mx.float32: 0, mx.float16: 1, mx.bfloat16: 2}
-BITS = (4, 5, 6, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly; 6: Q6_K's (float x on the few-row path)
+BITS = (4, 5, 6, 8)  # 5: GGUF's Q5_0/Q5_1 blocks, kept exactly; 6: Q6_K's
 
 
 def quantized_matmul_reference(x, weight, scales, biases, *, bits: int, group_size: int, bias=None):
@@ -91,8 +91,8 @@ def integer_products() -> str:
         return "float x (BRISK_INTEGER_ACTIVATIONS=0 or no AVX2)"
     if VNNI and lib.brisk_quantized_matmul_has_vnni():
         prefill = "AMX tiles" if AMX and lib.brisk_amx_available() else "sgemm"
-        return f"VNNI-512 integer x (4, 5 and 8 bits); prefill on {prefill}"
-    return "AVX2 integer x (4 and 5 bits; 8 bits float x); prefill on sgemm"
+        return f"VNNI-512 integer x (4, 5, 6 and 8 bits); prefill on {prefill}"
+    return "AVX2 integer x (4, 5, 6 and 8 bits); prefill on sgemm"
 
 
 def quantized_matmul_native(

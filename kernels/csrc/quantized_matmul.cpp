@@ -1,4 +1,4 @@
-// y = x @ dequantize(w).T (+ bias) for MLX's affine-quantized weights (bits 4, 5 or 8,
+// y = x @ dequantize(w).T (+ bias) for MLX's affine-quantized weights (bits 4, 5, 6 or 8,
 // groups of 32 or 64, scales and biases in float32, float16 or bfloat16).
 //
 // MLX stores row n of a quantized (N, K) weight as K * bits / 8 bytes, element k at bits
@@ -12,8 +12,9 @@
 // Few rows (decode, the speculative verify pass; 1-32 rows): each weight block is read once
 // and multiplied by every row of x. By default (AVX2) x is rounded to 15-bit integers per
 // block of 32 values with a float scale, and weights and x meet in integer multiply-adds
-// (vpmaddubsw) 64 weights at a time: that made decode layers about 2x faster than widening
-// every weight to float, which bound the old path. Each group's bias term b * sum(x) uses
+// (vpmaddubsw; vpdpbusd with VNNI-512) 64 weights at a time, for 4, 5, 6 and 8 bits: that
+// made decode layers about 2x faster than widening every weight to float, which bound the
+// old path. Each group's bias term b * sum(x) uses
 // the float x. The float-x path stays for exact comparisons (integer_x = 0) and for CPUs
 // without AVX2.
 // Many rows (prefill): tiles of the weight are dequantized to float32 and multiplied by
@@ -214,9 +215,8 @@ inline void unpack5(const uint8_t* block, uint8_t q[kBlock]) {
   }
 }
 
-// The 32 values of a 6-bit block (24 bytes), in order: 4 in every 3 bytes. 6-bit weights (GGUF
-// Q6_K imports) take the float-x path here; CPUs with VNNI-512 read them in tiles instead
-// (tiled_matmul.cpp).
+// The 32 values of a 6-bit block (24 bytes), in order: 4 in every 3 bytes (the float-x path and
+// odd block counts; the integer paths unpack whole spans in registers).
 inline void unpack6(const uint8_t* block, uint8_t q[kBlock]) {
   for (int c = 0; c < 8; ++c) {
     const uint8_t* b = block + 3 * c;
@@ -421,15 +421,17 @@ void parallel_columns(int N, int threads, const Column& column) {
 // both in vpmaddubsw. Plain int8 x (llama.cpp's Q8 activations) was tried first: twice as
 // cheap, but a block holding one of SmolLM2's outlier channels rounds its other values to
 // 0 or 1, and decode agreed with float x on only 95.7% of 256 greedy tokens.
-// 4- and 5-bit weights: 8-bit ones read at memory speed on the float path already.
+// Every width takes it: 4, 5 and 6 bits as unsigned bytes, 8 bits as q - 128 (see
+// signed_pair_sums). On an AVX2-only CPU 6-bit weights (the Q6_K layers of a Q4_K_M import)
+// had only the float path, which unpacked every block in scalar code.
 // Weights are read 64 (a "span", two blocks) at a time as two registers of 32 bytes whose
 // low 128 bits hold block 0's values and high 128 bits block 1's, so the sums of the span's
 // two blocks land in the low and high halves of one register. x is stored per span in the
 // same order as the two registers:
 // - 4 bits: a span's 32 bytes split into low nibbles (its even elements) and high nibbles
 //   (its odd ones): x as the span's 32 evens, then its 32 odds;
-// - 5 bits: each block's 20 bytes unpacked into elements 0-15 and 16-31: x as block 0's
-//   0-15, block 1's 0-15, block 0's 16-31, block 1's 16-31.
+// - 5, 6 and 8 bits: each block's values 0-15 and 16-31 (5 and 6 bits unpacked from its 20 or
+//   24 bytes): x as block 0's 0-15, block 1's 0-15, block 0's 16-31, block 1's 16-31.
 
 constexpr int kSpan = 64;
 constexpr float kLevels = 127.f * 128.f;  // |q| at most: hi stays within [-127, 127]
@@ -445,6 +447,7 @@ struct IntegerRows {
   std::vector<int8_t> hi, lo;  // M x K each, per span in the weights' register order
   std::vector<float> d;        // M x spans x 8: each block's scale d, four times per half
   std::vector<float> sum;      // M x groups: float sum of x (the bias term)
+  std::vector<float> rounded_sum;  // M x groups: sum of the rounded x, q * d (8 bits on AVX2)
   int64_t at(int m, int span) const { return int64_t(m) * K + span * kSpan; }
   const float* d_row(int m) const { return d.data() + int64_t(m) * spans * 8; }
 };
@@ -464,9 +467,11 @@ void prepare_integer_rows(const float* x, int M, int K, int bits, int group, Int
   out.lo.resize(int64_t(M) * K);
   out.d.resize(int64_t(M) * out.spans * 8);
   out.sum.assign(int64_t(M) * out.groups, 0.f);
+  out.rounded_sum.assign(int64_t(M) * out.groups, 0.f);
   for (int m = 0; m < M; ++m)
     for (int block = 0; block < K / kBlock; ++block) {
       const int k0 = block * kBlock, half = block % 2;
+      int rounded = 0;
       const float* v = x + int64_t(m) * K + k0;
       float amax = 0.f, total = 0.f;
       for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(v[i])), total += v[i];
@@ -474,6 +479,7 @@ void prepare_integer_rows(const float* x, int M, int K, int bits, int group, Int
       const int64_t row = int64_t(m) * K;
       for (int i = 0; i < kBlock; ++i) {
         const int q = int(std::nearbyint(v[i] * inverse));
+        rounded += q;
         const int in_span = span_slot(bits, half * kBlock + i);
         const int64_t slot = row + (paired ? paired_slot(out.spans, block / 2, in_span) : block / 2 * kSpan + in_span);
         out.hi[slot] = int8_t(q >> 7);  // arithmetic shift: floor(q / 128)
@@ -481,6 +487,7 @@ void prepare_integer_rows(const float* x, int M, int K, int bits, int group, Int
       }
       std::fill_n(out.d.data() + (int64_t(m) * out.spans + block / 2) * 8 + half * 4, 4, d);
       out.sum[int64_t(m) * out.groups + k0 / group] += total;
+      out.rounded_sum[int64_t(m) * out.groups + k0 / group] += float(rounded) * d;
     }
 }
 
@@ -492,32 +499,39 @@ inline __m256i combine(__m256i hi_pairs, __m256i lo_pairs) {
   return _mm256_add_epi32(_mm256_slli_epi32(_mm256_madd_epi16(hi_pairs, ones), 7), _mm256_madd_epi16(lo_pairs, ones));
 }
 
-// 5-bit unpacking: the 8 elements of a 5-byte chunk, one per 16-bit lane (the two bytes
-// that hold it, or one), shifted right into place by a multiply-high: element j starts at
-// bit s = 5j % 8, and (word * 2^(16 - s)) >> 16 = word >> s. For s = 0 the byte goes in the
-// lane's high half and the multiplier is 2^8, which fits where 2^16 would not.
-struct Unpack5 {
+// 5- and 6-bit unpacking: the 8 elements of a chunk (5 or 6 bytes), one per 16-bit lane (the
+// two bytes that hold it, or one), shifted right into place by a multiply-high: element j
+// starts at bit s = BITS * j % 8, and (word * 2^(16 - s)) >> 16 = word >> s. For s = 0 the
+// byte goes in the lane's high half and the multiplier is 2^8, which fits where 2^16 would
+// not. A block's chunks 0 and 1 come from a 16-byte load at its start, 2 and 3 from one at
+// kBackLoad (4 for 5 bits, 8 for 6), so no load leaves the block's 20 or 24 bytes.
+template <int BITS>
+struct UnpackChunks {
+  static constexpr int kBackLoad = BITS == 5 ? 4 : 8;
   __m256i pick[4], shift;
-  Unpack5() {
+  UnpackChunks() {
     alignas(32) int8_t bytes[4][32];
     alignas(32) uint16_t mul[16];
-    const int at[4] = {0, 5, 6, 11};  // chunks 0, 1 from a load at byte 0; 2, 3 from byte 4
+    int at[4];
+    for (int c = 0; c < 4; ++c) at[c] = BITS * c - (c < 2 ? 0 : kBackLoad);
     constexpr int8_t kZero = int8_t(0x80);  // pshufb writes 0 for an index with its top bit set
     for (int c = 0; c < 4; ++c)
       for (int lane = 0; lane < 2; ++lane)
         for (int j = 0; j < 8; ++j) {
-          const int byte = at[c] + 5 * j / 8, bit = 5 * j % 8;
+          const int byte = at[c] + BITS * j / 8, bit = BITS * j % 8;
           int8_t* pair = &bytes[c][lane * 16 + 2 * j];
           pair[0] = bit == 0 ? kZero : int8_t(byte);
-          pair[1] = bit == 0 ? int8_t(byte) : bit + 5 > 8 ? int8_t(byte + 1) : kZero;
+          pair[1] = bit == 0 ? int8_t(byte) : bit + BITS > 8 ? int8_t(byte + 1) : kZero;
         }
     for (int lane = 0; lane < 2; ++lane)
-      for (int j = 0; j < 8; ++j) mul[lane * 8 + j] = uint16_t(j == 0 ? 1 << 8 : 1 << (16 - 5 * j % 8));
+      for (int j = 0; j < 8; ++j) mul[lane * 8 + j] = uint16_t(BITS * j % 8 == 0 ? 1 << 8 : 1 << (16 - BITS * j % 8));
     for (int c = 0; c < 4; ++c) pick[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(bytes[c]));
     shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(mul));
   }
 };
-const Unpack5 kUnpack5;  // built once as the library loads: no guard on the per-column path
+// Built once as the library loads: no guard on the per-column path.
+const UnpackChunks<5> kUnpack5;
+const UnpackChunks<6> kUnpack6;
 
 inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(low))),
@@ -527,26 +541,41 @@ inline __m256i two_lanes(const uint8_t* low, const uint8_t* high) {
 // A span's 64 weights as two registers (see above), values 0..2^bits - 1.
 template <int BITS>
 inline void span_weights(const uint8_t* row, int p, __m256i& first, __m256i& second) {
-  if (BITS == 4) {
+  if constexpr (BITS == 4) {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + p * 32));
     first = _mm256_and_si256(raw, nibble), second = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nibble);
-  } else if (BITS == 8) {  // block 0's bytes 0-15 | block 1's 0-15, then each block's 16-31
+  } else if constexpr (BITS == 8) {  // block 0's bytes 0-15 | block 1's 0-15, then each block's 16-31
     const uint8_t* span = row + p * 64;
     first = two_lanes(span, span + 32), second = two_lanes(span + 16, span + 48);
-  } else {  // 5 bits: every load stays inside its own block's 20 bytes
-    const uint8_t* span = row + p * 40;
-    const __m256i front = two_lanes(span, span + 20), back = two_lanes(span + 4, span + 24);
-    const __m256i mask = _mm256_set1_epi16(31);  // before packing: packus saturates above 255
+  } else {  // 5 or 6 bits: every load stays inside its own block's 20 or 24 bytes
+    const __m256i* unpack = BITS == 5 ? kUnpack5.pick : kUnpack6.pick;
+    const __m256i shift = BITS == 5 ? kUnpack5.shift : kUnpack6.shift;
+    constexpr int kBlockBytes = 4 * BITS, kBack = UnpackChunks<BITS == 6 ? 6 : 5>::kBackLoad;
+    const uint8_t* span = row + p * 2 * kBlockBytes;
+    const __m256i front = two_lanes(span, span + kBlockBytes);
+    const __m256i back = two_lanes(span + kBack, span + kBlockBytes + kBack);
+    const __m256i mask = _mm256_set1_epi16((1 << BITS) - 1);  // before packing: packus saturates above 255
     auto chunk = [&](__m256i bytes, int c) {
-      return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(bytes, kUnpack5.pick[c]), kUnpack5.shift), mask);
+      return _mm256_and_si256(_mm256_mulhi_epu16(_mm256_shuffle_epi8(bytes, unpack[c]), shift), mask);
     };
     first = _mm256_packus_epi16(chunk(front, 0), chunk(front, 1));
     second = _mm256_packus_epi16(chunk(back, 2), chunk(back, 3));
   }
 }
 
-// sum over k of s[k / group] * w[k] * q[k] * d[k / 32] for R rows against one 4- or 5-bit row.
+// 8-bit weights q meet x as q - 128 in [-128, 127]: vpmaddubsw takes |q - 128| as its unsigned
+// operand and x with the sign of q - 128 as its signed one (vpsignb), so a pair sums at most 2 *
+// 128 * 127, inside int16, where q * x (up to 2 * 255 * 127) would saturate. The caller adds
+// back 128 * s times each group's sum of the rounded x (IntegerRows::rounded_sum): with it the
+// sums are those of q itself. llama.cpp's AVX2 Q8_0 dot takes signed weights the same way.
+inline __m256i signed_pair_sums(__m256i magnitude, __m256i sign, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(x, sign)), _mm256_set1_epi16(1));
+}
+
+// sum over k of s[k / group] * w[k] * q[k] * d[k / 32] for R rows against one row of 4, 5 or 6
+// bits (8 bits: of w - 128, see above). For 6 bits a pair sums at most 2 * 63 * 127 and two
+// pairs 32,004: the int16 add before vpmaddwd still holds.
 template <int BITS, int GROUP, int R>
 void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, int m0, float* dots) {
   __m256 acc[R];
@@ -557,13 +586,29 @@ void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, 
     __m256i first, second;
     _mm_prefetch(reinterpret_cast<const char*>(row + p * BITS * 8 + kPrefetchBytes), _MM_HINT_T0);
     span_weights<BITS>(row, p, first, second);
+    __m256i first_size = first, second_size = second;
+    if constexpr (BITS == 8) {
+      const __m256i flip = _mm256_set1_epi8(char(0x80));
+      first = _mm256_xor_si256(first, flip), second = _mm256_xor_si256(second, flip);  // q - 128 as int8
+      first_size = _mm256_sign_epi8(first, first), second_size = _mm256_sign_epi8(second, second);  // -128 reads 128
+    }
     for (int r = 0; r < R; ++r) {
       const int64_t at = x.at(m0 + r, p);
-      const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.hi[at])),
-                                          _mm256_maddubs_epi16(second, load32(&x.hi[at + 32])));
-      const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.lo[at])),
-                                          _mm256_maddubs_epi16(second, load32(&x.lo[at + 32])));
-      const __m256 sums = _mm256_cvtepi32_ps(combine(hi, lo));
+      __m256i total;
+      if constexpr (BITS == 8) {
+        const __m256i hi = _mm256_add_epi32(signed_pair_sums(first_size, first, load32(&x.hi[at])),
+                                            signed_pair_sums(second_size, second, load32(&x.hi[at + 32])));
+        const __m256i lo = _mm256_add_epi32(signed_pair_sums(first_size, first, load32(&x.lo[at])),
+                                            signed_pair_sums(second_size, second, load32(&x.lo[at + 32])));
+        total = _mm256_add_epi32(_mm256_slli_epi32(hi, 7), lo);
+      } else {
+        const __m256i hi = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.hi[at])),
+                                            _mm256_maddubs_epi16(second, load32(&x.hi[at + 32])));
+        const __m256i lo = _mm256_add_epi16(_mm256_maddubs_epi16(first, load32(&x.lo[at])),
+                                            _mm256_maddubs_epi16(second, load32(&x.lo[at + 32])));
+        total = combine(hi, lo);
+      }
+      const __m256 sums = _mm256_cvtepi32_ps(total);
       acc[r] = _mm256_fmadd_ps(sums, _mm256_mul_ps(s, _mm256_loadu_ps(x.d_row(m0 + r) + p * 8)), acc[r]);
     }
   }
@@ -576,7 +621,7 @@ void integer_dots(const uint8_t* row, const float* scale, const IntegerRows& x, 
 // decode layer issues about half the instructions per weight (the AVX2 path is bound by
 // them, not by memory). Lanes 0-7 hold span 2q's sums exactly as the AVX2 path has them, lanes
 // 8-15 span 2q + 1's; the float accumulation differs in order only. With no int16 step
-// 8-bit weights fit too (255 * 127 * 2 overflows vpmaddubsw's int16).
+// 8-bit weights need no sign trick (255 * 127 * 2 overflows vpmaddubsw's int16).
 #define BRISK_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 
 bool cpu_has_vnni() {
@@ -749,6 +794,13 @@ void integer_column(const Weights& w, const IntegerRows& x, const float* bias, f
   int m = 0;  // the same sums in the same order for a row alone or in a tile of 4
   for (; m + 4 <= x.M; m += 4) integer_dots<BITS, GROUP, 4>(w.row(n), scale, x, m, dots + m);
   for (; m < x.M; ++m) integer_dots<BITS, GROUP, 1>(w.row(n), scale, x, m, dots + m);
+  if constexpr (BITS == 8)  // the dots summed q - 128: add 128 * s times each group's rounded x
+    for (m = 0; m < x.M; ++m) {
+      const float* rounded = x.rounded_sum.data() + int64_t(m) * groups;
+      float back = 0.f;
+      for (int g = 0; g < groups; ++g) back += scale[g] * rounded[g];
+      dots[m] += 128.f * back;
+    }
   finish_column(w, dots, offset, x.sum.data(), x.M, bias, out, n);
 }
 
@@ -776,9 +828,10 @@ void integer_matmul(const Weights& w, const float* x, const float* bias, float* 
 // Many rows: dequantize a tile of weight rows, then sgemm.
 
 #ifdef BRISK_AVX2
-// A 5-bit row's spans unpacked as the integer path reads them, then scaled (no scalar loop
-// per element: a prefill chunk dequantizes every weight of the model once).
-void dequantize_row5(const Weights& w, int n, float* out) {
+// A 5- or 6-bit row's spans unpacked as the integer path reads them, then scaled (no scalar
+// loop per element: a prefill chunk dequantizes every weight of the model once).
+template <int BITS>
+void dequantize_row_spans(const Weights& w, int n, float* out) {
   const int groups = w.groups();
   float scale[kMaxGroups], offset[kMaxGroups];
   scales_to_float(w.scales, w.scale_type, int64_t(n) * groups, groups, scale);
@@ -786,12 +839,12 @@ void dequantize_row5(const Weights& w, int n, float* out) {
   alignas(32) uint8_t q[kSpan];
   for (int p = 0; p < w.K / kSpan; ++p) {
     __m256i first, second;
-    span_weights<5>(w.row(n), p, first, second);
+    span_weights<BITS>(w.row(n), p, first, second);
     _mm256_store_si256(reinterpret_cast<__m256i*>(q), first);
     _mm256_store_si256(reinterpret_cast<__m256i*>(q + 32), second);
     for (int e = 0; e < kSpan; e += 8) {  // 8 elements at a time, in order (consecutive slots)
       const int g = (p * kSpan + e) / w.group;
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + span_slot(5, e)));
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + span_slot(BITS, e)));
       const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
       _mm256_storeu_ps(out + p * kSpan + e, _mm256_fmadd_ps(v, _mm256_set1_ps(scale[g]), _mm256_set1_ps(offset[g])));
     }
@@ -828,8 +881,8 @@ void dequantize_rows(const Weights& w, int n0, int n1, float* dst) {
   const int groups = w.K / w.group;
   for (int n = n0; n < n1; ++n) {
 #ifdef BRISK_AVX2
-    if (w.bits == 5 && w.K % kSpan == 0) {
-      dequantize_row5(w, n, dst + int64_t(n - n0) * w.K);
+    if ((w.bits == 5 || w.bits == 6) && w.K % kSpan == 0) {
+      (w.bits == 5 ? dequantize_row_spans<5> : dequantize_row_spans<6>)(w, n, dst + int64_t(n - n0) * w.K);
       continue;
     }
 #endif
@@ -879,8 +932,8 @@ int brisk_amx_quantized_matmul(const float*, const uint32_t*, const void*, const
 // Returns 0 on success, or a positive code the caller falls back on:
 // 1 unsupported bits/group/shape, 2 too many rows for this entry, 3 no cblas_sgemm.
 // integer_x: round x to 15-bit integers per block of 32 (the fast path) where this build,
-// the weights and K allow it (AVX2 and 4 or 5 bits, or VNNI and 4, 5 or 8 bits; K a multiple
-// of 64; 6-bit weights keep float x): 1 with the fastest integer products this CPU has, 2
+// K allows it (AVX2; any of the four widths; K a multiple of 64): 1 with the fastest integer
+// products this CPU has (VNNI-512, else AVX2), 2
 // without VNNI (the comparison path), 3 as 1 here (it keeps prefill off AMX: see the dense
 // entry); 0 keeps x in float32.
 int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* scales, const void* biases,
@@ -892,14 +945,17 @@ int brisk_quantized_matmul_rows(const float* x, const uint32_t* w, const void* s
   const Weights weights{w, scales, biases, scale_type, K, N, bits, group};
 #ifdef BRISK_AVX2
   const bool vnni = (integer_x == 1 || integer_x == 3) && cpu_has_vnni();
-  if (integer_x && K % kSpan == 0 && vnni && bits != 6) {
+  if (integer_x && K % kSpan == 0 && vnni) {
     if (bits == 4) return integer_matmul<4, true>(weights, x, bias, out, M, threads), 0;
     if (bits == 5) return integer_matmul<5, true>(weights, x, bias, out, M, threads), 0;
+    if (bits == 6) return integer_matmul<6, true>(weights, x, bias, out, M, threads), 0;
     return integer_matmul<8, true>(weights, x, bias, out, M, threads), 0;
   }
-  if (integer_x && K % kSpan == 0 && (bits == 4 || bits == 5)) {
+  if (integer_x && K % kSpan == 0) {
     if (bits == 4) return integer_matmul<4, false>(weights, x, bias, out, M, threads), 0;
-    return integer_matmul<5, false>(weights, x, bias, out, M, threads), 0;
+    if (bits == 5) return integer_matmul<5, false>(weights, x, bias, out, M, threads), 0;
+    if (bits == 6) return integer_matmul<6, false>(weights, x, bias, out, M, threads), 0;
+    return integer_matmul<8, false>(weights, x, bias, out, M, threads), 0;
   }
 #endif
   (void)integer_x;
@@ -923,7 +979,7 @@ int brisk_quantized_matmul_has_integer_x() {
 #endif
 }
 
-// 1 when integer x runs on VNNI here (AVX512-VNNI and -VL): 8-bit weights take it too.
+// 1 when integer x runs on VNNI here (AVX512-VNNI and -VL), else on AVX2.
 int brisk_quantized_matmul_has_vnni() {
 #ifdef BRISK_AVX2
   return cpu_has_vnni() ? 1 : 0;

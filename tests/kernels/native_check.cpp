@@ -24,6 +24,8 @@ int brisk_attention(const float*, const void*, const void*, int, float*, int, in
                     const int64_t*, float, int, const float*, int, int);
 int brisk_sample_softmax(const float*, int64_t, int, float, const float*, uint32_t*);
 int brisk_tiled_available();
+int brisk_quantized_matmul_has_integer_x();
+int brisk_quantized_matmul_has_vnni();
 int brisk_amx_available();
 int brisk_float_gemm_available();
 }
@@ -163,7 +165,9 @@ struct Quantized {
   std::vector<float> scales, biases, dense;  // dense: what the codes stand for, (N, K)
 };
 
-Quantized quantize(int N, int K, int bits, int group) {
+// extremes: every code 0 or 2^bits - 1, the products that would overflow an int16 pair sum
+// (vpmaddubsw saturates there) if 8-bit weights met x as unsigned bytes.
+Quantized quantize(int N, int K, int bits, int group, bool extremes = false) {
   Quantized q;
   const int64_t row_bytes = int64_t(K) * bits / 8;
   std::vector<uint8_t> bytes(size_t(N) * row_bytes, 0);
@@ -173,7 +177,7 @@ Quantized quantize(int N, int K, int bits, int group) {
   q.dense.resize(size_t(N) * K);
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < K; ++k) {
-      const int c = code(rng);
+      const int c = extremes ? (code(rng) & 1) * ((1 << bits) - 1) : code(rng);
       const int64_t bit = int64_t(k) * bits;
       for (int b = 0; b < bits; ++b)
         if (c >> b & 1) bytes[n * row_bytes + (bit + b) / 8] |= uint8_t(1u << ((bit + b) % 8));
@@ -185,9 +189,9 @@ Quantized quantize(int N, int K, int bits, int group) {
   return q;
 }
 
-void check_quantized(int bits, int group, int M, bool half_scales, int integer_x) {
+void check_quantized(int bits, int group, int M, bool half_scales, int integer_x, bool extremes = false) {
   const int K = 256, N = 48;
-  Quantized q = quantize(N, K, bits, group);
+  Quantized q = quantize(N, K, bits, group, extremes);
   std::vector<uint16_t> scales16, biases16;
   if (half_scales) {  // round the scales to float16 first, so the reference reads the same values
     for (auto& s : q.scales) scales16.push_back(float_to_half(s)), s = half_to_float(scales16.back());
@@ -207,6 +211,8 @@ void check_quantized(int bits, int group, int M, bool half_scales, int integer_x
       q.dense[size_t(n) * K + k] = q.scales[g] * float(c) + q.biases[g];
     }
   auto x = randn(size_t(M) * K), bias = randn(N, 0.1f);
+  if (extremes)  // all positive and alike: x's high bytes near 127 where the codes are largest
+    for (auto& v : x) v = 1.f + 0.01f * std::fabs(v);
   std::vector<float> got(size_t(M) * N), want(size_t(M) * N);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
@@ -218,9 +224,9 @@ void check_quantized(int bits, int group, int M, bool half_scales, int integer_x
   const void* biases = half_scales ? static_cast<const void*>(biases16.data()) : q.biases.data();
   const int rc = brisk_quantized_matmul_rows(x.data(), q.packed.data(), scales, biases, half_scales ? 1 : 0, bias.data(),
                                              got.data(), M, K, N, bits, group, 2, integer_x);
-  char name[96];
-  std::snprintf(name, sizeof name, "quantized_matmul_rows bits=%d group=%d M=%d scales=%s integer_x=%d", bits, group, M,
-                half_scales ? "f16" : "f32", integer_x);
+  char name[112];
+  std::snprintf(name, sizeof name, "quantized_matmul_rows bits=%d group=%d M=%d scales=%s integer_x=%d%s", bits, group,
+                M, half_scales ? "f16" : "f32", integer_x, extremes ? " extreme codes" : "");
   if (integer_x && rc == 0) {  // each block of x rounded to 15 bits: ~1e-4 of the largest output
     const double error = worst_of_largest(got, want);
     report(name, error <= 5e-4, error);
@@ -306,8 +312,9 @@ void check_sampling() {
 }  // namespace
 
 int main() {
-  std::printf("tiled available: %d, amx available: %d, float_gemm available: %d\n", brisk_tiled_available(),
-              brisk_amx_available(), brisk_float_gemm_available());
+  std::printf("tiled available: %d, amx available: %d, float_gemm available: %d, integer x: %d, vnni: %d\n",
+              brisk_tiled_available(), brisk_amx_available(), brisk_float_gemm_available(),
+              brisk_quantized_matmul_has_integer_x(), brisk_quantized_matmul_has_vnni());
   check_rms_norm();
   check_rope(0);
   check_rope(1);
@@ -315,9 +322,11 @@ int main() {
   check_skinny_matmul();
   for (int bits : {4, 5, 6, 8})
     for (int group : {32, 64})
-      for (int M : {1, 3})
+      for (int M : {1, 3, 5})  // 5: a tile of four rows and one alone
         for (bool half_scales : {false, true})
-          for (int integer_x : {0, 1}) check_quantized(bits, group, M, half_scales, integer_x);
+          for (int integer_x : {0, 1, 2}) check_quantized(bits, group, M, half_scales, integer_x);  // 2: AVX2's products
+  for (int bits : {4, 5, 6, 8})
+    for (int integer_x : {1, 2}) check_quantized(bits, 32, 3, true, integer_x, true);
   for (bool half_kv : {false, true}) {
     check_attention(1, 40, true, half_kv);
     check_attention(5, 300, true, half_kv);

@@ -83,9 +83,12 @@ def _has_vnni() -> bool:
 
 def _skip_without_integer_path(bits: int, vnni: bool) -> None:
     if not _has_integer_path():
-        pytest.skip("this build has no integer path (no AVX2): x stays float32")
-    if bits == 8 and not _has_vnni():
-        pytest.skip("8-bit weights take integer x only with VNNI-512 (AVX512 F/BW/VL/DQ/VNNI), not on this CPU")
+        pytest.skip("this build has no integer path (no AVX2): x stays float32, no integer kernel runs")
+    if vnni and not _has_vnni():
+        pytest.skip(
+            "no VNNI-512 (AVX512 F/BW/VL/DQ/VNNI) on this CPU or under BRISK_ISA: the VNNI kernel cannot run "
+            "(the vnni=False case covers the AVX2 one)"
+        )
 
 
 def test_vnni_is_used_exactly_where_the_cpu_has_it():
@@ -97,8 +100,8 @@ def test_vnni_is_used_exactly_where_the_cpu_has_it():
     assert lib.brisk_quantized_matmul_has_vnni() == int(wanted <= flags)
 
 
-# 8-bit weights take integer x only through VNNI-512 (without it they keep float x).
-INTEGER_PATHS = [(4, True), (4, False), (5, True), (5, False), (8, True)]
+# Every width on both integer paths: VNNI-512 (vnni=True) and AVX2 (vnni=False; 8 bits as q - 128).
+INTEGER_PATHS = [(bits, vnni) for bits in (4, 5, 6, 8) for vnni in (True, False)]
 
 
 @pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
@@ -129,15 +132,29 @@ def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows
     assert 0 < error < 1e-3  # the integers really are used, and cost about 1e-4 of the output
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
-def test_six_bit_weights_keep_float_x_when_integers_are_asked_for(rows):
-    """The few-row integer paths take 4, 5 and 8 bits: 6-bit weights (Q6_K imports) read in
-    float, exactly, where integer x is asked for, rather than failing or falling back to MLX."""
-    packed, scales, biases = _quantized(48, 192, 6, 32, mx.float16, seed=rows)
-    x = mx.random.normal((rows, 192))
-    want = quantized_matmul_reference(x, packed, scales, biases, bits=6, group_size=32)
-    got = quantized_matmul_native(x, packed, scales, biases, bits=6, group_size=32, integer_activations=True, amx=False)
-    assert mx.allclose(got, want.astype(mx.float32), atol=1e-4, rtol=1e-4).item()
+@pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
+def test_integer_products_of_the_largest_codes_do_not_saturate(bits, vnni):
+    """Codes of 0 and 2^bits - 1 against positive x of one size (its high bytes near 127): as
+    unsigned bytes, 8-bit weights would sum 2 * 255 * 127 in vpmaddubsw's int16 and saturate;
+    6-bit ones sum two such pairs (32,004) in int16 before widening. Both must stay exact."""
+    _skip_without_integer_path(bits, vnni)
+    rng = np.random.default_rng(bits)
+    codes = np.where(rng.random((40, 256)) < 0.5, 0, 2**bits - 1)
+    # MLX's layout: each row one little-endian bit string, `bits` per value
+    stream = ((codes[..., None] >> np.arange(bits)) & 1).astype(np.uint8).reshape(40, 256 * bits)
+    packed = mx.array(np.packbits(stream, axis=1, bitorder="little").view(np.uint32))
+    scales = mx.array(rng.uniform(0.01, 0.02, (40, 8)).astype(np.float32))
+    biases = mx.array(rng.uniform(-0.2, 0.2, (40, 8)).astype(np.float32))
+    dense = mx.dequantize(packed, scales, biases, group_size=32, bits=bits)
+    assert mx.allclose(dense, mx.repeat(scales, 32, 1) * mx.array(codes, mx.float32) + mx.repeat(biases, 32, 1)).item()
+    x = 1.0 + 0.01 * mx.abs(mx.random.normal((3, 256)))
+    offsets = mx.repeat(biases, 32, axis=1)
+    scaled = mx.dequantize(packed, scales, biases, group_size=32, bits=bits) - offsets
+    want = _integer_rounded(x) @ scaled.T + x @ offsets.T
+    got = quantized_matmul_native(
+        x, packed, scales, biases, bits=bits, group_size=32, integer_activations=True, vnni=vnni
+    )
+    assert mx.abs(got - want).max().item() < 1e-4 * mx.abs(want).max().item()
 
 
 @pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
@@ -155,7 +172,7 @@ def test_integer_rows_alone_and_in_a_tile_give_the_same_bits(bits, vnni):
         assert mx.array_equal(alone[0], together[i]).item()
 
 
-@pytest.mark.parametrize("bits", [4, 5])
+@pytest.mark.parametrize("bits", [4, 5, 6])  # 8 bits: AVX2 sums q - 128 and adds 128 * s * sum(x) back
 def test_vnni_and_avx2_integer_products_agree_to_float_rounding(bits):
     """Both paths sum the same integers exactly; VNNI-512 adds each pair of spans' float terms
     in another order, so they agree to float rounding, not bit for bit."""
