@@ -89,9 +89,9 @@ def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mas
 
 def use_fused_attention(model) -> int:
     """Rebind mlx-lm's shared attention in the modules `model`'s layers come from; returns how
-    many modules now use the kernel (0 when the primitives cannot be had)."""
-    if mlx_extension.load() is None:
-        return 0
+    many modules now call this module's. Under every plan: where the kernel cannot take a call
+    (no primitives, `BRISK_KERNELS=off`, a GPU) it runs MLX's own SDPA, masking a compiled
+    decode step's spare buffer positions (which mlx-lm's function would read)."""
     rebound = 0
     for name in {type(m).__module__ for _, m in model.named_modules()}:
         module = sys.modules.get(name)

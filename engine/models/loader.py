@@ -75,10 +75,12 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     dtype = compute_dtype_name()
     if dtype == "float32":
         to_float32(model)
+    # float attention (packed KV caches keep their kernel); MLX's own where the plan has no
+    # kernel, through the function the compiled decode step needs (engine/compiled_decode.py)
+    fused = use_fused_attention(model)
     if plan.current().native:
         swapped = use_native_layers(model)  # quantized layers and few-row float products
         tiled = use_tiled_layers(model)  # quantized layers repacked for VNNI-512, where the CPU has it
-        fused = use_fused_attention(model)  # float attention (packed KV caches keep their kernel)
         activation = use_native_activation(model)  # SwiGLU's silu(gate) * x
         log.debug(
             "%s: %d layers run on the native kernels (%d in column tiles), attention fused in %d modules, "

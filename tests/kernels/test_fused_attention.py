@@ -230,18 +230,28 @@ def test_loaded_models_attend_through_the_kernel_with_mlx_logits(tmp_path, arch,
     assert mx.array_equal(mx.argmax(got, axis=-1), mx.argmax(want, axis=-1)).item()
 
 
-def test_without_the_primitives_nothing_is_rebound(tmp_path, monkeypatch):
+def test_without_the_primitives_attention_is_mlx_s_and_decode_still_compiles(tmp_path, monkeypatch):
+    """With no kernel to run (BRISK_KERNELS=off, a GPU) the model still attends through the
+    drop-in, which runs MLX's own SDPA: mlx-lm's logits, and a compiled decode step is
+    allowed (the drop-in masks the step's spare buffer positions; mlx-lm's would read them)."""
     from mlx_lm.models import llama
 
+    from engine.compiled_decode import why_not_compiled
+    from engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     monkeypatch.setattr(mlx_extension, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
     monkeypatch.setattr(llama, "scaled_dot_product_attention", fused_attention.MLX_LM_SDPA)
-    from engine.models.loader import load_folder
-
     lm = load_folder(make_tiny_model(tmp_path / "llama", "llama"), model_id="llama")
-    assert use_fused_attention(lm.model) == 0
-    assert llama.scaled_dot_product_attention is fused_attention.MLX_LM_SDPA
+    assert llama.scaled_dot_product_attention is scaled_dot_product_attention
+    layers = make_prompt_cache(lm.model)
+    got = lm.model(mx.array([[3, 9, 27, 81, 243, 7, 21]]), cache=layers)
+    assert why_not_compiled(lm.model, layers, kv_bits=(16, 16)) is None
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", fused_attention.MLX_LM_SDPA)
+    assert "does not go through Brisk's" in why_not_compiled(lm.model, layers, kv_bits=(16, 16))
+    want = lm.model(mx.array([[3, 9, 27, 81, 243, 7, 21]]), cache=make_prompt_cache(lm.model))
+    assert mx.array_equal(got, want).item()
+    assert use_fused_attention(lm.model) == 1 and why_not_compiled(lm.model, layers, kv_bits=(16, 16)) is None
 
 
 @pytest.mark.parametrize("shape", [(1, 9, 3, 1, 1000, 64), (1, 12, 2, 1, 700, 128), (1, 9, 3, 5, 600, 64)])
