@@ -25,7 +25,7 @@ def cmd_list(args) -> int:
         print(json.dumps([e.to_dict() for e in entries], indent=2))
         return 0
     if not entries:
-        print("No models installed. Try: brisk models install-bundled")
+        print("No models installed. See what you can install: brisk models bundled, brisk models search TEXT")
         return 0
     print(
         f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'bits/w':>6} {'disk':>9} {'memory':>9} {'ctx':>7} "

@@ -231,14 +231,18 @@ def search_hub(
         raise CatalogError(f"The hub at {endpoint} answered the search with {type(listing).__name__}, not a list")
     skipped: list[str] = []
     ids: list[str] = []
+    invalid = []
     for entry in listing:
         if len(ids) >= limit:  # a hub that ignores the limit: the rest are never looked at
             break
         repo_id = entry.get("id", entry.get("modelId")) if isinstance(entry, dict) else None
         if not isinstance(repo_id, str) or not _REPO_ID.fullmatch(repo_id):
-            skipped.append(f"an entry without a valid repo id ({_shown(entry)})")
+            invalid.append(entry)
         elif repo_id not in ids:
             ids.append(repo_id)
+    if invalid:  # one line however many: a hostile list could hold a million
+        many = f"{len(invalid)} entries" if len(invalid) > 1 else "an entry"
+        skipped.append(f"{many} without a valid repo id (the first: {_shown(invalid[0])})")
 
     def describe(repo_id: str) -> CatalogModel | str:
         try:

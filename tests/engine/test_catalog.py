@@ -170,11 +170,21 @@ def test_bad_entries_hide_only_themselves(hub_root, monkeypatch):
         result = search_hub("tiny", limit=20)
     found = by_id(result)
     assert found["acme/tiny-llama"].supported  # the good entry is listed in full
-    assert len([s for s in result.skipped if "valid repo id" in s]) == 4
+    assert [s for s in result.skipped if "valid repo id" in s] == [
+        "4 entries without a valid repo id (the first: 'a string')"
+    ]
     assert any(s.startswith("acme/missing: not found") for s in result.skipped)
     shape = found["acme/wrong-shape"]
     assert shape.size_bytes is None and shape.licence == "mit" and not shape.supported
     assert "acme/wrong-types: its details are malformed (TypeError)" in result.skipped
+
+
+def test_a_list_of_a_hundred_thousand_bad_entries_is_one_line(hub_root, monkeypatch):
+    listing = [{"id": 7}] * 100_000
+    with HubServer(hub_root, replies={"/api/models": json.dumps(listing).encode()}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        result = search_hub("model")
+    assert result.models == [] and result.skipped == ["100000 entries without a valid repo id (the first: {'id': 7})"]
 
 
 def test_a_hub_that_ignores_the_limit_is_cut_to_it(hub_root, monkeypatch):
@@ -218,3 +228,24 @@ def test_a_model_commands_error_is_the_managers_in_the_apps_words(tmp_path):
     assert "already installed" in event.message and "brisk models rm" not in event.message
     assert "remove it in Models first" in event.message
     ModelStore().remove("taken")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "llama", "num_hidden_layers": "many", "num_attention_heads": 0, "hidden_size": 64},
+        {"model_type": ["llama"], "max_position_embeddings": -5, "text_config": [1, 2]},
+        {"model_type": "../../os", "max_position_embeddings": True, "num_hidden_layers": 1 << 40},
+        ["not", "an", "object"],
+    ],
+)
+def test_a_hostile_config_leaves_details_unknown_not_a_traceback(hub_root, monkeypatch, config):
+    from tests.hub_server import COMMIT
+
+    replies = {f"/acme/tiny-llama/resolve/{COMMIT}/config.json": json.dumps(config).encode()}
+    with HubServer(hub_root, replies=replies) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        model = by_id(search_hub("acme/tiny-llama", limit=1))["acme/tiny-llama"]
+    assert model.size_bytes and model.fit.kv_bytes_per_token is None  # the weights are still counted
+    if isinstance(config, dict) and config["model_type"] != "llama":
+        assert not model.supported
