@@ -94,6 +94,9 @@ class ChatController(QObject):
         return self.store.conversations(self.search_text)
 
     def new_conversation(self) -> int | None:
+        if self.current is not None and self.is_empty(self.current):  # already a fresh one: not a second
+            self.conversations_changed.emit()
+            return self.current
         settings = self.settings_panel.settings() if self.current else self.default_settings
         try:
             cid = self.store.create_conversation("New chat", settings.to_dict())
@@ -105,7 +108,27 @@ class ChatController(QObject):
         self.open(cid)
         return cid
 
+    def is_empty(self, cid: int) -> bool:
+        """No message sent and no document waiting: a "New chat" the user has not used."""
+        return not self._documents.get(cid) and not self.store.messages(cid)
+
+    def drop_if_empty(self, cid: int | None) -> None:
+        """An unused chat is not kept: dropped when the user leaves it or quits (issue 58)."""
+        if cid is None or self.store.read_only or not self.is_empty(cid):
+            return
+        try:
+            self.store.drop_empty(cid)
+        except StoreError:
+            return  # kept; the next start drops it
+        self._fit_key.pop(cid, None)
+        if cid == self.current:
+            self.current = None
+        # later: this may run inside the sidebar's own selection signal, which must not refill it
+        QTimer.singleShot(0, self, self.conversations_changed.emit)
+
     def open(self, cid: int) -> None:
+        if self.current is not None and self.current != cid:
+            self.drop_if_empty(self.current)
         self.current = cid
         conv = self.store.conversation(cid)
         self.chat_view.clear()
@@ -156,9 +179,10 @@ class ChatController(QObject):
             self.dashboard.chat_model.setText("")
         self.conversations_changed.emit()
 
-    def undelete(self, cid: int) -> None:
-        self._saved("Cannot restore", self.store.undelete, cid)
+    def undelete(self, cid: int) -> bool:
+        restored = self._saved("Cannot restore", self.store.undelete, cid)
         self.conversations_changed.emit()
+        return restored
 
     def search(self, text: str) -> None:
         self.search_text = text

@@ -413,6 +413,17 @@ class Store:
     def purge_deleted(self) -> None:
         self._write("DELETE FROM conversations WHERE deleted = 1")
 
+    def drop_empty(self, conversation_id: int | None = None) -> int:
+        """Remove for good the chat (None: every chat) that holds no message and no attachment:
+        an unused "New chat" is not kept. Returns how many went."""
+        sql = (
+            "DELETE FROM conversations WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id ="
+            " conversations.id) AND NOT EXISTS (SELECT 1 FROM attachments a WHERE a.conversation_id = conversations.id)"
+        )
+        if conversation_id is None:
+            return self._write(sql).rowcount
+        return self._write(sql + " AND id = ?", (conversation_id,)).rowcount
+
     def _touch(self, conversation_id: int) -> None:
         self._write("UPDATE conversations SET updated = ? WHERE id = ?", (time.time(), conversation_id))
 

@@ -97,6 +97,11 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.undo_button)
         self._build_menus()
         self._watch_models()
+        self.undo_stack: list[int] = []  # deleted chats, the last on top: Ctrl+Z restores them in turn
+        try:  # unused "New chat"s left by an earlier Brisk (or a crash) are not kept
+            store.drop_empty()
+        except StoreError:
+            pass  # read-only: shown as they are
         self.refresh_sidebar()
         convs = store.conversations()
         if convs:
@@ -124,6 +129,7 @@ class MainWindow(QMainWindow):
                 ("Quit", QKeySequence("Ctrl+Q"), self.close),
             ),
             "&Edit": (
+                ("Undo delete", QKeySequence.Undo, self.undo_delete),
                 ("Stop answer", QKeySequence("Esc"), c.stop),
                 ("Regenerate", QKeySequence("Ctrl+R"), c.regenerate),
                 ("Search chats", QKeySequence.Find, self.focus_search),
@@ -276,10 +282,10 @@ class MainWindow(QMainWindow):
     def delete_with_undo(self, cid: int) -> None:
         title = self.store.conversation(cid).title
         self.controller.delete(cid)
-        self.statusBar().showMessage(f"Deleted “{title}”")
-        self._undo_cid = cid
+        self.statusBar().showMessage(f"Deleted “{title}” (Ctrl+Z restores it)")
+        self.undo_stack.append(cid)
         if not getattr(self, "_undo_wired", False):
-            self.undo_button.clicked.connect(lambda: self._undo_delete(self._undo_cid))
+            self.undo_button.clicked.connect(self.undo_delete)
             # Undo stays until the user does something else, however long they take to notice
             for signal in (self.sidebar.selected, self.sidebar.new_requested, self.composer.send_requested):
                 signal.connect(self._end_undo)
@@ -287,19 +293,24 @@ class MainWindow(QMainWindow):
         self.undo_button.show()
 
     def _end_undo(self, *_) -> None:
-        if self.undo_button.isVisible():
-            self.undo_button.hide()
-            try:
-                self.store.purge_deleted()
-            except StoreError:
-                pass  # the row stays hidden; the next start purges it
+        """The button goes once the user does something else; Ctrl+Z still restores until quit
+        (deleted chats stay in the database, hidden, until then)."""
+        self.undo_button.hide()
 
-    def _undo_delete(self, cid: int) -> None:
-        self.controller.undelete(cid)
+    def undo_delete(self) -> None:
+        """Ctrl+Z or Undo: the last deleted chat back, whole (messages, versions, attachments,
+        settings: deleting only hid it), opened and highlighted in the sidebar."""
+        if not self.undo_stack:
+            self.statusBar().showMessage("Nothing to undo", 3000)
+            return
+        cid = self.undo_stack[-1]
+        if not self.controller.undelete(cid):
+            return  # the status bar says why; Ctrl+Z can try again
+        self.undo_stack.pop()
         self.controller.open(cid)
         self.refresh_sidebar()
-        self.undo_button.hide()
-        self.statusBar().showMessage("Restored", 3000)
+        self.undo_button.setVisible(bool(self.undo_stack) and self.undo_button.isVisible())
+        self.statusBar().showMessage(f"Restored “{self.store.conversation(cid).title}”", 3000)
 
     def export(self, kind: str, path: str | None = None) -> None:
         cid = self.controller.current
@@ -339,6 +350,10 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         self.controller.save_before_quit()
+        try:
+            self.controller.drop_if_empty(self.controller.current)  # an unused "New chat" is not kept
+        except Exception:  # noqa: BLE001  closing must never fail (the next start drops it)
+            pass
         if self.api_server is not None:
             self.api_server.stop()
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QInputDialog,
@@ -48,6 +49,12 @@ class Sidebar(QWidget):
         self.list.currentItemChanged.connect(self._current_changed)
         self.list.setContextMenuPolicy(Qt.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._menu)
+        # Delete removes the chosen chat (Ctrl+Z in the window brings it back)
+        delete = QAction("Delete chat", self.list)
+        delete.setShortcut(QKeySequence.Delete)
+        delete.setShortcutContext(Qt.WidgetShortcut)
+        delete.triggered.connect(self._delete_current)
+        self.list.addAction(delete)
         layout.addWidget(self.list)
         self._filling = False
 
@@ -69,6 +76,11 @@ class Sidebar(QWidget):
         if item is not None and not self._filling:
             self.selected.emit(item.data(Qt.UserRole))
 
+    def _delete_current(self) -> None:
+        item = self.list.currentItem()
+        if item is not None:
+            self.delete_requested.emit(item.data(Qt.UserRole))
+
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
         if item is None:
@@ -76,7 +88,7 @@ class Sidebar(QWidget):
         cid = item.data(Qt.UserRole)
         menu = QMenu(self)
         menu.addAction("Rename…", lambda: self._rename(cid, item.text()))
-        menu.addAction("Delete", lambda: self.delete_requested.emit(cid))
+        menu.addAction("Delete (Del; Ctrl+Z undoes)", lambda: self.delete_requested.emit(cid))
         menu.exec(self.list.mapToGlobal(pos))
 
     def _rename(self, cid: int, title: str) -> None:
