@@ -4,8 +4,7 @@ templates are rendered under limits, and every malformed file is named, never a 
 import json
 import shutil
 import struct
-import threading
-import time
+import tracemalloc
 
 import pytest
 
@@ -74,12 +73,31 @@ NESTED_LOOPS = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor 
 FLOOD = "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}"
 
 
-def test_a_template_that_loops_for_ever_is_stopped_within_its_budget(folder):
+class SteppingClock:
+    """The sandbox's clock (engine/template_sandbox.py reads time.monotonic): each reading
+    is `step` seconds after the last, so time is the count of checks, whatever the load."""
+
+    def __init__(self, step: float):
+        self.now, self.step, self.readings = 0.0, step, 0
+
+    def monotonic(self) -> float:
+        self.readings += 1
+        self.now += self.step
+        return self.now
+
+
+def test_a_template_that_loops_for_ever_is_stopped_within_its_budget(folder, monkeypatch):
+    from engine import chat_template, template_sandbox
+
+    clock = SteppingClock(0.001)
+    monkeypatch.setattr(template_sandbox, "time", clock)
     lm = with_template(folder, NESTED_LOOPS)
-    start = time.monotonic()
+    budget = chat_template.DEFAULT_TEMPLATE_SECONDS + chat_template.TEMPLATE_SECONDS_PER_MESSAGE
     with pytest.raises(TemplateError, match="ran longer than"):
         encode_messages(lm, [Message("user", "hi")])
-    assert time.monotonic() - start < 10
+    # The clock is read at every iteration of the inner loop and the render stops at the first
+    # reading past its budget: ~2,000 iterations of the 10^10 the template asks for.
+    assert clock.readings == pytest.approx(budget / clock.step, abs=3)
 
 
 def test_a_template_that_floods_output_is_stopped_by_the_size_cap(folder):
@@ -88,14 +106,22 @@ def test_a_template_that_floods_output_is_stopped_by_the_size_cap(folder):
         encode_messages(lm, [Message("user", "hi")])
 
 
-def test_stop_interrupts_a_slow_template(folder):
+def test_stop_interrupts_a_slow_template(folder, monkeypatch):
+    from engine import template_sandbox
+
+    monkeypatch.setattr(template_sandbox, "time", SteppingClock(0.0))  # the time budget never runs out
     lm = with_template(folder, NESTED_LOOPS)
-    cancel = CancelToken()
-    threading.Timer(0.2, cancel.cancel).start()
-    start = time.monotonic()
+    cancel, polls = CancelToken(), []
+
+    def cancelled():
+        polls.append(1)
+        if len(polls) == 500:
+            cancel.cancel()  # the user presses Stop while the template loops
+        return cancel.cancelled
+
     with pytest.raises(TurnCancelled):
-        encode_messages(lm, [Message("user", "hi")], cancelled=lambda: cancel.cancelled)
-    assert time.monotonic() - start < 1.5
+        encode_messages(lm, [Message("user", "hi")], cancelled=cancelled)
+    assert len(polls) == 500  # seen at once: no iteration ran after Stop
 
 
 def test_a_hostile_template_ends_the_turn_with_a_clear_error(folder):
@@ -211,10 +237,16 @@ def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 62)
     )
     assert path.stat().st_size < 100
-    start = time.monotonic()
     with pytest.raises(GGUFImportError, match="hostile"):
-        import_gguf(path, tmp_path)
-    assert time.monotonic() - start < 2
+        import_gguf(path, tmp_path)  # imports what the reader needs, so the next call measures only itself
+    tracemalloc.start()
+    try:
+        with pytest.raises(GGUFImportError, match="hostile"):
+            import_gguf(path, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # refused from the declared count: nothing allocated or read for 2^62 strings
 
 
 @pytest.mark.parametrize(

@@ -217,9 +217,9 @@ PER_REQUEST_HEAP = 64 << 10
 
 
 def _an_answer_that_runs_to_max_tokens(served, max_tokens=480):
-    """A request body (seeded, no speculation) whose answer runs to max_tokens, and how long it
-    took whole: an end-of-sequence token sampled early would finish a request before its client
-    leaves (the tiny model's 384-token vocabulary makes that likely over hundreds of tokens)."""
+    """A request body (seeded, no speculation) whose answer runs to max_tokens: an
+    end-of-sequence token sampled early would finish a request before its client leaves (the
+    tiny model's 384-token vocabulary makes that likely over hundreds of tokens)."""
     for seed in range(20):
         body = {
             "model": "tiny",
@@ -229,15 +229,16 @@ def _an_answer_that_runs_to_max_tokens(served, max_tokens=480):
             "seed": seed,
             "brisk": {"spec_decode": "off"},
         }
-        started = time.monotonic()
         whole = httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=300).json()  # a hang guard
         if whole["choices"][0]["finish_reason"] == "length":
-            return body, time.monotonic() - started
+            return body
     pytest.fail("no seed ran the tiny model to max_tokens")
 
 
 def test_a_client_that_disconnects_cancels_its_request(served):
-    body, _ = _an_answer_that_runs_to_max_tokens(served)
+    """The same body runs to max_tokens when its client waits, so "cancelled" means it stopped
+    short (a wall-clock bound here failed on a loaded machine)."""
+    body = _an_answer_that_runs_to_max_tokens(served)
     served_before = served.queue.stats()["served"]
     cancelled_before = served.queue.stats()["finished"].get("cancelled", 0)
     with httpx.stream(
@@ -245,10 +246,7 @@ def test_a_client_that_disconnects_cancels_its_request(served):
     ) as response:
         for _ in response.iter_lines():
             break  # one event, then hang up
-    closed = time.monotonic()
-    while served.queue.stats()["served"] == served_before or served.queue.stats()["running"]:
-        assert time.monotonic() - closed < 10, "the request kept running after its client left"
-        time.sleep(0.02)
+    _wait_for(lambda: served.queue.stats()["served"] > served_before and not served.queue.stats()["running"])
     assert served.queue.stats()["finished"]["cancelled"] == cancelled_before + 1
     quick = served.client().chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
@@ -259,7 +257,7 @@ def test_a_client_that_disconnects_cancels_its_request(served):
 def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it(served):
     """Non-streaming: the server notices the closed connection while tokens keep coming. The
     same body runs to max_tokens when its client waits, so "cancelled" means it stopped short."""
-    body, _ = _an_answer_that_runs_to_max_tokens(served)
+    body = _an_answer_that_runs_to_max_tokens(served)
     before = served.queue.stats()
     payload = json.dumps(body).encode()
     with socket.create_connection(served.sock.getsockname()[:2]) as sock:
