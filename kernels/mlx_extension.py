@@ -56,6 +56,7 @@ HEADERS = [
     native.CSRC / "sgemm.h",
     native.CSRC / "register_tile.h",
     native.CSRC / "isa.h",
+    native.CSRC / "thread_pool.h",
     native.CSRC / "mlx_primitives" / "primitive_base.h",
 ]
 MODULE = "_brisk_mlx_ops"

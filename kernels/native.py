@@ -39,7 +39,8 @@ SOURCES = {
     CSRC / "quantized_matmul.cpp": ("brisk_quantized_matmul_version", 7),
     CSRC / "amx_matmul.cpp": ("brisk_amx_matmul_version", 1),
 }
-HEADERS = [CSRC / "half.h", CSRC / "sgemm.h", CSRC / "isa.h"]  # included by the sources: part of the build's key
+# Included by the sources: part of the build's key.
+HEADERS = [CSRC / "half.h", CSRC / "sgemm.h", CSRC / "isa.h", CSRC / "thread_pool.h"]
 
 
 def all_sources() -> list[Path]:

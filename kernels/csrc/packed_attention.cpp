@@ -15,15 +15,14 @@
 // it: a uint32 holds 32/bits values, lowest bits first.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "half.h"
+#include "thread_pool.h"
 
 // BRISK_PORTABLE_HALF forces the plain conversion (what CPUs without F16C run; tested).
 #if defined(__F16C__) && !defined(BRISK_PORTABLE_HALF)
@@ -320,18 +319,11 @@ void run(const Problem& pr, BlockFn attend, float* out, int threads) {
   splits = std::min(splits, std::max(1, pr.S / 256));
   const int block = ((pr.S + splits - 1) / splits + kTile - 1) / kTile * kTile;
   std::vector<Partial> partials(size_t(heads) * splits);
-  std::atomic<int> next{0};
-  auto worker = [&]() {
-    for (int u = next++; u < int(partials.size()); u = next++) {
-      const int head = u / splits, part = u % splits;
-      const int k0 = part * block, k1 = std::min(pr.S, k0 + block);
-      if (k0 < k1) attend(pr, head / pr.Hkv, head % pr.Hkv, k0, k1, partials[u]);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min<int>(threads, int(partials.size())); ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  brisk::parallel_units(int(partials.size()), threads, [&](int u) {
+    const int head = u / splits, part = u % splits;
+    const int k0 = part * block, k1 = std::min(pr.S, k0 + block);
+    if (k0 < k1) attend(pr, head / pr.Hkv, head % pr.Hkv, k0, k1, partials[u]);
+  });
 
   const int rep = pr.Hq / pr.Hkv;
   for (int head = 0; head < heads; ++head) {  // merge the blocks: log-sum-exp rule

@@ -21,25 +21,21 @@
 // the process's cblas_sgemm (MKL when engine/blas.py loaded it), so prefill runs at sgemm
 // speed plus one pass of dequantization; on CPUs with AMX, 4-, 5- and 8-bit weights go to
 // amx_matmul.cpp's integer tiles instead (about 1.7x sgemm here).
-// Threads come from a small persistent pool: a decode step makes ~200 of these calls, too
-// many to start threads for each. Built by kernels/native.py and called through ctypes, and
+// Threads come from the library's one persistent pool (thread_pool.h): a decode step makes ~200
+// of these calls, too many to start threads for each. Built by kernels/native.py and called through ctypes, and
 // built into the lazy MLX primitives of mlx_primitives/primitives.cpp (kernels/mlx_extension.py).
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <functional>
-#include <mutex>
-#include <chrono>
-#include <thread>
 #include <vector>
 
 #include "half.h"
 #include "isa.h"
 #include "sgemm.h"
+#include "thread_pool.h"
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -47,6 +43,8 @@
 #endif
 
 namespace {
+
+using brisk::parallel_units;
 
 constexpr int kBlock = 32;       // weights widened at a time; every group is 1 or 2 blocks
 constexpr int kMaxRows = 32;  // above this, dequantized tiles + sgemm win (see kernels/quantized_matmul.py)
@@ -71,121 +69,6 @@ inline float read_scale(const void* p, int type, int64_t i) {
     }
     default: return static_cast<const float*>(p)[i];
   }
-}
-
-// ---------------------------------------------------------------------------------------
-// A persistent pool: workers wait briefly (yielding) for the next job, then sleep on a condition.
-
-class Pool {
-  static constexpr std::chrono::microseconds kSpin{50};
-  // A job's state: its generation's low bits, whether the caller has closed it, and how many
-  // workers joined before that. The caller runs units itself and, once none are left, closes
-  // the job and waits only for the workers that joined: a worker the OS has not run yet (on two
-  // cores it shares one with Python's thread) finds the job closed and skips it, where the
-  // caller used to wait out its time slice for it to say it had nothing to do.
-  static constexpr uint64_t kClosed = uint64_t(1) << 31, kJoined = kClosed - 1;
-
- public:
-  void run(int threads, const std::function<void()>& job) {
-    threads = std::max(1, threads);
-    std::unique_lock<std::mutex> serial(run_lock_);  // one job at a time through the pool
-    grow(threads - 1);
-    job_ = &job;
-    done_.store(0);
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      wanted_ = threads - 1;
-      const uint64_t generation = generation_.fetch_add(1) + 1;
-      state_.store(generation << 32, std::memory_order_release);
-    }
-    wake_.notify_all();
-    job();
-    const uint64_t joined = state_.fetch_or(kClosed, std::memory_order_acq_rel) & kJoined;
-    while (done_.load(std::memory_order_acquire) < joined) std::this_thread::yield();
-    job_ = nullptr;
-  }
-
-  ~Pool() {
-    {
-      std::lock_guard<std::mutex> guard(mutex_);
-      stop_ = true;
-      generation_.fetch_add(1);
-    }
-    wake_.notify_all();
-    for (auto& t : workers_) t.join();
-  }
-
- private:
-  void grow(int n) {
-    while (int(workers_.size()) < n) {
-      // The worker starts from the generation before this job's, however late it runs.
-      const int index = int(workers_.size());
-      const uint64_t seen = generation_.load();
-      workers_.emplace_back([this, index, seen] { loop(index, seen); });
-    }
-  }
-
-  // Joins job `generation` unless the caller has closed it (or a newer job has begun).
-  bool join(uint64_t generation) {
-    uint64_t s = state_.load(std::memory_order_acquire);
-    while ((s >> 32) == (generation & 0xffffffffu) && !(s & kClosed))
-      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) return true;
-    return false;
-  }
-
-  void loop(int index, uint64_t seen) {
-    for (;;) {
-      // Wait a little for the next job (the next layer's call comes within microseconds), then
-      // sleep. The wait yields rather than pauses: on two cores the Python thread and MLX's
-      // stream thread need the core too, and a pausing worker held it (a 20,000-pause spin cost
-      // SmolLM2 ~10% of its decode; the 50 us pause spin, against yielding, SmolLM2 1.13x and
-      // Qwen-1.5B 1.12x, A/B).
-      const auto until = std::chrono::steady_clock::now() + kSpin;
-      for (int spin = 1; generation_.load(std::memory_order_acquire) == seen; ++spin) {
-        std::this_thread::yield();
-        if (spin % 4 == 0 && std::chrono::steady_clock::now() > until) break;
-      }
-      {
-        std::unique_lock<std::mutex> guard(mutex_);
-        wake_.wait(guard, [&] { return generation_.load() != seen; });
-        seen = generation_.load();
-        if (stop_) return;
-        if (index >= wanted_) continue;
-      }
-      if (!join(seen)) continue;
-      (*job_)();
-      done_.fetch_add(1, std::memory_order_release);
-    }
-  }
-
-  std::vector<std::thread> workers_;
-  std::mutex run_lock_, mutex_;
-  std::condition_variable wake_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<uint64_t> state_{0};
-  std::atomic<uint64_t> done_{0};
-  const std::function<void()>* job_ = nullptr;
-  int wanted_ = 0;
-  bool stop_ = false;
-};
-
-Pool& pool() {
-  static Pool instance;
-  return instance;
-}
-
-// Runs task(unit) for units [0, units) over the pool's threads.
-void parallel_units(int units, int threads, const std::function<void(int)>& task) {
-  if (units <= 0) return;
-  threads = std::min(threads, units);
-  if (threads <= 1) {
-    for (int u = 0; u < units; ++u) task(u);
-    return;
-  }
-  std::atomic<int> next{0};
-  pool().run(threads, [&] {
-    for (int u = next++; u < units; u = next++) task(u);
-  });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -1032,8 +915,8 @@ int brisk_quantized_gather(const int32_t* ids, int count, const uint32_t* w, con
   return 0;
 }
 
-// The pool for other kernels built into the same module (attention.cpp): task(context, u)
-// for u in [0, units) over up to `threads` threads.
+// The library's pool (thread_pool.h) for sources that declare only this C function:
+// task(context, u) for u in [0, units) over up to `threads` threads.
 void brisk_parallel_for(int units, int threads, void (*task)(void*, int), void* context) {
   parallel_units(units, threads, [&](int u) { task(context, u); });
 }

@@ -8,10 +8,10 @@
 // Built on first use by kernels/native.py and called through ctypes with raw pointers.
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <thread>
 #include <vector>
+
+#include "thread_pool.h"
 
 namespace {
 
@@ -113,14 +113,8 @@ int brisk_skinny_matmul(const float* x, const float* w, const float* bias, float
   if (M < 1 || M > kMaxRows) return 1;
   const Problem p{x, w, bias, out, M, K, N};
   const int units = (N + kColumnUnit - 1) / kColumnUnit;
-  std::atomic<int> next{0};
-  auto worker = [&]() {
-    for (int u = next++; u < units; u = next++) columns(p, u * kColumnUnit, std::min(N, (u + 1) * kColumnUnit));
-  };
-  std::vector<std::thread> pool;
-  for (int t = 1; t < std::min(std::max(1, threads), units); ++t) pool.emplace_back(worker);
-  worker();
-  for (auto& t : pool) t.join();
+  brisk::parallel_units(units, std::max(1, threads),
+                        [&](int u) { columns(p, u * kColumnUnit, std::min(N, (u + 1) * kColumnUnit)); });
   return 0;
 }
 
