@@ -387,6 +387,10 @@ def main(argv: list[str] | None = None) -> int:
     from engine.crash_log import configure_console_logging
 
     configure_console_logging(verbose=args.verbose)
+    from kernels import compile_notice
+
+    # any command may compile the kernels on a first run (~40 s): never in silence
+    compile_notice.listen_always(lambda event: print(f"brisk: {event.message}", file=sys.stderr))
     try:
         return args.func(args)
     except BriskError as exc:

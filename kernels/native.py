@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from kernels import plan, prebuilt
+from kernels import compile_notice, plan, prebuilt
 
 CSRC = Path(__file__).with_name("csrc")
 # Each source's version function and the version this Python side speaks.
@@ -166,9 +166,10 @@ def build_verified(target: Path, command: list[str], what: str) -> None:
         log.warning("native kernel library %s does not match the one Brisk built; rebuilding it", target)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         staged = Path(tmp) / target.name
-        done = subprocess.run([*command[:-1], str(staged)], capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"compiling {what} failed: {done.stderr.strip()[-2000:]}")
+        with compile_notice.compiling(what):  # the one slow first step: whoever shows progress says so
+            done = subprocess.run([*command[:-1], str(staged)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"compiling {what} failed: {done.stderr.strip()[-2000:]}")
         os.chmod(staged, 0o700)
         record = Path(tmp) / digest_path(target).name
         record.write_text(file_sha256(staged))
@@ -183,7 +184,7 @@ def build_verified(target: Path, command: list[str], what: str) -> None:
 def _build() -> tuple[ctypes.CDLL, Path]:
     cxx = find_compiler()
     target = library_path(cxx)
-    build_verified(target, compile_command(cxx, target), f"the kernels in {CSRC}")
+    build_verified(target, compile_command(cxx, target), "the native kernels")
     return open_library(target), target
 
 

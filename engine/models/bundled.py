@@ -296,9 +296,12 @@ def remove_downloads(spec: BundledModel, cache: Path) -> None:
 def load_installing_default(model_id: str, *, progress: Callable[[str], None] = lambda m: None):
     """Load `model_id`; the embedded default is installed first if it is not yet (first run)."""
     from engine.models.loader import load_model
+    from kernels import compile_notice
 
     store = ModelStore()
     if not store.has(model_id) and model_id in BUNDLED and BUNDLED[model_id].default:
         progress(f"First run: installing the embedded default model {model_id}...")
         install_bundled(model_id, store=store, progress=progress)
-    return load_model(model_id, store=store)
+    # a fresh data folder compiles the kernels as the model loads (~40 s): said, not silent
+    with compile_notice.listening(lambda event: progress(event.message)):
+        return load_model(model_id, store=store)
