@@ -66,7 +66,10 @@ class ModelOperations(QObject):
                 outcome = app_wording(str(exc))
             except Exception as exc:  # a bug must reach the dialog as a line, not kill the thread silently
                 outcome = f"The search failed: {type(exc).__name__}: {exc}"
-            self._relay.emit(number, outcome)
+            try:
+                self._relay.emit(number, outcome)
+            except RuntimeError:  # the dialog was closed and deleted while the hub answered
+                pass
 
         thread = threading.Thread(target=run, name="brisk-catalog-search", daemon=True)
         self._search_threads = [t for t in self._search_threads if t.is_alive()] + [thread]

@@ -153,3 +153,30 @@ def test_removing_a_model_that_chats_use_names_how_many(qtbot, make_window, engi
     qtbot.mouseClick(manager.remove_button, Qt.LeftButton)
     assert "doomed (2 chats)" in asked[0] and engine.commands[-1] == RemoveModel("doomed")
     ModelStore().remove("doomed")
+
+
+def test_a_search_that_answers_after_the_dialog_is_gone_is_dropped_quietly(qtbot, engine, monkeypatch):
+    import threading
+
+    import shiboken6
+
+    from app.model_operations import ModelOperations
+
+    answer, failures = threading.Event(), []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+
+    def slow_search(text, **kwargs):
+        answer.wait(10)
+        raise CatalogError("Cannot reach the hub: are you offline?")
+
+    from engine.models.catalog import CatalogError
+
+    monkeypatch.setattr("engine.models.catalog.search_hub", slow_search)
+    operations = ModelOperations(engine)
+    operations.search("tiny")
+    threads = list(operations._search_threads)
+    shiboken6.delete(operations)  # the dialog closed while the hub was still answering
+    answer.set()
+    for thread in threads:
+        thread.join(10)
+    assert not failures
