@@ -203,7 +203,9 @@ class DraftScorer:
         from engine.cache import PromptCache
 
         self.draft = draft
-        self.cache = cache or PromptCache(draft.model)
+        # `is None`, not `or`: an empty PromptCache is falsy (it has a length), and a fresh
+        # one here left the pair's cache empty, so the draft re-read the whole prompt each turn
+        self.cache = cache if cache is not None else PromptCache(draft.model)
 
     def importance_across(self, target_tokenizer, tokens: list[int], start: int, step: int) -> mx.array:
         return result_of(self.importance_across_steps(target_tokenizer, tokens, start, step))
