@@ -12,7 +12,19 @@ SKIPPED_SHOWN = 5  # largest skipped passages listed
 PREVIEW_TOKENS = 24
 
 
-def coverage_map(tokenizer, new_tokens: list[int], kept_by_layer: list[tuple[int, list[tuple[int, int]]]]) -> dict:
+def coverage_map(
+    tokenizer,
+    new_tokens: list[int],
+    kept_by_layer: list[tuple[int, list[tuple[int, int]]]],
+    *,
+    method: str = "",
+    focus: list[tuple[int, int]] | None = None,
+) -> dict:
+    """`focus`: the passages the question points at (engine/accel/question_focus.py), in
+    new-token positions; `question_dropped` says the deepest layers read less than
+    MOSTLY_DROPPED of them (the app warns and offers to read it all)."""
+    from engine.accel.question_focus import MOSTLY_DROPPED, read_share
+
     total = len(new_tokens)
     if not kept_by_layer:
         return {}
@@ -27,7 +39,13 @@ def coverage_map(tokenizer, new_tokens: list[int], kept_by_layer: list[tuple[int
     largest = sorted(gaps, key=lambda g: g[0] - g[1])[:SKIPPED_SHOWN]
     skipped = [[s, e, tokenizer.decode(new_tokens[s : min(e, s + PREVIEW_TOKENS)]).strip()] for s, e in sorted(largest)]
     read = sum(e - s for s, e in deepest)
+    focus = [(s, min(e, total)) for s, e in focus or [] if s < total]
+    question_read = read_share(focus, deepest)
     return {
+        "method": method,
+        "question_regions": [list(r) for r in focus],
+        "question_read": question_read,
+        "question_dropped": bool(focus) and question_read < MOSTLY_DROPPED,
         "new_tokens": total,
         "read_share": read / total if total else 1.0,
         "layers": [[layer, [list(r) for r in runs]] for layer, runs in kept_by_layer],

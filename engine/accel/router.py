@@ -9,13 +9,20 @@
   the break-even length `brisk bench uniprefill` measured for the model's architecture
   (uniprefill/plan.py; below it the scoring costs more than the dropped work saves), or
   from the chat's own `uniprefill_threshold`.
+- `auto` (either method set to auto, neither to on) keeps answers: past those thresholds it
+  may read sparsely only with a setting engine/accel/quality_table.py shows keeping >= 97%
+  of dense's doc-qa accuracy for this model, length band and question kind; otherwise the
+  prompt is read densely. Under `auto` the passages the question points at
+  (engine/accel/question_focus.py) are always read in full.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from engine.accel import quality_table
+from engine.accel.question_focus import QUESTION_TOKENS, prompt_regions
 from engine.accel.specprefill.plan import SparsePlan, plan_sparse_prefill
 from engine.accel.uniprefill.plan import break_even, worth_dropping
 from engine.events import result_of
@@ -28,6 +35,9 @@ class PrefillRoute:
     method: PrefillMethod
     reason: str
     spec: SparsePlan  # SpecPrefill's own plan (its note and timing go to the metrics)
+    # the passages the question points at, in new-token positions (coverage and guard)
+    focus: list[tuple[int, int]] = field(default_factory=list)
+    keep_focus: bool = False  # `auto`: the read must keep `focus` in full
 
 
 def route_prefill(pair, target, layers, tokens: list[int], cached: int, settings) -> PrefillRoute:
@@ -37,6 +47,76 @@ def route_prefill(pair, target, layers, tokens: list[int], cached: int, settings
 
 def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, settings):
     """A generator of SpecPrefill's scoring progress (when a draft scores); returns the PrefillRoute."""
+    sparse_on = settings.sparse_prefill != "off" or settings.uniprefill != "off"
+    focus = _focus(target, tokens, cached) if sparse_on else []
+    auto = is_auto(settings)
+    if auto:
+        settings, why = auto_settings(pair, target, tokens, cached, settings)
+        if settings is None:
+            return PrefillRoute("dense", f"dense: auto: {why}", SparsePlan(None, "off", f"off: {why}"), focus)
+    route = yield from _route(pair, target, layers, tokens, cached, settings)
+    route = replace(route, focus=focus, keep_focus=auto)
+    if route.method == "specprefill" and route.keep_focus and route.spec.selection is not None:
+        route = replace(route, spec=replace(route.spec, selection=with_runs(route.spec.selection, focus)))
+    return route
+
+
+def is_auto(settings) -> bool:
+    """`auto` routing: a method set to auto and neither forced on."""
+    modes = (settings.sparse_prefill, settings.uniprefill)
+    return "auto" in modes and "on" not in modes
+
+
+def _focus(target, tokens: list[int], cached: int) -> list[tuple[int, int]]:
+    if len(tokens) - cached <= QUESTION_TOKENS:
+        return []
+    regions = prompt_regions(target.tokenizer, tokens)
+    return [(max(s - cached, 0), e - cached) for s, e in regions if e > cached]
+
+
+def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, table=None):
+    """`auto`'s settings for this prompt: a fixed sparse setting the quality table allows
+    (marked auto-chosen), or (None, why) to read densely."""
+    new = len(tokens) - cached
+    key = quality_table.model_key(target.config, target.info.parameters)
+    draft = quality_table.model_key(pair.draft.config, pair.draft.info.parameters) if pair is not None else None
+    question = target.tokenizer.decode(tokens[-QUESTION_TOKENS:])
+    kind = quality_table.question_kind(question)
+    kinds = kind or " and ".join(quality_table.OTHER)
+    band = quality_table.length_band(new)
+    methods, below = set(), []
+    if settings.sparse_prefill == "auto" and pair is not None:
+        if new >= settings.sparse_threshold:
+            methods.add("specprefill")
+        else:
+            below.append(f"SpecPrefill's threshold {settings.sparse_threshold}")
+    if settings.uniprefill == "auto" and worth_dropping(new):
+        threshold = break_even(settings, target.config)
+        if new >= threshold:
+            methods.add("uniprefill")
+        else:
+            below.append(f"UniPrefill's break-even {threshold}")
+    if not methods:
+        return None, f"{new} new tokens < {' and '.join(below) or 'what a sparse method can drop'}"
+    evidence = quality_table.allowed(key, new, kind, draft=draft, table=table, methods=methods)
+    if evidence is None:
+        return None, f"no doc-qa evidence that sparse prefill keeps {kinds} answers for {key} at {band}"
+    if evidence.method == "specprefill":
+        return replace(settings, sparse_prefill="on", sparse_keep=evidence.keep, uniprefill="off"), ""
+    return replace(settings, sparse_prefill="off", uniprefill="on"), ""
+
+
+def with_runs(selection, extra: list[tuple[int, int]]):
+    """`selection` with the `extra` token runs kept too."""
+    from engine.accel.question_focus import merge
+    from engine.accel.specprefill.scoring import Selection
+
+    runs = merge(sorted([*selection.runs, *((s, min(e, selection.total)) for s, e in extra if s < selection.total)]))
+    kept = sum(e - s for s, e in runs)
+    return Selection(runs, kept, selection.total, kept / max(selection.total, 1))
+
+
+def _route(pair, target, layers, tokens: list[int], cached: int, settings):
     spec = yield from plan_sparse_prefill(pair, target, layers, tokens, cached, settings)
     if spec.selection is not None:
         return PrefillRoute("specprefill", f"specprefill: {spec.note}", spec)

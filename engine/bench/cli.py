@@ -136,6 +136,19 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--continuation", type=_positive, default=256)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _sparse_ppl(a))
+    p = bench.add_parser("doc-qa", help="questions about real documents: dense vs SpecPrefill vs UniPrefill vs auto")
+    p.add_argument("--target", help="the model that answers (not needed with --rescore)")
+    p.add_argument("--draft", help="SpecPrefill's draft (without one: dense, UniPrefill and auto only)")
+    p.add_argument("--lengths", type=_ints, default=[4096, 8192], help="document tokens (capped by the context)")
+    p.add_argument("--seeds", type=_ints, default=[1, 2], help="document seeds the router's table may be tuned on")
+    p.add_argument("--held-out", type=_ints, default=[3, 4], help="document seeds kept out of tuning")
+    p.add_argument("--keep", type=_floats, default=[0.1, 0.2, 0.3], help="SpecPrefill keep fractions")
+    p.add_argument("--kinds", type=lambda t: t.split(","), help="a subset of fact,two_hop,aggregation,quote,code")
+    p.add_argument("--no-uniprefill", action="store_true")
+    p.add_argument("--save", help="write every answer to this JSON file as the run goes")
+    p.add_argument("--rescore", help="print the tables of a saved run again (no model runs)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=lambda a: _doc_qa(a))
     p = bench.add_parser("uniprefill", help="TTFT dense vs UniPrefill: speedup, FLOP bound, kept per drop layer")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 8192, 16384])
@@ -352,6 +365,29 @@ def _sparse_ppl(args) -> int:
         args.context,
         args.keep,
         continuation=args.continuation,
+        as_json=args.json,
+    )
+    return 0
+
+
+def _doc_qa(args) -> int:
+    from engine.bench.doc_qa import rescore, run_doc_qa
+
+    if args.rescore:
+        rescore(args.rescore, as_json=args.json)
+        return 0
+    if not args.target:
+        raise SystemExit("brisk bench doc-qa: give --target (or --rescore FILE)")
+    run_doc_qa(
+        args.target,
+        args.draft,
+        args.lengths,
+        args.seeds,
+        args.held_out,
+        keeps=args.keep,
+        kinds=args.kinds,
+        with_uniprefill=not args.no_uniprefill,
+        save=args.save,
         as_json=args.json,
     )
     return 0

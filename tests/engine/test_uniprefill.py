@@ -284,7 +284,17 @@ def test_cancel_between_layers_loses_nothing_and_the_next_turn_works(models):
 # --- routing, settings, declines ---------------------------------------------------------
 
 
-def test_router_reasons(models):
+def allow_uniprefill(monkeypatch, lm) -> None:
+    """The doc-qa table shows UniPrefill keeping every question kind for `lm` at 4K (auto
+    reads densely without such a row: engine/accel/quality_table.py)."""
+    from engine.accel import quality_table as qt
+
+    key = qt.model_key(lm.config, lm.info.parameters)
+    row = qt.Evidence("uniprefill", kinds=frozenset(qt.OTHER + ("aggregation", "quote", "code")))
+    monkeypatch.setitem(qt.TABLE, key, {"4K": (row,)})
+
+
+def test_router_reasons(models, monkeypatch):
     lm = models["llama"]
     tokens = random_tokens(1000)
     route = lambda **kw: route_prefill(None, lm, None, tokens, 0, greedy(**kw))  # noqa: E731
@@ -292,6 +302,8 @@ def test_router_reasons(models):
     assert route(uniprefill="on").method == "uniprefill"
     auto = route(uniprefill="auto", uniprefill_threshold=4096)
     assert auto.method == "dense" and "break-even" in auto.reason
+    assert route(uniprefill="auto", uniprefill_threshold=512).method == "dense"  # no doc-qa evidence
+    allow_uniprefill(monkeypatch, lm)
     assert route(uniprefill="auto", uniprefill_threshold=512).method == "uniprefill"
     assert route_prefill(None, lm, None, tokens[:200], 0, greedy(uniprefill="on")).method == "dense"
 
@@ -305,6 +317,7 @@ def test_auto_acts_from_the_break_even_measured_for_the_models_architecture(mode
     assert route().method == "dense" and f"break-even {plan.DEFAULT_BREAK_EVEN}" in route().reason
     assert plan.default_p(lm.config) == plan.DEFAULT_P
     monkeypatch.setitem(plan.BY_ARCHITECTURE, "qwen3", plan.ModelDefaults(p=0.97, break_even=512))
+    allow_uniprefill(monkeypatch, lm)
     assert route().method == "uniprefill"  # 1,000 new tokens: past the architecture's own break-even
     assert route(uniprefill_threshold=2048).method == "dense"  # the chat's own threshold wins
     assert plan.default_p(lm.config) == 0.97

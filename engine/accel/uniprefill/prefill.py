@@ -146,6 +146,14 @@ class UniPrefill:
         self.layer_tokens: list[int] = []  # tokens each layer processed
         self.layer_caches: list = []  # the cache entry each layer uses (None: it has none)
         self.tail = QUERY_WINDOW  # last tokens always kept
+        # prompt positions every drop layer keeps (the router's `auto`: the passages the
+        # question points at, engine/accel/question_focus.py)
+        self.keep_positions: np.ndarray = np.zeros(0, dtype=np.int64)
+
+    def keep_runs(self, runs: list[tuple[int, int]]) -> None:
+        """Every drop layer keeps the prompt positions [start, end) of `runs`."""
+        kept = [np.arange(s, e) for s, e in runs if e > s]
+        self.keep_positions = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
 
     def run(self, tokens: list[int], base: int) -> Iterator[int]:
         calls = record_layer_calls(self.model, self.cache, mx.array(tokens)[None])
@@ -233,7 +241,10 @@ class UniPrefill:
     def _select(self, queries, keys, positions: np.ndarray) -> np.ndarray:
         q, scale = queries
         mass = key_mass(q, keys, scale)[-len(positions) :]
-        return select_blocks(np.array(mass), positions, self.p, tail=self.tail)
+        kept = select_blocks(np.array(mass), positions, self.p, tail=self.tail)
+        if len(self.keep_positions):
+            kept = np.union1d(kept, np.flatnonzero(np.isin(positions, self.keep_positions)))
+        return kept
 
 
 def default_drop_layers(full_attention: list[bool]) -> list[int]:

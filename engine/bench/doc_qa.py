@@ -1,0 +1,279 @@
+"""`brisk bench doc-qa`: questions about real documents, dense vs sparse prefill.
+
+Documents and questions: engine/bench/doc_corpus.py. Each question is asked with dense
+prefill, SpecPrefill at each keep, UniPrefill at the model's p, and the router's `auto`
+(engine/accel/quality_table.py: a sparse setting only where the table shows it keeps
+answers, and dense where the turn's coverage says the question's own region was dropped).
+
+Cost: the dense session keeps the document's prefix cached across a document's questions,
+and SpecPrefill's draft keeps its own, so only a document's first question pays the full
+read; TTFT is reported from those cold first questions (UniPrefill reads every question
+cold). `auto` is not run again: it takes the row of the setting the router picks for that
+question (its answer, and its cold TTFT), or dense's.
+
+Seeds: `--held-out` seeds are reported apart; the table in quality_table.py must come only
+from the others (`suggested evidence` is printed from those).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from itertools import zip_longest
+from pathlib import Path
+from typing import Any
+
+from engine.accel.quality_table import allowed, evidence_from, length_band, model_key, question_kind
+from engine.bench.common import print_table
+from engine.bench.doc_corpus import KINDS, build_document, score
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def _finish(events):
+    from engine.errors import BriskError
+    from engine.events import EngineErrored, TurnFinished
+
+    for event in events:
+        if isinstance(event, TurnFinished):
+            return event
+        if isinstance(event, EngineErrored):
+            raise BriskError(event.message)
+    raise BriskError("the turn did not finish")
+
+
+def _settings(target_id: str, draft_id: str | None, method: str, max_tokens: int):
+    from engine.settings import ChatSettings
+
+    kw: dict[str, Any] = {"sparse_prefill": "off", "uniprefill": "off"}
+    name, _, value = method.partition(" ")
+    if name == "specprefill":
+        kw = {"sparse_prefill": "on", "sparse_keep": float(value), "sparse_threshold": 0, "uniprefill": "off"}
+    elif name == "uniprefill":
+        kw = {"sparse_prefill": "off", "uniprefill": "on"}
+    return ChatSettings(
+        model=target_id,
+        temperature=0.0,
+        max_tokens=max_tokens,
+        spec_decode="off",
+        draft=draft_id if name == "specprefill" else None,
+        **kw,
+    )
+
+
+def _row(doc, q, method: str, event, *, cold: bool, held_out: bool, tokens: int) -> dict:
+    m = event.metrics
+    coverage = m.coverage or {}
+    return {
+        "seed": doc.seed,
+        "held_out": held_out,
+        "length": tokens,
+        "kind": q.kind,
+        "depth": q.depth,
+        "question": q.text,
+        "method": method,
+        "answer": event.text.strip()[:160],
+        **score(q, event.text),
+        "ttft_s": m.ttft_s,
+        "cold": cold,
+        "read_share": coverage.get("read_share", 1.0),
+        "flagged": bool(coverage.get("question_dropped")),
+        "route": m.prefill_route,
+        "scoring_s": m.scoring_s,
+    }
+
+
+def ask_all(target, draft, doc, methods: list[str], *, held_out: bool, tokens: int, on_row=None, log=print):
+    """Every question of `doc` under every method: result rows (each also to `on_row`)."""
+    from engine.accel.speculative.pair import DraftPair
+    from engine.conversation import Message
+    from engine.session import Session
+
+    rows: list[dict] = []
+    dense = Session(target, _settings(target.id, None, "dense", 16))
+    pair = DraftPair.make(target, draft) if draft is not None else None
+    for i, q in enumerate(doc.questions):
+        prompt = doc.text + "\n\n" + q.text
+        for method in methods:
+            settings = _settings(target.id, draft.id if draft else None, method, q.max_tokens)
+            if method == "dense":
+                dense.settings = settings
+                event = _finish(dense.answer([Message("user", prompt)]))
+            else:
+                session = Session(target, settings)
+                if method.startswith("specprefill"):
+                    if pair is None:
+                        continue
+                    session.pair = pair  # the draft's cache of this document carries over
+                event = _finish(session.send(prompt))
+            cold = i == 0 or method == "uniprefill"
+            rows.append(_row(doc, q, method, event, cold=cold, held_out=held_out, tokens=tokens))
+            r = rows[-1]
+            if on_row:
+                on_row(r)
+            log(
+                f"  seed {doc.seed} {q.kind:11} {method:15} right={r['right']!s:5} ttft={r['ttft_s']:.1f}s "
+                f"read={r['read_share']:.2f} flag={r['flagged']!s:5} {r['answer'][:50]!r}",
+                flush=True,
+            )
+    return rows
+
+
+def add_auto(rows: list[dict], key: str, draft_key: str | None, table: dict | None = None) -> list[dict]:
+    """The router's `auto` for each question: the row of the setting it allows, dense's
+    where it allows none or where that setting's coverage flagged the question's region
+    as dropped (the router then reads densely: TTFT = the scoring plus dense's)."""
+    cold: dict[tuple, float] = {}
+    for r in rows:
+        if r["cold"]:
+            cold.setdefault((r["seed"], r["length"], r["method"]), r["ttft_s"])
+    out = []
+    questions: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        questions.setdefault((r["seed"], r["length"], r["kind"], r["depth"], r.get("question", "")), {})[
+            r["method"]
+        ] = r
+    for (seed, length, kind, _, text), by_method in questions.items():
+        dense = by_method.get("dense")
+        if dense is None:
+            continue
+        ev = allowed(key, length, question_kind(text), draft=draft_key, table=table)
+        name = "dense" if ev is None else ev.method if ev.keep is None else f"{ev.method} {ev.keep}"
+        chosen = by_method.get(name, dense)
+        ttft = cold.get((seed, length, chosen["method"]), chosen["ttft_s"])
+        if chosen is not dense and chosen["flagged"]:
+            chosen, ttft = dense, chosen["scoring_s"] + cold.get((seed, length, "dense"), dense["ttft_s"])
+        out.append({**chosen, "method": "auto", "chosen": chosen["method"], "ttft_s": ttft, "cold": True})
+    return out
+
+
+def summarize(rows: list[dict], methods: list[str]) -> tuple[list[list], dict]:
+    """Per method: accuracy, its ratio to dense, agreement with dense (same verdict; same
+    answer text), cold TTFT, read share, flags; and per method and kind, accuracy."""
+    table, by_kind = [], {}
+    dense = {_qid(r): r for r in rows if r["method"] == "dense"}
+    dense_acc = _acc([r for r in rows if r["method"] == "dense"])
+    for method in methods:
+        mine = [r for r in rows if r["method"] == method]
+        if not mine:
+            continue
+        acc = _acc(mine)
+        pairs = [(r, dense[_qid(r)]) for r in mine if _qid(r) in dense]
+        agree = sum(r["right"] == d["right"] for r, d in pairs) / max(len(pairs), 1)
+        same = sum(r["answer"] == d["answer"] for r, d in pairs) / max(len(pairs), 1)
+        ttfts = [r["ttft_s"] for r in mine if r["cold"]]
+        table.append(
+            [
+                method,
+                len(mine),
+                acc,
+                acc / dense_acc if dense_acc else float("nan"),
+                agree,
+                same,
+                statistics.median(ttfts) if ttfts else float("nan"),
+                statistics.mean(r["read_share"] for r in mine),
+                sum(r["flagged"] for r in mine),
+            ]
+        )
+        by_kind[method] = {
+            k: f"{sum(r['right'] for r in mine if r['kind'] == k)}/{sum(r['kind'] == k for r in mine)}"
+            for k in KINDS
+            if any(r["kind"] == k for r in mine)
+        }
+    return table, by_kind
+
+
+def _qid(r: dict) -> tuple:
+    return (r["seed"], r["length"], r["kind"], r["depth"], r.get("question", ""))
+
+
+def _acc(rows: list[dict]) -> float:
+    return sum(r["right"] for r in rows) / len(rows) if rows else float("nan")
+
+
+def report(payload: dict, *, as_json: bool) -> None:
+    rows, methods = payload["rows"], payload["methods"] + ["auto"]
+    key, draft_key = payload["model_key"], payload.get("draft_key")
+    tuning = [r for r in rows if not r["held_out"]]
+    payload["suggested_evidence"] = {}
+    for length in sorted({r["length"] for r in rows}):
+        band = length_band(length)
+        ev = evidence_from([r for r in tuning if r["length"] == length], draft=draft_key or "")
+        payload["suggested_evidence"][band] = [
+            {"method": e.method, "keep": e.keep, "draft": e.draft, "kinds": sorted(e.kinds)} for e in ev
+        ]
+    for part, chosen in (("tuning seeds", False), ("held-out seeds", True)):
+        mine = [r for r in rows if r["held_out"] == chosen]
+        if not mine:
+            continue
+        for length in sorted({r["length"] for r in mine}):
+            sub = [r for r in mine if r["length"] == length]
+            sub += add_auto(sub, key, draft_key)
+            table, by_kind = summarize(sub, methods)
+            seeds = sorted({r["seed"] for r in sub})
+            for line in table:
+                line += [by_kind[line[0]].get(k, "-") for k in KINDS]
+            print_table(
+                f"brisk bench doc-qa: {payload['target']} (draft {payload['draft']}), {length} tokens, {part} {seeds}",
+                ["method", "n", "acc", "vs dense", "agree", "same text", "cold ttft s", "read", "flagged", *KINDS],
+                table,
+                {**payload, "part": part, "length": length, "summary": table},
+                as_json,
+            )
+    if not as_json:
+        print("suggested evidence (tuning seeds only):", json.dumps(payload["suggested_evidence"]))
+
+
+def run_doc_qa(
+    target_id: str,
+    draft_id: str | None,
+    lengths: list[int],
+    seeds: list[int],
+    held_out: list[int],
+    *,
+    keeps: list[float],
+    kinds: list[str] | None = None,
+    with_uniprefill: bool = True,
+    save: str | None = None,
+    as_json: bool,
+) -> dict:
+    from engine.models.loader import load_model
+
+    target = load_model(target_id)
+    draft = load_model(draft_id) if draft_id else None
+    methods = ["dense"] + ([f"specprefill {k}" for k in keeps] if draft else [])
+    methods += ["uniprefill"] if with_uniprefill else []
+    payload: dict[str, Any] = {
+        "target": target_id,
+        "draft": draft_id,
+        "model_key": model_key(target.config, target.info.parameters),
+        "draft_key": model_key(draft.config, draft.info.parameters) if draft else None,
+        "methods": methods,
+        "held_out": held_out,
+        "rows": [],
+    }
+    room = target.context_length - 256  # the question and the answer need their own room
+    for n in lengths:
+        tokens = min(n, room)
+        # tuning and held-out seeds alternate, so a run cut short still has both
+        order = [s for pair in zip_longest(seeds, held_out) for s in pair if s is not None]
+        for seed in dict.fromkeys(order):
+            doc = build_document(seed, target.tokenizer, tokens, README)
+            doc.questions = [q for q in doc.questions if not kinds or q.kind in kinds]
+            print(f"doc seed {seed}, {tokens} tokens: {', '.join(doc.sources)}", flush=True)
+
+            def keep(row: dict) -> None:  # every answer saved as it comes: a long run stopped keeps its rows
+                payload["rows"].append(row)
+                if save:
+                    Path(save).write_text(json.dumps(payload, indent=1))
+
+            ask_all(target, draft, doc, methods, held_out=seed in held_out, tokens=tokens, on_row=keep)
+    report(payload, as_json=as_json)
+    return payload
+
+
+def rescore(path: str, *, as_json: bool) -> dict:
+    """The tables again from a saved run (`--save`), with the router's table as it is now."""
+    payload = json.loads(Path(path).read_text())
+    report(payload, as_json=as_json)
+    return payload
