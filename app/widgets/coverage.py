@@ -1,14 +1,19 @@
-"""The coverage map under an answer that a sparse prefill produced: which parts of the
-prompt the model read at full depth, the largest passages it skipped, and a one-click
-"Read it all" that asks again with dense prefill."""
+"""The coverage map under an answer that a sparse prefill produced: which method read the
+prompt and how much of it at full depth, the largest passages it skipped, and a one-click
+"Read it all" that asks again with dense prefill.
+
+When the turn's coverage says the passages the question points at were mostly skipped
+(`question_dropped`, engine/accel/question_focus.py), a warning says so above the map,
+with "Read it all and answer again" beside it: an answer that may have missed its facts
+must not look like any other."""
 
 from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QRectF, Signal
+from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QColor, QPainter
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
 
 READ = QColor(80, 160, 255)
 SKIPPED = QColor(128, 128, 128, 70)
@@ -52,10 +57,17 @@ class CoverageMap(QWidget):
     def __init__(self, coverage: dict, parent=None):
         super().__init__(parent)
         self.setObjectName("coverageMap")
-        layout = QHBoxLayout(self)
-        layout.setContentsMargins(0, 0, 0, 0)
+        column = QVBoxLayout(self)
+        column.setContentsMargins(0, 0, 0, 0)
+        self.flagged = bool(coverage.get("question_dropped"))
+        self.warning: QLabel | None = None
+        self.answer_again: QPushButton | None = None
+        if self.flagged:
+            column.addLayout(self._warning_row(coverage))
+        layout = QHBoxLayout()
+        column.addLayout(layout)
         share = coverage.get("read_share", 1.0)
-        self.label = QLabel(f"Read in full: {share:.0%} of the prompt")
+        self.label = QLabel(f"{method_name(coverage)} read {share:.0%} of the prompt in full")
         self.label.setObjectName("coverageLabel")
         self.strip = CoverageStrip(coverage)
         self.read_all = QPushButton("Read it all")
@@ -64,6 +76,35 @@ class CoverageMap(QWidget):
         for w in (self.label, self.strip, self.read_all):
             layout.addWidget(w)
         self.setToolTip(coverage_tooltip(coverage))
+
+    def _warning_row(self, coverage: dict) -> QHBoxLayout:
+        row = QHBoxLayout()
+        read = coverage.get("question_read", 0.0)
+        self.warning = QLabel(
+            f"⚠ The passages your question points to were mostly skipped ({read:.0%} of them read in full): "
+            "this answer may have missed them."
+        )
+        self.warning.setObjectName("coverageWarning")
+        self.warning.setTextFormat(Qt.PlainText)
+        self.warning.setWordWrap(True)
+        self.warning.setStyleSheet("color: #b35c00; font-weight: bold;")
+        self.answer_again = QPushButton("Read it all and answer again")
+        self.answer_again.setObjectName("readAllAgain")
+        self.answer_again.setToolTip("Regenerate this answer with every token read (dense prefill, slower)")
+        self.answer_again.clicked.connect(self.read_all_requested.emit)
+        row.addWidget(self.warning, 1)
+        row.addWidget(self.answer_again)
+        return row
+
+
+def method_name(coverage: dict) -> str:
+    """Which sparse prefill read the prompt: the turn says so, or its map's shape (layer -1
+    is SpecPrefill's whole model; older turns carry no method)."""
+    method = coverage.get("method")
+    if method in ("specprefill", "uniprefill"):
+        return {"specprefill": "SpecPrefill", "uniprefill": "UniPrefill"}[method]
+    layers = coverage.get("layers", [])
+    return "SpecPrefill" if layers and layers[0][0] < 0 else "UniPrefill"
 
 
 def coverage_tooltip(coverage: dict) -> str:
@@ -78,6 +119,11 @@ def coverage_tooltip(coverage: dict) -> str:
             f"the layers after {names[-1] if names else '-'} read {share:.0%} of the {total:,} new "
             "prompt tokens (one row per drop layer, blue = read)."
         ]
+    if coverage.get("question_regions"):
+        lines.append(
+            f"The passages your question points to: {coverage.get('question_read', 1.0):.0%} read in full"
+            + (" (mostly skipped)." if coverage.get("question_dropped") else ".")
+        )
     skipped = coverage.get("skipped", [])
     if skipped:
         lines.append("Largest passages skipped by the deepest layers:")
