@@ -33,13 +33,9 @@ class Evidence:
 
 
 # Per model key (architecture-parameters in millions, `model_key`), per length band: the
-# settings in the order `auto` prefers them (fastest first). Measured with
-# `brisk bench doc-qa` on 2026-11-27 (AMD EPYC, 2 cores, float32, mlx CPU), tuning seeds
-# 1 and 2; seeds 3 and 4 held out (see the bench's note for the full table).
-# - llama-135 (SmolLM2-135M), 4K (seeds 1-2, 14 questions): dense answered 6 of 14
-#   (fact 5/6, two_hop 0/2, aggregation 0/2, quote 1/2, code 0/2); no sparse setting kept
-#   >= 0.97 of dense on fact with dense > 0, so no row: `auto` reads SmolLM2's documents densely.
-# Every other model and band: no row, dense.
+# settings in the order `auto` prefers them (fastest first), from `brisk bench doc-qa`
+# tuning seeds only. Empty until the suite shows a setting keeping answers: every model,
+# band and kind reads densely under `auto` (the numbers behind this are in the note below).
 TABLE: dict[str, dict[str, tuple[Evidence, ...]]] = {}
 
 
