@@ -9,6 +9,7 @@ import pytest
 from kernels import native, native_attention
 from kernels.quantized_matmul import integer_products, quantized_matmul_native, quantized_matmul_reference
 from tests.kernels.test_quantized_matmul import _integer_rounded, _quantized
+from tests.pairwise import rotate_over
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 pytestmark = [
@@ -41,11 +42,20 @@ def test_amx_is_used_exactly_where_the_cpu_has_it():
     assert ("prefill on AMX tiles" in integer_products()) == _has_amx()
 
 
-@pytest.mark.parametrize("bits", [4, 5, 8])
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [33, 47, 64])  # past the few-row limit; a last tile of 1, of 15, none
-# K in blocks of 32: 2, 3 (last loads short of 4 blocks (4-bit) or of 2 (5-bit)), 6, 10
-@pytest.mark.parametrize("group,k", [(32, 64), (32, 96), (32, 320), (64, 64), (64, 192), (64, 320)])
+@pytest.mark.parametrize(
+    # Every bits, rows and group/K together (they choose the code path); the scales' dtype (how
+    # each group's scale is read) meets each of their values: 54 cases, not 162.
+    *rotate_over(
+        {
+            "bits": [4, 5, 8],
+            "rows": [33, 47, 64],  # past the few-row limit; a last tile of 1, of 15, none
+            # K in blocks of 32: 2, 3 (last loads short of 4 blocks (4-bit) or of 2 (5-bit)), 6, 10
+            "group,k": [(32, 64), (32, 96), (32, 320), (64, 64), (64, 192), (64, 320)],
+        },
+        "dtype",
+        [mx.float32, mx.float16, mx.bfloat16],
+    )
+)
 def test_prefill_rows_equal_mlx_on_the_rounded_x(bits, group, dtype, rows, k):
     """The tiles' integer sums are exact: what is left is float rounding of x rounded to 15-bit
     integers per block times s * q, plus each group's bias times the float sum of x."""

@@ -17,6 +17,7 @@ from kernels.kv_attention import (
 from kernels.native_attention import NativeUnsupported, kv_attention_native
 from kernels.packed_kv import TOKEN_GROUP, ChannelPacked, Dense, TokenPacked
 from tests.kernels.test_quantized_attention import needs_native
+from tests.pairwise import rotate_over
 
 
 def native_ctypes(*args, **kwargs):
@@ -59,20 +60,26 @@ def make(hq, hkv, q_len, k_len, d, seed=0):
 
 @pytest.mark.parametrize("path", PATH_PARAMS)
 @pytest.mark.parametrize(
-    "keys,k_bits,values,v_bits",
-    [
-        ("channel", 4, "token", 4),
-        ("channel", 8, "token", 4),
-        ("channel", 4, "token", 8),
-        ("channel", 4, "dense", 16),
-        ("dense", 16, "token", 4),
-        ("token", 4, "token", 4),
-    ],
+    # Every layout, head dim and recent-row count on every path; the GQA head ratio (which query
+    # heads share a KV head) meets each of their values: 144 cases, not 288.
+    *rotate_over(
+        {
+            "keys,k_bits,values,v_bits": [
+                ("channel", 4, "token", 4),
+                ("channel", 8, "token", 4),
+                ("channel", 4, "token", 8),
+                ("channel", 4, "dense", 16),
+                ("dense", 16, "token", 4),
+                ("token", 4, "token", 4),
+            ],
+            "d": [64, 128],
+            "recent": [0, 37],
+        },
+        "hq,hkv",
+        [(4, 4), (14, 2)],
+    )
 )
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("hq,hkv", [(4, 4), (14, 2)])
-@pytest.mark.parametrize("recent", [0, 37])
-def test_decode_step_matches_reference(path, keys, k_bits, values, v_bits, d, hq, hkv, recent):
+def test_decode_step_matches_reference(path, keys, k_bits, values, v_bits, d, recent, hq, hkv):
     q, k, v = make(hq, hkv, 1, 8 * TOKEN_GROUP + recent, d)
     kl, vl = layout(keys, k, k_bits, recent), layout(values, v, v_bits)
     ref = kv_attention_reference(q, kl, vl, scale=d**-0.5)

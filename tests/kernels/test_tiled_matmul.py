@@ -28,6 +28,7 @@ from kernels.tiled_matmul import (
     use_tiled_layers,
     why_not_tiled,
 )
+from tests.pairwise import rotate_over
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 VNNI_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
@@ -163,11 +164,20 @@ def test_coarse_products_round_x_to_8_bits_and_only_inside_their_block(bits, row
 
 
 @needs_kernels
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])
-@pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 4, 7, 33, 70])  # decode, verify passes, prefill-sized
-@pytest.mark.parametrize("n,k", [(48, 320), (112, 64)])  # odd tile counts: pairs and fours with a tail
+@pytest.mark.parametrize(
+    # Every bits, group, rows and shape together (they choose the code path); the scales' dtype
+    # (how each group's scale is read) meets each of their values: 96 cases, not 288.
+    *rotate_over(
+        {
+            "bits": [4, 5, 6, 8],
+            "group": [32, 64],
+            "rows": [1, 3, 4, 7, 33, 70],  # decode, verify passes, prefill-sized
+            "n,k": [(48, 320), (112, 64)],  # odd tile counts: pairs and fours with a tail
+        },
+        "dtype",
+        [mx.float32, mx.float16, mx.bfloat16],
+    )
+)
 def test_the_kernel_is_mlx_on_x_rounded_to_integers(bits, group, dtype, rows, n, k):
     """Weights meet x rounded to 15-bit integers per block of 32, each group's bias b meets the
     float sum of x: against that, only float rounding is left."""
