@@ -214,6 +214,46 @@ def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
     assert "bad" not in brisk(cli_home, "models", "list").stdout
 
 
+# The whole benchmarks above run under `pytest -m bench` (pyproject.toml); the default run keeps
+# these cheaper checks of what only they tested: `brisk bench` dispatches and refuses bad
+# arguments in one line, and every specdecode variant (BLAS verify, mlx-lm) is plain greedy's.
+
+
+def test_bench_refuses_unknown_engines_and_content_kinds_in_one_line(cli_home):
+    out = brisk(cli_home, "bench", "peers", "--model", "tiny", "--engines", "brisk,ollama")
+    assert out.returncode == 2 and "subset of brisk,mlx_lm,llama_cpp" in out.stderr
+    out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--contents", "poem", "--runs", "1")
+    assert out.returncode != 0 and "unknown content kind 'poem'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_every_specdecode_variant_gives_plain_greedys_output(cli_home, monkeypatch, capsys):
+    """What `brisk bench specdecode` runs, in this process: a model drafting for itself, with
+    the native and the BLAS verify pass, and stock mlx-lm's speculative decoding."""
+    from engine.bench.specdecode import run_specdecode
+
+    monkeypatch.setenv("BRISK_HOME", str(cli_home))
+    payload = run_specdecode(
+        "tiny",
+        "tiny",
+        [2],
+        contents=["code"],
+        runs=1,
+        gen=8,
+        temp=0.0,
+        rules=["rejection"],
+        mlx_lm_ks=[2],
+        as_json=True,
+        blas_ks=[2],
+    )
+    rows = {r["variant"]: r for r in payload["rows"]}
+    assert list(rows) == ["plain", "lookup", "k=2", "auto+lookup", "k=2 blas verify", "mlx-lm k=2"]
+    assert all(r["same_output"] and r["tokens"] > 0 for r in rows.values())
+    assert rows["k=2"]["acceptance"] == 1.0  # a model drafting for itself is always right
+    assert len(json.loads(capsys.readouterr().out)["rows"]) == len(rows)  # --json prints the payload
+
+
+@pytest.mark.bench
 def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
     """The benchmarks behind the speculative numbers run end to end: the verify pass with and
     without the native matmul, and every specdecode variant (native and BLAS verify, mlx-lm)
@@ -262,6 +302,7 @@ def test_bench_verify_and_specdecode_run_their_ab_variants(cli_home):
     assert rows[2]["acceptance"] == 1.0  # a model drafting for itself is always right
 
 
+@pytest.mark.bench
 def test_bench_specdecode_without_a_draft_runs_the_grounded_kinds(cli_home, roomy_home):
     """No draft model: plain vs lookup, on conversations built from a document, a source
     file and the target's own earlier answer."""
@@ -291,6 +332,7 @@ def test_bench_specdecode_without_a_draft_runs_the_grounded_kinds(cli_home, room
     assert out.returncode != 0 and "tiny could not answer: The conversation is" in out.stderr
 
 
+@pytest.mark.bench
 def test_bench_peers_runs_each_engine_in_its_own_process_and_says_what_it_skipped(cli_home):
     out = brisk(
         cli_home,
@@ -323,6 +365,7 @@ def test_bench_peers_runs_each_engine_in_its_own_process_and_says_what_it_skippe
     assert out.returncode == 2 and "subset of brisk,mlx_lm,llama_cpp" in out.stderr
 
 
+@pytest.mark.bench
 def test_bench_uniprefill_and_its_quality_run_end_to_end(cli_home, tmp_path):
     """The benchmarks behind UniPrefill's numbers: p = 1 keeps every token at every drop
     layer, a low p drops some, and the quality bench scores needle, counting and perplexity."""
