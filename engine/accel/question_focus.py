@@ -87,4 +87,20 @@ def prompt_regions(tokenizer, tokens: list[int]) -> list[tuple[int, int]]:
         text, spans = text_and_spans(tokenizer, tokens)
     except ValueError:
         return []
-    return question_regions(text, spans, len(tokens) - QUESTION_TOKENS)
+    return question_regions(text, spans, question_start(text, spans))
+
+
+def question_start(text: str, spans: list[tuple[int, int]]) -> int:
+    """The question's first token: after the last blank line of the last QUESTION_TOKENS
+    tokens (a question set apart from its document), else QUESTION_TOKENS from the end."""
+    tail = len(spans) - QUESTION_TOKENS
+    cut = text.rfind("\n\n", spans[tail][0])
+    if cut < 0:
+        return tail
+    return next((i for i in range(tail, len(spans)) if spans[i][0] >= cut + 2), tail)
+
+
+def question_text(tail: str) -> str:
+    """The question in the decoded end of a prompt: after its last blank line, if any."""
+    parts = [p for p in tail.split("\n\n") if p.strip()]
+    return parts[-1] if parts else tail

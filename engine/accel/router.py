@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from engine.accel import quality_table
-from engine.accel.question_focus import QUESTION_TOKENS, prompt_regions
+from engine.accel.question_focus import QUESTION_TOKENS, prompt_regions, question_text
 from engine.accel.specprefill.plan import SparsePlan, plan_sparse_prefill
 from engine.accel.uniprefill.plan import break_even, worth_dropping
 from engine.events import result_of
@@ -80,7 +80,7 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     new = len(tokens) - cached
     key = quality_table.model_key(target.config, target.info.parameters)
     draft = quality_table.model_key(pair.draft.config, pair.draft.info.parameters) if pair is not None else None
-    question = target.tokenizer.decode(tokens[-QUESTION_TOKENS:])
+    question = question_text(target.tokenizer.decode(tokens[-QUESTION_TOKENS:]))
     kind = quality_table.question_kind(question)
     kinds = kind or " and ".join(quality_table.OTHER)
     band = quality_table.length_band(new)

@@ -226,3 +226,14 @@ def test_the_drafts_cache_carries_over_between_questions_about_one_document(lm):
     progress = list(pair.importance_steps(tokens[:-3] + tokens[-2:], 0, 128))
     read = [p.total for p in progress if getattr(p, "phase", "") == "draft"]
     assert read and max(read) <= 4  # only the changed tail is read again
+
+
+def test_the_question_is_what_follows_the_documents_last_blank_line():
+    from engine.accel.question_focus import question_start, question_text
+
+    doc_end = "def helper():\n    return build_class()\n\n"  # code words at the end of the document
+    assert qt.question_kind(question_text(doc_end + "What is the Heron code?<|im_end|>\n")) is None
+    assert question_text("no blank line here") == "no blank line here"
+    words = ["w"] * 100 + ["end.\n\n", "What", "is", "it?"]
+    text, spans = spans_of(words)
+    assert question_start(text, spans) == 101
