@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -33,7 +34,11 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_TEXT = 80  # a licence or quantization label longer than this is cut
 # The context a model must offer at least, beside its weights, to count as fitting.
 MIN_USEFUL_CONTEXT = 2048
-REQUEST_TIMEOUT_S = 20
+REQUEST_TIMEOUT_S = 20  # without a byte; a reply as a whole gets MAX_REPLY_S
+# A hub that sends a byte every few seconds never trips the timeout above; no reply of
+# ours takes this long on any working connection.
+MAX_REPLY_S = 60
+_clock = time.monotonic
 PARALLEL_REQUESTS = 8
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 _GGUF_TYPE = re.compile(r"(?i)(?:^|[-_.])((?:I?Q[1-8](?:_[A-Z0-9]+)*)|BF16|F16|F32)(?=[-_.])")
@@ -295,8 +300,14 @@ def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str) -> 
             if response.status_code != 200:
                 raise CatalogError(f"The hub at {endpoint} answered HTTP {response.status_code} for {_path(url)}")
             body = bytearray()
+            started = _clock()
             for chunk in response.iter_bytes(1 << 16):
                 body += chunk
+                if _clock() - started > MAX_REPLY_S:
+                    raise CatalogError(
+                        f"The hub at {endpoint} sent {_path(url)} too slowly ({len(body):,} bytes in "
+                        f"{MAX_REPLY_S} s); it is overloaded or hostile"
+                    )
                 if len(body) > max_bytes:
                     raise CatalogError(
                         f"The hub at {endpoint} sent more than {max_bytes >> 20} MiB for {_path(url)}; "

@@ -249,3 +249,12 @@ def test_a_hostile_config_leaves_details_unknown_not_a_traceback(hub_root, monke
     assert model.size_bytes and model.fit.kv_bytes_per_token is None  # the weights are still counted
     if isinstance(config, dict) and config["model_type"] != "llama":
         assert not model.supported
+
+
+def test_a_hub_that_dribbles_its_reply_is_stopped(hub, monkeypatch):
+    """Each chunk arrives within the read timeout, but the reply as a whole takes too long
+    (a fake clock advances a minute per chunk read)."""
+    ticks = iter(range(0, 10_000, 61))
+    monkeypatch.setattr("engine.models.catalog._clock", lambda: next(ticks))
+    with pytest.raises(CatalogError, match="too slowly"):
+        search_hub("tiny")
