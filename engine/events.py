@@ -11,6 +11,9 @@ class PrefillProgressed:
     done: int
     total: int
     phase: str = "prompt"  # a PrefillPhase (engine/vocabulary.py): what `done` of `total` counts
+    # Seconds this phase has left, estimated by engine/prefill_eta.py from its chunks so far
+    # (None: not measurable yet, or a phase that does not count tokens)
+    seconds_left: float | None = None
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,25 @@ class TurnMetrics:
     draft_cost_ratio: float = 0.0  # a draft step's measured cost in target steps (0: not measured)
     sources: list = field(default_factory=list)  # per generated token: "draft", "lookup" or "" (the target's)
     extra: dict = field(default_factory=dict)
+    # Where the wait for the first token went, each part measured where it happens (the
+    # parts from model_load_s on add up to the engine's share of TTFT, ttft_s being the last
+    # three): loading the model (and draft) this turn needed, restoring the chat's saved
+    # prompt cache from disk, the packed-KV self-test, template and tokenizing, reading the
+    # new prompt tokens, and the first decode step.
+    model_load_s: float = 0.0
+    cache_restore_s: float = 0.0
+    restored_tokens: int = 0  # prompt tokens the restored cache held
+    kv_check_s: float = 0.0
+    prepare_s: float = 0.0
+    prefill_s: float = 0.0
+    first_step_s: float = 0.0
+    # Set by a client that measured it (the app): Send to the engine taking the turn up, and
+    # Send to the first token on screen (what the user waited).
+    queue_s: float = 0.0
+    waited_s: float = 0.0
+    engine_started_at: float = 0.0  # time.monotonic() when the engine took the turn up (0: not known)
+    model_id: str = ""
+    context_length: int = 0  # the model's, for the KV gauge
 
     def to_dict(self) -> dict:
         return asdict(self)

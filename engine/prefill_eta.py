@@ -32,6 +32,8 @@ CHUNK_NOISE = 0.15  # relative scatter of one chunk's time on a shared CPU
 # 49-89% per drop on an 8K prompt; 0.6-0.65 with weight 1-4 all held there, 0.8 did not).
 KEEP_PRIOR = 0.65
 KEEP_PRIOR_WEIGHT = 2
+# r for a model of unknown shape: SmolLM2-135M's (a small model's; the fit corrects it)
+UNKNOWN_SHAPE_RATIO = 2.5e-4
 # Phases whose progress counts tokens read in chunks (the others say what they do, not how far).
 TOKEN_PHASES = ("prompt", "draft", "kept")
 
@@ -43,7 +45,7 @@ def attention_ratio(config: dict) -> float:
     hidden = int(args.get("hidden_size") or 0)
     layers = int(args.get("num_hidden_layers") or 0)
     if not hidden or not layers:
-        return 2.5e-4  # an unknown shape: SmolLM2-135M's value (a small model's; the fit corrects it)
+        return UNKNOWN_SHAPE_RATIO
     heads = int(args.get("num_attention_heads") or 1)
     head_dim = int(args.get("head_dim") or hidden // heads)
     kv_heads = int(args.get("num_key_value_heads") or heads)
@@ -91,11 +93,11 @@ class PrefillEta:
     """Seconds left in the current phase of a turn's prefill. Feed it every progress event
     (`update`); a new phase (or total) starts its own fit."""
 
-    def __init__(self, ratios: dict[str, float] | float, *, base: int = 0):
+    def __init__(self, ratios: dict[str, float] | float = UNKNOWN_SHAPE_RATIO, *, base: int = 0):
         # r per phase (the draft phase runs another model), and the tokens already cached
         # before the new ones: their keys are read too
         self._ratios = ratios if isinstance(ratios, dict) else {}
-        self._default_ratio = ratios if isinstance(ratios, float) else 2.5e-4
+        self._default_ratio = ratios if isinstance(ratios, float) else UNKNOWN_SHAPE_RATIO
         self.base = base
         self.phase, self.total = "", 0
         self._last: tuple[float, int] | None = None

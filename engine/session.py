@@ -47,8 +47,10 @@ class Session:
         *,
         draft: LoadedModel | None = None,
         pair_costs: PairCosts | None = None,
+        clock=time.perf_counter,
     ):
         self.lm = lm
+        self._clock = clock  # every phase of a turn is timed on it (tests inject one)
         self.settings = (settings or ChatSettings(model=lm.id)).validate()
         self.messages: list[Message] = list(messages or [])
         self.cache = PromptCache(lm.model)  # the target's layers, tokens, KV mode and position map
@@ -122,6 +124,7 @@ class Session:
         answer = Message("assistant", "")
         k_bits, v_bits = self.settings.kv_precision()
         metrics = TurnMetrics(kv_bits=self.settings.kv_bits, k_bits=k_bits, v_bits=v_bits)
+        metrics.model_id, metrics.context_length = self.lm.id, self.lm.context_length
         try:
             yield from self._run_turn(cancel, answer, metrics)
         except TurnCancelled:
@@ -144,9 +147,12 @@ class Session:
 
     def _run_turn(self, cancel: CancelToken, answer: Message, metrics: TurnMetrics) -> Iterator[object]:
         settings = self.settings.validate()
-        # the KV self-test (once per model) runs before the clock: it is not the prompt's time
+        # the KV self-test (once per model) runs before TTFT's clock: it is not the prompt's
+        # time, but it is waited for, so it is reported as its own part
+        checking = self._clock()
         settings, metrics.kv_check = yield from checked_kv_settings(self.lm, settings, lambda: cancel.cancelled)
-        start = time.perf_counter()
+        start = self._clock()
+        metrics.kv_check_s = start - checking
         mx.reset_peak_memory()
         rendered = render_prompt(self.lm, self.messages, settings, cancelled=lambda: cancel.cancelled)
         if rendered.dropped_messages:
@@ -169,17 +175,20 @@ class Session:
         cached = self.cache.reuse(tokens)
         metrics.prompt_tokens, metrics.cached_tokens = len(tokens), cached
         metrics.prefilled_tokens = len(tokens) - cached
+        prefill_started = self._clock()
+        metrics.prepare_s = prefill_started - start
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
-        prefill = TurnPrefill(self.lm, self.cache, self.pair)
+        prefill = TurnPrefill(self.lm, self.cache, self.pair, clock=self._clock)
         route, routed = yield from prefill.route(tokens, cached, settings)
         metrics.update(routed)
         metrics.update((yield from prefill.read(route, tokens, cached, settings, cancel, pack)))
-        prompt_read_at = time.perf_counter()
+        prompt_read_at = self._clock()
+        metrics.prefill_s = prompt_read_at - prefill_started
 
         if settings.seed is not None:
             mx.random.seed(settings.seed)
-        decode = TurnDecode(self.lm, self.cache, *self._speculation(settings), costs=self.pair_costs)
+        decode = TurnDecode(self.lm, self.cache, *self._speculation(settings), costs=self.pair_costs, clock=self._clock)
         try:
             yield from decode.run(
                 tokens,
@@ -208,7 +217,9 @@ class Session:
     def _finish_metrics(
         self, metrics: TurnMetrics, start: float, first_at: float | None, n: int, prompt_read_at: float
     ) -> None:
-        end = time.perf_counter()
+        end = self._clock()
+        if first_at is not None:
+            metrics.first_step_s = first_at - prompt_read_at
         metrics.update(
             turn_rates(metrics, generated=n, start=start, prompt_read_at=prompt_read_at, first_at=first_at, end=end)
         )

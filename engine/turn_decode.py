@@ -16,11 +16,12 @@ from engine.settings import ChatSettings
 
 
 class TurnDecode:
-    def __init__(self, lm, cache, speculation, index, *, costs):
+    def __init__(self, lm, cache, speculation, index, *, costs, clock=time.perf_counter):
         # target, its PromptCache, the DraftPair or LookupOnly to speculate with (None: plain
         # decoding), the conversation's ContextIndex when lookup is on, the pair's costs
         self.lm, self.cache, self.speculation, self.index = lm, cache, speculation, index
         self.costs = costs
+        self._clock = clock
         self.first_at: float | None = None  # when the first token came out
         self._said: dict = {"finish_reason": "length"}
         self._decoder = None
@@ -51,7 +52,7 @@ class TurnDecode:
                 yield from self._warnings()
                 pack()
                 if self.first_at is None:
-                    self.first_at = time.perf_counter()
+                    self.first_at = self._clock()
                     self._said["ttft_s"] = self.first_at - started
                     yield PrefillProgressed(prefilled, prefilled)
                 if token in eos:

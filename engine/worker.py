@@ -11,6 +11,7 @@ queue, by bytes (`ForgetConversation`), and `DescribeSessions` tells it which ar
 from __future__ import annotations
 
 import logging
+import time
 import traceback
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -113,6 +114,7 @@ class EngineWorker:
         memory_available: Callable[[], int] | None = None,
         saved_caches: SavedCaches | None = None,
         pair_costs: PairCosts | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         from engine.models.bundled import load_installing_default
 
@@ -130,6 +132,8 @@ class EngineWorker:
         # measured draft/verify costs, for every chat's sessions (the app's outlive restarts)
         self._pair_costs = pair_costs or PairCosts()
         self._saved = saved_caches  # prompt caches kept across app restarts (None: in memory only)
+        # time.monotonic: the turn's start is compared with the app's Send (tests inject one)
+        self._clock = clock
 
     def _progress(self, model_id: str, message: str) -> None:
         log.info("%s: %s", model_id, message)
@@ -166,8 +170,15 @@ class EngineWorker:
                 {"architecture": lm.info.architecture, "context_length": lm.context_length, "dtype": lm.compute_dtype},
             )
         elif isinstance(command, Answer):
-            session = self._session(command.conversation_id, command.settings)
-            yield from self._scoped_events(command.conversation_id, session.answer(command.messages, cancel=cancel))
+            cid = command.conversation_id
+            # when the engine took the turn up (the app compares it with its Send), and what
+            # the turn waited for before its session: model loads, a cache restore
+            setup: dict = {"engine_started_at": self._clock()}
+            session = self._session(cid, command.settings, setup)
+            for event in self._scoped_events(cid, session.answer(command.messages, cancel=cancel)):
+                if isinstance(event.event, TurnFinished):
+                    event.event.metrics.update(setup)
+                yield event
         elif isinstance(command, CheckDocument):
             yield self._check_document(command)
         elif isinstance(command, ForgetConversation):
@@ -195,20 +206,28 @@ class EngineWorker:
             )
         return lm
 
-    def _session(self, cid: int, settings: ChatSettings) -> Session:
+    def _session(self, cid: int, settings: ChatSettings, setup: dict | None = None) -> Session:
         """The conversation's session, reused (with its prompt cache) while its model is
-        unchanged; a new draft replaces only the draft's state."""
+        unchanged; a new draft replaces only the draft's state. `setup` gets the seconds spent
+        loading models and restoring a saved prompt cache (TurnMetrics fields)."""
+        setup = {} if setup is None else setup
         settings = settings.validate()
         session = self._sessions.get(cid)
+        started = self._clock()
         draft = self.model(settings.draft) if settings.draft else None
         if session is None or session.lm.id != settings.model:
             lm = self.model(settings.model)
+            setup["model_load_s"] = self._clock() - started
             if draft is not None:
                 check_draft_pair(lm, draft)
-            session = Session(lm, settings, draft=draft, pair_costs=self._pair_costs)
+            session = Session(lm, settings, draft=draft, pair_costs=self._pair_costs, clock=self._clock)
             if self._saved is not None:
-                self._saved.restore(cid, session)
+                restoring = self._clock()
+                if self._saved.restore(cid, session):
+                    setup["cache_restore_s"] = self._clock() - restoring
+                    setup["restored_tokens"] = session.cached_tokens
         elif getattr(session.draft, "id", None) != settings.draft:
+            setup["model_load_s"] = self._clock() - started  # the new draft's load, if it was not loaded
             if draft is not None:
                 check_draft_pair(session.lm, draft)
             session.use_draft(draft)  # a new draft: the target's prompt cache stays
