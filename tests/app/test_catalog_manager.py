@@ -180,3 +180,14 @@ def test_a_search_that_answers_after_the_dialog_is_gone_is_dropped_quietly(qtbot
     for thread in threads:
         thread.join(10)
     assert not failures
+
+
+def test_the_fit_follows_the_open_chats_kv_setting(qtbot, make_window, hub):
+    w = make_window()
+    manager = w.show_models()
+    w.settings_panel.kv_bits.setCurrentIndex(w.settings_panel.kv_bits.findData("K8/V4"))
+    search(qtbot, manager, "tiny-llama-4bit")
+    assert "K8/V4 KV" in rows(manager)["acme/tiny-llama-4bit"][6]
+    w.settings_panel.kv_bits.setCurrentIndex(w.settings_panel.kv_bits.findData("16"))
+    search(qtbot, manager, "tiny-llama-4bit")
+    assert "16-bit KV" in rows(manager)["acme/tiny-llama-4bit"][6]
