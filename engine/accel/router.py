@@ -56,6 +56,8 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
             return PrefillRoute("dense", f"dense: auto: {why}", SparsePlan(None, "off", f"off: {why}"), focus)
     route = yield from _route(pair, target, layers, tokens, cached, settings)
     route = replace(route, focus=focus, keep_focus=auto)
+    if auto:
+        route = replace(route, reason=f"{route.reason} (auto: {why})")
     if route.method == "specprefill" and route.keep_focus and route.spec.selection is not None:
         route = replace(route, spec=replace(route.spec, selection=with_runs(route.spec.selection, focus)))
     return route
@@ -101,9 +103,10 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     evidence = quality_table.allowed(key, new, kind, draft=draft, table=table, methods=methods)
     if evidence is None:
         return None, f"no doc-qa evidence that sparse prefill keeps {kinds} answers for {key} at {band}"
+    shown = f"doc-qa evidence for {kinds} questions at {band}"
     if evidence.method == "specprefill":
-        return replace(settings, sparse_prefill="on", sparse_keep=evidence.keep, uniprefill="off"), ""
-    return replace(settings, sparse_prefill="off", uniprefill="on"), ""
+        return replace(settings, sparse_prefill="on", sparse_keep=evidence.keep, uniprefill="off"), shown
+    return replace(settings, sparse_prefill="off", uniprefill="on"), shown
 
 
 def with_runs(selection, extra: list[tuple[int, int]]):

@@ -106,7 +106,11 @@ def test_auto_reads_densely_without_evidence_and_sparsely_with_it(lm, monkeypatc
     key = qt.model_key(lm.config, lm.info.parameters)
     monkeypatch.setitem(qt.TABLE, key, {"4K": (qt.Evidence("uniprefill", kinds=ALL_KINDS),)})
     sparse = route_prefill(None, lm, None, tokens, 0, settings)
-    assert sparse.method == "uniprefill" and sparse.keep_focus
+    assert (
+        sparse.method == "uniprefill"
+        and sparse.keep_focus
+        and "auto: doc-qa evidence for fact and two_hop" in sparse.reason
+    )
     # the question's rare word: its passage is in focus, where the document names it
     text = lm.tokenizer.decode(tokens)
     at = text.index("Zanzibarx")
