@@ -132,8 +132,6 @@ class ChatController(QObject):
         self.current = cid
         conv = self.store.conversation(cid)
         self.chat_view.clear()
-        self.dashboard.reset()
-        last_metrics = None
         documents = {a["name"]: a for a in self.store.attachments(cid)}
         stored = self.store.messages(cid)
         for m in stored:
@@ -146,15 +144,14 @@ class ChatController(QObject):
             )
             if m.note:  # a row the store could only partly read (app/chat_schema.py) says so
                 widget.setToolTip(plain_tooltip(m.note))  # it quotes the stored value
-            if m.metrics:
-                last_metrics = m.metrics
         marked = [m.note for m in stored if m.note]
         if marked:
             self.notice.emit(f"{len(marked)} message(s) of this chat are marked (hover over one): {marked[0]}")
         if stored and stored[-1].role == "assistant":  # only the last answer pages: later turns built on it
             self.chat_view.messages[-1].set_versions(*self.store.versions(cid, len(stored) - 1))
-        if last_metrics:
-            self.dashboard.show_turn(last_metrics, model=conv.settings.get("model", ""))
+        # the chat's own turns, from the store: its speed chart and its last turn's numbers
+        turns = [m.metrics for m in stored if m.role == "assistant" and m.metrics]
+        self.dashboard.show_history(turns, model=conv.settings.get("model", ""))
         try:
             settings = ChatSettings.from_dict({**self.default_settings.to_dict(), **conv.settings})
         except InvalidSettings as exc:  # a damaged row must not keep the chat from opening
@@ -175,8 +172,7 @@ class ChatController(QObject):
         if cid == self.current:
             self.current = None
             self.chat_view.clear()
-            self.dashboard.reset()  # its numbers were the deleted chat's
-            self.dashboard.chat_model.setText("")
+            self.dashboard.clear_chat()  # its numbers were the deleted chat's
         self.conversations_changed.emit()
 
     def undelete(self, cid: int) -> bool:
@@ -339,8 +335,8 @@ class ChatController(QObject):
     def _server_event(self, event) -> None:
         if isinstance(event, TurnFinished):
             metrics = event.metrics.to_dict()
-            self.dashboard.show_turn(metrics, model=self.default_settings.model)
-            self.dashboard.chat_model.setText(f"Last turn: an API request ({self.default_settings.model})")
+            self.dashboard.model_ran(metrics)
+            self.dashboard.show_api_turn(metrics, model=self.default_settings.model)  # not the open chat's
         elif isinstance(event, EngineErrored):
             self.notice.emit(f"API request failed: {event.message}")
 
@@ -353,15 +349,10 @@ class ChatController(QObject):
             self._document_checked(item)
         elif isinstance(item, ModelLoadProgressed):
             self.dashboard.set_model_state(f"{item.model_id}: {item.message}")
-            # what, from where and how much: said before it starts; the kernels' one-time compile too
-            if item.message.startswith(("Downloading ", "Compiling Brisk's CPU kernels")):
+            if item.message.startswith("Downloading "):  # what, from where and how much: said before it starts
                 self.notice.emit(item.message)
         elif isinstance(item, ModelLoaded):
-            self.dashboard.set_context(item.model_id, item.info.get("context_length", 0))
-            self.dashboard.set_model_state(
-                f"{item.model_id} loaded ({item.info.get('architecture', '?')}, "
-                f"{item.info.get('context_length', 0):,} tokens of context)"
-            )
+            self.dashboard.model_loaded(item.model_id, item.info)
         elif isinstance(item, EngineErrored):
             self.notice.emit(item.message)
             if not isinstance(item, ModelCommandFailed):  # the model manager shows its own errors
@@ -370,13 +361,13 @@ class ChatController(QObject):
             self.notice.emit(item.message)
 
     def _conversation_event(self, cid: int, event) -> None:
-        if cid < 0:  # an API server request (app/api_server.py): the dashboard shows its turns too
+        if cid < 0:  # an API server request (app/api_server.py): the dashboard shows its turns apart
             self._server_event(event)
             return
         visible = cid == self.current
         answer = self._answer if self._answer and self._answer["cid"] == cid else None
         if isinstance(event, PrefillProgressed) and visible:
-            self.prefill_bar.progress(event.done, event.total, event.phase)
+            self.prefill_bar.progress(event.done, event.total, event.phase, event.seconds_left)
         elif isinstance(event, TokenEmitted):
             if answer is not None:
                 answer["text"] += event.text
@@ -385,10 +376,12 @@ class ChatController(QObject):
                 self.prefill_bar.finish()
                 self.chat_view.append_to_last(event.text, event.source)
                 if answer is not None and not answer.get("first_at"):
-                    answer["first_at"] = time.monotonic()  # live TTFT; the exact one comes with the metrics
+                    answer["first_at"] = time.monotonic()  # on screen now: what the user waited for
                     self.dashboard.first_token(answer["first_at"] - answer["started"])
         elif isinstance(event, TurnFinished):
             metrics = event.metrics.to_dict()
+            if answer is not None:
+                metrics.update(_waited(answer, metrics))
             if metrics.get("kv_check"):
                 self.settings_panel.refresh_kv()  # a first packed turn measured this model's KV fidelity
             self._remember_draft_cost(cid, metrics)
@@ -401,6 +394,7 @@ class ChatController(QObject):
                 if self.chat_view.messages:
                     self.chat_view.messages[-1].set_finish(metrics["finish_reason"])
                     self.chat_view.messages[-1].set_coverage(metrics.get("coverage"))
+                self.dashboard.model_ran(metrics)
                 self.dashboard.show_turn(metrics, model=self.settings_panel.settings().model)
         elif isinstance(event, EngineErrored):
             if answer is not None:
@@ -523,6 +517,18 @@ class ChatController(QObject):
         self.busy = busy
         self.composer.set_busy(busy)
         self.busy_changed.emit(busy)
+
+
+def _waited(answer: dict, metrics: dict) -> dict:
+    """The app's share of the turn's timing, on its own clock (time.monotonic, as the engine
+    stamps engine_started_at): Send to the engine taking the turn up, and Send to the first
+    token on screen (absent when none was shown)."""
+    timing = {}
+    if metrics.get("engine_started_at"):
+        timing["queue_s"] = max(0.0, metrics["engine_started_at"] - answer["started"])
+    if answer.get("first_at"):
+        timing["waited_s"] = answer["first_at"] - answer["started"]
+    return timing
 
 
 def _fit_key(settings: ChatSettings) -> tuple:

@@ -59,7 +59,8 @@ class RingGauge(QWidget):
 
 class LineChart(QWidget):
     """Series of values over turns (e.g. prefill and decode tok/s): a y axis with round ticks
-    and grid lines, turns numbered along x, oldest on the left."""
+    and grid lines, turns numbered along x, oldest on the left. A None value is a gap (a turn
+    with nothing to plot in that series, such as a cache hit's prefill)."""
 
     COLORS = ("#58a6ff", "#f778ba", "#3fb950")
     MIN_SLOTS = 5  # a few turns are spread over this many slots, not stretched edge to edge
@@ -67,7 +68,7 @@ class LineChart(QWidget):
     def __init__(self, names: list[str], *, keep: int = 30, unit: str = "", parent=None):
         super().__init__(parent)
         self.names, self.keep, self.unit = names, keep, unit
-        self.series: dict[str, list[float]] = {n: [] for n in names}
+        self.series: dict[str, list[float | None]] = {n: [] for n in names}
         self.first_turn = 1  # the turn number of the oldest point shown
         self.setMinimumHeight(150)
         self.setSizePolicy(QSizePolicy.Expanding, QSizePolicy.Fixed)
@@ -77,10 +78,12 @@ class LineChart(QWidget):
         self.first_turn = 1
         self.update()
 
-    def add(self, **values: float) -> None:
+    def add(self, **values: float | None) -> None:
         for name in self.names:
             value = values.get(name, 0.0)
-            self.series[name] = self.series[name] + [value if math.isfinite(value) else 0.0]  # nothing to draw
+            if value is not None and not math.isfinite(value):
+                value = 0.0  # nothing to draw
+            self.series[name] = self.series[name] + [value]
         overflow = len(self.series[self.names[0]]) - self.keep
         if overflow > 0:
             self.series = {n: s[overflow:] for n, s in self.series.items()}
@@ -91,7 +94,7 @@ class LineChart(QWidget):
         return len(self.series[self.names[0]]) if self.names else 0
 
     def y_ticks(self) -> list[float]:
-        return nice_ticks(max((v for s in self.series.values() for v in s), default=0.0))
+        return nice_ticks(max((v for s in self.series.values() for v in s if v is not None), default=0.0))
 
     def x_labels(self) -> list[tuple[int, int]]:
         """(index of the point, turn number) to print under the axis: at most six, evenly spaced."""
@@ -127,11 +130,16 @@ class LineChart(QWidget):
         for i, name in enumerate(self.names):
             color = QColor(self.COLORS[i % len(self.COLORS)])
             p.setPen(QPen(color, 2))
-            points = [QPointF(x, area.bottom() - v / top * area.height()) for x, v in zip(x_of, self.series[name])]
+            points = [
+                QPointF(x, area.bottom() - v / top * area.height()) if v is not None else None
+                for x, v in zip(x_of, self.series[name])
+            ]
             for a, b in zip(points, points[1:]):
-                p.drawLine(a, b)
+                if a is not None and b is not None:  # a gap breaks the line
+                    p.drawLine(a, b)
             for point in points:
-                p.drawEllipse(point, 2.5, 2.5)
+                if point is not None:
+                    p.drawEllipse(point, 2.5, 2.5)
             p.drawText(QRectF(area.left() + i * 90, area.bottom() + 18, 90, 14), Qt.AlignLeft, f"● {name}")
 
 
