@@ -18,6 +18,7 @@ def _human(n: float) -> str:
 
 
 def cmd_list(args) -> int:
+    from engine.models.catalog import installed_licence
     from engine.models.store import ModelStore
 
     entries = ModelStore().list()
@@ -29,13 +30,13 @@ def cmd_list(args) -> int:
         return 0
     print(
         f"{'id':32} {'arch':12} {'params':>8} {'dtype':6} {'bits/w':>6} {'disk':>9} {'memory':>9} {'ctx':>7} "
-        f"{'chat':5} tokenizer"
+        f"{'chat':5} {'licence':18} tokenizer"
     )
     for e in entries:
         print(
             f"{e.id:32} {e.architecture:12} {e.parameters / 1e6:7.0f}M {e.dtype:6} {e.bits_per_weight:6.2f} "
             f"{_human(e.bytes_on_disk):>9} {_human(e.memory_bytes):>9} {e.context_length:>7} "
-            f"{'yes' if e.has_chat_template else 'no':5} {e.tokenizer_fingerprint}"
+            f"{'yes' if e.has_chat_template else 'no':5} {installed_licence(e.id):18} {e.tokenizer_fingerprint}"
         )
     return 0
 

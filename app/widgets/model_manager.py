@@ -287,7 +287,7 @@ class ModelManager(QDialog):
 
 def describe(entry) -> tuple[str, ...]:
     """One table row: what a user compares models by."""
-    from engine.models.bundled import BUNDLED
+    from engine.models.catalog import installed_licence
     from engine.models.loader import compute_dtype_name
 
     # Stored bits per weight, the quantizer's scales included (Q4_1-like 4-bit: about 5).
@@ -295,7 +295,6 @@ def describe(entry) -> tuple[str, ...]:
     # On the CPU Brisk computes float tensors in float32 (memory_bytes counts them so);
     # elsewhere they stay as stored.
     in_memory = entry.memory_bytes if compute_dtype_name() == "float32" and entry.memory_bytes else entry.bytes_on_disk
-    spec = BUNDLED.get(entry.id)
     return (
         entry.id,
         entry.architecture,
@@ -304,7 +303,7 @@ def describe(entry) -> tuple[str, ...]:
         _size(entry.bytes_on_disk),
         _size(in_memory),
         f"{entry.context_length:,}",
-        (spec.license if spec.license_stated else "no licence stated") if spec else "see its model card",
+        installed_licence(entry.id),
     )
 
 

@@ -212,6 +212,17 @@ def bundled_models(*, k_bits: int = 16, v_bits: int = 16, group_size: int = 32) 
     return models
 
 
+def installed_licence(model_id: str) -> str:
+    """What an installed model's listing says of its licence: a bundled model's own, else
+    where to read it (a hub model's card is not kept with its files)."""
+    from engine.models.bundled import BUNDLED
+
+    spec = BUNDLED.get(model_id)
+    if spec is None:
+        return "see its model card"
+    return spec.license if spec.license_stated else NO_LICENCE
+
+
 # --- hub search -----------------------------------------------------------------------
 
 

@@ -258,3 +258,19 @@ def test_a_hub_that_dribbles_its_reply_is_stopped(hub, monkeypatch):
     monkeypatch.setattr("engine.models.catalog._clock", lambda: next(ticks))
     with pytest.raises(CatalogError, match="too slowly"):
         search_hub("tiny")
+
+
+def test_models_list_says_an_installed_bundled_models_licence(tmp_path, capsys):
+    from engine.models.store import ModelStore
+
+    tiny = make_tiny_model(tmp_path / "m")
+    store = ModelStore()
+    store.install_folder(tiny, model_id="qwen2.5-coder-0.5b-instruct", source="test")
+    store.install_folder(tiny, model_id="from-a-hub", source="test")
+    try:
+        assert main(["models", "list"]) == 0
+        lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+        assert "no licence stated" in lines["qwen2.5-coder-0.5b-instruct"]
+        assert "see its model card" in lines["from-a-hub"]
+    finally:
+        store.remove("qwen2.5-coder-0.5b-instruct"), store.remove("from-a-hub")
