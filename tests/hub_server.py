@@ -37,6 +37,7 @@ class HubServer:
         self.drop_first_get_after = drop_first_get_after  # simulate one dropped connection per file
         self._dropped: set[str] = set()
         self.requests: list[str] = []
+        self.queries: list[dict] = []  # each search's query parameters
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -123,6 +124,7 @@ class HubServer:
 
     def _search(self, req, query: dict) -> None:
         """`GET /api/models?search=...&limit=...`: repos whose id holds the text, by name."""
+        self.queries.append(query)
         text = (query.get("search") or [""])[0].lower()
         limit = int((query.get("limit") or ["1000"])[0])
         repos = sorted(

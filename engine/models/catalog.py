@@ -242,7 +242,9 @@ def search_hub(
     query = query.strip()
     if not query:
         raise CatalogError("Type part of a model's name to search for")
-    listing = _get_json(f"{endpoint}/api/models", {"search": query, "limit": limit}, MAX_LIST_BYTES, endpoint)
+    # Most downloaded first, as the hub's own search page and LM Studio list them.
+    params = {"search": query, "limit": limit, "sort": "downloads"}
+    listing = _get_json(f"{endpoint}/api/models", params, MAX_LIST_BYTES, endpoint)
     if not isinstance(listing, list):
         raise CatalogError(f"The hub at {endpoint} answered the search with {type(listing).__name__}, not a list")
     skipped: list[str] = []

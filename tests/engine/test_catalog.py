@@ -58,6 +58,7 @@ def test_search_lists_size_quantization_licence_context_support_and_fit(hub, hub
     assert gguf.size_note == "smallest GGUF file" and gguf.context_length == 4096 and not gguf.supported
     # the search itself went to the hub's list endpoint, with the text and the limit
     assert any(r.startswith("GET /api/models") and "/api/models/" not in r for r in hub.requests)
+    assert hub.queries[0] == {"search": ["tiny"], "limit": ["10"], "sort": ["downloads"]}
 
 
 def test_search_limit_and_no_match(hub):
