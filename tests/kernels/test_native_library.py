@@ -24,12 +24,20 @@ __attribute__((constructor)) static void mark(void) {
 
 
 @pytest.fixture
-def fresh(monkeypatch, tmp_path):
+def fresh(monkeypatch, tmp_path, copying_compiler):
+    """An empty kernel cache, and a compiler that copies this run's build into it (the cache's
+    rules are under test here, not the compile: the shared cache's build proves that)."""
     monkeypatch.setattr(native, "_state", {})
     cache = tmp_path / "kernels"
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(cache))
     monkeypatch.setenv("BRISK_TEST_MARK", str(tmp_path / "mark"))
+    monkeypatch.setenv("CXX", copying_compiler)
     return cache
+
+
+def cache_target():
+    """Where the loader builds the ctypes library now (named by its compiler among the rest)."""
+    return native.library_path(native.find_compiler())
 
 
 def build_hostile(tmp_path, target):
@@ -43,13 +51,13 @@ def build_hostile(tmp_path, target):
 def test_cache_folder_is_created_private_and_the_library_hash_is_recorded(fresh):
     assert native.load() is not None, native.unavailable_reason()
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o700
-    library = native.library_path(CXX)
+    library = cache_target()
     assert native.digest_path(library).read_text() == native.file_sha256(library)
 
 
 @needs_compiler
 def test_a_planted_library_at_the_cache_path_never_runs_and_is_rebuilt(fresh, tmp_path, caplog):
-    library = native.library_path(CXX)
+    library = cache_target()
     build_hostile(tmp_path, library)
     with caplog.at_level("WARNING", logger="kernels.native"):
         lib = native.load()
@@ -61,7 +69,7 @@ def test_a_planted_library_at_the_cache_path_never_runs_and_is_rebuilt(fresh, tm
 
 @needs_compiler
 def test_a_garbage_library_is_rebuilt_instead_of_leaving_the_slow_path(fresh):
-    library = native.library_path(CXX)
+    library = cache_target()
     library.parent.mkdir(mode=0o700, parents=True)
     library.write_bytes(b"\x7fELF garbage")
     assert native.load() is not None, native.unavailable_reason()
@@ -70,7 +78,7 @@ def test_a_garbage_library_is_rebuilt_instead_of_leaving_the_slow_path(fresh):
 
 @needs_compiler
 def test_a_forged_hash_record_does_not_make_a_planted_library_load(fresh, tmp_path):
-    library = native.library_path(CXX)
+    library = cache_target()
     build_hostile(tmp_path, library)
     native.digest_path(library).write_text("0" * 64)
     assert native.load() is not None
@@ -81,7 +89,7 @@ def test_a_forged_hash_record_does_not_make_a_planted_library_load(fresh, tmp_pa
 def test_a_cache_folder_writable_by_others_is_refused(fresh, tmp_path):
     fresh.mkdir(parents=True)
     os.chmod(fresh, 0o777)
-    library = native.library_path(CXX)
+    library = cache_target()
     build_hostile(tmp_path, library)
     native.digest_path(library).write_text(native.file_sha256(library))  # even with a matching record
     assert native.load() is None
@@ -107,17 +115,22 @@ def fresh_primitives(monkeypatch, fresh):
 
 
 @needs_compiler
-def test_the_mlx_primitives_build_wherever_nanobind_is_installed(fresh_primitives, fresh):
-    """Brisk depends on nanobind, so a failing build is a bug, not a reason to skip the primitive tests."""
-    module = fresh_primitives.load()
-    assert module is not None, fresh_primitives.unavailable_reason()
-    assert module.version() == fresh_primitives.VERSION
-    assert fresh_primitives.module_path(CXX).parent == fresh
+def test_the_mlx_primitives_build_wherever_nanobind_is_installed():
+    """Brisk depends on nanobind, so a failing build is a bug, not a reason to skip the primitive
+    tests. The build this run's tests share (the kernel cache) is the one checked: no second one."""
+    from kernels import mlx_extension
+
+    module = mlx_extension.load()
+    assert module is not None, mlx_extension.unavailable_reason()
+    assert module.version() == mlx_extension.VERSION
+    loaded = mlx_extension.status()
+    assert loaded.origin == "built locally" and loaded.path == str(mlx_extension.module_path(native.find_compiler()))
+    assert native.verified(mlx_extension.module_path(native.find_compiler()))
 
 
 @needs_compiler
 def test_a_planted_primitives_module_never_runs_and_is_rebuilt(fresh_primitives, tmp_path):
-    target = fresh_primitives.module_path(CXX)
+    target = fresh_primitives.module_path(native.find_compiler())
     build_hostile(tmp_path, target)
     assert fresh_primitives.load() is not None, fresh_primitives.unavailable_reason()
     assert not (tmp_path / "mark").exists(), "the planted module's constructor ran"

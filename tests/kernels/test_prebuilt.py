@@ -16,9 +16,13 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="building the prebuilt kerne
 
 
 @pytest.fixture(scope="module")
-def shipped_once(tmp_path_factory):
+def shipped_once(tmp_path_factory, copying_compiler):
+    """A prebuilt folder as packaging/build_kernels.py writes it, its libraries copied from this
+    run's builds (the packaging stage compiles them for real, and its bundle test loads them)."""
     folder = tmp_path_factory.mktemp("bundle") / "prebuilt"
-    prebuilt.build_into(folder)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("CXX", copying_compiler)
+        prebuilt.build_into(folder)
     return folder
 
 
@@ -108,8 +112,8 @@ def test_prebuilt_primitives_for_another_mlx_are_not_used(shipped):
     assert path is None and "built for mlx 0.0.1" in why
 
 
-def test_with_a_compiler_a_refused_prebuilt_falls_back_to_a_local_build(shipped, monkeypatch):
-    monkeypatch.setenv("CXX", CXX)
+def test_with_a_compiler_a_refused_prebuilt_falls_back_to_a_local_build(shipped, monkeypatch, copying_compiler):
+    monkeypatch.setenv("CXX", copying_compiler)
     edit_manifest(shipped, "ctypes", sources="0" * 64)
     loaded = native.status()
     assert loaded.value is not None and loaded.origin == "built locally"

@@ -18,6 +18,7 @@ from kernels.quantized_matmul import (
     quantized_matmul_native,
     quantized_matmul_reference,
 )
+from tests.pairwise import rotate_over
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 pytestmark = [
@@ -42,10 +43,19 @@ def _integer_rounded(x: mx.array) -> mx.array:
     return mx.array((np.rint(v * inverse) * d).reshape(x.shape))
 
 
-@pytest.mark.parametrize("bits", [4, 5, 6, 8])  # 5: GGUF's Q5_0/Q5_1 (8 values in every 5 bytes); 6: Q6_K
-@pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 5, 16, 17, 32, 33, 40])  # 1-32 the few-row path, above it tiles + sgemm
+@pytest.mark.parametrize(
+    # Every bits, group and rows together (they choose the code path); the scales' dtype (how
+    # each group's scale is read) meets each of their values: 64 cases a kernel path, not 192.
+    *rotate_over(
+        {
+            "bits": [4, 5, 6, 8],  # 5: GGUF's Q5_0/Q5_1 (8 values in every 5 bytes); 6: Q6_K
+            "group": [32, 64],
+            "rows": [1, 3, 5, 16, 17, 32, 33, 40],  # 1-32 the few-row path, above it tiles + sgemm
+        },
+        "dtype",
+        [mx.float32, mx.float16, mx.bfloat16],
+    )
+)
 def test_native_equals_mlx(bits, group, dtype, rows):
     packed, scales, biases = _quantized(67, 192, bits, group, dtype, seed=rows + bits + group)  # N odd
     x = mx.random.normal((1, rows, 192))
@@ -104,11 +114,20 @@ def test_vnni_is_used_exactly_where_the_cpu_has_it():
 INTEGER_PATHS = [(bits, vnni) for bits in (4, 5, 6, 8) for vnni in (True, False)]
 
 
-@pytest.mark.parametrize("bits,vnni", INTEGER_PATHS)
-@pytest.mark.parametrize("group", [32, 64])
-@pytest.mark.parametrize("dtype", [mx.float32, mx.float16, mx.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 32])
-@pytest.mark.parametrize("k", [192, 256])  # 3 spans of 64 (the 512-bit path's last span alone) and 4
+@pytest.mark.parametrize(
+    # Every path, width, group, rows and K together; the scales' dtype (how each group's scale
+    # is read) meets each of their values: 192 cases a kernel path, not 576.
+    *rotate_over(
+        {
+            "bits,vnni": INTEGER_PATHS,
+            "group": [32, 64],
+            "rows": [1, 3, 4, 5, 16, 32],
+            "k": [192, 256],  # 3 spans of 64 (the 512-bit path's last span alone) and 4
+        },
+        "dtype",
+        [mx.float32, mx.float16, mx.bfloat16],
+    )
+)
 def test_integer_activations_equal_mlx_on_the_rounded_x(bits, group, dtype, rows, vnni, k):
     """The fast few-row path is exactly the product of x rounded to 15-bit integers per block
     of 32 with the weights' scaled part s * q, plus each group's bias b times the float sum of
