@@ -336,7 +336,10 @@ def engine_parts(m: dict) -> float:
 
 def waited(m: dict) -> float:
     """Send to the first token on screen. Never less than the parts measured inside it (a
-    clock read on another thread cannot make the whole smaller than its parts)."""
+    clock read on another thread cannot make the whole smaller than its parts). An engine
+    that did not stamp its start (answers saved before, test doubles) gives its TTFT."""
+    if not m.get("engine_started_at"):
+        return m.get("ttft_s", 0.0)
     return max(m.get("waited_s") or 0.0, (m.get("queue_s") or 0.0) + engine_parts(m))
 
 
