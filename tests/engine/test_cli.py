@@ -251,6 +251,19 @@ def test_every_specdecode_variant_gives_plain_greedys_output(cli_home, monkeypat
     assert all(r["same_output"] and r["tokens"] > 0 for r in rows.values())
     assert rows["k=2"]["acceptance"] == 1.0  # a model drafting for itself is always right
     assert len(json.loads(capsys.readouterr().out)["rows"]) == len(rows)  # --json prints the payload
+    with pytest.raises(SystemExit, match="tiny could not answer: The conversation is"):  # 512 tokens hold no file
+        run_specdecode(
+            "tiny",
+            None,
+            [],
+            contents=["code-edit"],
+            runs=1,
+            gen=8,
+            temp=0.0,
+            rules=["rejection"],
+            mlx_lm_ks=[],
+            as_json=True,
+        )
 
 
 @pytest.mark.bench
