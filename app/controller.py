@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from app.context_fill import ContextFill
 from app.preferences import record_draft_cost
 from app.store import StoreError
 from app.widgets.safe_text import plain_tooltip
@@ -87,6 +88,7 @@ class ChatController(QObject):
         chat_view.regenerate_requested.connect(self.regenerate)
         chat_view.read_all_requested.connect(self.read_all)
         settings_panel.changed.connect(self.settings_changed)
+        self.context_fill = ContextFill(self)  # the composer's context meter
 
     # --- conversations -----------------------------------------------------------------
 
@@ -161,6 +163,7 @@ class ChatController(QObject):
         self.dashboard.set_chat_models(settings.model, settings.draft)
         self._fit_key[cid] = _fit_key(settings)
         self._show_attachments(cid)
+        self.context_fill.schedule()
 
     def rename(self, cid: int, title: str) -> None:
         if self._saved("Cannot rename", self.store.rename, cid, title):

@@ -79,3 +79,31 @@ def save_theme(choice: str) -> None:
     settings = preferences()
     settings.setValue("theme", choice)
     settings.sync()
+
+
+# --- the chat's text size (View > Bigger / Smaller / Default text: Ctrl+= / Ctrl+- / Ctrl+0)
+
+# The stylesheets' font-size for every widget (resources/styles/*.qss): the default chat text.
+DEFAULT_CHAT_FONT_PX = 13
+CHAT_FONT_RANGE = (9, 32)
+
+
+def saved_chat_font_px() -> int:
+    """The chat text size kept in app.ini (a hand-edited value outside the range is clamped)."""
+    try:
+        px = int(preferences().value("chat_font_px", DEFAULT_CHAT_FONT_PX))
+    except (TypeError, ValueError):
+        return DEFAULT_CHAT_FONT_PX
+    return min(max(px, CHAT_FONT_RANGE[0]), CHAT_FONT_RANGE[1])
+
+
+def save_chat_font_px(px: int) -> None:
+    settings = preferences()
+    settings.setValue("chat_font_px", int(px))
+    settings.sync()
+
+
+def chat_font_sheet(px: int) -> str:
+    """A stylesheet for the chat's text boxes (answers, questions, the editors): the app's
+    stylesheet sets every widget's size, so the size must be set in a stylesheet too."""
+    return f"QTextBrowser, QPlainTextEdit {{ font-size: {px}px; }}"

@@ -164,6 +164,7 @@ class MainWindow(QMainWindow):
         dashboard.setCheckable(True)
         dashboard.setChecked(True)
         self._build_theme_menu(self.menuBar().actions()[2].menu())
+        self._build_font_actions(self.menuBar().actions()[2].menu())
         serving = self.actions_by_text["Serve OpenAI-compatible API"]
         serving.setCheckable(True)
         serving.setToolTip(f"Answer OpenAI API requests at http://{API_HOST}:{API_PORT}/v1 with this app's engine")
@@ -184,6 +185,40 @@ class MainWindow(QMainWindow):
             group.addAction(action)
             menu.addAction(action)
             self.theme_actions[choice] = action
+
+    def _build_font_actions(self, view_menu) -> None:
+        """View > Bigger / Smaller / Default text size, for the chat's text, kept across launches."""
+        from app.theme import saved_chat_font_px
+
+        view_menu.addSeparator()
+        for text, keys, step in (
+            ("Bigger text", [QKeySequence("Ctrl+="), QKeySequence(QKeySequence.ZoomIn)], 1),
+            ("Smaller text", [QKeySequence("Ctrl+-"), QKeySequence(QKeySequence.ZoomOut)], -1),
+            ("Default text size", [QKeySequence("Ctrl+0")], 0),
+        ):
+            action = QAction(text, self)
+            action.setShortcuts(list(dict.fromkeys(keys)))  # ZoomOut is Ctrl+- itself here: twice is ambiguous
+            action.triggered.connect(lambda _checked=False, step=step: self.step_chat_font(step))
+            view_menu.addAction(action)
+            self.addAction(action)
+            self.actions_by_text[text] = action
+        self.set_chat_font(saved_chat_font_px(), save=False)
+
+    def step_chat_font(self, step: int) -> None:
+        """+1 / -1 pixel, or 0 for the default size."""
+        from app.theme import DEFAULT_CHAT_FONT_PX
+
+        self.set_chat_font(self.chat_font_px + step if step else DEFAULT_CHAT_FONT_PX)
+
+    def set_chat_font(self, px: int, *, save: bool = True) -> None:
+        from app.theme import CHAT_FONT_RANGE, chat_font_sheet, save_chat_font_px
+
+        self.chat_font_px = min(max(px, CHAT_FONT_RANGE[0]), CHAT_FONT_RANGE[1])
+        for widget in (self.chat_view, self.composer.edit):
+            widget.setStyleSheet(chat_font_sheet(self.chat_font_px))
+        if save:
+            save_chat_font_px(self.chat_font_px)
+            self.statusBar().showMessage(f"Chat text: {self.chat_font_px} px (Ctrl+0 resets)", 3000)
 
     def set_theme(self, choice: str) -> None:
         from PySide6.QtWidgets import QApplication

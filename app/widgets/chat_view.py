@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import re
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QGuiApplication, QSyntaxHighlighter, QTextCharFormat, QTextFormat
 from PySide6.QtWidgets import (
     QDialog,
@@ -101,6 +101,11 @@ class MessageBody(QTextBrowser):
     def resizeEvent(self, event) -> None:
         super().resizeEvent(event)
         self._fit()
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() == QEvent.FontChange:  # the chat's text size changed (View > Bigger text)
+            self._fit()
 
 
 # Speculated tokens the target kept, by who proposed them (the tint checkbox's legend).

@@ -7,6 +7,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.icons import icon
+from app.widgets.context_meter import ContextMeter
 from app.widgets.safe_text import plain_label, plain_tooltip
 
 DOCUMENT_FILTER = (
@@ -71,6 +72,8 @@ class Composer(QWidget):
         self.message.setWordWrap(True)
         self.message.hide()
         layout.addWidget(self.message)
+        self.meter = ContextMeter()  # kept up to date by app/context_fill.py
+        layout.addWidget(self.meter)
         row = QHBoxLayout()
         self.edit = PromptEdit()
         self.edit.setPlaceholderText("Message Brisk (Enter sends, Shift+Enter for a new line)")

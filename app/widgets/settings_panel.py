@@ -11,7 +11,9 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFormLayout,
     QLabel,
+    QLineEdit,
     QPlainTextEdit,
+    QScrollArea,
     QSlider,
     QSpinBox,
     QVBoxLayout,
@@ -19,8 +21,11 @@ from PySide6.QtWidgets import (
 )
 
 from app.preferences import measured_draft_cost
+from app.widgets.prompt_presets import PresetPicker
+from app.widgets.safe_text import plain_label
 from engine.accel.speculative.drafters import draft_compatibility
 from engine.accel.uniprefill.plan import ModelDefaults, defaults_for
+from engine.errors import InvalidSettings
 from engine.settings import ChatSettings
 
 NO_DRAFT = "(none)"
@@ -73,9 +78,27 @@ class SettingsPanel(QWidget):
         self._entries: dict[str, object] = {}
         self._loading = False
         outer = QVBoxLayout(self)
-        form = QFormLayout()
-        outer.addLayout(form)
-        outer.addStretch()  # spare height below the form, not between its rows
+        outer.setContentsMargins(0, 0, 0, 0)
+        # A refusal (a seed that is not a number, a preset without a name) above the form, in one line
+        self.problem = plain_label()
+        self.problem.setObjectName("settingsProblem")
+        self.problem.setProperty("error", True)
+        self.problem.setWordWrap(True)
+        self.problem.hide()
+        outer.addWidget(self.problem)
+        # The rows outgrow a short window: they scroll up and down, never sideways (the column
+        # keeps the form's width, as it did before the rows scrolled)
+        self.scroll = scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QScrollArea.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        outer.addWidget(scroll)
+        inner = QWidget()
+        column = QVBoxLayout(inner)
+        self.form = form = QFormLayout()
+        column.addLayout(form)
+        column.addStretch()  # spare height below the form, not between its rows
+        scroll.setWidget(inner)
         self.model = QComboBox()
         self.draft = QComboBox()
         self.draft.setToolTip(
@@ -118,8 +141,19 @@ class SettingsPanel(QWidget):
         self.system = QPlainTextEdit()
         self.system.setPlaceholderText("System prompt (optional)")
         self.system.setFixedHeight(64)
+        self.presets = PresetPicker(self.system.toPlainText)
+        self.presets.chosen.connect(self.system.setPlainText)  # textChanged saves it with the chat
+        self.presets.problem.connect(self.show_problem)
         self.temperature = _spin(0.0, 2.0, 0.05)
         self.top_p = _spin(0.05, 1.0, 0.05)
+        self.top_k = QSpinBox()
+        self.top_k.setRange(0, 1000)
+        self.top_k.setSpecialValueText("off")  # 0: no top-k cut
+        self.min_p = _spin(0.0, 0.99, 0.01)
+        self.min_p.setSpecialValueText("off")
+        self.repetition_penalty = _spin(0.5, 2.0, 0.05)
+        self.seed = QLineEdit()
+        self.seed.setPlaceholderText("random each turn")
         self.max_tokens = QSpinBox()
         self.max_tokens.setRange(1, 32768)
         self.overflow = _combo(("refuse", "truncate_oldest"))
@@ -136,21 +170,39 @@ class SettingsPanel(QWidget):
             ("", self.lookup),
             ("Draft tokens (k)", self.num_draft),
             ("KV cache bits", self.kv_bits),
-            ("System prompt", self.system),
+            ("System prompt", self.presets),
+            ("", self.system),
             ("Temperature", self.temperature),
             ("Top-p", self.top_p),
+            ("Top-k", self.top_k),
+            ("Min-p", self.min_p),
+            ("Repetition penalty", self.repetition_penalty),
+            ("Seed", self.seed),
             ("Max tokens", self.max_tokens),
             ("Context overflow", self.overflow),
         ):
             form.addRow(label, widget)
         self._explain()
+        inner.adjustSize()
+        scroll.setMinimumWidth(inner.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width())
         for combo in (self.model, self.draft, self.sparse, self.uniprefill, self.spec, self.kv_bits, self.overflow):
             combo.currentIndexChanged.connect(self._emit)
-        for spin in (self.num_draft, self.mass, self.temperature, self.top_p, self.max_tokens):
+        for spin in (
+            self.num_draft,
+            self.mass,
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.min_p,
+            self.repetition_penalty,
+            self.max_tokens,
+        ):
             spin.valueChanged.connect(self._emit)
         self.keep.valueChanged.connect(self._emit)
         self.lookup.toggled.connect(self._emit)
         self.system.textChanged.connect(self._emit)
+        self.system.textChanged.connect(self.presets.follow_text)
+        self.seed.textChanged.connect(self._emit)
 
     def _explain(self) -> None:
         """A tooltip on every setting (and on its label): what it does and what it costs."""
@@ -165,6 +217,11 @@ class SettingsPanel(QWidget):
             self.system: "Instructions the model sees before the conversation, in every turn",
             self.temperature: "0 always takes the likeliest token (repeatable answers); higher is more varied",
             self.top_p: "Sample only from the likeliest tokens holding this share of probability (1.00: all)",
+            self.top_k: "Sample only from this many likeliest tokens (off: no limit)",
+            self.min_p: "Drop tokens less likely than this share of the likeliest one's probability (off: keep all)",
+            self.repetition_penalty: "Above 1.00 makes tokens already in the recent text less likely (1.00: off)",
+            self.seed: "A whole number makes sampled answers repeatable; empty picks a new random seed each turn",
+            self.presets: "Built-in and saved system prompts: pick one, or save the one below under a name",
             self.max_tokens: "The longest answer, in tokens; the context's free room may stop it sooner",
             self.overflow: "When the conversation outgrows the model's context: refuse with a message, or leave "
             "out the oldest messages",
@@ -177,7 +234,7 @@ class SettingsPanel(QWidget):
                 "Bits per key and value in the KV cache: fewer hold longer contexts in less "
                 "memory. auto picks the fewest that passed this model's self-test"
             )
-        form = self.layout().itemAt(0).layout()
+        form = self.form
         for row in range(form.rowCount()):
             label = form.itemAt(row, QFormLayout.LabelRole)
             field = form.itemAt(row, QFormLayout.FieldRole)
@@ -244,9 +301,15 @@ class SettingsPanel(QWidget):
         self.num_draft.setValue(settings.num_draft)
         self.kv_bits.setCurrentIndex(max(0, self.kv_bits.findData(kv_label(settings))))
         self.system.setPlainText(settings.system_prompt or "")
+        self.presets.follow_text()
         self.temperature.setValue(settings.temperature)
         self.top_p.setValue(settings.top_p)
+        self.top_k.setValue(settings.top_k)
+        self.min_p.setValue(settings.min_p)
+        self.repetition_penalty.setValue(settings.repetition_penalty)
+        self.seed.setText("" if settings.seed is None else str(settings.seed))
         self.max_tokens.setValue(settings.max_tokens)
+        self.show_problem("")
         _select(self.overflow, settings.context_overflow)
         self._loading = False
         self._refresh()
@@ -265,7 +328,11 @@ class SettingsPanel(QWidget):
             _select(self.draft, kept if kept in self.draft_choices(model) else NO_DRAFT)
             self._loading = False
         draft = self.draft.currentText()
-        self._settings = replace(
+        seed, seed_problem = _seed(self.seed.text())
+        if seed_problem:  # nothing is saved until it reads; the other fields keep their last saved values
+            self.show_problem(seed_problem)
+            return
+        candidate = replace(
             self._settings,
             model=model,
             draft=None if draft in ("", NO_DRAFT) else draft,
@@ -280,15 +347,29 @@ class SettingsPanel(QWidget):
             system_prompt=self.system.toPlainText().strip() or None,
             temperature=round(self.temperature.value(), 2),
             top_p=round(self.top_p.value(), 2),
+            top_k=self.top_k.value(),
+            min_p=round(self.min_p.value(), 2),
+            repetition_penalty=round(self.repetition_penalty.value(), 2),
+            seed=seed,
             max_tokens=self.max_tokens.value(),
             context_overflow=self.overflow.currentText(),
         )
+        try:
+            self._settings = candidate.validate()  # the engine's own checks, before anything is saved
+        except InvalidSettings as exc:
+            self.show_problem(f"Not saved: {exc}")
+            return
+        self.show_problem("")
         if self._settings.uniprefill_p is None:  # the spin follows the (maybe new) model's default
             self._loading = True
             self.mass.setValue(self._uni_defaults().p)
             self._loading = False
         self._refresh()
         self.changed.emit(self._settings)
+
+    def show_problem(self, text: str) -> None:
+        self.problem.setText(text)
+        self.problem.setVisible(bool(text))
 
     def _kv_fields(self) -> dict:
         kv_bits, k_bits, v_bits, auto = KV_CHOICES.get(self.kv_bits.currentData(), KV_CHOICES["16"])
@@ -349,7 +430,7 @@ class SettingsPanel(QWidget):
             "(where it was measured to pay on this kind of model)"
         )
         self.uniprefill.setToolTip(tip)
-        label = self.layout().itemAt(0).layout().labelForField(self.uniprefill)
+        label = self.form.labelForField(self.uniprefill)
         if label is not None:
             label.setToolTip(tip)
         adapts = " (auto adapts it)" if s.sparse_prefill == "auto" else ""
@@ -374,6 +455,22 @@ class SettingsPanel(QWidget):
             self.badge.setProperty("kind", kind.split()[0])
         self.badge.style().unpolish(self.badge)
         self.badge.style().polish(self.badge)
+
+
+# ChatSettings.validate's bound for a seed, said for people
+MAX_SEED = 2**63 - 1
+
+
+def _seed(text: str) -> tuple[int | None, str]:
+    """The seed box's text as (seed or None for random, '' or why it is refused)."""
+    text = text.strip().replace(",", "").replace("_", "")
+    if not text:
+        return None, ""
+    if not text.isdecimal() or not text.isascii():
+        return None, f"Seed must be a whole number from 0 to {MAX_SEED:,}, or empty for a random seed each turn"
+    if int(text) > MAX_SEED:
+        return None, f"Seed must be at most {MAX_SEED:,} (empty: a random seed each turn)"
+    return int(text), ""
 
 
 def _mark(result: dict | None):

@@ -160,7 +160,7 @@ def test_every_setting_and_its_label_says_what_it_does(qtbot, make_window):
     from PySide6.QtWidgets import QFormLayout
 
     panel = make_window().settings_panel
-    form = panel.layout().itemAt(0).layout()
+    form = panel.form
     rows = 0
     for row in range(form.rowCount()):
         field = form.itemAt(row, QFormLayout.FieldRole).widget()
@@ -169,4 +169,4 @@ def test_every_setting_and_its_label_says_what_it_does(qtbot, make_window):
         if label is not None and label.widget().text():
             assert label.widget().toolTip()
         rows += 1
-    assert rows == 17
+    assert rows == 22  # with top-k, min-p, repetition penalty, seed and the system-prompt presets
