@@ -209,15 +209,17 @@ def load_for_chat(model_id: str):
 
 
 def cmd_run(args) -> int:
-    from engine.accel.speculative.costs_file import StoredPairCosts
+    from engine.distributed import cli as ranks
     from engine.session import Session
 
     prompt = read_prompt_file(args.prompt_file) if args.prompt_file else args.prompt
     if not prompt.strip():
         raise BriskError("The prompt is empty: give some text with --prompt or --prompt-file")
     settings = settings_from_args(args)
+    if ranks.wants_ranks(args):  # this brisk launches the ranks; each runs this command
+        return ranks.launch(args, args.argv)
     lm, draft = load_pair(settings)
-    session = Session(lm, settings, draft=draft, pair_costs=StoredPairCosts())
+    session = Session(lm, settings, draft=draft, pair_costs=ranks.pair_costs())
     finished = None
     for event in session.send(prompt):
         if isinstance(event, TokenEmitted) and not args.json:
@@ -239,7 +241,7 @@ def cmd_run(args) -> int:
                     "model": lm.id,
                     "text": finished.text,
                     "token_ids": finished.token_ids,
-                    "metrics": finished.metrics.to_dict(),
+                    "metrics": {**finished.metrics.to_dict(), **ranks.rank_metrics(session)},
                     "settings": settings.to_dict(),
                 }
             )
@@ -352,6 +354,7 @@ class VersionAction(argparse.Action):
 def main(argv: list[str] | None = None) -> int:
     from engine.bench.cli import add_bench_parser
     from engine.cli_models import add_models_parser
+    from engine.distributed.cli import add_rank_args
     from engine.serve.cli import add_serve_parser
 
     parser = argparse.ArgumentParser(prog="brisk", description="Fast local LLM chat on MLX")
@@ -365,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--prompt-file")
     add_sampling_args(run)
     run.add_argument("--json", action="store_true", help="print one JSON object (see README)")
+    add_rank_args(run)
     run.set_defaults(func=cmd_run)
 
     chat = sub.add_parser("chat", help="interactive terminal chat (prompt cache reused across turns)")
@@ -384,6 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_parser(sub)
 
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what ranks re-run (engine/distributed)
     from engine.crash_log import configure_console_logging
 
     configure_console_logging(verbose=args.verbose)

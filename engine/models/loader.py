@@ -63,15 +63,22 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from kernels.tiled_matmul import use_tiled_layers
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
+    rank = distributed_rank()  # a rank of `brisk run --ranks N` reads only its shard of the weights
     path = Path(path)
     info = inspect_folder(path)  # names the problem before mlx-lm can fail obscurely
     config = read_config(path)
     try:
         # Never run code from the folder, whatever transformers' default becomes.
-        loaded = load(str(path), tokenizer_config={"trust_remote_code": False}, trust_remote_code=False)
+        loaded = load(
+            str(path), tokenizer_config={"trust_remote_code": False}, trust_remote_code=False, lazy=rank is not None
+        )
         model, tokenizer = loaded[0], loaded[1]
     except Exception as exc:  # anything mlx-lm or transformers raise here is about this folder
         raise BrokenModelFolder(f"{path.name} cannot be loaded by mlx-lm: {exc}") from exc
+    if rank is not None:
+        from engine.distributed.loading import shard_loaded
+
+        shard_loaded(model, config, rank)  # before the native kernels: they keep to unsplit layers
     dtype = compute_dtype_name()
     if dtype == "float32":
         to_float32(model)
@@ -92,9 +99,20 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
             activation,
         )
         _warn_without_primitives()
+    if rank is not None:
+        from engine.distributed.loading import note_resident
+
+        note_resident(model, rank)
     if not tokenizer.eos_token_ids:
         log.warning("%s defines no end-of-sequence token: answers stop only at max_tokens", path.name)
     return LoadedModel(model_id or path.name, path, model, tokenizer, config, info, dtype)
+
+
+def distributed_rank():
+    """This process's rank when it is one of a distributed run's (engine/distributed), else None."""
+    from engine.distributed.group import current
+
+    return current()
 
 
 @lru_cache(maxsize=1)

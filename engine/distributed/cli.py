@@ -1,0 +1,77 @@
+"""The command line's hooks for distributed runs (engine/cli.py calls these)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_rank_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="split the model across N local processes on loopback (tensor parallel, through mlx.launch)",
+    )
+    p.add_argument(
+        "--hostfile",
+        help="split the model across the hosts of this mlx.launch hostfile (ring backend; ranks listen "
+        "on the IPs it names)",
+    )
+    p.add_argument("--join-timeout", type=float, default=120.0, help="seconds for every rank to join (default 120)")
+    p.add_argument(
+        "--rank-timeout",
+        type=float,
+        default=30.0,
+        help="seconds of silence after which a rank counts as gone and the run stops (default 30)",
+    )
+
+
+def wants_ranks(args) -> bool:
+    """True in the launching brisk of a distributed run (never inside a rank)."""
+    from engine.distributed.group import current
+
+    return current() is None and (bool(getattr(args, "hostfile", None)) or getattr(args, "ranks", 1) != 1)
+
+
+def launch(args, argv: list[str]) -> int:
+    from engine.distributed.launch import run_on_ranks
+    from engine.errors import BriskError
+
+    if args.hostfile and args.ranks != 1:
+        raise BriskError("Give --ranks (local ranks) or --hostfile (hosts), not both")
+    if args.join_timeout <= 0 or args.rank_timeout <= 0:
+        raise BriskError("--join-timeout and --rank-timeout must be positive")
+    if getattr(args, "kv_bits", None) == "auto":
+        raise BriskError("--kv-bits auto is not available with ranks yet: give 16, 8 or 4")
+    return run_on_ranks(
+        argv,
+        ranks=args.ranks,
+        hostfile=args.hostfile,
+        join_timeout=args.join_timeout,
+        rank_timeout=args.rank_timeout,
+    )
+
+
+def pair_costs():
+    """The speculative decoder's stored costs, or none on a rank (machines differ: each
+    rank would choose differently)."""
+    from engine.accel.speculative.controller import PairCosts
+    from engine.accel.speculative.costs_file import StoredPairCosts
+    from engine.distributed.group import current
+
+    return PairCosts() if current() is not None else StoredPairCosts()
+
+
+def rank_metrics(session) -> dict:
+    """On a rank: every rank's weight and KV bytes (a collective: every rank calls it at
+    the same point). Elsewhere: nothing."""
+    from engine.distributed.group import current
+
+    rank = current()
+    if rank is None:
+        return {}
+    from engine.distributed.lockstep import gather_rank_metrics
+    from engine.metrics import kv_bytes_measured
+
+    kv = kv_bytes_measured(session.cache.layers) if session.cache.layers is not None else 0
+    return {"parallel": "tensor", "ranks": gather_rank_metrics(rank, kv)}

@@ -1,0 +1,280 @@
+"""The launching side of `brisk run --ranks N` / `--hostfile hosts.json`.
+
+Brisk starts its ranks through `mlx.launch` (ring backend; loopback for --ranks), relays
+rank 0's output as its own, and watches the ranks, because neither MLX's ring nor
+mlx.launch bounds a wait: a ring whose peer never comes waits to join for good, and
+mlx.launch exits 0 even when a rank failed. The watch:
+
+- join: every rank says `started` when its Python runs and `joined` once the ring is up;
+  one that has not joined within --join-timeout is named with its host;
+- during the run: every rank says `alive` each second; one silent for --rank-timeout
+  (killed, stopped, its host or link gone) is named, and the group is stopped instead of
+  waiting forever on a collective it will never complete;
+- a rank that exits with an error or a signal is named, with what it printed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.distributed.group import HOSTS_ENV, MARKER
+from engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
+from engine.errors import BriskError
+
+JOIN_TIMEOUT_S = 120.0
+RANK_TIMEOUT_S = 30.0
+RANK_ARGS = {"--ranks": True, "--hostfile": True, "--join-timeout": True, "--rank-timeout": True}
+_LAUNCHER_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class RankFailed(BriskError):
+    """A rank died, stopped answering or never joined: the group was stopped."""
+
+
+def launcher_argv() -> list[str]:
+    """mlx.launch from this Python's environment."""
+    beside = Path(sys.executable).parent / "mlx.launch"
+    if beside.exists():
+        return [sys.executable, str(beside)]
+    return [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
+
+
+def rank_argv(argv: list[str]) -> list[str]:
+    """The user's brisk arguments without the ones that start ranks, with a seed that every
+    rank shares (each would otherwise draw its own and sample different tokens)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in RANK_ARGS:
+            skip = "=" not in arg and RANK_ARGS[name]
+            continue
+        out.append(arg)
+    if not any(a == "--seed" or a.startswith("--seed=") for a in out):
+        out += ["--seed", str(random.SystemRandom().randrange(2**31))]
+    return out
+
+
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """The first of `count` consecutive ports free on `host` (checked by binding them)."""
+    rng = random.SystemRandom()
+    for _ in range(50):
+        base = rng.randrange(20000, 60000 - count)
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind((host, port))
+            return base
+        except OSError:
+            continue
+    raise BriskError("No free ports for the ranks' ring on this machine")
+
+
+@dataclass
+class RankState:
+    host: str
+    started: bool = False
+    joined: bool = False
+    last_seen: float = 0.0
+    exit_code: int | None = None  # from the rank's own `exit` marker
+    died_with: int | None = None  # from mlx.launch: the process's status
+    said: list[str] = field(default_factory=list)  # its last stderr lines (errors)
+
+
+class RankWatch:
+    """What the ranks told the launcher, read from mlx.launch's merged stderr."""
+
+    def __init__(self, hosts: list[Host], clock=time.monotonic):
+        self.clock = clock
+        self.ranks = [RankState(h.ssh, last_seen=clock()) for h in hosts]
+        self.lock = threading.Lock()
+        self.first_death: int | None = None
+
+    def read_line(self, line: str) -> str | None:
+        """Note a marker or a launcher report; return the line if the user should see it."""
+        plain = _ANSI.sub("", line).strip()
+        with self.lock:
+            if plain.startswith(MARKER):
+                parts = plain.split()
+                if len(parts) >= 3 and parts[1].isdigit() and int(parts[1]) < len(self.ranks):
+                    state = self.ranks[int(parts[1])]
+                    state.last_seen = self.clock()
+                    if parts[2] == "started":
+                        state.started = True
+                    elif parts[2] == "joined":
+                        state.joined = True
+                    elif parts[2] == "exit" and len(parts) > 3:
+                        state.exit_code = int(parts[3])
+                return None
+            match = _LAUNCHER_EXIT.search(plain)
+            if match:
+                rank, code = int(match.group(1)), int(match.group(2))
+                if rank < len(self.ranks):
+                    self.ranks[rank].died_with = code
+                    # the launcher stops the others with SIGTERM once one fails
+                    if self.first_death is None and code != -signal.SIGTERM:
+                        self.first_death = rank
+                return None
+            if plain.startswith("[ring]"):
+                return None  # the survivors' socket errors once a peer is gone: the cause is said below
+            found = re.match(r"\[rank (\d+) on ", plain)
+            if found and int(found.group(1)) < len(self.ranks):
+                self.ranks[int(found.group(1))].said = (self.ranks[int(found.group(1))].said + [plain])[-3:]
+        return line
+
+    def problem(self, started_at: float, join_timeout: float, rank_timeout: float) -> str | None:
+        """Why the group must be stopped now, or None."""
+        now = self.clock()
+        with self.lock:
+            missing = [i for i, r in enumerate(self.ranks) if not r.joined]
+            if missing and now - started_at > join_timeout:
+                return (
+                    "; ".join(
+                        f"rank {i} on host {self.ranks[i].host} "
+                        + ("did not join the ring" if self.ranks[i].started else "never started")
+                        for i in missing
+                    )
+                    + f" within {join_timeout:.0f} s"
+                )
+            for i, r in enumerate(self.ranks):
+                if r.joined and r.exit_code is None and r.died_with is None and now - r.last_seen > rank_timeout:
+                    return (
+                        f"rank {i} on host {r.host} stopped answering (no sign of life for {rank_timeout:.0f} s: "
+                        "its process is stopped, or its host or link is gone)"
+                    )
+        return None
+
+    def failure(self) -> str | None:
+        """After the launcher ended: the rank that failed first, said plainly, or None."""
+        with self.lock:
+            culprit = self.first_death
+            if culprit is None:
+                culprit = next((i for i, r in enumerate(self.ranks) if r.exit_code not in (None, 0)), None)
+            if culprit is None:
+                return None
+            r = self.ranks[culprit]
+            if r.exit_code not in (None, 0):  # it said why itself, on stderr
+                return None if culprit == 0 else f"rank {culprit} on host {r.host} failed; the other ranks were stopped"
+            code = r.died_with
+            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+            when = "while running (after joining the ring)" if r.joined else "before joining the ring"
+            return f"rank {culprit} on host {r.host} {how} {when}; the other ranks were stopped"
+
+
+def run_on_ranks(
+    argv: list[str],
+    *,
+    ranks: int | None,
+    hostfile: str | None,
+    join_timeout: float = JOIN_TIMEOUT_S,
+    rank_timeout: float = RANK_TIMEOUT_S,
+    stdout=None,
+    stderr=None,
+) -> int:
+    """Run `brisk <argv>` on the ranks; rank 0's output becomes this process's. Returns rank
+    0's status; raises RankFailed naming the rank and host that failed."""
+    hosts = read_hostfile(hostfile) if hostfile else loopback(ranks or 0)
+    check_reachable(hosts)
+    out = stdout or sys.stdout.buffer
+    err = stderr or sys.stderr
+    with tempfile.TemporaryDirectory(prefix="brisk-ranks-") as tmp:
+        hostfile_path = Path(tmp) / "hosts.json"
+        hostfile_path.write_text(to_launch_json(hosts))
+        from engine.python_argv import module_argv
+
+        # brisk re-executes itself with malloc tunables (engine/cli.py); the ranks get the same
+        tunables = [f"GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']}"] if "GLIBC_TUNABLES" in os.environ else []
+
+        cmd = [
+            *launcher_argv(),
+            "--backend",
+            "ring",
+            "--hostfile",
+            str(hostfile_path),
+            "--starting-port",
+            str(free_port_run(len(hosts))),
+            "--env",
+            f"{HOSTS_ENV}={','.join(h.ssh for h in hosts)}",
+            *[arg for env in tunables for arg in ("--env", env)],
+            "--",
+            *module_argv("engine.distributed.rank", *rank_argv(argv)),
+        ]
+        watch = RankWatch(hosts)
+        # stdin is a pipe held open and never written: mlx.launch polls it for the ranks
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+        )
+        relays = [
+            threading.Thread(target=_copy, args=(proc.stdout, out), daemon=True),
+            threading.Thread(target=_watch_lines, args=(proc.stderr, watch, err), daemon=True),
+        ]
+        for t in relays:
+            t.start()
+        started_at = watch.clock()
+        problem = None
+        try:
+            while proc.poll() is None:
+                problem = watch.problem(started_at, join_timeout, rank_timeout)
+                if problem:
+                    _stop(proc)
+                    break
+                time.sleep(0.2)
+        except BaseException:  # Ctrl-C included: no rank outlives its launcher
+            _stop(proc)
+            raise
+        finally:
+            for t in relays:
+                t.join(timeout=5)
+            if proc.stdin:
+                proc.stdin.close()
+        if problem:
+            raise RankFailed(problem + "; the group was stopped")
+        failed = watch.failure()
+        if failed:
+            raise RankFailed(failed)
+        code = watch.ranks[0].exit_code
+        if code is None:
+            raise RankFailed(f"rank 0 on host {hosts[0].ssh} ended without a result")
+        return code
+
+
+def _copy(source, target) -> None:
+    for chunk in iter(lambda: source.read1(8192), b""):
+        target.write(chunk)
+        target.flush()
+
+
+def _watch_lines(source, watch: RankWatch, target) -> None:
+    for raw in iter(source.readline, b""):
+        line = watch.read_line(raw.decode("utf-8", errors="replace"))
+        if line is not None:
+            target.write(line)
+            target.flush()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """Stop mlx.launch and every local rank (one process group); remote ranks lose their ssh."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -1,0 +1,248 @@
+"""Distributed runs (engine/distributed): hostfiles, the launcher's watch, and 2 loopback
+ranks started through mlx.launch on a tiny random-weight qwen2 (tensor parallel)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.distributed.hostfile import HostfileError, check_reachable, loopback, parse_hosts, read_hostfile
+from engine.distributed.launch import RankWatch, rank_argv, run_on_ranks
+from engine.models.store import ModelStore
+
+PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
+
+
+# --- hostfiles ------------------------------------------------------------------------
+
+
+def test_hostfile_in_mlx_launch_format_is_read(tmp_path):
+    path = tmp_path / "hosts.json"
+    hosts = [{"ssh": "a", "ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]
+    path.write_text(json.dumps({"backend": "ring", "hosts": hosts}))
+    hosts = read_hostfile(path)
+    assert [(h.ssh, h.ips) for h in hosts] == [("a", ("10.0.0.1",)), ("b", ("10.0.0.2",))]
+
+
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        ({"hosts": [{"ssh": "a", "ips": ["0.0.0.0"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]}, "every interface"),
+        ({"hosts": [{"ssh": "a", "ips": ["::"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]}, "every interface"),
+        ({"hosts": [{"ssh": "a"}, {"ssh": "b", "ips": ["10.0.0.2"]}]}, "needs 'ips'"),
+        ({"hosts": [{"ssh": "a", "ips": ["mac1.local"]}, {"ssh": "b", "ips": ["10.0.0.2"]}]}, "not an IP address"),
+        ({"backend": "mpi", "hosts": []}, "not supported"),
+        ({"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}]}, "2 to 64 hosts"),
+        ([{"ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}], "needs an 'ssh' name"),
+    ],
+)
+def test_bad_hostfiles_are_refused_in_one_line(data, says):
+    with pytest.raises(HostfileError, match=says):
+        parse_hosts(data, "hosts.json")
+
+
+def test_loopback_ranks_listen_on_loopback_only():
+    assert {ip for h in loopback(3) for ip in h.ips} == {"127.0.0.1"}
+    with pytest.raises(HostfileError):
+        loopback(1)
+
+
+def test_absent_host_fails_before_anything_is_launched(tmp_path, monkeypatch):
+    hostfile = tmp_path / "hosts.json"
+    hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "nowhere.invalid", "ips": ["10.9.9.9"]}]
+    hostfile.write_text(json.dumps({"hosts": hosts}))
+
+    def no_launch(*a, **kw):
+        raise AssertionError("mlx.launch started for a hostfile with an absent host")
+
+    monkeypatch.setattr(subprocess, "Popen", no_launch)
+    with pytest.raises(HostfileError, match=r"Host 1 \(nowhere.invalid\) is not known here"):
+        run_on_ranks(["run", "--prompt", "hi"], ranks=None, hostfile=str(hostfile))
+
+
+def test_a_host_whose_ssh_port_is_closed_is_named():
+    # 127.0.0.2 is loopback but not mlx.launch's local name: it is checked like a remote host
+    # (nothing listens on port 22 in the test machine's loopback, or this asserts nothing new)
+    hosts = parse_hosts([{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}, {"ssh": "127.0.0.2", "ips": ["127.0.0.2"]}], "h")
+    try:
+        check_reachable(hosts, timeout=1.0)
+    except HostfileError as exc:
+        assert "Host 1 (127.0.0.2) is not reachable" in str(exc)
+    else:
+        pytest.skip("an ssh server listens on this machine's loopback")
+
+
+# --- the launcher's watch -------------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_rank_argv_drops_rank_options_and_shares_one_seed():
+    out = rank_argv(["run", "--ranks", "2", "--prompt", "x", "--join-timeout=5", "--hostfile", "h.json"])
+    assert out[:3] == ["run", "--prompt", "x"] and out[3] == "--seed" and out[4].isdigit()
+    assert rank_argv(["run", "--seed", "7", "--ranks=2"]) == ["run", "--seed", "7"]
+
+
+def test_a_rank_that_never_joins_is_named_after_the_join_timeout():
+    clock = FakeClock()
+    watch = RankWatch(loopback(2), clock=clock)
+    assert watch.read_line("@brisk-rank 0 started\n") is None
+    watch.read_line("@brisk-rank 0 joined\n")
+    clock.now = 5.0
+    assert watch.problem(0.0, join_timeout=10, rank_timeout=30) is None
+    clock.now = 11.0
+    assert watch.problem(0.0, join_timeout=10, rank_timeout=30) == (
+        "rank 1 on host 127.0.0.1 never started within 10 s"
+    )
+    watch.read_line("@brisk-rank 1 started\n")
+    assert "rank 1 on host 127.0.0.1 did not join the ring" in watch.problem(0.0, join_timeout=10, rank_timeout=30)
+
+
+def test_a_silent_rank_is_named_after_the_rank_timeout():
+    clock = FakeClock()
+    watch = RankWatch(loopback(2), clock=clock)
+    for rank in (0, 1):
+        watch.read_line(f"@brisk-rank {rank} joined\n")
+    clock.now = 20.0
+    watch.read_line("@brisk-rank 0 alive\n")
+    assert watch.problem(0.0, join_timeout=10, rank_timeout=30) is None
+    clock.now = 31.0
+    assert watch.problem(0.0, join_timeout=10, rank_timeout=30).startswith("rank 1 on host 127.0.0.1 stopped answering")
+
+
+def test_the_rank_that_died_first_is_blamed_not_those_stopped_after_it():
+    watch = RankWatch(loopback(3), clock=FakeClock())
+    for rank in range(3):
+        watch.read_line(f"@brisk-rank {rank} joined\n")
+    assert watch.read_line("\x1b[33m[WARN] Node with rank 2 exited with code -9 \x1b[0m\n") is None
+    watch.read_line("[WARN] Node with rank 0 exited with code -15\n")
+    assert watch.read_line("[ring] Socket 3 was closed by the peer\n") is None
+    assert watch.failure() == (
+        "rank 2 on host 127.0.0.1 was killed by signal 9 while running (after joining the ring); "
+        "the other ranks were stopped"
+    )
+
+
+# --- two loopback ranks through mlx.launch ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ranks_home(tmp_path_factory):
+    """A tiny qwen2 whose heads, MLP and vocabulary all split 2 ways; head_dim 32 packs to int4."""
+    from tests.tiny_models import make_tiny_model
+
+    home = tmp_path_factory.mktemp("ranks-home")
+    folder = make_tiny_model(
+        tmp_path_factory.mktemp("tq") / "tq", "qwen2", context_length=4096, hidden_size=128, intermediate_size=256
+    )
+    ModelStore(home).install_folder(folder, model_id="tq", source="test")
+    return home
+
+
+def brisk(home, *args, **kw):
+    env = dict(os.environ, BRISK_HOME=str(home))
+    return subprocess.run(
+        [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, timeout=600, **kw
+    )
+
+
+def greedy_run(home, *extra):
+    out = brisk(home, "run", "--model", "tq", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "48", "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param((), id="plain"),
+        pytest.param(("--spec-decode", "on"), id="lookup"),
+        pytest.param(("--kv-bits", "4"), id="int4-kv"),
+    ],
+)
+def test_two_loopback_ranks_give_the_same_greedy_answer_as_one(ranks_home, extra):
+    one = greedy_run(ranks_home, *extra)
+    two = greedy_run(ranks_home, "--ranks", "2", *extra)
+    assert two["token_ids"] == one["token_ids"] and two["text"] == one["text"]
+    ranks = two["metrics"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and two["metrics"]["parallel"] == "tensor"
+    for r in ranks:
+        assert r["host"] == "127.0.0.1"
+        assert 0 < r["weight_share"] <= 0.55
+        assert r["kv_bytes"] == one["metrics"]["kv_bytes"] // 2  # each rank holds half the KV heads
+    if "--spec-decode" in extra:
+        assert two["metrics"]["lookup_tokens"] == one["metrics"]["lookup_tokens"] > 0
+
+
+def test_an_architecture_without_tensor_parallelism_is_refused_by_name(tmp_path):
+    from tests.tiny_models import make_tiny_model
+
+    ModelStore(tmp_path).install_folder(make_tiny_model(tmp_path / "g", "gemma3_text"), model_id="g", source="test")
+    out = brisk(tmp_path, "run", "--model", "g", "--prompt", "hi", "--ranks", "2", "--max-tokens", "2")
+    assert out.returncode == 1
+    assert "gemma3_text models cannot run on several ranks" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def _rank_pid(launcher_pid: int, rank: int) -> int | None:
+    """The pid of rank `rank` among the processes under `launcher_pid` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    todo = [launcher_pid]
+    while todo:
+        pid = todo.pop()
+        try:
+            cmdline = (Path("/proc") / str(pid) / "cmdline").read_bytes()
+            environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine.distributed.rank" in cmdline and f"MLX_RANK={rank}".encode() in environ:
+            return pid
+        todo += children.get(pid, [])
+    return None
+
+
+def test_a_rank_killed_mid_answer_is_named_and_nothing_hangs(ranks_home):
+    """Rank 1 is killed once rank 0 has streamed text: brisk ends with one line naming the
+    rank and host (mlx.launch itself would exit 0, and rank 0 would wait in its collective)."""
+    env = dict(os.environ, BRISK_HOME=str(ranks_home))
+    args = ["run", "--model", "tq", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "3000", "--ranks", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        first = proc.stdout.read(1)  # rank 0 streams the answer: it is mid-answer now
+        assert first, proc.stderr.read().decode()
+        victim = None
+        for _ in range(100):  # bounded: the rank processes exist once rank 0 answers
+            victim = _rank_pid(proc.pid, 1)
+            if victim:
+                break
+            time.sleep(0.1)
+        assert victim is not None
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 1
+    assert "brisk: error: rank 1 on host 127.0.0.1 was killed by signal 9" in err
+    assert "Traceback" not in err and "[ring]" not in err
