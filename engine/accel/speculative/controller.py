@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.accel.speculative.device_costs import PRIORS
+
 # k above this buys little: acceptance compounds (α^k) while the draft cost grows linearly.
 DEFAULT_MAX_K = 8
 # Recent cycles matter more: acceptance changes with the content (code, prose, lists).
@@ -36,11 +38,8 @@ OUTLIER_CLIP = 1.5
 # Drafting must promise this much over plain decoding to be chosen (noise in the timings).
 MIN_GAIN = 1.03
 # Each extra position of a verify pass is assumed to add this share of a plain step until
-# measured. On a GPU decode streams the weights once whatever the number of positions; on a
-# CPU the few-row kernels are compute-bound: each extra position cost 0.26 (SmolLM2) to 0.41
-# (Qwen-1.5B q4) of a compiled plain step here, and 0.05 sent a turn's first lookups long.
-EXTRA_POSITION_COST = 0.05
-EXTRA_POSITION_COST_CPU = 0.3
+# measured, where no device's figure is given (device_costs.py decides those; pair.py passes it).
+EXTRA_POSITION_COST = PRIORS["gpu"].extra_position
 # `auto` drafts stop after a token the draft gives less than this probability (Hugging
 # Face's assistant_confidence_threshold default): a long draft into free text otherwise
 # costs several plain steps for one token.

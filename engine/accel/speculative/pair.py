@@ -11,25 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import mlx.core as mx
-
 from engine.accel.specprefill.scoring import DraftScorer
 from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.controller import EXTRA_POSITION_COST, EXTRA_POSITION_COST_CPU, PairCosts
+from engine.accel.speculative.controller import PairCosts
 from engine.accel.speculative.decoder import SpeculativeDecoder
+from engine.accel.speculative.device_costs import cost_key, verify_cost
 from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
 from engine.accel.speculative.lookup import ContextIndex
 from engine.cache import PromptCache
 from engine.sampling import TokenDistribution
-from kernels.native_layers import verify_path
 
 if TYPE_CHECKING:
     from engine.models.loader import LoadedModel
 
 
-def position_cost() -> float:
-    """A verify pass's cost per extra position, in plain steps, before it is measured."""
-    return EXTRA_POSITION_COST_CPU if mx.default_device() == mx.cpu else EXTRA_POSITION_COST
+def position_cost(target: LoadedModel) -> float:
+    """A verify pass's cost per extra position, in plain steps, before a conversation times
+    one: for the device the kernel plan names (device_costs.py)."""
+    return verify_cost(target.id, target.model).extra_position
 
 
 @dataclass
@@ -84,9 +83,9 @@ class DraftPair:
                 has_draft=True,
                 lookup=index is not None,
                 cost_ratio=cost_ratio(self.draft, self.target),
-                pair=(self.target.id, self.draft.id, verify_path(self.target.model)),
+                pair=(self.target.id, self.draft.id, cost_key(self.target.model)),
                 costs=costs,
-                position_cost=position_cost(),
+                position_cost=position_cost(self.target),
             )
             self.controller_key = key
         return SpeculativeDecoder(
@@ -121,9 +120,9 @@ class LookupOnly:
                 settings.num_draft,
                 has_draft=False,
                 lookup=True,
-                pair=(self.target.id, None, verify_path(self.target.model)),
+                pair=(self.target.id, None, cost_key(self.target.model)),
                 costs=costs,
-                position_cost=position_cost(),
+                position_cost=position_cost(self.target),
             )
             self.controller_key = key
         return SpeculativeDecoder(
