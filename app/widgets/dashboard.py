@@ -201,7 +201,8 @@ class Dashboard(QWidget):
         self.reset()
         for m in turns[:-1]:
             self._plot(self.chart, m)
-            self._ttfts = (self._ttfts + [waited(m)])[-RECENT_TURNS:]
+            if not stopped_early(m):
+                self._ttfts = (self._ttfts + [waited(m)])[-RECENT_TURNS:]
         if turns:
             self.show_turn(turns[-1], model=model)
 
@@ -218,8 +219,8 @@ class Dashboard(QWidget):
         """A finished turn's metrics (TurnMetrics.to_dict(), with the app's waited_s and
         queue_s when it measured them) of `model`."""
         model = m.get("model_id") or model
-        if not m.get("generated_tokens") and m.get("finish_reason") in ("cancelled", "error"):
-            self.ttft.setText("–")  # stopped before its first token: nothing was waited for to the end
+        if stopped_early(m):
+            self.ttft.setText("–")  # nothing was waited for to the end
             self.breakdown.setText("")
         else:
             self._ttfts = (self._ttfts + [waited(m)])[-RECENT_TURNS:]
@@ -312,6 +313,11 @@ class Dashboard(QWidget):
     def refresh_memory(self) -> None:
         used = self._memory_probe()
         self.memory.setText(f"Process memory: {_size(used)}" if used else "")
+
+
+def stopped_early(m: dict) -> bool:
+    """The turn ended before its first token (stopped, or failed)."""
+    return not m.get("generated_tokens") and m.get("finish_reason") in ("cancelled", "error")
 
 
 def cache_hit(m: dict) -> bool:
