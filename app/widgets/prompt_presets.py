@@ -4,7 +4,7 @@ app/preferences.py). Picking one fills the chat's system prompt; the chat saves 
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QInputDialog, QPushButton, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QInputDialog, QToolButton, QWidget
 
 from app.preferences import MAX_PRESET_NAME_CHARS, MAX_PRESETS, saved_prompt_presets, write_prompt_presets
 
@@ -73,12 +73,17 @@ class PresetPicker(QWidget):
         row = QHBoxLayout(self)
         row.setContentsMargins(0, 0, 0, 0)
         self.combo = QComboBox()
+        # as narrow as the other rows: a long preset name is elided, not a wider settings column
+        self.combo.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.combo.setMinimumContentsLength(8)
         self.combo.setToolTip("Built-in and saved system prompts: picking one replaces the system prompt below")
         self.combo.activated.connect(self._picked)  # the user's pick only, not a programmatic select
-        self.save_button = QPushButton("Save…")
+        self.save_button = QToolButton()  # narrower than push buttons: the row fits the settings column
+        self.save_button.setText("Save…")
         self.save_button.setToolTip("Save the system prompt below as a preset")
         self.save_button.clicked.connect(self._save)
-        self.delete_button = QPushButton("Delete")
+        self.delete_button = QToolButton()
+        self.delete_button.setText("Delete")
         self.delete_button.setToolTip("Delete the chosen saved preset (built-in ones stay)")
         self.delete_button.clicked.connect(self._delete)
         row.addWidget(self.combo, 1)
