@@ -82,7 +82,7 @@ class SettingsPanel(QWidget):
         # A refusal (a seed that is not a number, a preset without a name) above the form, in one line
         self.problem = plain_label()
         self.problem.setObjectName("settingsProblem")
-        self.problem.setProperty("error", True)
+        self.problem.setStyleSheet("color: #d0453a;")  # the red of a failed self-test mark, on either theme
         self.problem.setWordWrap(True)
         self.problem.hide()
         outer.addWidget(self.problem)
