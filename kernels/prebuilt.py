@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import stat
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +74,7 @@ def shipped_file(where: Path, name: object) -> Path:
     return path
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
@@ -92,7 +91,7 @@ def lookup(kind: str, sources: Iterable[Path], requires: dict[str, str], cpu: It
         check_shipped(manifest, follow=False)
         entry = json.loads(manifest.read_text())["libraries"][kind]
         path = shipped_file(where, entry["file"])
-        if _sha256(path) != entry["sha256"]:
+        if file_sha256(path) != entry["sha256"]:
             return None, f"prebuilt {path.name} does not match its recorded sha256"
     except (OSError, KeyError, ValueError, TypeError) as error:
         return None, f"prebuilt kernels unusable: {error}"
@@ -138,46 +137,3 @@ def load_first(
         return Loaded(value, "built locally", str(built), why_not)
     except errors as error:
         return Loaded(None, "fallback", "", f"{why_not}; building locally failed: {error}")
-
-
-def build_into(target: Path) -> dict:
-    """Compile both native libraries into `target` and write its manifest (the packaging
-    step; needs the compiler, Python headers, nanobind and mlx that the bundle ships with)."""
-    from importlib.metadata import version
-
-    from kernels import mlx_extension, native
-
-    target.mkdir(parents=True, exist_ok=True)
-    cxx = native.find_compiler()
-    suffix = ".dylib" if sys.platform == "darwin" else ".so"
-    builds = {
-        "ctypes": (
-            f"brisk_kernels{suffix}",
-            native.compile_command,
-            native.all_sources(),
-            {"platform": platform_tag()},
-        ),
-        "mlx_primitives": (
-            f"brisk_mlx_ops{mlx_extension.suffix()}",
-            lambda c, out: mlx_extension.compile_command(c, out, rpath=False),
-            mlx_extension.all_sources(),
-            {"platform": platform_tag(), "mlx": version("mlx")},
-        ),
-    }
-    libraries = {}
-    for kind, (name, command, sources, requires) in builds.items():
-        out = target / name
-        done = subprocess.run(command(cxx, out), capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"compiling {kind} failed: {done.stderr.strip()[-2000:]}")
-        os.chmod(out, 0o755)
-        libraries[kind] = {
-            "file": name,
-            "sha256": _sha256(out),
-            "sources": sources_digest(sources),
-            "requires": requires,
-            "cpu": native.cpu_features(),
-        }
-    manifest = {"libraries": libraries, "compiler": cxx}
-    (target / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest

@@ -12,21 +12,64 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run from a checkout without installing it
     sys.path.insert(0, str(ROOT))
 
-from kernels import prebuilt  # noqa: E402
+from kernels import mlx_extension, native, prebuilt  # noqa: E402
+
+
+def build_into(target: Path) -> dict:
+    """Compile both native libraries into `target` and write its manifest (needs the compiler,
+    Python headers, nanobind and mlx that the bundle ships with). Here, not in kernels/prebuilt.py:
+    the loaders import prebuilt, and prebuilt importing them back made an import cycle."""
+    target.mkdir(parents=True, exist_ok=True)
+    cxx = native.find_compiler()
+    suffix = ".dylib" if sys.platform == "darwin" else ".so"
+    builds = {
+        "ctypes": (
+            f"brisk_kernels{suffix}",
+            native.compile_command,
+            native.all_sources(),
+            {"platform": prebuilt.platform_tag()},
+        ),
+        "mlx_primitives": (
+            f"brisk_mlx_ops{mlx_extension.suffix()}",
+            lambda c, out: mlx_extension.compile_command(c, out, rpath=False),
+            mlx_extension.all_sources(),
+            {"platform": prebuilt.platform_tag(), "mlx": version("mlx")},
+        ),
+    }
+    libraries = {}
+    for kind, (name, command, sources, requires) in builds.items():
+        out = target / name
+        done = subprocess.run(command(cxx, out), capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"compiling {kind} failed: {done.stderr.strip()[-2000:]}")
+        os.chmod(out, 0o755)
+        libraries[kind] = {
+            "file": name,
+            "sha256": prebuilt.file_sha256(out),
+            "sources": prebuilt.sources_digest(sources),
+            "requires": requires,
+            "cpu": native.cpu_features(),
+        }
+    manifest = {"libraries": libraries, "compiler": cxx}
+    (target / prebuilt.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=prebuilt.FOLDER, help="folder to build into")
     args = parser.parse_args(argv)
-    manifest = prebuilt.build_into(args.out)
+    manifest = build_into(args.out)
     print(json.dumps(manifest, indent=2))
     return 0
 

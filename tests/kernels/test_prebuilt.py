@@ -1,16 +1,29 @@
 """Kernels built ahead of time (a bundle's) load on a machine with no compiler, and only
 when they are the very files recorded, for these sources, this CPU and this mlx."""
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kernels import native, prebuilt
 from tests.kernels.test_native_library import CXX, build_hostile
+
+
+def _build_kernels_script():
+    """packaging/build_kernels.py, loaded by its path (`packaging` is also PyPI's package name)."""
+    path = Path(__file__).resolve().parents[2] / "packaging" / "build_kernels.py"
+    spec = importlib.util.spec_from_file_location("brisk_build_kernels", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="building the prebuilt kernels needs a C++ compiler")
 
@@ -22,7 +35,7 @@ def shipped_once(tmp_path_factory, copying_compiler):
     folder = tmp_path_factory.mktemp("bundle") / "prebuilt"
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CXX", copying_compiler)
-        prebuilt.build_into(folder)
+        _build_kernels_script().build_into(folder)
     return folder
 
 

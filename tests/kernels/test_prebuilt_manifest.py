@@ -39,7 +39,7 @@ def write_manifest(folder, file, library, source):
     folder.mkdir(mode=0o755, exist_ok=True)
     entry = {
         "file": file,
-        "sha256": prebuilt._sha256(library),
+        "sha256": prebuilt.file_sha256(library),
         "sources": prebuilt.sources_digest([source]),
         "requires": {},
         "cpu": [],
@@ -123,7 +123,7 @@ def test_brisk_info_says_why_the_prebuilt_library_was_refused(tmp_path, folder, 
     build_marking_library(tmp_path, outside)
     entry = {
         "file": str(outside),
-        "sha256": prebuilt._sha256(outside),
+        "sha256": prebuilt.file_sha256(outside),
         "sources": prebuilt.sources_digest(native.all_sources()),
         "requires": {"platform": prebuilt.platform_tag()},
         "cpu": [],
