@@ -4,13 +4,14 @@ one: the one place speculation asks (pair.py hands it to the autopilot, controll
 A verify pass over k + 1 positions costs one plain step plus `extra_position` of a step per
 extra position. How much that is depends on where the products run:
 
-- `cpu`: Brisk's native kernels. Few-row products are compute-bound: each extra position
-  cost 0.26 (SmolLM2) to 0.41 (Qwen-1.5B q4) of a compiled plain step on this project's
-  AMD EPYC (Zen 4), and a prior of 0.05 sent a turn's first lookups long.
-- `cpu-mlx`: MLX's own kernels on the CPU (`BRISK_KERNELS=off`, or no native kernels):
-  the weights stay in their stored dtype, and MLX's CPU runs half-precision products a
-  row at a time. SmolLM2-135M (q4, float16) on the same EPYC: a step 215 ms, 5 positions
-  1.31 s, 9 positions 2.54 s: 1.3 of a step per extra position.
+- `cpu`: float32 on the CPU, Brisk's native kernels (or the BLAS where they are switched
+  off). Few-row products are compute-bound: each extra position cost 0.26 (SmolLM2) to
+  0.41 (Qwen-1.5B q4) of a compiled plain step on this project's AMD EPYC (Zen 4), and a
+  prior of 0.05 sent a turn's first lookups long.
+- `cpu-mlx`: MLX's own kernels on the CPU in the stored dtype (`BRISK_KERNELS=off`, the
+  GPU plan's stand-in): MLX's CPU runs half-precision products a row at a time.
+  SmolLM2-135M (q4, float16) on the same EPYC: a step 215 ms, 5 positions 1.31 s,
+  9 positions 2.54 s: 1.3 of a step per extra position.
 - `gpu`: MLX on Metal or CUDA. Decode streams the weights once whatever the number of
   positions, so a few more rows cost little: 0.05 until measured. Measured instead, once
   per model in a process, by `measure_extra_position` (a few passes of the target on a
@@ -60,7 +61,7 @@ def device_kind(plan=None) -> str:
         plan = kernel_plan.current()
     if plan.device != "cpu":
         return "gpu"
-    return "cpu" if plan.native else "cpu-mlx"
+    return "cpu" if plan.compute_dtype == "float32" else "cpu-mlx"
 
 
 def cost_key(model, plan=None) -> str:
