@@ -5,7 +5,7 @@ tests/engine/test_eta_replay.py (run under `nice -n 15`; minutes on a 2-core CPU
         tests/engine/eta_recordings/record_prefill.py MODEL TOKENS OUT.json [--uniprefill]
 
 Only what the estimator sees is kept: per event (seconds since the turn began, done, total,
-phase), and when the first token came."""
+phase, and this process's CPU seconds), and when the first token came."""
 
 from __future__ import annotations
 
@@ -56,11 +56,13 @@ def main() -> None:
     session = Session(lm, settings)
     text = prompt_text(lm.tokenizer, args.tokens)
     events, first_token, metrics = [], None, {}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     for event in session.answer([Message("user", text)]):
         now = round(time.perf_counter() - start, 4)
         if isinstance(event, PrefillProgressed):
-            events.append([now, event.done, event.total, event.phase])
+            # and this process's CPU seconds: on a machine shared with other work, the wall
+            # clock also measures the others (a chunk took 2x its neighbours at load 16)
+            events.append([now, event.done, event.total, event.phase, round(time.process_time() - cpu_start, 4)])
         elif isinstance(event, TokenEmitted) and first_token is None:
             first_token = now
         elif hasattr(event, "metrics"):
@@ -74,7 +76,8 @@ def main() -> None:
         "first_token_s": first_token,
         "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, under nice -n 15 beside other work",
         "date": datetime.date.today().isoformat(),
-        "events": events,  # [seconds since the turn began, done, total, phase]
+        "load_average": os.getloadavg()[0],  # the machine's 1-minute load when the run ended
+        "events": events,  # [seconds since the turn began, done, total, phase, CPU seconds of this process]
     }
     with open(args.out, "w") as fh:
         json.dump(record, fh, indent=None, separators=(",", ":"))
