@@ -70,8 +70,14 @@ def rank_metrics(session) -> dict:
     rank = current()
     if rank is None:
         return {}
-    from engine.distributed.lockstep import gather_rank_metrics
+    import os
+
+    from engine.distributed.lockstep import PROBE_ENV, gather_rank_metrics, probe_collectives
     from engine.metrics import kv_bytes_measured
 
     kv = kv_bytes_measured(session.cache.layers) if session.cache.layers is not None else 0
-    return {"parallel": "tensor", "ranks": gather_rank_metrics(rank, kv)}
+    out: dict = {"parallel": "tensor", "ranks": gather_rank_metrics(rank, kv)}
+    if os.environ.get(PROBE_ENV) == "1":
+        dtype = session.lm.model.parameters()["model"]["norm"]["weight"].dtype
+        out["collectives"] = probe_collectives(rank, session.lm.config, dtype)
+    return out

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from engine.distributed.group import HOSTS_ENV, MARKER
 from engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
+from engine.distributed.lockstep import PROBE_ENV
 from engine.errors import BriskError
 
 JOIN_TIMEOUT_S = 120.0
@@ -197,7 +198,8 @@ def run_on_ranks(
         from engine.python_argv import module_argv
 
         # brisk re-executes itself with malloc tunables (engine/cli.py); the ranks get the same
-        tunables = [f"GLIBC_TUNABLES={os.environ['GLIBC_TUNABLES']}"] if "GLIBC_TUNABLES" in os.environ else []
+        forwarded = ("GLIBC_TUNABLES", PROBE_ENV, "BRISK_KERNELS", "BRISK_ISA", "BRISK_KERNEL_THREADS")
+        tunables = [f"{name}={os.environ[name]}" for name in forwarded if name in os.environ]
 
         cmd = [
             *launcher_argv(),

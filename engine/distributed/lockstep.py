@@ -16,6 +16,7 @@ Two things could still part the ranks, and are pinned here:
 
 from __future__ import annotations
 
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -72,3 +73,48 @@ def gather_rank_metrics(rank: Rank, kv_bytes: int) -> list[dict]:
         }
         for i, row in enumerate(rows)
     ]
+
+
+PROBE_ENV = "BRISK_PROBE_COLLECTIVES"  # set by `brisk bench distributed`
+
+
+def probe_collectives(rank: Rank, config: dict, dtype: mx.Dtype, *, repeats: int = 30) -> dict:
+    """The collectives one decode step makes, timed on this group with their real sizes:
+    two all_sums of the hidden state per layer (attention and MLP outputs), one for the
+    embedding lookup, and the head's all_gather of each rank's vocabulary slice. Each is
+    evaluated alone, as the decode graph's data dependencies force. Every rank calls this."""
+    hidden = int(config["hidden_size"])
+    layers = int(config["num_hidden_layers"])
+    vocab_slice = int(config["vocab_size"]) // rank.size
+    small = mx.zeros((1, 1, hidden), dtype=dtype)
+    logits = mx.zeros((vocab_slice, 1, 1), dtype=dtype)
+
+    def timed(make, times: int) -> tuple[float, float]:
+        """(median, fastest) seconds of one evaluation: the fastest is the link and the
+        ring's own cost; the median adds waiting for the peer to be scheduled."""
+        mx.eval(make())  # the first one pays for any setup
+        seconds = []
+        for _ in range(times):
+            started = time.perf_counter()
+            mx.eval(make())
+            seconds.append(time.perf_counter() - started)
+        return statistics.median(seconds), min(seconds)
+
+    sum_s, sum_fastest = timed(lambda: mx.distributed.all_sum(small, group=rank.group, stream=mx.cpu), repeats)
+    gather_s, gather_fastest = timed(
+        lambda: mx.distributed.all_gather(logits, group=rank.group, stream=mx.cpu), max(3, repeats // 3)
+    )
+    sums = 2 * layers + 1
+    # a ring all_sum of B bytes sends 2(N-1)/N x B from each rank; an all_gather (N-1)/N x N x slice
+    share = (rank.size - 1) / rank.size
+    sent = sums * 2 * share * small.nbytes + share * rank.size * logits.nbytes
+    return {
+        "collectives_per_token": sums + 1,
+        "all_sum_s": sum_s,
+        "all_gather_s": gather_s,
+        "collective_s_per_token": sums * sum_s + gather_s,
+        "all_sum_fastest_s": sum_fastest,
+        "all_gather_fastest_s": gather_fastest,
+        "collective_fastest_s_per_token": sums * sum_fastest + gather_fastest,
+        "collective_bytes_sent_per_token": int(sent),
+    }
