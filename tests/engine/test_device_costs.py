@@ -127,3 +127,4 @@ def test_the_pair_asks_the_plan_s_device(monkeypatch):
     assert cost_key(target.model) == "gpu"  # costs timed on a CPU say nothing about a GPU's
     monkeypatch.setitem(kernel_plan._current, "plan", _plan("cpu", BRISK_KERNELS="off"))
     assert position_cost(target) == PRIORS["cpu-mlx"].extra_position
+    assert cost_key(target.model) == "cpu-mlx"  # not the float32 BLAS path's "blas"

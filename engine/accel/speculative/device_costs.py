@@ -39,7 +39,7 @@ KINDS = ("cpu", "cpu-mlx", "gpu")
 class VerifyCost:
     kind: str  # one of KINDS
     extra_position: float  # a verify pass's cost per extra position, in plain steps
-    source: str  # where the figure comes from (the metrics and `brisk info` can say)
+    source: str  # where the figure comes from (logged when measured)
 
 
 PRIORS = {
@@ -65,11 +65,11 @@ def device_kind(plan=None) -> str:
 
 
 def cost_key(model, plan=None) -> str:
-    """The verify path that a pair's stored costs are kept under: on the CPU which path
-    few-row products take ("native" or "blas", as stored before the GPU plan), else the
-    device: costs timed on a CPU say nothing about a GPU's."""
+    """The verify path that a pair's stored costs are kept under: in float32 on the CPU
+    which path few-row products take ("native" or "blas", as stored before the GPU plan),
+    else the kind: costs timed in float32 on a CPU say nothing about a GPU's or float16's."""
     kind = device_kind(plan)
-    if kind == "gpu":
+    if kind != "cpu":
         return kind
     from kernels.native_layers import verify_path
 
@@ -100,6 +100,7 @@ def verify_cost(
         try:
             extra = (measure or measure_extra_position)(model)
             known = VerifyCost(kind, extra, f"measured: {model_id} on this {kind.upper()}")
+            log.info("a verify pass of %s costs %.3f of a step per extra position here", model_id, extra)
         except Exception as exc:  # a cost prior is never worth a turn
             known = PRIORS[kind]
             log.warning("could not time a verify pass of %s: %s; assuming %s", model_id, exc, known.extra_position)
