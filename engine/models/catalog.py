@@ -300,13 +300,12 @@ def _get_json(url: str, params: dict | None, max_bytes: int, endpoint: str) -> A
 
 def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str) -> bytes:
     from huggingface_hub import get_session
-    from huggingface_hub.utils import build_hf_headers
 
     from engine.models.pypi import explain_request_error
 
     try:
         with get_session().stream(
-            "GET", url, params=params, headers=build_hf_headers(), follow_redirects=True, timeout=REQUEST_TIMEOUT_S
+            "GET", url, params=params, headers=_hub_headers(), follow_redirects=True, timeout=REQUEST_TIMEOUT_S
         ) as response:
             if response.status_code == 404:
                 raise CatalogError(f"not found on the hub at {endpoint}")
@@ -334,6 +333,20 @@ def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str) -> 
         if str(error).startswith("Cannot reach"):
             raise _Unreachable(str(error)) from exc
         raise CatalogError(str(error)) from exc
+
+
+def _hub_headers() -> dict[str, str]:
+    """The user's token as huggingface_hub sends it, and Brisk's user agent. Not its
+    build_hf_headers(): for the user agent it fetches the endpoint's /api/agent-harnesses once
+    per process and reads it whole (huggingface_hub 2.4), so a hostile HF_ENDPOINT's 2 MB of
+    gzip there took 2 GB of memory and 30 s before the search began."""
+    from huggingface_hub import constants, get_token
+
+    headers = {"user-agent": "brisk"}
+    token = None if constants.HF_HUB_DISABLE_IMPLICIT_TOKEN else get_token()
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
 
 
 def _path(url: str) -> str:
@@ -383,7 +396,7 @@ def _describe(
         licence=_licence(info.card_data, info.tags),
         context_length=context,
         architecture=_architecture(config, info.gguf),
-        supported=(support := _support(config, weights, ggufs))[0],
+        supported=(support := _support(config, files, weights, ggufs))[0],
         support_note=support[1],
         fit=estimate_fit(
             weights_memory,
@@ -513,8 +526,9 @@ def _architecture(config: dict | None, gguf: Any) -> str:
     return _clean(model_type) if isinstance(model_type, str) and model_type.strip() else UNKNOWN
 
 
-def _support(config: dict | None, weights: dict, ggufs: dict) -> tuple[bool, str]:
-    """Whether `brisk models pull` installs it and mlx-lm runs it, by the same checks."""
+def _support(config: dict | None, files: dict, weights: dict, ggufs: dict) -> tuple[bool, str]:
+    """Whether `brisk models pull` installs it and mlx-lm runs it, by the same checks
+    (engine/models/download.py): a hub's config summary is no config.json to download."""
     from engine.errors import UnsupportedModel
     from engine.models.folder import mlx_architecture
 
@@ -522,6 +536,10 @@ def _support(config: dict | None, weights: dict, ggufs: dict) -> tuple[bool, str
         if ggufs:
             return False, "GGUF files only: download one and use Import GGUF"
         return False, "no .safetensors weights"
+    if "config.json" not in files:
+        return False, "no config.json file to download"
+    if not all(weights.values()):  # pull downloads weights of known size only
+        return False, "the hub does not say how large its weights are"
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         return False, "no config.json naming its architecture"
     if not re.fullmatch(r"[a-z0-9_]{1,64}", config["model_type"]):  # it names a module mlx-lm imports

@@ -7,6 +7,7 @@ import socket
 import pytest
 
 from engine.cli import main
+from engine.errors import DownloadError
 from engine.models.catalog import NO_LICENCE, CatalogError, bundled_models, estimate_fit, search_hub
 from tests.hub_server import HubServer
 from tests.tiny_models import make_tiny_model
@@ -275,3 +276,47 @@ def test_models_list_says_an_installed_bundled_models_licence(tmp_path, capsys):
         assert "see its model card" in lines["from-a-hub"]
     finally:
         store.remove("qwen2.5-coder-0.5b-instruct"), store.remove("from-a-hub")
+
+
+def test_a_search_does_not_fetch_the_hubs_agent_registry(hub, monkeypatch, tmp_path):
+    """huggingface_hub's build_hf_headers fetches the endpoint's /api/agent-harnesses once per
+    process and reads it whole: a hostile hub's gzip bomb there took gigabytes before a search
+    began. The search sends the user's token without it."""
+    import huggingface_hub.utils._detect_agent as agent
+
+    from engine.models.catalog import _hub_headers
+
+    monkeypatch.setattr(agent, "_registry", None)  # as in a fresh process, telemetry on (the default)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", hub.url)  # as when HF_ENDPOINT is set at start
+    monkeypatch.setattr("huggingface_hub.constants.AGENT_HARNESSES_PATH", str(tmp_path / "none.json"))
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_IMPLICIT_TOKEN", False)
+    assert search_hub("tiny-llama-4bit").models
+    assert not [r for r in hub.requests if "agent-harnesses" in r]
+    assert _hub_headers()["authorization"] == "Bearer hf_secret"  # the user's token still goes with it
+
+
+def test_runs_in_brisk_says_no_where_pull_would_refuse(tmp_path, monkeypatch):
+    """A repo without a config.json file (the hub's summary still names llama), and a hub that
+    lists weights without their sizes: the catalogue said 'yes' and Install failed."""
+    from engine.errors import UnsupportedModel
+    from engine.models.download import pull
+
+    root = tmp_path / "hub"
+    bare = make_tiny_model(root / "acme" / "no-config-llama")
+    (bare / ".hub.json").write_text(json.dumps({"config": {"model_type": "llama"}}))
+    (bare / "config.json").rename(bare / "config.json.orig")
+    make_tiny_model(root / "acme" / "tiny-llama")
+    with HubServer(root) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        model = by_id(search_hub("no-config"))["acme/no-config-llama"]
+        assert not model.supported and model.support_note == "no config.json file to download"
+        with pytest.raises(UnsupportedModel, match="no config.json"):
+            pull("acme/no-config-llama")
+    with HubServer(root, omit_sizes=True) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        model = by_id(search_hub("tiny-llama"))["acme/tiny-llama"]
+        assert not model.supported and "how large" in model.support_note
+        with pytest.raises(DownloadError, match="how large"):
+            pull("acme/tiny-llama")
