@@ -451,7 +451,9 @@ def _memory_bytes(size: int | None, safetensors: Any, config: dict | None) -> in
     counts = {k: v for k, v in params.items() if isinstance(k, str) and _count_bytes(v)}
     if not counts or any(dtype not in _FLOAT_BYTES for dtype in counts):
         return size
-    return sum(4 * n for n in counts.values())
+    # Never less than the files: a parameter count that disagrees with them (a hub's stale
+    # summary, or a hostile one) said 900 GB of weights fit in 8 GB.
+    return max(size, sum(4 * n for n in counts.values()))
 
 
 def _quantization(repo_id: str, config: dict | None, weights: dict, ggufs: dict, safetensors: Any) -> str:

@@ -320,3 +320,17 @@ def test_runs_in_brisk_says_no_where_pull_would_refuse(tmp_path, monkeypatch):
         assert not model.supported and "how large" in model.support_note
         with pytest.raises(DownloadError, match="how large"):
             pull("acme/tiny-llama")
+
+
+def test_the_fit_never_counts_less_memory_than_the_weights_files(tmp_path, monkeypatch):
+    """A hub whose parameter count (a few thousand float32s) disagrees with its file list
+    (900 GB of weights): the row said '900.00 GB' and 'yes, full context'."""
+    root = tmp_path / "hub"
+    big = make_tiny_model(root / "acme" / "big-llama")
+    siblings = [{"rfilename": "config.json", "size": 100}, {"rfilename": "model.safetensors", "size": 900 * 10**9}]
+    (big / ".hub.json").write_text(json.dumps({"siblings": siblings}))
+    with HubServer(root) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        model = by_id(search_hub("big-llama", memory_available=8 << 30))["acme/big-llama"]
+    assert model.size_bytes == 900 * 10**9 and model.fit.weights_bytes >= model.size_bytes
+    assert model.fit.fits is False and model.fit.text.startswith("no: 900.00 GB of weights")
