@@ -25,7 +25,7 @@ class ModelOperations(QObject):
         super().__init__(parent)
         self.engine = engine
         self.running = None  # the job of the install, download or import under way
-        self._own: set[int] = set()  # every job this object submitted
+        self._own: dict[int, object] = {}  # every job this object submitted, to its command
         self._searches = itertools.count(1)
         self._latest_search = 0
         self._search_threads: list[threading.Thread] = []
@@ -41,10 +41,16 @@ class ModelOperations(QObject):
     def start(self, command) -> None:
         """One install, download or import at a time; its progress and end are reported."""
         self.running = self.engine.submit(command)
-        self._own.add(self.running.id)
+        self._own[self.running.id] = command
+
+    def pending(self, command) -> bool:
+        """Whether this very command is submitted and not yet finished (Install pressed twice
+        queued a second download of the same model)."""
+        return command in self._own.values()
 
     def remove(self, model_id: str) -> None:
-        self._own.add(self.engine.submit(RemoveModel(model_id)).id)
+        command = RemoveModel(model_id)
+        self._own[self.engine.submit(command).id] = command
 
     def cancel(self) -> None:
         """Stop this operation only, never a chat's answer."""
@@ -94,7 +100,7 @@ class ModelOperations(QObject):
         elif isinstance(event, (ModelsChanged, EngineErrored)):
             if self.running is not None and self.running.id == job_id:
                 self.running = None
-            self._own.discard(job_id)
+            self._own.pop(job_id, None)
             self.finished.emit(app_wording(event.message))
             if isinstance(event, ModelsChanged):
                 self.models_changed.emit()

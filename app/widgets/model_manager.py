@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from PySide6 import QtGui
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
     QDialog,
@@ -124,6 +125,9 @@ class ModelManager(QDialog):
         if repo.count("/") != 1:
             self.status.setText("Enter a repo id like owner/name")
             return
+        if self.operations.pending(PullModel(repo)):
+            self.status.setText(f"{repo} is already being downloaded")
+            return
         self._start(PullModel(repo), f"Downloading {repo}…")
 
     def search(self) -> None:
@@ -164,7 +168,9 @@ class ModelManager(QDialog):
         for r, model in enumerate(models):
             for c, (text, tip) in enumerate(catalog_row(model)):
                 item = QTableWidgetItem(text)
-                item.setToolTip(tip)
+                # A tooltip that looks like HTML is rendered as HTML (a hub's '<img src=...>'
+                # in a quantization or model_type would load a local file): escaped, always.
+                item.setToolTip(QtGui.Qt.convertFromPlainText(tip))
                 self.results.setItem(r, c, item)
         self.results.resizeColumnsToContents()
         self.results.show()
@@ -197,9 +203,23 @@ class ModelManager(QDialog):
         if model_id_from_repo(model.id) in {e.id for e in self.list_models()}:
             self.status.setText(f"{model_id_from_repo(model.id)} is already installed")
             return
+        if self.operations.pending(PullModel(model.id)):
+            self.status.setText(f"{model.id} is already being downloaded")
+            return
+        if model.fit.fits is False and not self._accept_no_fit(model):
+            return
         if not model.licence_stated and not self._accept_no_licence(model.id):
             return
         self._start(PullModel(model.id), f"Downloading {model.id} ({model.size_text()})…")
+
+    def _accept_no_fit(self, model) -> bool:
+        answer = QMessageBox.question(
+            self,
+            "Does not fit",
+            f"{model.id} does not fit this machine ({model.fit.text}): it would not load, or would leave "
+            "the computer swapping. Download it anyway?",
+        )
+        return answer == QMessageBox.Yes
 
     def _accept_no_licence(self, name: str) -> bool:
         answer = QMessageBox.question(
@@ -227,6 +247,9 @@ class ModelManager(QDialog):
             return
         if model_id in installed:
             self.status.setText(f"{model_id} is already installed")
+            return
+        if self.operations.pending(InstallBundled(model_id)):
+            self.status.setText(f"{model_id} is already being installed")
             return
         spec = BUNDLED.get(model_id)
         if spec is not None and not spec.license_stated and not self._accept_no_licence(model_id):

@@ -1,0 +1,79 @@
+"""The model manager's catalogue against a hostile hub and an impatient user: HTML in a hub's
+fields stays text in tooltips, Install pressed twice downloads once, and a model that does
+not fit this machine asks before it downloads."""
+
+import json
+
+import pytest
+from PySide6 import QtGui
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QMessageBox
+
+from engine.model_commands import ModelsChanged, PullModel
+from tests.app.test_catalog_manager import rows, search, select
+from tests.hub_server import HubServer
+from tests.tiny_models import make_tiny_model
+
+HTML = "<img src='/etc/passwd'><h1>AWQ</h1>"
+
+
+@pytest.fixture(scope="module")
+def hub_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hub")
+    html = make_tiny_model(root / "acme" / "html-quant")
+    config = json.loads((html / "config.json").read_text())
+    (html / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": HTML}}))
+    make_tiny_model(root / "acme" / "tiny-llama-4bit", quantize=4)
+    (root / "acme" / "tiny-llama-4bit" / ".hub.json").write_text(json.dumps({"cardData": {"license": "mit"}}))
+    huge = make_tiny_model(root / "acme" / "huge-llama")
+    siblings = [{"rfilename": "config.json", "size": 100}, {"rfilename": "model.safetensors", "size": 900 * 10**9}]
+    (huge / ".hub.json").write_text(json.dumps({"siblings": siblings, "cardData": {"license": "mit"}}))
+    return root
+
+
+@pytest.fixture
+def hub(hub_root, monkeypatch):
+    with HubServer(hub_root) as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        yield server
+
+
+def test_html_from_the_hub_is_text_in_the_tooltips(qtbot, make_window, hub):
+    manager = make_window().show_models()
+    search(qtbot, manager, "html-quant")
+    assert rows(manager)["acme/html-quant"][2] == HTML  # the cell itself is plain text
+    for column in range(manager.results.columnCount()):
+        tip = manager.results.item(0, column).toolTip()
+        shown = QtGui.QTextDocument()
+        shown.setHtml(tip)  # what the tooltip label renders
+        assert "<img" not in tip and "<h1>" not in tip
+        if column in (2, 5):  # quantization and the support note quote the hub's text
+            assert HTML in shown.toPlainText()
+
+
+def test_install_pressed_twice_downloads_once(qtbot, make_window, engine, hub):
+    manager = make_window().show_models()
+    search(qtbot, manager, "tiny-llama-4bit")
+    select(manager, "acme/tiny-llama-4bit")
+    qtbot.mouseClick(manager.install_button, Qt.LeftButton)
+    qtbot.mouseClick(manager.install_button, Qt.LeftButton)
+    manager.repo.setText("acme/tiny-llama-4bit")
+    qtbot.mouseClick(manager.download_button, Qt.LeftButton)
+    assert engine.commands == [PullModel("acme/tiny-llama-4bit")]
+    assert manager.status.text() == "acme/tiny-llama-4bit is already being downloaded"
+    engine.play(ModelsChanged("Download of acme/tiny-llama-4bit cancelled"))
+    qtbot.mouseClick(manager.install_button, Qt.LeftButton)  # over: it may be asked again
+    assert engine.commands == [PullModel("acme/tiny-llama-4bit")] * 2
+
+
+def test_a_model_that_does_not_fit_asks_before_it_downloads(qtbot, make_window, engine, hub, monkeypatch):
+    asked, answers = [], [QMessageBox.No, QMessageBox.Yes]
+    monkeypatch.setattr(QMessageBox, "question", staticmethod(lambda *a, **k: asked.append(a[2]) or answers.pop(0)))
+    manager = make_window().show_models()
+    search(qtbot, manager, "huge-llama")
+    assert rows(manager)["acme/huge-llama"][6].startswith("no: 900.00 GB of weights")
+    select(manager, "acme/huge-llama")
+    qtbot.mouseClick(manager.install_button, Qt.LeftButton)
+    assert not engine.commands and "does not fit this machine" in asked[0] and "900.00 GB" in asked[0]
+    qtbot.mouseClick(manager.install_button, Qt.LeftButton)
+    assert engine.commands == [PullModel("acme/huge-llama")]
