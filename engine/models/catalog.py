@@ -32,6 +32,7 @@ MAX_LIST_BYTES = 8 << 20
 MAX_INFO_BYTES = 8 << 20
 MAX_CONFIG_BYTES = 1 << 20
 MAX_TEXT = 80  # a licence or quantization label longer than this is cut
+MAX_QUERY = 200  # characters of search text: a repo id is at most 96 + 1 + 96
 # The context a model must offer at least, beside its weights, to count as fitting.
 MIN_USEFUL_CONTEXT = 2048
 REQUEST_TIMEOUT_S = 20  # without a byte; a reply as a whole gets MAX_REPLY_S
@@ -242,6 +243,10 @@ def search_hub(
     query = query.strip()
     if not query:
         raise CatalogError("Type part of a model's name to search for")
+    if len(query) > MAX_QUERY:  # longer than any repo id: the hub or the URL would refuse it
+        raise CatalogError(
+            f"The search text is {len(query):,} characters; type part of a model's name (at most {MAX_QUERY})"
+        )
     # Most downloaded first, as the hub's own search page and LM Studio list them.
     params = {"search": query, "limit": limit, "sort": "downloads"}
     listing = _get_json(f"{endpoint}/api/models", params, MAX_LIST_BYTES, endpoint)

@@ -334,3 +334,12 @@ def test_the_fit_never_counts_less_memory_than_the_weights_files(tmp_path, monke
         model = by_id(search_hub("big-llama", memory_available=8 << 30))["acme/big-llama"]
     assert model.size_bytes == 900 * 10**9 and model.fit.weights_bytes >= model.size_bytes
     assert model.fit.fits is False and model.fit.text.startswith("no: 900.00 GB of weights")
+
+
+def test_search_text_longer_than_any_repo_id_is_one_clear_line(hub, capsys):
+    """100,000 characters failed inside httpx ('InvalidURL: URL component 'query' too long')."""
+    assert main(["models", "search", "x" * 100_000]) == 1
+    err = capsys.readouterr().err
+    assert "The search text is 100,000 characters" in err and len(err.strip().splitlines()) == 1
+    assert not hub.requests  # nothing was sent
+    assert main(["models", "search", "acme/" + "x" * 190]) == 0  # a repo id's length is searched
