@@ -14,6 +14,8 @@ from engine.events import DownloadProgressed, EngineErrored
 from engine.model_commands import ModelsChanged, RemoveModel, app_wording
 from engine.settings import DEFAULT_MODEL_ID
 
+MAX_SEARCHES = 3  # searches waiting on the hub at once; each asks up to 8 things in parallel
+
 
 class ModelOperations(QObject):
     progressed = Signal(str, int, int)  # what is being fetched, bytes done, total (0: not known yet)
@@ -57,9 +59,13 @@ class ModelOperations(QObject):
         if self.running is not None:
             self.running.cancel()
 
-    def search(self, text: str, *, k_bits: int = 16, v_bits: int = 16, group_size: int = 32) -> None:
+    def search(self, text: str, *, k_bits: int = 16, v_bits: int = 16, group_size: int = 32) -> bool:
         """Search the hub off the GUI thread (the network may take seconds, or never answer);
-        only the latest search's answer is delivered."""
+        only the latest search's answer is delivered. False, and nothing asked, while
+        MAX_SEARCHES are still waiting for a slow hub (Enter held down started one each)."""
+        self._search_threads = [t for t in self._search_threads if t.is_alive()]
+        if len(self._search_threads) >= MAX_SEARCHES:
+            return False
         number = self._latest_search = next(self._searches)
 
         def run() -> None:
@@ -78,8 +84,9 @@ class ModelOperations(QObject):
                 pass
 
         thread = threading.Thread(target=run, name="brisk-catalog-search", daemon=True)
-        self._search_threads = [t for t in self._search_threads if t.is_alive()] + [thread]
+        self._search_threads.append(thread)
         thread.start()
+        return True
 
     def wait_for_searches(self, timeout: float = 30.0) -> None:
         """For tests and shutdown: the searches under way have ended (their answers queued)."""

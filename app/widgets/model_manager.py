@@ -136,9 +136,11 @@ class ModelManager(QDialog):
             self.status.setText("Type part of a model's name to search for")
             return
         k_bits, v_bits, group = self._kv_setting()
+        if not self.operations.search(text, k_bits=k_bits, v_bits=v_bits, group_size=group):
+            self.status.setText("The hub has not answered the earlier searches yet; try again in a moment")
+            return
         self.results_title.setText(f"Searching Hugging Face for “{text}”…")
         self.search_button.setEnabled(False)
-        self.operations.search(text, k_bits=k_bits, v_bits=v_bits, group_size=group)
 
     def _kv_setting(self) -> tuple[int, int, int]:
         """The open chat's KV bits (under auto, 16 until the model's self-test has run)."""

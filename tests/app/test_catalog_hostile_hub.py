@@ -77,3 +77,31 @@ def test_a_model_that_does_not_fit_asks_before_it_downloads(qtbot, make_window, 
     assert not engine.commands and "does not fit this machine" in asked[0] and "900.00 GB" in asked[0]
     qtbot.mouseClick(manager.install_button, Qt.LeftButton)
     assert engine.commands == [PullModel("acme/huge-llama")]
+
+
+def test_enter_held_down_on_a_slow_hub_starts_a_bounded_number_of_searches(qtbot, make_window, monkeypatch):
+    """The Search button is disabled while a search runs, but Enter in the box was not: each
+    press started another thread asking the hub up to 8 things at once."""
+    import threading
+
+    from app.model_operations import MAX_SEARCHES
+    from engine.models.catalog import SearchResult
+
+    answer, asked = threading.Event(), []
+
+    def slow_search(text, **kwargs):
+        asked.append(text)
+        answer.wait(10)
+        return SearchResult(text, "http://hub", [], [])
+
+    monkeypatch.setattr("engine.models.catalog.search_hub", slow_search)
+    manager = make_window().show_models()
+    for press in range(20):
+        manager.search_box.setText(f"model {press}")
+        qtbot.keyClick(manager.search_box, Qt.Key_Return)
+    assert len(manager.operations._search_threads) == MAX_SEARCHES
+    assert "not answered the earlier searches" in manager.status.text()
+    answer.set()
+    manager.operations.wait_for_searches()
+    qtbot.waitUntil(lambda: manager.search_button.isEnabled(), timeout=10000)
+    assert len(asked) == MAX_SEARCHES and "model 2" in manager.results_title.text()
