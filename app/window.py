@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QGuiApplication, QKeySequence
 from PySide6.QtWidgets import (
     QCheckBox,
     QFileDialog,
@@ -32,6 +32,9 @@ from app.widgets.prefill_bar import PrefillBar
 from app.widgets.settings_panel import SettingsPanel
 from app.widgets.sidebar import Sidebar
 
+# Height a window manager's title bar and frame take above the client area (Openbox: about 20 px)
+TITLE_BAR_ALLOWANCE = 40
+
 
 class MainWindow(QMainWindow):
     def __init__(
@@ -39,7 +42,7 @@ class MainWindow(QMainWindow):
     ):
         super().__init__()
         self.setWindowTitle("Brisk")
-        self.resize(1280, 800)
+        self.resize(1280, 800)  # fitted to the screen's free area once the widgets are in (fit_to_screen)
         self.sidebar = Sidebar()
         self.chat_view = ChatView()
         self.prefill_bar = PrefillBar()
@@ -115,6 +118,16 @@ class MainWindow(QMainWindow):
             QTimer.singleShot(0, self.recovery_box.open)  # window-modal, never blocks the event loop
             self.statusBar().showMessage(note)
         self.refresh_sidebar()
+        self.fit_to_screen()
+
+    def fit_to_screen(self) -> None:
+        """No bigger than the screen's free area less a title bar: a 1280x800 client area on a
+        1280x800 or 1366x768 screen put the status bar (and its Undo button) below the edge."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            return
+        free = screen.availableGeometry()
+        self.resize(min(self.width(), free.width()), min(self.height(), free.height() - TITLE_BAR_ALLOWANCE))
 
     def _build_menus(self) -> None:
         """File / Edit / View / Models / Help, with the shortcuts desktop apps use."""
