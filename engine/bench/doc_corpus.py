@@ -57,7 +57,7 @@ class Question:
     answer: list[str]  # every item must appear in the answer (exact strings)
     depth: float = -1.0  # where the fact sits (0-1), -1 when it has no single place
     exact: bool = False  # quote: the whole string, words in order
-    max_tokens: int = 24
+    max_tokens: int = 32  # room for a full sentence: a 12-token cap cut "...ledger is ivory-ot"
 
 
 @dataclass
@@ -234,7 +234,7 @@ def build_document(seed: int, tokenizer, n_tokens: int, readme: Path | None = No
                 f"What is the storage code of the {name} ledger? Answer with the code only.",
                 [code],
                 depth,
-                max_tokens=12,
+                max_tokens=32,
             )
         )
     room, person = rng.choice(ROOMS), rng.choice(PEOPLE)
@@ -245,7 +245,7 @@ def build_document(seed: int, tokenizer, n_tokens: int, readme: Path | None = No
             "two_hop",
             f"Who holds the key to the room where the {names[-1]} ledger is kept? Answer with the name only.",
             [person],
-            max_tokens=16,
+            max_tokens=32,
         )
     )
     inspectors = rng.sample(INSPECTORS, 4)
@@ -263,7 +263,7 @@ def build_document(seed: int, tokenizer, n_tokens: int, readme: Path | None = No
     motto = f"{a} before {b}, {c} before {d}"
     planted.append((0.55, f'Archive note: the keepers\' motto is "{motto}".'))
     document.questions.append(
-        Question("quote", "Quote the keepers' motto exactly, word for word.", [motto], 0.55, exact=True, max_tokens=32)
+        Question("quote", "Quote the keepers' motto exactly, word for word.", [motto], 0.55, exact=True, max_tokens=40)
     )
     for depth, sentence in sorted(planted, reverse=True):  # from the end, so offsets hold
         at = min(points, key=lambda p: abs(p - depth * len(doc)))
@@ -277,7 +277,7 @@ def build_document(seed: int, tokenizer, n_tokens: int, readme: Path | None = No
                 f"In the Python source above, which function calls `{callee}`? Answer with the function's name only.",
                 [caller],
                 doc.find(f"{callee}(") / len(doc),
-                max_tokens=16,
+                max_tokens=32,
             )
         )
     return document
