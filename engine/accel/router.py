@@ -59,7 +59,9 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
     if auto:
         route = replace(route, reason=f"{route.reason} (auto: {why})")
     if route.method == "specprefill" and route.keep_focus and route.spec.selection is not None:
-        route = replace(route, spec=replace(route.spec, selection=with_runs(route.spec.selection, focus)))
+        grown = with_runs(route.spec.selection, focus)
+        note = f"used: kept {grown.kept} of {grown.total} new tokens (the question's passages included)"
+        route = replace(route, spec=replace(route.spec, selection=grown, note=note))
     return route
 
 

@@ -241,3 +241,21 @@ def test_the_question_is_what_follows_the_documents_last_blank_line():
     words = ["w"] * 100 + ["end.\n\n", "What", "is", "it?"]
     text, spans = spans_of(words)
     assert question_start(text, spans) == 101
+
+
+def test_under_auto_specprefill_keeps_the_questions_passage_and_says_so(lm, monkeypatch):
+    from engine.accel.speculative.pair import DraftPair
+
+    key = qt.model_key(lm.config, lm.info.parameters)
+    evidence = qt.Evidence("specprefill", 0.1, key, ALL_KINDS)  # measured with this very draft
+    monkeypatch.setitem(qt.TABLE, key, {"4K": (evidence,)})
+    tokens = prompt_tokens(lm)
+    pair = DraftPair.make(lm, lm)
+    route = route_prefill(pair, lm, [], tokens, 0, greedy(sparse_prefill="auto", sparse_threshold=0))
+    assert route.method == "specprefill" and route.keep_focus and route.focus
+    runs = route.spec.selection.runs
+    assert all(any(s <= fs and fe <= e for s, e in runs) for fs, fe in route.focus)
+    assert "the question's passages included" in route.spec.note and "auto: doc-qa evidence" in route.reason
+    other = qt.Evidence("specprefill", 0.1, "another-draft", ALL_KINDS)
+    monkeypatch.setitem(qt.TABLE, key, {"4K": (other,)})
+    assert route_prefill(pair, lm, [], tokens, 0, greedy(sparse_prefill="auto", sparse_threshold=0)).method == "dense"
