@@ -28,6 +28,7 @@ from engine.model_commands import ImportGGUF, InstallBundled, PullModel
 
 COLUMNS = ("Model", "Architecture", "Parameters", "Bits/weight", "On disk", "In memory", "Context", "Licence")
 CATALOG_COLUMNS = ("Model", "Size", "Quantization", "Licence", "Context", "Runs in Brisk", "Fits this machine")
+MAX_DETAIL_WIDTH = 170  # px of a catalogue detail column
 # Bits each weight takes as stored (quantized formats add their scales on top).
 DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16}
 
@@ -36,7 +37,7 @@ class ModelManager(QDialog):
     def __init__(self, engine, list_models, bundled: list[str], parent=None, *, store=None, chat_settings=None):
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(980, 640)
+        self.resize(1120, 640)
         self.engine, self.list_models, self.bundled = engine, list_models, bundled
         self.store = store  # the chats, to say which use a model about to be removed
         self.chat_settings = chat_settings  # the open chat's settings: its KV bits decide the fit
@@ -175,6 +176,9 @@ class ModelManager(QDialog):
                 item.setToolTip(QtGui.Qt.convertFromPlainText(tip))
                 self.results.setItem(r, c, item)
         self.results.resizeColumnsToContents()
+        for column in range(1, len(CATALOG_COLUMNS)):  # ids in full; a long note is elided (its
+            # tooltip holds it) so that 'Fits this machine' shows without scrolling sideways
+            self.results.setColumnWidth(column, min(self.results.columnWidth(column), MAX_DETAIL_WIDTH))
         self.results.show()
         self.install_button.show()
         self.install_button.setEnabled(False)

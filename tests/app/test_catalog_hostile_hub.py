@@ -105,3 +105,23 @@ def test_enter_held_down_on_a_slow_hub_starts_a_bounded_number_of_searches(qtbot
     manager.operations.wait_for_searches()
     qtbot.waitUntil(lambda: manager.search_button.isEnabled(), timeout=10000)
     assert len(asked) == MAX_SEARCHES and "model 2" in manager.results_title.text()
+
+
+def test_fits_this_machine_shows_without_scrolling_sideways(qtbot, make_window, hub):
+    """A long support note widened its column until 'Fits this machine' was off the table's
+    right edge at the dialog's own size; long notes wrap and the tooltip holds them whole."""
+    manager = make_window().show_models()
+    search(qtbot, manager, "acme")  # the html-quant row's note is 80 characters
+    table, fits = manager.results, table_columns() - 1
+    assert table.columnViewportPosition(fits) + table.columnWidth(fits) <= table.viewport().width()
+    assert table.columnWidth(0) >= table.sizeHintForColumn(0)  # ids are never cut
+    note = next(m.support_note for m in manager.catalog if m.id == "acme/html-quant")
+    tip = QtGui.QTextDocument()
+    tip.setHtml(table.item(0, 5).toolTip())
+    assert table.item(0, 0).text() == "acme/html-quant" and len(note) > 60 and note in tip.toPlainText()
+
+
+def table_columns():
+    from app.widgets.model_manager import CATALOG_COLUMNS
+
+    return len(CATALOG_COLUMNS)
