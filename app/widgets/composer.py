@@ -3,7 +3,7 @@ their token count and whether they fit."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.icons import icon
@@ -16,9 +16,23 @@ DOCUMENT_FILTER = (
 )
 
 
+# The message box shows this many lines at any chat font size (View > Bigger text): a fixed
+# 84 px held under two lines at the largest size.
+COMPOSER_LINES = 3
+
+
 class PromptEdit(QPlainTextEdit):
     submitted = Signal()
     escaped = Signal()
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.FontChange, QEvent.StyleChange):  # the chat font is set by a stylesheet
+            self.fit_lines()
+
+    def fit_lines(self) -> None:
+        margins = 2 * (self.frameWidth() + round(self.document().documentMargin()))
+        self.setFixedHeight(max(84, COMPOSER_LINES * self.fontMetrics().lineSpacing() + margins + 4))
 
     def keyPressEvent(self, event) -> None:
         if event.key() in (Qt.Key_Return, Qt.Key_Enter) and not event.modifiers() & Qt.ShiftModifier:
@@ -77,7 +91,7 @@ class Composer(QWidget):
         row = QHBoxLayout()
         self.edit = PromptEdit()
         self.edit.setPlaceholderText("Message Brisk (Enter sends, Shift+Enter for a new line)")
-        self.edit.setFixedHeight(84)
+        self.edit.fit_lines()
         self.edit.submitted.connect(self._submit)
         self.edit.escaped.connect(self.stop_requested.emit)
         row.addWidget(self.edit)
