@@ -39,6 +39,8 @@ REQUEST_TIMEOUT_S = 20  # without a byte; a reply as a whole gets MAX_REPLY_S
 # A hub that sends a byte every few seconds never trips the timeout above; no reply of
 # ours takes this long on any working connection.
 MAX_REPLY_S = 60
+# A whole search: a hub slow on each of 50 results (8 asked at a time) took minutes.
+MAX_SEARCH_S = 90
 _clock = time.monotonic
 PARALLEL_REQUESTS = 8
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
@@ -249,7 +251,8 @@ def search_hub(
         )
     # Most downloaded first, as the hub's own search page and LM Studio list them.
     params = {"search": query, "limit": limit, "sort": "downloads"}
-    listing = _get_json(f"{endpoint}/api/models", params, MAX_LIST_BYTES, endpoint)
+    deadline = _clock() + MAX_SEARCH_S
+    listing = _get_json(f"{endpoint}/api/models", params, MAX_LIST_BYTES, endpoint, deadline)
     if not isinstance(listing, list):
         raise CatalogError(f"The hub at {endpoint} answered the search with {type(listing).__name__}, not a list")
     skipped: list[str] = []
@@ -267,9 +270,11 @@ def search_hub(
         many = f"{len(invalid)} entries" if len(invalid) > 1 else "an entry"
         skipped.append(f"{many} without a valid repo id (the first: {_shown(invalid[0])})")
 
-    def describe(repo_id: str) -> CatalogModel | str:
+    def describe(repo_id: str) -> CatalogModel | str | None:
+        if _clock() > deadline:
+            return None  # not asked: the search has taken long enough
         try:
-            return _describe(repo_id, endpoint, k_bits, v_bits, group_size, memory_available)
+            return _describe(repo_id, endpoint, k_bits, v_bits, group_size, memory_available, deadline)
         except _Unreachable:
             raise
         except BriskError as exc:
@@ -281,6 +286,8 @@ def search_hub(
         described = list(pool.map(describe, ids))
     models = [d for d in described if isinstance(d, CatalogModel)]
     skipped += [d for d in described if isinstance(d, str)]
+    if late := described.count(None):
+        skipped.append(f"{late} result{'s' if late > 1 else ''} not looked up: the hub took over {MAX_SEARCH_S} s")
     return SearchResult(query, endpoint, models, skipped)
 
 
@@ -293,17 +300,17 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _get_json(url: str, params: dict | None, max_bytes: int, endpoint: str) -> Any:
+def _get_json(url: str, params: dict | None, max_bytes: int, endpoint: str, deadline: float) -> Any:
     """The JSON at `url`, read through huggingface_hub's session with its headers, at most
-    `max_bytes` of it."""
-    body = _get_bytes(url, params, max_bytes, endpoint)
+    `max_bytes` of it, stopped at the search's deadline."""
+    body = _get_bytes(url, params, max_bytes, endpoint, deadline)
     try:
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CatalogError(f"The hub at {endpoint} sent something that is not JSON for {_path(url)}") from exc
 
 
-def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str) -> bytes:
+def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str, deadline: float) -> bytes:
     from huggingface_hub import get_session
 
     from engine.models.pypi import explain_request_error
@@ -320,10 +327,11 @@ def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str) -> 
             started = _clock()
             for chunk in response.iter_bytes(1 << 16):
                 body += chunk
-                if _clock() - started > MAX_REPLY_S:
+                now = _clock()
+                if now - started > MAX_REPLY_S or now > deadline:
                     raise CatalogError(
                         f"The hub at {endpoint} sent {_path(url)} too slowly ({len(body):,} bytes in "
-                        f"{MAX_REPLY_S} s); it is overloaded or hostile"
+                        f"{now - started:.0f} s); it is overloaded or hostile"
                     )
                 if len(body) > max_bytes:
                     raise CatalogError(
@@ -361,13 +369,19 @@ def _path(url: str) -> str:
 
 
 def _describe(
-    repo_id: str, endpoint: str, k_bits: int, v_bits: int, group_size: int, memory_available: int | None
+    repo_id: str,
+    endpoint: str,
+    k_bits: int,
+    v_bits: int,
+    group_size: int,
+    memory_available: int | None,
+    deadline: float,
 ) -> CatalogModel:
     from urllib.parse import quote
 
     from huggingface_hub.hf_api import ModelInfo
 
-    data = _get_json(f"{endpoint}/api/models/{repo_id}", {"blobs": True}, MAX_INFO_BYTES, endpoint)
+    data = _get_json(f"{endpoint}/api/models/{repo_id}", {"blobs": True}, MAX_INFO_BYTES, endpoint, deadline)
     if not isinstance(data, dict):
         raise CatalogError(f"its details are {type(data).__name__}, not an object")
     if data.get("id") not in (None, repo_id):  # a reply about another repo is not this one's
@@ -381,7 +395,7 @@ def _describe(
         revision = info.sha if isinstance(info.sha, str) and re.fullmatch(r"[0-9a-f]{40}", info.sha) else "main"
         url = f"{endpoint}/{repo_id}/resolve/{quote(revision, safe='')}/config.json"
         try:
-            loaded = _get_json(url, None, MAX_CONFIG_BYTES, endpoint)
+            loaded = _get_json(url, None, MAX_CONFIG_BYTES, endpoint, deadline)
             config = loaded if isinstance(loaded, dict) else None
         except _Unreachable:
             raise

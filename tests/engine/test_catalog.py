@@ -343,3 +343,22 @@ def test_search_text_longer_than_any_repo_id_is_one_clear_line(hub, capsys):
     assert "The search text is 100,000 characters" in err and len(err.strip().splitlines()) == 1
     assert not hub.requests  # nothing was sent
     assert main(["models", "search", "acme/" + "x" * 190]) == 0  # a repo id's length is searched
+
+
+def test_a_search_stops_asking_about_results_once_it_has_taken_too_long(hub_root, monkeypatch):
+    """Each reply within its own limit, but 50 results asked 8 at a time from a slow hub took
+    minutes: past MAX_SEARCH_S (a fake clock, 30 s a reading) the rest are one skipped line."""
+    import itertools
+
+    from engine.models.catalog import MAX_SEARCH_S
+
+    ticks = itertools.count(0, 30)
+    monkeypatch.setattr("engine.models.catalog._clock", lambda: next(ticks))
+    listing = [{"id": f"acme/model-{i}"} for i in range(50)]
+    with HubServer(hub_root, replies={"/api/models": json.dumps(listing).encode()}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        result = search_hub("model", limit=50)
+    asked = [r for r in hostile.requests if r.startswith("GET /api/models/")]
+    assert len(asked) < 8 and result.models == []
+    late = [s for s in result.skipped if "not looked up" in s]
+    assert late == [f"{50 - len(asked)} results not looked up: the hub took over {MAX_SEARCH_S} s"]
