@@ -158,10 +158,12 @@ class ModelManager(QDialog):
             self.status.setText(outcome)
             return
         found = len(outcome.models)
-        skipped = f"; {len(outcome.skipped)} malformed entries left out" if outcome.skipped else ""
+        # One line may stand for many entries (a list of bad ids), so no count: why is in the tooltip.
+        skipped = "; some results were left out (point here for why)" if outcome.skipped else ""
         self.results_title.setText(
             f"{found} model{'s' if found != 1 else ''} matching “{outcome.query}” on {outcome.endpoint}{skipped}"
         )
+        self.results_title.setToolTip(QtGui.Qt.convertFromPlainText("\n".join(outcome.skipped[:20])))
         self.show_catalog(outcome.models)
         self.status.setText("" if found else f"Nothing on the hub matches “{outcome.query}”")
 

@@ -125,3 +125,19 @@ def table_columns():
     from app.widgets.model_manager import CATALOG_COLUMNS
 
     return len(CATALOG_COLUMNS)
+
+
+def test_the_results_title_says_why_entries_were_left_out(qtbot, make_window, hub_root, monkeypatch):
+    """It said '2 malformed entries left out' for a list of a thousand bad ids plus a repo the
+    hub could not find, and nowhere said which or why."""
+    listing = [{"id": "<b>x</b>"}] * 1000 + [{"id": "acme/gone"}, {"id": "acme/tiny-llama-4bit"}]
+    with HubServer(hub_root, replies={"/api/models": json.dumps(listing).encode()}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        manager = make_window().show_models()
+        search(qtbot, manager, "acme")
+    title = manager.results_title
+    assert title.text().startswith("1 model matching") and "left out (point here for why)" in title.text()
+    why = QtGui.QTextDocument()
+    why.setHtml(title.toolTip())
+    assert "1000 entries without a valid repo id (the first: {'id': '<b>x</b>'})" in why.toPlainText()
+    assert "acme/gone: not found" in why.toPlainText() and "<b>" not in title.toolTip()
