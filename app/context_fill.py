@@ -42,6 +42,7 @@ class ContextFill(QObject):
         self.loaded: set[str] = set()
         self._probe: MessageProbe | None = None
         self._documents = 0  # the documents' tokens in the measure under way
+        self._documents_exact = True  # False: a document's count stopped past the context
         self._timer = QTimer(self, singleShot=True, interval=MEASURE_DELAY_MS)
         self._timer.timeout.connect(self.measure)
         controller.composer.edit.textChanged.connect(self.schedule)
@@ -75,6 +76,7 @@ class ContextFill(QObject):
             history = [Message("system", settings.system_prompt), *history]
         self._probe = MessageProbe("(the next message)", "text", text, len(text.encode()))
         self._documents = sent + sum(fit.tokens for _, fit in waiting)
+        self._documents_exact = all(fit.tokens_exact for _, fit in waiting)
         c.engine.submit(CheckDocument(cid + PROBE_ID_OFFSET, "", settings, history, document=self._probe))
 
     def _engine_event(self, item) -> None:
@@ -83,7 +85,11 @@ class ContextFill(QObject):
             if item.conversation_id - PROBE_ID_OFFSET == self.controller.current:
                 fit = item.fit
                 self.meter.show_fill(
-                    fit.conversation_tokens, fit.context_length, self._documents, exact=fit.tokens_exact
+                    fit.conversation_tokens,
+                    fit.context_length,
+                    self._documents,
+                    exact=fit.tokens_exact,
+                    documents_exact=self._documents_exact,
                 )
         elif isinstance(item, DocumentChecked):  # a document attached, or checked again
             self.schedule()

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QWidget
 DOCUMENTS_COLOUR = "#bf8700"  # amber: the documents' part of the bar
 # Past this share the bar turns red: an answer has little room left.
 NEARLY_FULL = 0.9
+FULL_COLOUR = "#d0453a"
 
 
 class FillBar(QWidget):
@@ -30,11 +31,13 @@ class FillBar(QWidget):
         whole = QRectF(self.rect())
         painter.setBrush(self.palette().mid())
         painter.drawRoundedRect(whole, 3, 3)
-        used = QColor("#d0453a") if self.used >= NEARLY_FULL else self.palette().highlight().color()
-        painter.setBrush(used)
+        full = self.used >= NEARLY_FULL
+        painter.setBrush(QColor(FULL_COLOUR) if full else self.palette().highlight().color())
         painter.drawRoundedRect(QRectF(whole.x(), whole.y(), whole.width() * self.used, whole.height()), 3, 3)
-        painter.setBrush(QColor(DOCUMENTS_COLOUR))
         documents = min(self.documents, self.used)
+        if full:  # documents that fill the context must not hide the red: theirs is the lower half
+            whole = QRectF(whole.x(), whole.y() + whole.height() / 2, whole.width(), whole.height() / 2)
+        painter.setBrush(QColor(DOCUMENTS_COLOUR))
         painter.drawRoundedRect(QRectF(whole.x(), whole.y(), whole.width() * documents, whole.height()), 3, 3)
 
 
@@ -56,13 +59,20 @@ class ContextMeter(QWidget):
         )
         self.show_unknown("")
 
-    def show_fill(self, used: int, context: int, documents: int, *, exact: bool = True) -> None:
+    def show_fill(
+        self, used: int, context: int, documents: int, *, exact: bool = True, documents_exact: bool = True
+    ) -> None:
+        # A count that stopped past the context is a lower bound: a document's own count may have
+        # gone further than the whole message's, and the whole is never shown below its part.
+        if documents > used:
+            used, exact = documents, exact and documents_exact
         share = used / context if context else 0.0
         more = "" if exact else "more than "
         text = f"Context: {more}{used:,} of {context:,} tokens ({share:.0%})"
         if documents:
-            text += f" · documents {documents:,}"
+            text += f" · documents {'' if documents_exact else 'more than '}{documents:,}"
         self.label.setText(text)
+        self.label.setStyleSheet(f"color: {FULL_COLOUR};" if share >= NEARLY_FULL else "")
         self.bar.set_shares(share, documents / context if context else 0.0)
         self.bar.show()
 
