@@ -415,7 +415,7 @@ def _describe(
         licence=_licence(info.card_data, info.tags),
         context_length=context,
         architecture=_architecture(config, info.gguf),
-        supported=(support := _support(config, files, weights, ggufs))[0],
+        supported=(support := _support(config, files, weights, ggufs, repo_id))[0],
         support_note=support[1],
         fit=estimate_fit(
             weights_memory,
@@ -547,11 +547,12 @@ def _architecture(config: dict | None, gguf: Any) -> str:
     return _clean(model_type) if isinstance(model_type, str) and model_type.strip() else UNKNOWN
 
 
-def _support(config: dict | None, files: dict, weights: dict, ggufs: dict) -> tuple[bool, str]:
+def _support(config: dict | None, files: dict, weights: dict, ggufs: dict, repo_id: str) -> tuple[bool, str]:
     """Whether `brisk models pull` installs it and mlx-lm runs it, by the same checks
     (engine/models/download.py): a hub's config summary is no config.json to download."""
     from engine.errors import UnsupportedModel
     from engine.models.folder import mlx_architecture
+    from engine.models.store import model_id_from_repo
 
     if not weights:
         if ggufs:
@@ -561,6 +562,10 @@ def _support(config: dict | None, files: dict, weights: dict, ggufs: dict) -> tu
         return False, "no config.json file to download"
     if not all(weights.values()):  # pull downloads weights of known size only
         return False, "the hub does not say how large its weights are"
+    try:
+        model_id_from_repo(repo_id)  # the local id Install and pull give it
+    except BriskError:
+        return False, "its name makes no local model id (over 80 characters); brisk models pull --id NAME installs it"
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         return False, "no config.json naming its architecture"
     if not re.fullmatch(r"[a-z0-9_]{1,64}", config["model_type"]):  # it names a module mlx-lm imports

@@ -362,3 +362,19 @@ def test_a_search_stops_asking_about_results_once_it_has_taken_too_long(hub_root
     assert len(asked) < 8 and result.models == []
     late = [s for s in result.skipped if "not looked up" in s]
     assert late == [f"{50 - len(asked)} results not looked up: the hub took over {MAX_SEARCH_S} s"]
+
+
+def test_a_repo_name_that_makes_no_local_id_is_not_offered_to_install(tmp_path, monkeypatch, capsys):
+    """Hub names run to 96 characters, local ids to 80: the row said 'yes', and the app's
+    Install raised BriskError inside a Qt slot (pull: 'Invalid model id')."""
+    name = "Llama-3.1-8B-Instruct-abliterated-uncensored-finetuned-on-everything-GPTQ-4bit-MLX-ok"
+    make_tiny_model(tmp_path / "hub" / "acme" / name)
+    with HubServer(tmp_path / "hub") as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.url)
+        model = by_id(search_hub("abliterated"))[f"acme/{name}"]
+        assert not model.supported and "pull --id NAME" in model.support_note
+        assert main(["models", "pull", f"acme/{name}", "--id", "short-llama"]) == 0  # as it says
+    assert "installed short-llama" in capsys.readouterr().out
+    from engine.models.store import ModelStore
+
+    ModelStore().remove("short-llama")
