@@ -208,8 +208,17 @@ class ModelManager(QDialog):
         if model.source == "bundled":
             self.install_bundled(model.id)
             return
-        if model_id_from_repo(model.id) in {e.id for e in self.list_models()}:
-            self.status.setText(f"{model_id_from_repo(model.id)} is already installed")
+        local_id = model_id_from_repo(model.id)
+        taken = next((e for e in self.list_models() if e.id == local_id), None)
+        if taken is not None:  # another org's model of the same name takes the same local id
+            source = getattr(taken, "source", "")
+            same = source.startswith(f"hf:{model.id}@")
+            self.status.setText(
+                f"{local_id} is already installed"
+                if same
+                else f"Another model is installed as {local_id} (from {source or 'elsewhere'}); remove it first "
+                f"to install {model.id}, or install it under another id with brisk models pull --id"
+            )
             return
         if self.operations.pending(PullModel(model.id)):
             self.status.setText(f"{model.id} is already being downloaded")

@@ -141,3 +141,29 @@ def test_the_results_title_says_why_entries_were_left_out(qtbot, make_window, hu
     why.setHtml(title.toolTip())
     assert "1000 entries without a valid repo id (the first: {'id': '<b>x</b>'})" in why.toPlainText()
     assert "acme/gone: not found" in why.toPlainText() and "<b>" not in title.toolTip()
+
+
+def test_another_orgs_model_of_the_same_name_is_not_called_installed(qtbot, make_window, engine, hub, tiny_llama_dir):
+    """other/tiny-llama-4bit installed takes the local id tiny-llama-4bit: Install on
+    acme/tiny-llama-4bit said 'tiny-llama-4bit is already installed', which it is not."""
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    store.install_folder(tiny_llama_dir, model_id="tiny-llama-4bit", source="hf:other/tiny-llama-4bit@abc")
+    try:
+        manager = make_window().show_models()
+        search(qtbot, manager, "tiny-llama-4bit")
+        select(manager, "acme/tiny-llama-4bit")
+        qtbot.mouseClick(manager.install_button, Qt.LeftButton)
+        text = manager.status.text()
+        assert text.startswith("Another model is installed as tiny-llama-4bit (from hf:other/tiny-llama-4bit@abc)")
+        assert not engine.commands
+    finally:
+        store.remove("tiny-llama-4bit")
+    store.install_folder(tiny_llama_dir, model_id="tiny-llama-4bit", source="hf:acme/tiny-llama-4bit@abc")
+    try:
+        manager.refresh()
+        qtbot.mouseClick(manager.install_button, Qt.LeftButton)
+        assert manager.status.text() == "tiny-llama-4bit is already installed" and not engine.commands
+    finally:
+        store.remove("tiny-llama-4bit")
