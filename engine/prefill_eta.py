@@ -22,6 +22,7 @@ from dataclasses import dataclass
 # Measured, not derived: MLX's CPU attention (scores materialized in float32, a softmax pass)
 # costs about this many times its FLOPs' share against the linear layers. 8K-token prefills
 # of SmolLM2-135M gave 2.2 (AMD EPYC, 2 cores, 2026-11-27); the fit below corrects it per turn.
+# On tests/engine/eta_recordings/ any value from 2.2 to 4.4 holds ±30%, 1.5 does not.
 CPU_ATTENTION_COST = 2.2
 # How far (in log units) the data may move r from its prior before the prior weighs in as much
 # as one chunk's noise: ln 2, a factor of two either way.
