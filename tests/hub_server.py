@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
@@ -30,9 +31,11 @@ class HubServer:
         drop_first_get_after: int | None = None,
         omit_sizes: bool = False,
         replies: dict[str, bytes] | None = None,
+        stalls: dict[str, float] | None = None,
     ):
         self.omit_sizes = omit_sizes  # a hub that lists files without their sizes
         self.replies = dict(replies or {})  # path -> the raw body sent instead (status 200)
+        self.stalls = dict(stalls or {})  # path -> seconds of silence before its reply
         self.root = Path(root)
         self.drop_first_get_after = drop_first_get_after  # simulate one dropped connection per file
         self._dropped: set[str] = set()
@@ -70,6 +73,8 @@ class HubServer:
         path = unquote(urlparse(req.path).path)
         rng = req.headers.get("Range")
         self.requests.append(f"{req.command} {path}" + (f" Range={rng}" if rng else ""))
+        if path in self.stalls:
+            time.sleep(self.stalls[path])
         parts = path.strip("/").split("/")
         if path in self.replies:
             return self._send(req, 200, self.replies[path], {"Content-Type": "application/json"})

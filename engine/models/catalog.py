@@ -342,6 +342,13 @@ def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str, dea
     except CatalogError:
         raise
     except Exception as exc:  # httpx's connect, timeout, redirect and protocol errors
+        import httpx2
+
+        if isinstance(exc, httpx2.TimeoutException) and not isinstance(exc, httpx2.ConnectTimeout):
+            # it answered the connection: a hub slow on one model, not a machine offline
+            raise CatalogError(
+                f"The hub at {endpoint} did not answer {_path(url)} within {REQUEST_TIMEOUT_S} s"
+            ) from exc
         error = explain_request_error(exc, f"the hub at {endpoint}")
         if str(error).startswith("Cannot reach"):
             raise _Unreachable(str(error)) from exc

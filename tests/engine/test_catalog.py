@@ -378,3 +378,14 @@ def test_a_repo_name_that_makes_no_local_id_is_not_offered_to_install(tmp_path, 
     from engine.models.store import ModelStore
 
     ModelStore().remove("short-llama")
+
+
+def test_one_result_the_hub_never_answers_about_hides_only_itself(hub, hub_root, monkeypatch):
+    """A read timeout on one model's details was taken for 'are you offline?' and ended the
+    whole search; only a connection that cannot be made means that."""
+    monkeypatch.setattr("engine.models.catalog.REQUEST_TIMEOUT_S", 0.5)
+    with HubServer(hub_root, stalls={"/api/models/acme/tiny-llama-4bit": 3}) as slow:
+        monkeypatch.setenv("HF_ENDPOINT", slow.url)
+        result = search_hub("tiny-llama")
+    assert "acme/tiny-llama" in by_id(result) and "acme/tiny-llama-4bit" not in by_id(result)
+    assert any(s.startswith("acme/tiny-llama-4bit: The hub at") and "did not answer" in s for s in result.skipped)
