@@ -69,6 +69,9 @@ class ChatController(QObject):
         self.settings_panel, self.dashboard = settings_panel, dashboard
         self.default_settings = default_settings or ChatSettings()
         self.current: int | None = None
+        # True once a chat opened: the panel then shows settings the user saw (and may have edited
+        # after deleting that chat), which the next new chat takes
+        self._panel_shows_chat = False
         self.busy = False
         self._answer: dict | None = None  # the streaming answer: conversation, message id, text, last save
         self._turn_job = None  # the engine job of the answer being generated
@@ -99,7 +102,7 @@ class ChatController(QObject):
         if self.current is not None and self.is_empty(self.current):  # already a fresh one: not a second
             self.conversations_changed.emit()
             return self.current
-        settings = self.settings_panel.settings() if self.current else self.default_settings
+        settings = self.settings_panel.settings() if self._panel_shows_chat else self.default_settings
         try:
             cid = self.store.create_conversation("New chat", settings.to_dict())
         except StoreError as exc:
@@ -160,6 +163,7 @@ class ChatController(QObject):
             settings = self.default_settings
             self.notice.emit(f"This chat's saved settings were unusable and defaults are shown ({exc})")
         self.settings_panel.set_settings(settings)
+        self._panel_shows_chat = True
         self.dashboard.set_chat_models(settings.model, settings.draft)
         self._fit_key[cid] = _fit_key(settings)
         self._show_attachments(cid)
