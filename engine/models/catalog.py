@@ -308,6 +308,8 @@ def _get_json(url: str, params: dict | None, max_bytes: int, endpoint: str, dead
         return json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CatalogError(f"The hub at {endpoint} sent something that is not JSON for {_path(url)}") from exc
+    except RecursionError as exc:  # 200,000 nested brackets fit well within the size limit
+        raise CatalogError(f"The hub at {endpoint} sent JSON nested too deeply for {_path(url)}") from exc
 
 
 def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str, deadline: float) -> bytes:

@@ -389,3 +389,22 @@ def test_one_result_the_hub_never_answers_about_hides_only_itself(hub, hub_root,
         result = search_hub("tiny-llama")
     assert "acme/tiny-llama" in by_id(result) and "acme/tiny-llama-4bit" not in by_id(result)
     assert any(s.startswith("acme/tiny-llama-4bit: The hub at") and "did not answer" in s for s in result.skipped)
+
+
+def test_json_nested_too_deeply_is_one_clear_line(hub_root, monkeypatch, capsys):
+    """200,000 nested brackets (400 kB) raised RecursionError: the CLI said 'failed
+    unexpectedly', and a config nested so hid its whole model instead of its context."""
+    from tests.hub_server import COMMIT
+
+    deep_list = b"[" * 200_000 + b"]" * 200_000
+    deep_object = b'{"a":' * 100_000 + b"1" + b"}" * 100_000
+    with HubServer(hub_root, replies={"/api/models": deep_list}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        assert main(["models", "search", "tiny"]) == 1
+    err = capsys.readouterr().err
+    assert "sent JSON nested too deeply for /api/models" in err and "unexpectedly" not in err
+    config = f"/acme/tiny-llama/resolve/{COMMIT}/config.json"
+    with HubServer(hub_root, replies={config: deep_object}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        model = by_id(search_hub("acme/tiny-llama", limit=1))["acme/tiny-llama"]
+    assert model.size_bytes and model.context_length is None
