@@ -4,6 +4,7 @@ their token count and whether they fit."""
 from __future__ import annotations
 
 from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.icons import icon
@@ -24,6 +25,17 @@ COMPOSER_LINES = 3
 class PromptEdit(QPlainTextEdit):
     submitted = Signal()
     escaped = Signal()
+
+    def event(self, event) -> bool:
+        # Ctrl+Z with nothing typed to undo is the window's (Undo delete chat): the box would eat it
+        if (
+            event.type() == QEvent.ShortcutOverride
+            and event.matches(QKeySequence.Undo)
+            and not self.document().isUndoAvailable()
+        ):
+            event.ignore()
+            return False
+        return super().event(event)
 
     def changeEvent(self, event) -> None:
         super().changeEvent(event)
