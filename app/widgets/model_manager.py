@@ -163,7 +163,9 @@ class ModelManager(QDialog):
         self.results_title.setText(
             f"{found} model{'s' if found != 1 else ''} matching “{outcome.query}” on {outcome.endpoint}{skipped}"
         )
-        self.results_title.setToolTip(QtGui.Qt.convertFromPlainText("\n".join(outcome.skipped[:20])))
+        self.results_title.setToolTip(
+            QtGui.Qt.convertFromPlainText("\n".join(outcome.skipped[:20]), Qt.WhiteSpaceNormal)
+        )
         self.show_catalog(outcome.models)
         self.status.setText("" if found else f"Nothing on the hub matches “{outcome.query}”")
 
@@ -175,7 +177,7 @@ class ModelManager(QDialog):
                 item = QTableWidgetItem(text)
                 # A tooltip that looks like HTML is rendered as HTML (a hub's '<img src=...>'
                 # in a quantization or model_type would load a local file): escaped, always.
-                item.setToolTip(QtGui.Qt.convertFromPlainText(tip))
+                item.setToolTip(QtGui.Qt.convertFromPlainText(tip, Qt.WhiteSpaceNormal))
                 self.results.setItem(r, c, item)
         self.results.resizeColumnsToContents()
         for column in range(1, len(CATALOG_COLUMNS)):  # ids in full; a long note is elided (its
