@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 
 KEEP_SHARE = 0.97
+MIN_QUESTIONS = 3  # fewer questions of a kind show nothing either way
 OTHER = ("fact", "two_hop")  # an unclassified question needs evidence for both
 BANDS = ((6 * 1024, "4K"), (12 * 1024, "8K"), (24 * 1024, "16K"), (48 * 1024, "32K"))
 
@@ -88,7 +89,8 @@ def allowed(
 
 def evidence_from(rows: list[dict], *, draft: str = "") -> list[Evidence]:
     """Evidence rows from doc-qa result rows (method, kind, right) of one model and band:
-    the kinds where each sparse setting kept KEEP_SHARE of dense's accuracy."""
+    the kinds where each sparse setting, asked at least MIN_QUESTIONS of them, kept
+    KEEP_SHARE of dense's accuracy."""
     kinds = sorted({r["kind"] for r in rows})
     dense = {k: [r["right"] for r in rows if r["method"] == "dense" and r["kind"] == k] for k in kinds}
     found = []
@@ -97,7 +99,7 @@ def evidence_from(rows: list[dict], *, draft: str = "") -> list[Evidence]:
         for k in kinds:
             mine = [r["right"] for r in rows if r["method"] == method and r["kind"] == k]
             d = sum(dense[k]) / max(len(dense[k]), 1)
-            if mine and d > 0 and sum(mine) / len(mine) >= KEEP_SHARE * d:
+            if len(mine) >= MIN_QUESTIONS and d > 0 and sum(mine) / len(mine) >= KEEP_SHARE * d:
                 kept.add(k)
         if kept:
             name, _, value = method.partition(" ")

@@ -68,13 +68,15 @@ def test_evidence_needs_97_percent_of_dense_and_dense_answering():
     data = (
         rows("dense", "fact", [1, 1, 1])
         + rows("dense", "code", [0, 0])
-        + rows("dense", "quote", [1, 0])
+        + rows("dense", "quote", [1, 0, 1])
+        + rows("dense", "two_hop", [1, 1])
         + rows("specprefill 0.2", "fact", [1, 1, 1])
         + rows("specprefill 0.2", "code", [0, 0])  # both fail: shows nothing
-        + rows("specprefill 0.2", "quote", [1, 1])
+        + rows("specprefill 0.2", "quote", [1, 1, 1])
+        + rows("specprefill 0.2", "two_hop", [1, 1])  # two questions: too few to show anything
         + rows("specprefill 0.1", "fact", [1, 1, 0])  # 0.67 of dense
         + rows("uniprefill", "fact", [1, 0, 1])
-        + rows("uniprefill", "quote", [1, 0])
+        + rows("uniprefill", "quote", [1, 0, 1])
     )
     found = {(e.method, e.keep): e for e in qt.evidence_from(data, draft="llama-135")}
     assert found[("specprefill", 0.2)].kinds == {"fact", "quote"} and found[("specprefill", 0.2)].draft == "llama-135"
