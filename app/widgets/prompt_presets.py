@@ -94,8 +94,8 @@ class PresetPicker(QWidget):
     def presets(self) -> dict[str, str]:
         return {**BUILTIN_PRESETS, **saved_prompt_presets()}
 
-    def refresh(self) -> None:
-        """Refill the list and select the preset whose text is in the box (if any)."""
+    def refresh(self, select: str = "") -> None:
+        """Refill the list and select the preset `select`, else the one whose text is in the box."""
         self.combo.blockSignals(True)
         self.combo.clear()
         self.combo.addItem(CHOOSE, None)
@@ -106,12 +106,18 @@ class PresetPicker(QWidget):
             self.combo.insertSeparator(self.combo.count())
             for name, text in saved.items():
                 self.combo.addItem(name, text)
+        if select:
+            self.combo.setCurrentIndex(max(0, self.combo.findText(select)))
         self.combo.blockSignals(False)
         self.follow_text()
 
     def follow_text(self) -> None:
         text = (self.current_text() or "").strip()
-        index = next((i for i in range(1, self.combo.count()) if text and self.combo.itemData(i) == text), 0)
+        index = self.combo.currentIndex()
+        # Two presets may hold the same text (a built-in one saved under a name of one's own): the one
+        # chosen stays chosen, so it can be deleted; else the first that holds the text
+        if index < 1 or not text or self.combo.itemData(index) != text:
+            index = next((i for i in range(1, self.combo.count()) if text and self.combo.itemData(i) == text), 0)
         self.combo.setCurrentIndex(index)
         self.delete_button.setEnabled(self.combo.currentText() in saved_prompt_presets() and index > 0)
 
@@ -122,18 +128,21 @@ class PresetPicker(QWidget):
         self.follow_text()
 
     def _save(self) -> None:
+        if not (self.current_text() or "").strip():  # said before a name is asked for, not after
+            self.problem.emit("Write a system prompt first, then save it as a preset")
+            return
         chosen = self.combo.currentText()
         suggested = chosen if chosen in saved_prompt_presets() else ""
         name, ok = QInputDialog.getText(self, "Save system prompt", "Preset name:", text=suggested)
         if not ok:
             return
         try:
-            save_preset(name, self.current_text() or "")
+            kept = save_preset(name, self.current_text() or "")
         except PresetError as exc:
             self.problem.emit(str(exc))
             return
         self.problem.emit("")
-        self.refresh()
+        self.refresh(select=kept)
 
     def _delete(self) -> None:
         try:
