@@ -519,6 +519,10 @@ def _licence(card_data: Any, tags: Any) -> str:
     if isinstance(named, list):
         named = ", ".join(n for n in named if isinstance(n, str)) or None
     if isinstance(named, str) and named.strip():
+        # 'other' names its licence in license_name (Qwen's 'qwen-research', say)
+        own = card_data.get("license_name") if isinstance(card_data, dict) else getattr(card_data, "license_name", None)
+        if named.strip().lower() == "other" and isinstance(own, str) and own.strip():
+            return _clean(f"other: {own}")
         return _clean(named)
     for tag in tags if isinstance(tags, list) else []:
         if isinstance(tag, str) and tag.startswith("license:") and tag[8:].strip():

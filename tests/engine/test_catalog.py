@@ -408,3 +408,16 @@ def test_json_nested_too_deeply_is_one_clear_line(hub_root, monkeypatch, capsys)
         monkeypatch.setenv("HF_ENDPOINT", hostile.url)
         model = by_id(search_hub("acme/tiny-llama", limit=1))["acme/tiny-llama"]
     assert model.size_bytes and model.context_length is None
+
+
+def test_a_licence_of_other_shows_its_name(hub_root, monkeypatch):
+    """Model cards say 'license: other' and name it in license_name; the row said 'other'."""
+    card = {"license": "other", "license_name": "qwen-research", "license_link": "LICENSE"}
+    replies = {
+        "/api/models": json.dumps([{"id": "acme/tiny-llama"}]).encode(),
+        "/api/models/acme/tiny-llama": json.dumps({"id": "acme/tiny-llama", "siblings": [], "cardData": card}).encode(),
+    }
+    with HubServer(hub_root, replies=replies) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        (model,) = search_hub("tiny").models
+    assert model.licence == "other: qwen-research"
