@@ -85,7 +85,7 @@ class MainWindow(QMainWindow):
         c.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
         c.conversations_changed.connect(self.refresh_sidebar)
         self.sidebar.selected.connect(c.open)
-        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.rename_requested.connect(c.rename)
         self.sidebar.delete_requested.connect(self.delete_with_undo)
         self.sidebar.search_changed.connect(c.search)
@@ -134,7 +134,7 @@ class MainWindow(QMainWindow):
         c = self.controller
         menus = {
             "&File": (
-                ("New chat", QKeySequence.New, c.new_conversation),
+                ("New chat", QKeySequence.New, self.new_chat),
                 ("Import chat (JSON)…", QKeySequence("Ctrl+I"), self.import_json),
                 ("Export as Markdown…", QKeySequence("Ctrl+E"), lambda: self.export("md")),
                 ("Export as JSON…", QKeySequence("Ctrl+Shift+E"), lambda: self.export("json")),
@@ -319,6 +319,12 @@ class MainWindow(QMainWindow):
 
     def refresh_sidebar(self) -> None:
         self.sidebar.set_conversations(self.controller.conversations(), self.controller.current)
+
+    def new_chat(self) -> None:
+        """Ctrl+N or New: a search left in the box would hide the new chat from the list."""
+        if self.sidebar.search.text():
+            self.sidebar.search.clear()  # search_changed refills the list unfiltered
+        self.controller.new_conversation()
 
     def focus_search(self) -> None:
         self.sidebar.search.setFocus()

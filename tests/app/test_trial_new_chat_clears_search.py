@@ -1,0 +1,30 @@
+"""Ctrl+N (or New) with a search in the sidebar's box: the new chat, and the chat it becomes
+once a message is sent, were hidden by the filter, with nothing highlighted (a real X server
+trial, 2026-11-27). Starting a chat clears the search."""
+
+from PySide6.QtCore import Qt
+
+from engine.events import TurnFinished
+from engine.metrics import TurnMetrics
+from engine.worker import ConversationEvent
+
+
+def test_a_new_chat_clears_the_search_and_is_listed_and_highlighted(qtbot, make_window, engine):
+    w = make_window()
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow)
+    w.composer.edit.setPlainText("What is the capital of France?")
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    first = w.controller.current
+    engine.play(ConversationEvent(first, TurnFinished("Paris.", [1], TurnMetrics(finish_reason="stop"))))
+    qtbot.keyClicks(w.sidebar.search, "France")
+    qtbot.keyClick(w.sidebar.search, Qt.Key_N, Qt.ControlModifier)
+    assert w.sidebar.search.text() == ""
+    w.composer.edit.setPlainText("zebra facts")
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    assert w.controller.current != first
+    assert w.sidebar.list.currentItem() is not None
+    assert w.sidebar.list.currentItem().text() == "zebra facts"
+    qtbot.keyClicks(w.sidebar.search, "zzz")
+    qtbot.mouseClick(w.sidebar.new_button, Qt.LeftButton)
+    assert w.sidebar.search.text() == ""
