@@ -329,9 +329,8 @@ class SettingsPanel(QWidget):
             self._loading = False
         draft = self.draft.currentText()
         seed, seed_problem = _seed(self.seed.text())
-        if seed_problem:  # nothing is saved until it reads; the other fields keep their last saved values
-            self.show_problem(seed_problem)
-            return
+        if seed_problem:  # the seed keeps its last saved value until it reads; the other fields still save
+            seed = self._settings.seed
         candidate = replace(
             self._settings,
             model=model,
@@ -359,7 +358,7 @@ class SettingsPanel(QWidget):
         except InvalidSettings as exc:
             self.show_problem(f"Not saved: {exc}")
             return
-        self.show_problem("")
+        self.show_problem(seed_problem)
         if self._settings.uniprefill_p is None:  # the spin follows the (maybe new) model's default
             self._loading = True
             self.mass.setValue(self._uni_defaults().p)
