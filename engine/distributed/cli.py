@@ -34,7 +34,7 @@ def wants_ranks(args) -> bool:
 
 
 def launch(args, argv: list[str]) -> int:
-    from engine.distributed.hostfile import read_hostfile
+    from engine.distributed.hostfile import loopback, read_hostfile
     from engine.distributed.launch import run_on_ranks
     from engine.errors import BriskError
 
@@ -44,7 +44,7 @@ def launch(args, argv: list[str]) -> int:
         raise BriskError("--join-timeout and --rank-timeout must be positive")
     if getattr(args, "kv_bits", None) == "auto":
         raise BriskError("--kv-bits auto is not available with ranks yet: give 16, 8 or 4")
-    size = len(read_hostfile(args.hostfile)) if args.hostfile else args.ranks
+    size = len(read_hostfile(args.hostfile) if args.hostfile else loopback(args.ranks))  # both check the count
     check_model_splits(args.model, size)
     return run_on_ranks(
         argv,

@@ -199,6 +199,13 @@ def test_two_loopback_ranks_give_the_same_greedy_answer_as_one(ranks_home, model
         assert two["metrics"]["lookup_tokens"] == one["metrics"]["lookup_tokens"] > 0
 
 
+@pytest.mark.parametrize("count", ["0", "-3", "65"])
+def test_a_rank_count_out_of_range_is_one_line(ranks_home, count):
+    out = brisk(ranks_home, "run", "--model", "tq", "--prompt", "hi", "--ranks", count)
+    assert out.returncode == 1
+    assert f"--ranks must be between 2 and 64 (got {count})" in out.stderr and "Traceback" not in out.stderr
+
+
 def test_an_architecture_without_tensor_parallelism_is_refused_by_name(tmp_path):
     from tests.tiny_models import make_tiny_model
 
