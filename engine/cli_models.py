@@ -58,8 +58,10 @@ def cmd_search(args) -> int:
             )
         )
         return 0
-    if not result.models:
-        print(f"No models matching '{result.query}' at {result.endpoint}")
+    if not result.models:  # matches the hub could not describe are no 'no match'
+        found = "None of the models" if result.skipped else "No models"
+        shown = " could be shown:" if result.skipped else ""
+        print(f"{found} matching '{result.query}' at {result.endpoint}{shown}")
     _print_catalog(result.models)
     for line in result.skipped:
         print(f"skipped {line}", file=sys.stderr)

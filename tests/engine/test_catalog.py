@@ -421,3 +421,13 @@ def test_a_licence_of_other_shows_its_name(hub_root, monkeypatch):
         monkeypatch.setenv("HF_ENDPOINT", hostile.url)
         (model,) = search_hub("tiny").models
     assert model.licence == "other: qwen-research"
+
+
+def test_matches_the_hub_could_not_describe_are_not_called_no_match(hub_root, monkeypatch, capsys):
+    listing = [{"id": "acme/gone"}, {"id": "acme/also-gone"}]
+    with HubServer(hub_root, replies={"/api/models": json.dumps(listing).encode()}) as hostile:
+        monkeypatch.setenv("HF_ENDPOINT", hostile.url)
+        assert main(["models", "search", "gone"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("None of the models matching 'gone'") and "could be shown" in out
+    assert "skipped acme/gone: not found" in err
