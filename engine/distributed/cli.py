@@ -40,7 +40,7 @@ def launch(args, argv: list[str]) -> int:
 
     if args.hostfile and args.ranks != 1:
         raise BriskError("Give --ranks (local ranks) or --hostfile (hosts), not both")
-    if args.join_timeout <= 0 or args.rank_timeout <= 0:
+    if not (args.join_timeout > 0 and args.rank_timeout > 0):  # nan too: it would never time out
         raise BriskError("--join-timeout and --rank-timeout must be positive")
     if getattr(args, "kv_bits", None) == "auto":
         raise BriskError("--kv-bits auto is not available with ranks yet: give 16, 8 or 4")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ SSH_PORT = 22
 REACH_TIMEOUT_S = 3.0
 MAX_RANKS = 64
 MAX_HOSTFILE_BYTES = 1 << 20
+SSH_NAME = re.compile(r"(?:[A-Za-z0-9_.-]+@)?[A-Za-z0-9_][A-Za-z0-9_.:%-]*")
 
 
 class HostfileError(BriskError):
@@ -71,6 +73,9 @@ def parse_hosts(data: object, where: str) -> list[Host]:
     for i, entry in enumerate(data):
         if not isinstance(entry, dict) or not isinstance(entry.get("ssh"), str) or not entry["ssh"].strip():
             raise HostfileError(f"{where}: host {i} needs an 'ssh' name (a string)")
+        if not SSH_NAME.fullmatch(entry["ssh"].strip()):
+            # mlx.launch hands the name to ssh: '-oProxyCommand=...' would be an option, not a host
+            raise HostfileError(f"{where}: host {i}'s ssh name {entry['ssh']!r} is not a host name ([user@]host)")
         ips = entry.get("ips")
         if not isinstance(ips, list) or not ips or not all(isinstance(ip, str) for ip in ips):
             raise HostfileError(f"{where}: host {i} ({entry['ssh']}) needs 'ips', the addresses its rank listens on")

@@ -15,6 +15,7 @@ from engine.distributed.hostfile import HostfileError, check_reachable, loopback
 from engine.distributed.launch import RankWatch, rank_argv, run_on_ranks
 from engine.models.store import ModelStore
 
+HOST_B = {"ssh": "b", "ips": ["10.0.0.2"]}
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 
 
@@ -39,11 +40,25 @@ def test_hostfile_in_mlx_launch_format_is_read(tmp_path):
         ({"backend": "mpi", "hosts": []}, "not supported"),
         ({"hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}]}, "2 to 64 hosts"),
         ([{"ips": ["10.0.0.1"]}, {"ssh": "b", "ips": ["10.0.0.2"]}], "needs an 'ssh' name"),
+        ([{"ssh": "-oProxyCommand=touch /tmp/x", "ips": ["10.0.0.1"]}, HOST_B], "is not a host name"),
+        ([{"ssh": "a b", "ips": ["10.0.0.1"]}, HOST_B], "is not a host name"),
     ],
 )
 def test_bad_hostfiles_are_refused_in_one_line(data, says):
     with pytest.raises(HostfileError, match=says):
         parse_hosts(data, "hosts.json")
+
+
+def test_user_at_host_and_addresses_are_ssh_names():
+    hosts = parse_hosts([{"ssh": "me@mac1.local", "ips": ["10.0.0.1"]}, {"ssh": "fe80::1%en0", "ips": ["::1"]}], "h")
+    assert [h.ssh for h in hosts] == ["me@mac1.local", "fe80::1%en0"]
+
+
+@pytest.mark.parametrize("option", ["--join-timeout", "--rank-timeout"])
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_timeout_that_would_never_fire_is_refused(ranks_home, option, value):
+    out = brisk(ranks_home, "run", "--model", "tq", "--prompt", "hi", "--ranks", "2", option, value)
+    assert out.returncode == 1 and "must be positive" in out.stderr
 
 
 def test_loopback_ranks_listen_on_loopback_only():
