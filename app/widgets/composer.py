@@ -73,7 +73,7 @@ class AttachmentChip(QWidget):
         self.label = plain_label(f"{name} · {count} · {note}")  # a file name is not markup
         self.label.setObjectName("attachmentOk" if fits else "attachmentTooBig")
         self.label.setToolTip(plain_tooltip(reason or f"{name} fits the context at this chat's KV setting"))
-        layout.addWidget(self.label)
+        layout.addWidget(self.label, 1)  # the spare width after the name, not split around it
         remove = QPushButton("✕")
         remove.setFixedWidth(28)
         remove.setToolTip("Remove this attachment")
