@@ -87,6 +87,12 @@ def _quit_when_loaded(app, window) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
+    from engine.hub_env import hub_endpoint_problem
+
+    problem = hub_endpoint_problem()  # huggingface_hub would raise when the engine imports it
+    if problem:
+        print(f"brisk-app: error: {problem}", file=sys.stderr)
+        return 1
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 

@@ -7,8 +7,10 @@ first thing this package does (see engine/blas.py).
 import os
 
 from engine.blas import preload_optimized_blas
+from engine.hub_env import quiet_hub_telemetry
 
 # Brisk uses transformers for tokenizers only; its "PyTorch was not found" notice is noise.
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
+quiet_hub_telemetry()  # before anything imports huggingface_hub (engine/hub_env.py)
 preload_optimized_blas()

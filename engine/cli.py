@@ -436,6 +436,12 @@ def console_main() -> None:
 def main_interruptible(argv: list[str] | None = None) -> int:
     """`main`, with Ctrl-C while the parser and its imports load (the first second) ending
     as quietly as it does later: one line, no traceback."""
+    from engine.hub_env import hub_endpoint_problem
+
+    problem = hub_endpoint_problem()  # before the parser's imports reach huggingface_hub, which would raise
+    if problem:
+        print(f"brisk: error: {printable(problem)}", file=sys.stderr)
+        return 1
     try:
         return main(argv)
     except KeyboardInterrupt:
