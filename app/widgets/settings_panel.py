@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -367,8 +367,13 @@ class SettingsPanel(QWidget):
         self.changed.emit(self._settings)
 
     def show_problem(self, text: str) -> None:
+        shown = self.problem.isVisibleTo(self)
         self.problem.setText(text)
         self.problem.setVisible(bool(text))
+        focus = self.focusWidget()
+        if bool(text) != shown and focus is not None and self.scroll.isAncestorOf(focus):
+            # the line above the form shortens or lengthens the rows' view: the box being typed in stays in it
+            QTimer.singleShot(0, self, lambda: self.scroll.ensureWidgetVisible(focus, 0, 8))
 
     def _kv_fields(self) -> dict:
         kv_bits, k_bits, v_bits, auto = KV_CHOICES.get(self.kv_bits.currentData(), KV_CHOICES["16"])
