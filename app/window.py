@@ -324,6 +324,7 @@ class MainWindow(QMainWindow):
         """Ctrl+N or New: a search left in the box would hide the new chat from the list."""
         if self.sidebar.search.text():
             self.sidebar.search.clear()  # search_changed refills the list unfiltered
+        self._end_undo()  # something else done, by the New button or by Ctrl+N alike
         self.controller.new_conversation()
 
     def focus_search(self) -> None:

@@ -28,3 +28,20 @@ def test_a_new_chat_clears_the_search_and_is_listed_and_highlighted(qtbot, make_
     qtbot.keyClicks(w.sidebar.search, "zzz")
     qtbot.mouseClick(w.sidebar.new_button, Qt.LeftButton)
     assert w.sidebar.search.text() == ""
+
+
+def test_ctrl_n_after_a_delete_hides_the_undo_button_as_new_does(qtbot, make_window, engine):
+    w = make_window()
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow)
+    w.composer.edit.setPlainText("about rivers")
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    cid = w.controller.current
+    engine.play(ConversationEvent(cid, TurnFinished("The Vistula.", [1], TurnMetrics(finish_reason="stop"))))
+    w.sidebar.list.setFocus()
+    qtbot.keyClick(w.sidebar.list, Qt.Key_Delete)
+    assert w.undo_button.isVisibleTo(w)
+    qtbot.keyClick(w.composer.edit, Qt.Key_N, Qt.ControlModifier)
+    assert not w.undo_button.isVisibleTo(w)
+    qtbot.keyClick(w.composer.edit, Qt.Key_Z, Qt.ControlModifier)  # Ctrl+Z still restores
+    assert "about rivers" in w.sidebar.titles()
