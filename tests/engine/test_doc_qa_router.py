@@ -261,3 +261,12 @@ def test_under_auto_specprefill_keeps_the_questions_passage_and_says_so(lm, monk
     other = qt.Evidence("specprefill", 0.1, "another-draft", ALL_KINDS)
     monkeypatch.setitem(qt.TABLE, key, {"4K": (other,)})
     assert route_prefill(pair, lm, [], tokens, 0, greedy(sparse_prefill="auto", sparse_threshold=0)).method == "dense"
+
+
+def test_the_shipped_table_reads_every_question_densely_until_two_hops_are_shown():
+    """The suite showed SpecPrefill keeping Qwen-0.5B's fact answers at 4K, but a fact
+    question cannot be told from a two-hop one by its words, and two hops were unshown."""
+    for kind in (None, "aggregation", "quote", "code"):
+        assert qt.allowed("qwen2-630", 4000, kind, draft="llama-135") is None
+    assert qt.allowed("qwen2-630", 4000, "fact", draft="llama-135").keep == 0.1  # the row is there
+    assert qt.allowed("llama-135", 4000, None, draft="llama-135") is None
