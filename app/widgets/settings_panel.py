@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -92,6 +92,7 @@ class SettingsPanel(QWidget):
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QScrollArea.NoFrame)
         scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        scroll.verticalScrollBar().rangeChanged.connect(self._keep_focus_in_view)
         outer.addWidget(scroll)
         inner = QWidget()
         column = QVBoxLayout(inner)
@@ -367,13 +368,15 @@ class SettingsPanel(QWidget):
         self.changed.emit(self._settings)
 
     def show_problem(self, text: str) -> None:
-        shown = self.problem.isVisibleTo(self)
         self.problem.setText(text)
         self.problem.setVisible(bool(text))
+
+    def _keep_focus_in_view(self, *_) -> None:
+        """The rows' view changed height (the one-line refusal above it came or went): the box
+        being typed in stays in it."""
         focus = self.focusWidget()
-        if bool(text) != shown and focus is not None and self.scroll.isAncestorOf(focus):
-            # the line above the form shortens or lengthens the rows' view: the box being typed in stays in it
-            QTimer.singleShot(0, self, lambda: self.scroll.ensureWidgetVisible(focus, 0, 8))
+        if focus is not None and self.scroll.isAncestorOf(focus):
+            self.scroll.ensureWidgetVisible(focus, 0, 8)
 
     def _kv_fields(self) -> dict:
         kv_bits, k_bits, v_bits, auto = KV_CHOICES.get(self.kv_bits.currentData(), KV_CHOICES["16"])
