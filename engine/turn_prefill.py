@@ -80,12 +80,12 @@ class TurnPrefill:
         dense chunks, SpecPrefill's kept runs or UniPrefill's layer-by-layer drops."""
         results: dict = {}
         if route.method == "uniprefill":
-            ran, results = yield from self._uniprefill(tokens, cached, settings, cancel, pack)
+            ran, results = yield from self._uniprefill(tokens, cached, settings, cancel, pack, route)
             if ran:
                 return results
             cached = results.get("cached_tokens", cached)  # UniPrefill declined: dense from what the cache holds
         if route.method == "specprefill":
-            return (yield from self._specprefill(route.spec.selection, tokens, cached, settings, cancel, pack))
+            return (yield from self._specprefill(route, tokens, cached, settings, cancel, pack))
         yield from self._dense(tokens, cached, settings, cancel, pack)
         return results
 
@@ -101,8 +101,8 @@ class TurnPrefill:
             yield self._progress(done, total)
             cancel.check()
 
-    def _specprefill(self, selection, tokens, cached, settings, cancel, pack) -> Generator[object, None, dict]:
-        suffix = tokens[cached:]
+    def _specprefill(self, route, tokens, cached, settings, cancel, pack) -> Generator[object, None, dict]:
+        selection, suffix = route.spec.selection, tokens[cached:]
         started = time.perf_counter()
         runs = [(s, min(e, len(suffix) - 1)) for s, e in selection.runs if s < len(suffix) - 1]
         self.eta.base = cached
@@ -122,16 +122,20 @@ class TurnPrefill:
             "sparse_prefill_s": time.perf_counter() - started,
             "prefilled_tokens": selection.kept,
             "kept_tokens": selection.kept,
-            "coverage": coverage_map(self.lm.tokenizer, suffix[:-1], [(-1, runs)]),
+            "coverage": coverage_map(
+                self.lm.tokenizer, suffix[:-1], [(-1, runs)], method="specprefill", focus=route.focus
+            ),
         }
 
-    def _uniprefill(self, tokens, cached, settings, cancel, pack) -> Generator[object, None, tuple[bool, dict]]:
+    def _uniprefill(self, tokens, cached, settings, cancel, pack, route) -> Generator[object, None, tuple[bool, dict]]:
         """UniPrefill of tokens[cached:-1]: (True, its results), or (False, why) when it
         cannot run on this model: the turn is warned and the caller prefills densely from
         what the cache still holds (all of it when the model was declined before any layer
         ran, as it usually is; else the cache starts over and the results say so)."""
         new = len(tokens) - 1 - cached
         runner = make_uniprefill(self.lm, self.cache.layers, settings)
+        if route.keep_focus:  # `auto` reads the passages the question points at in full
+            runner.keep_runs([(cached + s, cached + e) for s, e in route.focus])
         started = time.perf_counter()
         layers = len(self.lm.model.layers)
         eta = LayerEta(attention_ratio(self.lm.config), layers=layers, drop_layers=[], base=cached)
@@ -158,7 +162,11 @@ class TurnPrefill:
             "uniprefill_s": time.perf_counter() - started,
             "drops": [[r.layer, r.before, r.kept] for r in runner.reports],
             "coverage": coverage_map(
-                self.lm.tokenizer, tokens[cached:-1], [(r.layer, r.kept_runs) for r in runner.reports]
+                self.lm.tokenizer,
+                tokens[cached:-1],
+                [(r.layer, r.kept_runs) for r in runner.reports],
+                method="uniprefill",
+                focus=route.focus,
             ),
             "kept_tokens": runner.reports[-1].kept if runner.reports else new,
             "flops_saved": flops_saved(self.lm.config, runner.layer_tokens, cached),
