@@ -5,7 +5,7 @@ stored turns, acceptance, KV memory, process memory, the chat's model; API reque
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer
-from PySide6.QtWidgets import QGridLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QGridLayout, QGroupBox, QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from app.widgets.gauges import LineChart, RingGauge
 from app.widgets.safe_text import plain_tooltip
@@ -38,11 +38,19 @@ TTFT_TIP = (
 )
 
 
-class Dashboard(QWidget):
+class Dashboard(QScrollArea):
+    """Scrolls vertically: on a 768-high screen the wrapped lines need more height than the
+    column has, and a squeezed layout drew the TTFT box's lines over each other."""
+
     def __init__(self, parent=None, *, memory_probe=None, free_memory_probe=None, poll_ms: int = 1000):
         super().__init__(parent)
         self.setObjectName("dashboard")
-        layout = QVBoxLayout(self)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)  # lines wrap to the width instead
+        content = QWidget()
+        content.setObjectName("dashboardContent")
+        layout = QVBoxLayout(content)
         ttft_box = QGroupBox("Time to first token")
         box = QVBoxLayout(ttft_box)
         self.ttft = QLabel("–")
@@ -53,6 +61,7 @@ class Dashboard(QWidget):
         self.saved = QLabel("")
         self.saved.setWordWrap(True)
         self.recent = QLabel("")
+        self.recent.setWordWrap(True)
         for w in (self.ttft, self.breakdown, self.saved, self.recent):
             box.addWidget(w)
         layout.addWidget(ttft_box)
@@ -114,11 +123,13 @@ class Dashboard(QWidget):
         for w in (*labels, self.memory, self.model_state, self.chat_model, self.api_note):
             w.setTextFormat(Qt.PlainText)
         layout.addStretch()
+        self.setWidget(content)
         self._ttfts: list[float] = []
         self._prefill_rates: dict[str, float] = {}  # model -> tok/s of its last long dense prefill
         self._contexts: dict[str, int] = {}  # model -> context length, from ModelLoaded or a turn
         self._loaded: dict[str, str] = {}  # model -> its line once loaded ("x loaded (llama, ...)")
         self._chat_model = ""  # the open chat's model ("": no chat open)
+        self._waiting = False  # a turn of the open chat waits for its first token
         self._memory_probe = memory_probe or process_memory_bytes
         self._free_memory_probe = free_memory_probe or _free_memory
         self._timer = QTimer(self, interval=poll_ms)
@@ -128,6 +139,7 @@ class Dashboard(QWidget):
 
     def reset(self) -> None:
         self._ttfts = []
+        self._waiting = False
         self.chart.clear()
         for w in (self.breakdown, self.saved, self.recent, self.spec_note, self.kv_note, self.speed):
             w.setText("")
@@ -141,16 +153,21 @@ class Dashboard(QWidget):
         self.ttft.setText("…")
         self.breakdown.setText("")
         self.saved.setText("Waiting for the first token…")
+        self._waiting = True  # a model not loaded yet is loading now, not "at the next message"
+        self._show_model_line()
 
     def first_token(self, seconds: float) -> None:
         """The first token is on screen: its time, live (the exact one comes with the metrics)."""
         self.ttft.setText(f"{seconds:.2f} s")
         self.saved.setText("")
+        self._waiting = False
 
     def turn_failed(self) -> None:
         """A turn ended without metrics: nothing is waited for any more."""
         if self.ttft.text() == "…":
             self.ttft.setText("–")
+        self._waiting = False
+        self._show_model_line()
         self.breakdown.setText("")
         self.saved.setText("")
 
@@ -193,6 +210,8 @@ class Dashboard(QWidget):
         model = self._chat_model or fallback
         if model in self._loaded:
             self.model_state.setText(self._loaded[model])
+        elif model and self._chat_model and self._waiting:
+            self.model_state.setText(f"Loading {model} for this message…")
         elif model and self._chat_model:
             self.model_state.setText(f"{model} loads at this chat's next message")
 
@@ -219,6 +238,7 @@ class Dashboard(QWidget):
         """A finished turn's metrics (TurnMetrics.to_dict(), with the app's waited_s and
         queue_s when it measured them) of `model`."""
         model = m.get("model_id") or model
+        self._waiting = False
         if stopped_early(m):
             self.ttft.setText("–")  # nothing was waited for to the end
             self.breakdown.setText("")

@@ -102,6 +102,47 @@ class LineChart(QWidget):
         every = max(1, -(-n // 6))
         return [(i, self.first_turn + i) for i in range(0, n, every)]
 
+    def _legend_rows(self) -> list[list[tuple[str, float]]]:
+        """The legend's entries (each series, then the axis's "turn" caption) with their widths
+        in the widget's font, in rows that fit the plot's width (fixed 90 px slots cut names off)."""
+        metrics, room = self.fontMetrics(), self.width() - 48
+        gap = metrics.horizontalAdvance("   ")
+        rows: list[list[tuple[str, float]]] = [[]]
+        used = 0.0
+        for text in [f"● {name}" for name in self.names] + ["turn"]:
+            width = metrics.horizontalAdvance(text) + 2
+            if rows[-1] and used + gap + width > room:
+                rows.append([])
+                used = 0.0
+            used += (gap if rows[-1] else 0) + width
+            rows[-1].append((text, width))
+        return rows
+
+    def plot_area(self) -> QRectF:
+        """Where the lines go; below it a row of turn numbers, then the legend's rows, each a
+        line of the widget's font high (fixed 14 px rows clipped larger fonts)."""
+        line = self.fontMetrics().height()
+        below = (1 + len(self._legend_rows())) * (line + 2) + 4
+        return QRectF(40, 8, self.width() - 48, self.height() - 8 - below)
+
+    def legend_rects(self) -> list[tuple[str, QRectF]]:
+        """Where each legend entry and the "turn" caption are drawn (all inside the widget)."""
+        area, line = self.plot_area(), self.fontMetrics().height()
+        gap = self.fontMetrics().horizontalAdvance("   ")
+        rects = []
+        for r, row in enumerate(self._legend_rows()):
+            x, y = area.left(), area.bottom() + (1 + r) * (line + 2) + 2
+            for text, width in row:
+                rects.append((text, QRectF(x, y, width, line)))
+                x += width + gap
+        return rects
+
+    def resizeEvent(self, event) -> None:
+        # The height follows the legend's rows at this width (the width never depends on it).
+        line = self.fontMetrics().height()
+        self.setMinimumHeight(max(150, 110 + (1 + len(self._legend_rows())) * (line + 2) + 4))
+        super().resizeEvent(event)
+
     def paintEvent(self, _event) -> None:
         p = QPainter(self)
         try:  # a painter left open when drawing raises takes the whole app down
@@ -111,7 +152,8 @@ class LineChart(QWidget):
 
     def _paint(self, p: QPainter) -> None:
         p.setRenderHint(QPainter.Antialiasing)
-        area = QRectF(40, 8, self.width() - 48, self.height() - 44)  # below: turn numbers, then the legend
+        area = self.plot_area()
+        line = self.fontMetrics().height()
         ticks = self.y_ticks()
         top = ticks[-1]
         text, grid = self.palette().text().color(), self.palette().mid().color()
@@ -125,8 +167,9 @@ class LineChart(QWidget):
         x_of = [area.left() + (j + 0.5) * step for j in range(self.count())]
         p.setPen(text)
         for j, turn in self.x_labels():
-            p.drawText(QRectF(x_of[j] - 20, area.bottom() + 2, 40, 14), Qt.AlignCenter, str(turn))
-        p.drawText(QRectF(area.left(), area.bottom() + 18, area.width(), 14), Qt.AlignRight, "turn")
+            p.drawText(QRectF(x_of[j] - 20, area.bottom() + 2, 40, line), Qt.AlignCenter, str(turn))
+        legend = self.legend_rects()
+        p.drawText(legend[-1][1], Qt.AlignLeft, legend[-1][0])
         for i, name in enumerate(self.names):
             color = QColor(self.COLORS[i % len(self.COLORS)])
             p.setPen(QPen(color, 2))
@@ -140,7 +183,7 @@ class LineChart(QWidget):
             for point in points:
                 if point is not None:
                     p.drawEllipse(point, 2.5, 2.5)
-            p.drawText(QRectF(area.left() + i * 90, area.bottom() + 18, 90, 14), Qt.AlignLeft, f"● {name}")
+            p.drawText(legend[i][1], Qt.AlignLeft, legend[i][0])
 
 
 def nice_ticks(top: float, most: int = 4) -> list[float]:
