@@ -41,6 +41,7 @@ class Evidence:
 #   dense fact 2/3, two_hop 1/1, code 0/1 (cold TTFT 140 s); SpecPrefill keep 0.1 3/3, 0/1,
 #   0/1 (65 s); 0.2 3/3, 1/1, 0/1 (76 s); 0.3 2/3, 1/1, 0/1 (84 s); UniPrefill at p 0.985
 #   0/3, 0/1, 0/1 (54 s; its coverage flagged the question's passage as dropped on all 5).
+#   Held-out seed 3 (not used above): dense 1/5, keep 0.1 2/5, 0.2 1/5, 0.3 2/5, UniPrefill 0/5.
 #   Only "fact" had the 3 questions evidence needs, and a question the words cannot tell
 #   from a two-hop one needs both: `auto` still reads Qwen-0.5B's 4K documents densely.
 # - llama-135 (SmolLM2-135M, its own draft): dense answered 0 of 7 (every kind): no evidence.
