@@ -134,3 +134,19 @@ def test_the_cycle_finder_sees_from_imports_lazy_imports_and_relative_ones(tmp_p
     (package / "one.py").write_text("def f():\n    from pkg import two\n    from .three import x\n")
     known = {"pkg", "pkg.one", "pkg.two", "pkg.three"}
     assert set(imported_modules(package / "one.py", known, root=tmp_path)) == {"pkg.two", "pkg.three"}
+
+
+def test_every_source_folder_is_a_package():
+    # pyproject's package discovery has namespaces off: a folder of modules without an
+    # __init__.py runs from a checkout but is left out of the wheel and the bundle
+    # (engine/distributed/ was, and `brisk info` failed there with ModuleNotFoundError).
+    missing = [
+        str(folder.relative_to(ROOT))
+        for top in ("engine", "kernels", "app", "resources")
+        for folder in [ROOT / top, *(ROOT / top).rglob("*")]
+        if folder.is_dir()
+        and "__pycache__" not in folder.parts
+        and any(folder.glob("*.py"))
+        and not (folder / "__init__.py").exists()
+    ]
+    assert not missing, f"folders of modules with no __init__.py (left out of the wheel): {missing}"

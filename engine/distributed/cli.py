@@ -58,10 +58,9 @@ def launch(args, argv: list[str]) -> int:
 def check_model_splits(model_id: str, size: int) -> None:
     """Refuse, before any rank starts, an installed model whose architecture or shapes
     cannot be split `size` ways (a model not installed yet is left to the ranks)."""
-    from mlx_lm.utils import _get_classes
-
     from engine.distributed.shard import check_shardable
-    from engine.models.folder import read_config
+    from engine.errors import UnsupportedModel
+    from engine.models.folder import mlx_model_class, read_config
     from engine.models.store import ModelStore
 
     store = ModelStore()
@@ -69,8 +68,8 @@ def check_model_splits(model_id: str, size: int) -> None:
         return
     config = read_config(store.path(model_id))
     try:
-        model_class, _ = _get_classes(config)
-    except ValueError:
+        model_class = mlx_model_class(config)
+    except UnsupportedModel:
         return  # an architecture mlx-lm does not know: the ranks' loader says so
     check_shardable(model_class, config, size)
 

@@ -125,6 +125,11 @@ def refuse_remote_code(folder: Path) -> None:
 
 def mlx_architecture(config: dict) -> str:
     """mlx-lm's module for this config, or UnsupportedModel naming the type."""
+    return mlx_model_class(config).__module__.rsplit(".", 1)[-1]
+
+
+def mlx_model_class(config: dict) -> type:
+    """mlx-lm's Model class for this config, or UnsupportedModel naming the type."""
     from mlx_lm.utils import _get_classes  # mlx-lm's own lookup, remappings included
 
     try:
@@ -135,7 +140,7 @@ def mlx_architecture(config: dict) -> str:
         raise UnsupportedModel(
             f"Architecture '{config['model_type']}' is not one mlx-lm {_mlx_lm_version()} can run"
         ) from exc
-    return model_class.__module__.rsplit(".", 1)[-1]
+    return model_class
 
 
 def _mlx_lm_version() -> str:
