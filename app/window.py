@@ -50,7 +50,9 @@ class MainWindow(QMainWindow):
         self.settings_panel = SettingsPanel()
         self.settings_panel.set_models(models)
         self.dashboard = Dashboard(memory_probe=memory_probe, free_memory_probe=free_memory_probe)
-        self.tint = QCheckBox("Tint speculated tokens: blue from the draft model, green looked up in the chat")
+        # Short, so the chat column stays narrow enough for a 1024-wide screen; the colours in the tip.
+        self.tint = QCheckBox("Tint speculated tokens")
+        self.tint.setToolTip("Blue: tokens from the draft model; green: tokens looked up in the chat")
         self.tint.toggled.connect(self.chat_view.set_tint_draft)
 
         center = QWidget()

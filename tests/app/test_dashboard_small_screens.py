@@ -82,3 +82,8 @@ def test_model_line_says_loading_while_the_first_message_waits(qtbot, make_windo
     assert d.model_state.text() == "Loading big for this message…"
     finish(engine, cid, turn())
     assert d.model_state.text().startswith("big loaded")
+
+
+def test_window_fits_a_1024_wide_screen(make_window):
+    w = make_window()
+    assert w.minimumSizeHint().width() <= 1000  # 1065 before: the tint box's long label, the dashboard
