@@ -10,8 +10,9 @@ extra position. How much that is depends on where the products run:
   prior of 0.05 sent a turn's first lookups long.
 - `cpu-mlx`: MLX's own kernels on the CPU in the stored dtype (`BRISK_KERNELS=off`, the
   GPU plan's stand-in): MLX's CPU runs half-precision products a row at a time.
-  SmolLM2-135M (q4, float16) on the same EPYC: a step 215 ms, 5 positions 1.31 s,
-  9 positions 2.54 s: 1.3 of a step per extra position.
+  SmolLM2-135M (q4, float16) on the same EPYC, model calls on a 512-token cache: one
+  position 257 ms, 5 positions 1.06 s, 9 positions 1.69 s: 0.70-0.78 of a step per
+  extra position (a reading on a machine loaded 7x over gave 1.3).
 - `gpu`: MLX on Metal or CUDA. Decode streams the weights once whatever the number of
   positions, so a few more rows cost little: 0.05 until measured. Measured instead, once
   per model in a process, by `measure_extra_position` (a few passes of the target on a
@@ -44,7 +45,7 @@ class VerifyCost:
 
 PRIORS = {
     "cpu": VerifyCost("cpu", 0.3, "prior: Brisk's CPU kernels, 0.26-0.41 measured on Zen 4"),
-    "cpu-mlx": VerifyCost("cpu-mlx", 1.3, "prior: MLX's CPU kernels in float16, SmolLM2 measured on Zen 4"),
+    "cpu-mlx": VerifyCost("cpu-mlx", 0.75, "prior: MLX's CPU kernels in float16, SmolLM2 measured on Zen 4"),
     "gpu": VerifyCost("gpu", 0.05, "prior: a GPU streams the weights once for any few positions"),
 }
 MEASURED_KINDS = frozenset({"gpu"})  # where measuring costs milliseconds, not seconds
