@@ -356,7 +356,8 @@ class ChatController(QObject):
             self._document_checked(item)
         elif isinstance(item, ModelLoadProgressed):
             self.dashboard.set_model_state(f"{item.model_id}: {item.message}")
-            if item.message.startswith("Downloading "):  # what, from where and how much: said before it starts
+            # what, from where and how much: said before it starts; the kernels' one-time compile too
+            if item.message.startswith(("Downloading ", "Compiling Brisk's CPU kernels")):
                 self.notice.emit(item.message)
         elif isinstance(item, ModelLoaded):
             self.dashboard.model_loaded(item.model_id, item.info)

@@ -170,3 +170,16 @@ def test_every_setting_and_its_label_says_what_it_does(qtbot, make_window):
             assert label.widget().toolTip()
         rows += 1
     assert rows == 22  # with top-k, min-p, repetition penalty, seed and the system-prompt presets
+
+
+def test_the_kernels_one_time_compile_is_said_in_the_status_bar(qtbot, make_window, engine):
+    # A fresh data folder compiles the CPU kernels before the model is ready (~40 s on 2
+    # cores): the loading line and the status bar say so instead of sitting silent.
+    from engine.events import ModelLoadProgressed
+    from kernels.compile_notice import STARTED, KernelCompile
+
+    w = make_window()
+    message = KernelCompile("the native kernels", STARTED, first=True).message
+    engine.play(ModelLoadProgressed("smollm2-135m-instruct", message))
+    assert w.statusBar().currentMessage() == message
+    assert w.dashboard.model_state.text().endswith(message)
