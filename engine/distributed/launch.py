@@ -104,6 +104,9 @@ class RankWatch:
         self.ranks = [RankState(h.ssh, last_seen=clock()) for h in hosts]
         self.lock = threading.Lock()
         self.first_death: int | None = None
+        # A rank's error lines wait until the group ends: when a peer died, a survivor's
+        # "connection to a peer was lost" is a consequence, and the cause is said instead.
+        self.held_errors: list[tuple[int, str]] = []  # (rank, line)
 
     def read_line(self, line: str) -> str | None:
         """Note a marker or a launcher report; return the line if the user should see it."""
@@ -135,7 +138,25 @@ class RankWatch:
             found = re.match(r"\[rank (\d+) on ", plain)
             if found and int(found.group(1)) < len(self.ranks):
                 self.ranks[int(found.group(1))].said = (self.ranks[int(found.group(1))].said + [plain])[-3:]
+            said = plain[found.end() :].split("] ", 1)[-1] if found else plain
+            if said.startswith(("ERROR ", "brisk: error:")):
+                self.held_errors.append((int(found.group(1)) if found else 0, line))
+                return None
         return line
+
+    def errors_to_show(self) -> list[str]:
+        """The held error lines, once the group ended: all of them when no rank failed; the
+        failing rank's own when it said why itself; none when it died without a word (the
+        others' lines are what they saw of it, and failure() names the cause)."""
+        with self.lock:
+            culprit = self.first_death
+            if culprit is None:
+                culprit = next((i for i, r in enumerate(self.ranks) if r.exit_code not in (None, 0)), None)
+            if culprit is None:
+                return [line for _, line in self.held_errors]
+            if self.ranks[culprit].exit_code not in (None, 0):
+                return [line for rank, line in self.held_errors if rank == culprit]
+            return []
 
     def problem(self, started_at: float, join_timeout: float, rank_timeout: float) -> str | None:
         """Why the group must be stopped now, or None."""
@@ -243,6 +264,10 @@ def run_on_ranks(
                 t.join(timeout=5)
             if proc.stdin:
                 proc.stdin.close()
+        if not problem:
+            for line in watch.errors_to_show():
+                err.write(line)
+            err.flush()
         if problem:
             raise RankFailed(problem + "; the group was stopped")
         failed = watch.failure()

@@ -149,6 +149,35 @@ def test_the_rank_that_died_first_is_blamed_not_those_stopped_after_it():
     )
 
 
+def test_survivors_errors_after_a_rank_died_are_not_shown_its_cause_is():
+    # Under MLX's own kernels rank 0 saw the lost peer first and printed "ERROR turn failed"
+    # and "Generation failed unexpectedly: RuntimeError: [ring] ..." before the launcher
+    # named the killed rank: three lines where one says what happened.
+    watch = RankWatch(loopback(2), clock=FakeClock())
+    for rank in (0, 1):
+        watch.read_line(f"@brisk-rank {rank} joined\n")
+    assert watch.read_line("WARNING the draft was dropped\n") == "WARNING the draft was dropped\n"
+    assert watch.read_line("ERROR turn failed\n") is None
+    assert watch.read_line("brisk: error: Generation failed unexpectedly: RuntimeError: [ring] lost\n") is None
+    watch.read_line("@brisk-rank 0 exit 1\n")
+    watch.read_line("[WARN] Node with rank 1 exited with code -9\n")
+    assert watch.errors_to_show() == []
+    assert watch.failure().startswith("rank 1 on host 127.0.0.1 was killed by signal 9")
+
+
+def test_a_rank_that_fails_by_itself_keeps_its_own_error_line():
+    watch = RankWatch(loopback(2), clock=FakeClock())
+    for rank in (0, 1):
+        watch.read_line(f"@brisk-rank {rank} joined\n")
+    watch.read_line("brisk: error: The prompt is longer than the model's context\n")
+    watch.read_line("[rank 1 on 127.0.0.1] brisk: error: The prompt is longer than the model's context\n")
+    watch.read_line("@brisk-rank 0 exit 1\n")
+    watch.read_line("@brisk-rank 1 exit 1\n")
+    watch.read_line("[WARN] Node with rank 0 exited with code 1\n")
+    assert watch.errors_to_show() == ["brisk: error: The prompt is longer than the model's context\n"]
+    assert watch.failure() is None  # rank 0 said why itself
+
+
 # --- two loopback ranks through mlx.launch ---------------------------------------------
 
 
