@@ -77,6 +77,8 @@ class ContextFill(QObject):
         self._probe = MessageProbe("(the next message)", "text", text, len(text.encode()))
         self._documents = sent + sum(fit.tokens for _, fit in waiting)
         self._documents_exact = all(fit.tokens_exact for _, fit in waiting)
+        if not self.meter.bar.isVisible():  # "shown once … is loaded" is stale now; a turn may hold the engine
+            self.meter.show_unknown("Context fill: measuring…")
         c.engine.submit(CheckDocument(cid + PROBE_ID_OFFSET, "", settings, history, document=self._probe))
 
     def _engine_event(self, item) -> None:

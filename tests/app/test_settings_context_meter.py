@@ -60,6 +60,18 @@ def test_the_meter_waits_for_the_model_and_asks_nothing_that_would_load_it(qtbot
     assert probes(engine) == []
 
 
+def test_once_the_model_loads_the_meter_no_longer_says_it_waits_for_it(qtbot, make_window, engine):
+    # The probe waits behind a turn the engine is running (the first message after launch):
+    # the meter kept "shown once big is loaded" beside a dashboard saying it was loaded.
+    w = make_window()
+    qtbot.waitUntil(lambda: w.composer.meter.label.text() == "Context fill: shown once big is loaded")
+    w.composer.edit.setPlainText("hello")
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    engine.play(ModelLoaded("big", {"context_length": CONTEXT, "architecture": "llama"}))
+    qtbot.waitUntil(lambda: len(probes(engine)) == 1)  # not answered: the turn holds the engine
+    assert w.composer.meter.label.text() == "Context fill: measuring…"
+
+
 def test_the_meter_counts_the_chat_then_what_is_typed_then_the_documents(qtbot, make_window, engine):
     w, cid = loaded_chat(qtbot, make_window, engine)
     meter = w.composer.meter.label
