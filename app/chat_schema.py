@@ -285,11 +285,23 @@ def settings_problems(settings: dict) -> dict[str, str]:
     return problems
 
 
+def remote_engine_id(value: str) -> str:
+    """'remote:NAME', NAME as app/remote_client.py allows it (a chat's model on a server elsewhere)."""
+    import re
+
+    if not re.fullmatch(r"remote:[A-Za-z0-9][A-Za-z0-9._-]{0,39}", value):
+        raise BriskError(f"Invalid remote engine id {shown(value)}")
+    return value
+
+
 def _window_problem(key: str, value) -> Problem:
     """What the engine's own checks allow but a model path, SQLite or a spin box cannot take."""
     if key in ("model", "draft"):
         try:
-            validate_model_id(value)
+            if key == "model" and isinstance(value, str) and value.startswith("remote:"):
+                remote_engine_id(value)  # a Brisk server elsewhere (app/remote_client.py)
+            else:
+                validate_model_id(value)
         except BriskError:
             return f"must be an installed model's id (lowercase letters, digits, '.', '_', '-'), not {shown(value)}"
     elif isinstance(value, str):

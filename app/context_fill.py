@@ -61,6 +61,9 @@ class ContextFill(QObject):
             self.meter.show_unknown("")
             return
         settings = c.settings_panel.settings()
+        if settings.model.startswith("remote:"):  # the tokenizer is on the server; it refuses what does not fit
+            self.meter.show_unknown("Context fill: not measured with a remote engine (the server checks it)")
+            return
         if settings.model not in self.loaded:
             self.meter.show_unknown(f"Context fill: shown once {settings.model} is loaded")
             return

@@ -61,10 +61,12 @@ class ChatController(QObject):
         settings_panel,
         dashboard,
         default_settings: ChatSettings | None = None,
+        remote=None,
         parent=None,
     ):
         super().__init__(parent)
         self.store, self.engine = store, engine
+        self.remote = remote  # app/remote_engine.py: turns of chats whose model is a Brisk server elsewhere
         self.chat_view, self.composer, self.prefill_bar = chat_view, composer, prefill_bar
         self.settings_panel, self.dashboard = settings_panel, dashboard
         self.default_settings = default_settings or ChatSettings()
@@ -84,6 +86,8 @@ class ChatController(QObject):
         self._retry.setInterval(RETRY_SAVE_MS)
         self._retry.timeout.connect(self.retry_unsaved)
         engine.event.connect(self.on_event)
+        if remote is not None:
+            remote.event.connect(self.on_event)
         composer.send_requested.connect(self.send)
         composer.stop_requested.connect(self.stop)
         composer.attach_requested.connect(self.attach)
@@ -242,7 +246,7 @@ class ChatController(QObject):
             documents={d.name: {"kind": d.kind, "tokens": fit.tokens, "pages": d.pages} for d, fit in documents},
         )
         self._start_answer(cid, answer_id)
-        self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
+        self._turn_job = self._submit_turn(Answer(cid, settings, self._history(cid)))
         self.conversations_changed.emit()
 
     def read_all(self) -> None:
@@ -267,7 +271,7 @@ class ChatController(QObject):
         settings = self.settings_panel.settings()
         if dense:
             settings = replace(settings, sparse_prefill="off", uniprefill="off")
-        self._turn_job = self.engine.submit(Answer(cid, settings, self._history(cid)))
+        self._turn_job = self._submit_turn(Answer(cid, settings, self._history(cid)))
 
     def show_version(self, step: int) -> None:
         """Page the last answer through the versions Regenerate kept (-1 older, +1 newer);
@@ -302,7 +306,7 @@ class ChatController(QObject):
             return
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
-        self._turn_job = self.engine.submit(Answer(cid, self.settings_panel.settings(), self._history(cid)))
+        self._turn_job = self._submit_turn(Answer(cid, self.settings_panel.settings(), self._history(cid)))
 
     def stop(self) -> None:
         """Stop this chat's answer (also before the engine reaches it), nothing else: a model
@@ -310,7 +314,22 @@ class ChatController(QObject):
         if self._turn_job is not None:
             self._turn_job.cancel()
 
+    def _submit_turn(self, answer: Answer):
+        """A turn goes to the remote engine its chat names, else to this machine's engine."""
+        from app.remote_client import is_remote
+
+        if self.remote is not None and is_remote(answer.settings.model):
+            return self.remote.submit(answer)
+        return self.engine.submit(answer)
+
     def attach(self, path: str) -> None:
+        from app.remote_client import is_remote
+
+        if is_remote(self.settings_panel.settings().model):  # the fit check needs the model's tokenizer here
+            self.composer.show_message(
+                "Documents attach to chats with a local model; with a remote engine, paste the text", error=True
+            )
+            return
         if self.current is None:
             self.new_conversation()
         self.composer.show_message("Reading the document…")

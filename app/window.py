@@ -71,9 +71,15 @@ class MainWindow(QMainWindow):
         splitter.setSizes([240, 700, 340])
         self.setCentralWidget(splitter)
 
+        from app.remote_engine import RemoteEngine
+
+        self.remote = RemoteEngine(parent=self)  # chats whose model is a Brisk server elsewhere
+        self.settings_panel.set_remotes({i: s.url for i, s in self.remote.servers.items()})
+        self.dashboard.describe_remote = self.remote.describe
         self.controller = ChatController(
             store,
             engine,
+            remote=self.remote,
             chat_view=self.chat_view,
             composer=self.composer,
             prefill_bar=self.prefill_bar,
@@ -306,6 +312,10 @@ class MainWindow(QMainWindow):
                 self,
                 store=self.controller.store,
                 chat_settings=self.settings_panel.settings,
+                remote=self.remote,
+            )
+            self.model_manager.remotes.changed.connect(
+                lambda: self.settings_panel.set_remotes({i: s.url for i, s in self.remote.servers.items()})
             )
             self.controller.engine.event.connect(self._models_changed)
         self.model_manager.refresh()

@@ -104,7 +104,14 @@ class Dashboard(QScrollArea):
         self.chat_model = QLabel("")
         self.chat_model.setObjectName("chatModel")
         self.chat_model.setWordWrap(True)
-        for w in (self.chat_model, self.spec_note, self.kv_note, self.memory, self.model_state):
+        # A remote engine's chat: where it answers, and each rank's memory there when it has ranks
+        self.remote_note = QLabel("")
+        self.remote_note.setObjectName("remoteNote")
+        self.remote_note.setTextFormat(Qt.PlainText)  # it quotes a server's address and model id
+        self.remote_note.hide()
+        self.describe_remote = lambda model_id: ""  # remote id -> 'name at url (model)'; set by the window
+        self._remote_seen: dict[str, str] = {}  # remote id -> its last turn's words (where, model, ranks)
+        for w in (self.chat_model, self.remote_note, self.spec_note, self.kv_note, self.memory, self.model_state):
             w.setWordWrap(True)  # a long line must not widen the column while a turn runs
             layout.addWidget(w)
         # The API server's requests: their own chart and line, never the open chat's.
@@ -190,6 +197,10 @@ class Dashboard(QScrollArea):
         """The open chat's own model and draft (not whichever model loaded last)."""
         self._chat_model = model
         self.chat_model.setText(f"This chat: {model}" + (f" · draft {draft}" if draft else " · no draft"))
+        where = self.describe_remote(model) if model.startswith("remote:") else ""
+        # the server's last turn said more (its model, its ranks' memory) than the address alone
+        self.remote_note.setText(self._remote_seen.get(model) or (f"Remote engine: {where}" if where else ""))
+        self.remote_note.setVisible(bool(self.remote_note.text()))
         self._show_model_line()
 
     def clear_chat(self) -> None:
@@ -208,7 +219,9 @@ class Dashboard(QScrollArea):
 
     def _show_model_line(self, fallback: str = "") -> None:
         model = self._chat_model or fallback
-        if model in self._loaded:
+        if model.startswith("remote:"):  # nothing loads here: the server holds the model
+            self.model_state.setText("The model runs on the server, not in this app")
+        elif model in self._loaded:
             self.model_state.setText(self._loaded[model])
         elif model and self._chat_model and self._waiting:
             self.model_state.setText(f"Loading {model} for this message…")
@@ -293,11 +306,17 @@ class Dashboard(QScrollArea):
         k_bits, v_bits = m.get("k_bits", m.get("kv_bits", 16)), m.get("v_bits", m.get("kv_bits", 16))
         precision = f"{k_bits} bits" if k_bits == v_bits else f"K{k_bits}/V{v_bits} bits"
         self.kv_note.setToolTip(plain_tooltip(str(m.get("kv_check") or "")))
+        remote = (m.get("extra") or {}).get("remote")
         self.kv_note.setText(
             f"KV cache {_size(used)} at {precision}"
             + (f" of {_size(full)} at the full {context:,}-token context" if full else "")
-            + (f" · {_size(free)} memory free" if free else "")
+            + (f" · {_size(free)} memory free" if free and not remote else "")
+            + (" (on the server)" if remote else "")
         )
+        if remote:
+            self._remote_seen[model] = remote_words(m)
+            self.remote_note.setText(self._remote_seen[model])
+            self.remote_note.show()
 
     def _show_speculation(self, m: dict) -> None:
         """The acceptance ring, an arc per source that proposed this turn, and how it went."""
@@ -333,6 +352,25 @@ class Dashboard(QScrollArea):
     def refresh_memory(self) -> None:
         used = self._memory_probe()
         self.memory.setText(f"Process memory: {_size(used)}" if used else "")
+
+
+def remote_words(m: dict) -> str:
+    """Where a remote turn ran, what answered, and each rank's memory there (when it has ranks)."""
+    extra = m.get("extra") or {}
+    remote = extra.get("remote") or {}
+    lines = [
+        f"Remote engine: {remote.get('name', '?')} at {remote.get('url', '?')} · model {remote.get('model') or '?'}"
+    ]
+    ranks = [r for r in extra.get("ranks") or [] if isinstance(r, dict)]
+    if ranks:
+        lines.append(f"{len(ranks)} ranks ({extra.get('parallel') or 'split'} parallel), memory on each:")
+        for r in ranks:
+            share = f" ({r['weight_share']:.0%} of the model)" if isinstance(r.get("weight_share"), float) else ""
+            lines.append(
+                f"  rank {r.get('rank', '?')} on {r.get('host', '?')}: weights {_size(r.get('weight_bytes') or 0)}"
+                f"{share} · KV {_size(r.get('kv_bytes') or 0)} · peak {_size(r.get('peak_memory_bytes') or 0)}"
+            )
+    return "\n".join(lines)
 
 
 def stopped_early(m: dict) -> bool:

@@ -34,7 +34,9 @@ DTYPE_BITS = {"f32": 32, "f16": 16, "bf16": 16}
 
 
 class ModelManager(QDialog):
-    def __init__(self, engine, list_models, bundled: list[str], parent=None, *, store=None, chat_settings=None):
+    def __init__(
+        self, engine, list_models, bundled: list[str], parent=None, *, store=None, chat_settings=None, remote=None
+    ):
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(1120, 640)
@@ -111,6 +113,12 @@ class ModelManager(QDialog):
         self.status.setTextFormat(Qt.PlainText)  # it quotes typed repo ids and error messages
         self.status.setWordWrap(True)
         layout.addWidget(self.status)
+        self.remotes = None  # app/widgets/remote_engines.py, with the app's remote engine
+        if remote is not None:
+            from app.widgets.remote_engines import RemoteEnginesBox
+
+            self.remotes = RemoteEnginesBox(remote, self)
+            layout.addWidget(self.remotes)
         self.refresh()
 
     def refresh(self) -> None:

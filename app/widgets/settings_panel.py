@@ -76,6 +76,8 @@ class SettingsPanel(QWidget):
         self.setObjectName("settingsPanel")
         self._settings = ChatSettings()
         self._entries: dict[str, object] = {}
+        self._remotes: dict[str, str] = {}  # remote engine id -> where it is (app/remote_client.py)
+        self._local_tips: dict[object, str] = {}  # tooltips a remote engine's reasons replace
         self._loading = False
         outer = QVBoxLayout(self)
         outer.setContentsMargins(0, 0, 0, 0)
@@ -248,8 +250,16 @@ class SettingsPanel(QWidget):
         self._loading = True
         self.model.clear()
         self.model.addItems(sorted(self._entries))
+        for remote_id, where in sorted(self._remotes.items()):  # after the local models, picked alike
+            self.model.addItem(remote_id)
+            self.model.setItemData(self.model.count() - 1, f"A Brisk server: {where}", Qt.ToolTipRole)
         self._loading = False
         self.set_settings(self._settings)
+
+    def set_remotes(self, remotes: dict[str, str]) -> None:
+        """Remote engines (id -> where, in words), offered in the model list after the installed models."""
+        self._remotes = dict(remotes)
+        self.set_models(list(self._entries.values()))
 
     def draft_choices(self, model_id: str) -> list[str]:
         """Installed models that could draft for `model_id`: smaller than it (never itself),
@@ -446,8 +456,12 @@ class SettingsPanel(QWidget):
         self.num_draft.setEnabled(s.spec_decode == "on")
         self.refresh_kv()
         self.lookup.setEnabled(s.spec_decode != "off")
+        self._mark_remote(s.model in self._remotes or s.model.startswith("remote:"))
         target, draft = self._entries.get(s.model), self._entries.get(s.draft or "")
-        if not s.draft and target is not None and not self.draft_choices(s.model):
+        if s.model in self._remotes or s.model.startswith("remote:"):
+            self.badge.setText("Remote engine: the server drafts with its own models, if any")
+            self.badge.setProperty("kind", "none")
+        elif not s.draft and target is not None and not self.draft_choices(s.model):
             self.badge.setText(NO_USEFUL_DRAFT.format(model=s.model))
             self.badge.setProperty("kind", "none")
         elif not s.draft:
@@ -462,6 +476,39 @@ class SettingsPanel(QWidget):
             self.badge.setProperty("kind", kind.split()[0])
         self.badge.style().unpolish(self.badge)
         self.badge.style().polish(self.badge)
+
+    def _mark_remote(self, remote: bool) -> None:
+        """A remote engine's chat: settings that act on this machine's models, or that the
+        server's API does not take, are disabled and say why; the rest travel with each message."""
+        why = {
+            self.draft: "A remote engine cannot draft with a model on this machine",
+            self.sparse: "SpecPrefill needs a draft model beside the model: not with a remote engine",
+            self.keep: "SpecPrefill needs a draft model beside the model: not with a remote engine",
+            self.num_draft: "Drafting is the server's with a remote engine",
+            self.top_k: "The server's OpenAI-compatible API takes no top-k",
+            self.min_p: "The server's OpenAI-compatible API takes no min-p",
+            self.repetition_penalty: "The server's OpenAI-compatible API takes no repetition penalty",
+            self.overflow: "The server refuses a conversation beyond its model's context",
+        }
+        sent = {
+            self.kv_bits: "Sent to the server with each message (auto: the server's choice); "
+            "the self-test marks are this machine's",
+            self.uniprefill: "Sent to the server with each message",
+            self.spec: "Sent to the server with each message (it drafts with its own models)",
+        }
+        for widget, tip in (*why.items(), *sent.items()):
+            if remote:
+                self._local_tips.setdefault(widget, widget.toolTip())
+                widget.setToolTip(tip)
+            elif widget in self._local_tips:
+                widget.setToolTip(self._local_tips.pop(widget))
+            if widget in why and remote:
+                widget.setEnabled(False)
+            elif widget in why and widget not in (self.keep, self.num_draft):  # _refresh decides those two
+                widget.setEnabled(True)
+            label = self.form.labelForField(widget)
+            if label is not None:
+                label.setToolTip(widget.toolTip())
 
 
 # ChatSettings.validate's bound for a seed, said for people
