@@ -278,5 +278,6 @@ def _refusal(server: RemoteServer, status: int, message: str) -> str:
             "check it in Models… > Remote engines"
         )
     if status == 503:
-        return f"The remote engine {server.name} is not taking turns now (503{said}); try again shortly"
+        later = "" if "try again" in message.lower() else "; try again shortly"
+        return f"The remote engine {server.name} is not taking turns now (503){said}{later}"
     return f"The remote engine {server.name} answered {status}{said}"

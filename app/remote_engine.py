@@ -121,10 +121,13 @@ def remote_metrics(server: RemoteServer, model_id: str, last: dict | None, start
             setattr(metrics, name, value)
         elif name in known and isinstance(getattr(metrics, name), float) and isinstance(value, int):
             setattr(metrics, name, float(value))
-    ranks = sent.get("ranks") or brisk.get("ranks")
+    # a server on ranks puts each rank's memory in its metrics' extra (engine/distributed/serve_lockstep.py)
+    server_extra = sent.get("extra") if isinstance(sent.get("extra"), dict) else {}
+    ranks = server_extra.get("ranks") or sent.get("ranks")
+    parallel = server_extra.get("parallel") or sent.get("parallel") or ""
     metrics.extra = {
         "remote": {"name": server.name, "url": server.url, "model": sent.get("model_id") or server.model},
-        **({"ranks": ranks, "parallel": sent.get("parallel") or brisk.get("parallel", "")} if ranks else {}),
+        **({"ranks": ranks, "parallel": parallel} if isinstance(ranks, list) and ranks else {}),
     }
     metrics.model_id = model_id
     metrics.engine_started_at = started  # the turn left here then: TTFT's parts add up from it

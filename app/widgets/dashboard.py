@@ -168,6 +168,10 @@ class Dashboard(QScrollArea):
         self.ttft.setText(f"{seconds:.2f} s")
         self.saved.setText("")
         self._waiting = False
+        model = self._chat_model
+        if model and not model.startswith("remote:") and model not in self._loaded:
+            # the token came from it: "Loading … for this message" is stale (its context comes with the turn)
+            self.model_state.setText(f"{model} loaded")
 
     def turn_failed(self) -> None:
         """A turn ended without metrics: nothing is waited for any more."""
@@ -363,7 +367,8 @@ def remote_words(m: dict) -> str:
     ]
     ranks = [r for r in extra.get("ranks") or [] if isinstance(r, dict)]
     if ranks:
-        lines.append(f"{len(ranks)} ranks ({extra.get('parallel') or 'split'} parallel), memory on each:")
+        parallel = f" ({extra['parallel']} parallel)" if extra.get("parallel") else ""
+        lines.append(f"{len(ranks)} ranks{parallel}, memory on each:")
         for r in ranks:
             share = f" ({r['weight_share']:.0%} of the model)" if isinstance(r.get("weight_share"), float) else ""
             lines.append(

@@ -37,8 +37,7 @@ SERVER_METRICS = {
     "engine_started_at": 123456.0,  # the server's own clock: must not be taken as the app's
     "model_id": "qwen-on-server",
     "context_length": 32768,
-    "parallel": "tensor",
-    "ranks": RANKS,
+    "extra": {"ranks": RANKS, "parallel": "tensor"},  # as `brisk serve --ranks` reports them
 }
 
 
@@ -131,7 +130,7 @@ def test_a_remote_turn_streams_into_the_chat_with_the_servers_metrics_and_ranks(
     ("mode", "key", "line", "kept"),
     [
         ("ok", "wrong-key-0123456789", "refused the API key (401)", ""),
-        ("503", None, "is not taking turns now (503: rank 1 left; the group is regrouping); try again shortly", ""),
+        ("503", None, "is not taking turns now (503): rank 1 left; the group is regrouping; try again shortly", ""),
         ("broken", None, "broke mid-answer", "Hel"),
     ],
 )
