@@ -2,10 +2,11 @@
 tests/engine/test_eta_replay.py (run under `nice -n 15`; minutes on a 2-core CPU):
 
     BRISK_HOME=~/.cache/brisk-test-models nice -n 15 .venv/bin/python \
-        tests/engine/eta_recordings/record_prefill.py MODEL TOKENS OUT.json [--uniprefill]
+        tests/engine/eta_recordings/record_prefill.py MODEL TOKENS OUT.json [--uniprefill | --specprefill DRAFT]
 
 Only what the estimator sees is kept: per event (seconds since the turn began, done, total,
-phase, and this process's CPU seconds), and when the first token came."""
+phase, and this process's CPU seconds), when the first token came, and the models' shapes
+(the estimator's prior; SpecPrefill's draft phase runs the draft's)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,23 @@ def prompt_text(tokenizer, tokens: int) -> str:
     return tokenizer.decode(ids)
 
 
+SHAPE_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def shape(config: dict) -> dict:
+    args = config.get("text_config") or config
+    return {key: args[key] for key in SHAPE_KEYS if key in args}
+
+
 def main() -> None:
     from engine.conversation import Message
     from engine.events import PrefillProgressed, TokenEmitted
@@ -50,10 +68,20 @@ def main() -> None:
     ap.add_argument("tokens", type=int)
     ap.add_argument("out")
     ap.add_argument("--uniprefill", action="store_true")
+    ap.add_argument("--specprefill", metavar="DRAFT", help="SpecPrefill scored by this draft (keep 0.2)")
     args = ap.parse_args()
     lm = load_model(args.model)
-    settings = ChatSettings(model=args.model, max_tokens=1, kv_bits=16, uniprefill="on" if args.uniprefill else "off")
-    session = Session(lm, settings)
+    draft = load_model(args.specprefill) if args.specprefill else None
+    settings = ChatSettings(
+        model=args.model,
+        max_tokens=1,
+        kv_bits=16,
+        uniprefill="on" if args.uniprefill else "off",
+        draft=args.specprefill,
+        sparse_prefill="on" if args.specprefill else "off",
+        spec_decode="off",
+    )
+    session = Session(lm, settings, draft=draft)
     text = prompt_text(lm.tokenizer, args.tokens)
     events, first_token, metrics = [], None, {}
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -73,6 +101,10 @@ def main() -> None:
         "prompt_tokens": metrics.get("prompt_tokens"),
         "prefill_step_size": settings.prefill_step_size,
         "drops": metrics.get("drops"),
+        "kept_tokens": metrics.get("kept_tokens"),
+        "config": shape(lm.config),
+        "draft": args.specprefill,
+        "draft_config": shape(draft.config) if draft is not None else None,
         "first_token_s": first_token,
         "machine": f"{cpu_model()}, {platform.machine()}, {os.cpu_count()} cores, under nice -n 15 beside other work",
         "date": datetime.date.today().isoformat(),
