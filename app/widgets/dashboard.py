@@ -370,10 +370,10 @@ def remote_words(m: dict) -> str:
         parallel = f" ({extra['parallel']} parallel)" if extra.get("parallel") else ""
         lines.append(f"{len(ranks)} ranks{parallel}, memory on each:")
         for r in ranks:
-            share = f" ({r['weight_share']:.0%} of the model)" if isinstance(r.get("weight_share"), float) else ""
+            share = f" ({r['weight_share']:.0%})" if isinstance(r.get("weight_share"), float) else ""
             lines.append(
-                f"  rank {r.get('rank', '?')} on {r.get('host', '?')}: weights {_size(r.get('weight_bytes') or 0)}"
-                f"{share} · KV {_size(r.get('kv_bytes') or 0)} · peak {_size(r.get('peak_memory_bytes') or 0)}"
+                f"• rank {r.get('rank', '?')} ({r.get('host', '?')}): {_size(r.get('weight_bytes') or 0)} weights"
+                f"{share}, {_size(r.get('kv_bytes') or 0)} KV, peak {_size(r.get('peak_memory_bytes') or 0)}"
             )
     return "\n".join(lines)
 

@@ -119,7 +119,10 @@ def test_a_remote_turn_streams_into_the_chat_with_the_servers_metrics_and_ranks(
     assert m["extra"]["ranks"][1]["weight_share"] == 0.4833
     note = w.dashboard.remote_note.text()
     assert note.startswith(f"Remote engine: studio at {stand_in.url} · model qwen-on-server")
-    assert "2 ranks (tensor parallel)" in note and "rank 1 on 127.0.0.1: weights 290.0 MiB (48% of the model)" in note
+    assert (
+        "2 ranks (tensor parallel)" in note
+        and "• rank 1 (127.0.0.1): 290.0 MiB weights (48%), 2.0 MiB KV, peak 650.0 MiB" in note
+    )
     assert w.dashboard.remote_note.isVisible() and "(on the server)" in w.dashboard.kv_note.text()
     assert w.dashboard.model_state.text() == "The model runs on the server, not in this app"
     assert w.dashboard.speed.text().endswith("decode 31.0 tok/s")
