@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
+from PySide6.QtWidgets import QApplication
 
 from app.context_fill import ContextFill
 from app.preferences import record_draft_cost
@@ -266,8 +267,12 @@ class ChatController(QObject):
         except StoreError as exc:
             self.notice.emit(f"Cannot regenerate: {exc}")
             return
+        focused = QApplication.focusWidget()  # the button clicked goes with the rebuilt chat
+        in_chat = focused is not None and (focused is self.chat_view or self.chat_view.isAncestorOf(focused))
         self.open(cid)
         self._start_answer(cid, answer_id, shown=True)
+        if in_chat:  # else Qt hands the focus on to the sidebar's search box, which the next keys filter
+            self.chat_view.setFocus(Qt.OtherFocusReason)
         settings = self.settings_panel.settings()
         if dense:
             settings = replace(settings, sparse_prefill="off", uniprefill="off")

@@ -18,3 +18,51 @@ def test_the_model_line_stops_saying_loading_once_the_answer_streams(qtbot, make
     engine.play(ConversationEvent(cid, TokenEmitted("Hel", 1)))
     assert "Loading" not in w.dashboard.model_state.text()
     assert w.dashboard.model_state.text().startswith("tiny loaded")
+
+
+def _answered(qtbot, w, engine, coverage=None):
+    from tests.app.test_window import answer, metrics
+
+    w.activateWindow()
+    qtbot.waitUntil(w.isActiveWindow)  # focus exists only in the active window
+    cid = send(qtbot, w, "Where is the spare key?").conversation_id
+    extra = dict(prefill_method="uniprefill", coverage=coverage) if coverage else {}
+    answer(engine, cid, ["Under the lantern."], metrics(**extra))
+    return cid
+
+
+def _click_with_focus(qtbot, button):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    button.setFocus()
+    qtbot.waitUntil(lambda: QApplication.focusWidget() is button)
+    qtbot.mouseClick(button, Qt.LeftButton)
+
+
+def test_regenerate_keeps_the_focus_off_the_search_box(qtbot, make_window, engine):
+    """Clicking Regenerate rebuilt the chat and Qt gave the focus to the next widget in line,
+    the sidebar's search box: the next keys typed filtered the chats away (as paging did)."""
+    from PySide6.QtWidgets import QApplication
+
+    w = make_window()
+    _answered(qtbot, w, engine)
+    _click_with_focus(qtbot, w.chat_view.messages[-1].regenerate_button)
+    assert QApplication.focusWidget() is not w.sidebar.search
+    assert w.chat_view.isAncestorOf(QApplication.focusWidget()) or QApplication.focusWidget() is w.chat_view
+
+
+def test_read_it_all_keeps_the_focus_off_the_search_box(qtbot, make_window, engine):
+    """The same through the coverage footer's 'Read it all' (seen under Xvfb + openbox: after it,
+    the search box held the text cursor)."""
+    from PySide6.QtWidgets import QApplication
+
+    from tests.app.test_coverage_warning import KEPT
+
+    w = make_window()
+    _answered(qtbot, w, engine, coverage=KEPT)
+    cover = w.chat_view.messages[-1].coverage
+    button = cover.answer_again or cover.read_all
+    _click_with_focus(qtbot, button)
+    assert QApplication.focusWidget() is not w.sidebar.search
+    assert w.chat_view.isAncestorOf(QApplication.focusWidget()) or QApplication.focusWidget() is w.chat_view
