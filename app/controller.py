@@ -270,6 +270,7 @@ class ChatController(QObject):
         focused = QApplication.focusWidget()  # the button clicked goes with the rebuilt chat
         in_chat = focused is not None and (focused is self.chat_view or self.chat_view.isAncestorOf(focused))
         self.open(cid)
+        self.composer.show_message("")  # a retry: the failed turn's line is stale now
         self._start_answer(cid, answer_id, shown=True)
         if in_chat:  # else Qt hands the focus on to the sidebar's search box, which the next keys filter
             self.chat_view.setFocus(Qt.OtherFocusReason)

@@ -158,6 +158,7 @@ def test_a_refusal_or_broken_stream_is_one_line_keeps_the_partial_answer_and_reg
     qtbot.waitUntil(lambda: not w.controller.busy, timeout=60000)
     stored = w.store.messages(w.controller.current)
     assert (stored[-1].content, stored[-1].finish_reason) == ("Hello", "stop")
+    assert w.composer.message.text() == ""  # the failure's line went with the retry
     # the partial answer stays as an earlier version ("< 1/2 >"); an empty failed one is not kept
     assert w.store.versions(w.controller.current, 1) == ((1, 2) if kept else (0, 1))
 
