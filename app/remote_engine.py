@@ -44,6 +44,7 @@ class RemoteEngine(QObject):
         super().__init__(parent)
         self.servers: dict[str, RemoteServer] = load_remotes() if servers is None else dict(servers)
         self._threads: list[threading.Thread] = []
+        self._jobs: list[RemoteJob] = []  # submitted, their threads maybe still running
 
     def server(self, model_id: str) -> RemoteServer | None:
         return self.servers.get(model_id)
@@ -58,14 +59,21 @@ class RemoteEngine(QObject):
     def submit(self, command) -> RemoteJob:
         job = RemoteJob(command)
         thread = threading.Thread(target=self._run, args=(job,), name="brisk-remote-turn", daemon=True)
-        self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        alive = [(t, j) for t, j in zip(self._threads, self._jobs) if t.is_alive()]
+        self._threads, self._jobs = [t for t, _ in alive] + [thread], [j for _, j in alive] + [job]
         thread.start()
         return job
 
     def wait(self, timeout: float = 30.0) -> None:
-        """For tests and quitting: the turns under way have ended (their events queued)."""
+        """For tests: the turns under way have ended (their events queued)."""
         for thread in list(self._threads):
             thread.join(timeout)
+
+    def shutdown(self, timeout: float = 2.0) -> None:
+        """Quitting: every turn under way stopped (its connection shut) and its thread ended."""
+        for job in list(self._jobs):
+            job.cancel()
+        self.wait(timeout)
 
     def _emit(self, cid: int, event) -> None:
         try:

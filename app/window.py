@@ -417,6 +417,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         self.controller.save_before_quit()
+        self.remote.shutdown()  # a remote answer streaming now ends here; what came is saved above
         try:
             self.controller.drop_if_empty(self.controller.current)  # an unused "New chat" is not kept
         except Exception:  # noqa: BLE001  closing must never fail (the next start drops it)

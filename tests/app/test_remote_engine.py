@@ -189,6 +189,19 @@ def test_stop_cancels_a_stream_that_waits_on_the_server_and_keeps_what_came(qtbo
     assert (stored[-1].content, stored[-1].finish_reason) == ("Hel", "cancelled")
 
 
+def test_closing_the_window_mid_answer_ends_the_stream_and_keeps_what_came(qtbot, make_window, stand_in):
+    w = make_window()
+    stand_in.mode = "stall"
+    use_remote(w, make_remote("studio", stand_in.url, stand_in.key))
+    w.composer.edit.setPlainText("Go on")
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    qtbot.waitUntil(lambda: (w.controller._answer or {}).get("text") == "Hel", timeout=30000)
+    cid, store = w.controller.current, w.store
+    w.close()
+    assert not any(t.is_alive() for t in w.remote._threads)  # not left reading for READ_TIMEOUT_S
+    assert store.messages(cid)[-1].content == "Hel"
+
+
 def test_the_settings_a_remote_engine_cannot_use_are_disabled_and_say_why(qtbot, make_window, stand_in):
     w = make_window()
     panel = w.settings_panel
