@@ -316,3 +316,18 @@ def test_a_chat_with_a_real_brisk_serve_stores_its_answer_and_metrics(qtbot, mak
     whole = json.loads(conn.getresponse().read())
     assert whole["choices"][0]["message"]["content"] == answer.content
     assert w.dashboard.remote_note.text().startswith(f"Remote engine: real at {real_server.url} · model tiny")
+
+
+def test_a_real_brisk_serve_refuses_a_wrong_key_in_one_line_and_nothing_is_lost(qtbot, make_window, real_server):
+    w = make_window()
+    use_remote(w, make_remote("real", real_server.url, "not-the-key-0123456789", "tiny"))
+    stored = send_and_wait(qtbot, w, "Hello?")
+    assert [(m.role, m.content, m.finish_reason) for m in stored] == [
+        ("user", "Hello?", None),
+        ("assistant", "", "error"),
+    ]
+    assert w.composer.message.text() == (
+        f"The remote engine real ({real_server.url[7:]}) refused the API key (401): "
+        "check it in Models… > Remote engines"
+    )
+    assert "not-the-key" not in w.composer.message.text() + w.statusBar().currentMessage()
