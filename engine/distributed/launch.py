@@ -35,6 +35,7 @@ from engine.errors import BriskError
 
 JOIN_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 30.0
+DEATH_GRACE_S = 3.0  # after a rank died, how long the survivors get to end by themselves
 RANK_ARGS = {"--ranks": True, "--hostfile": True, "--join-timeout": True, "--rank-timeout": True}
 _LAUNCHER_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -104,6 +105,7 @@ class RankWatch:
         self.ranks = [RankState(h.ssh, last_seen=clock()) for h in hosts]
         self.lock = threading.Lock()
         self.first_death: int | None = None
+        self.death_seen_at = 0.0
         # A rank's error lines wait until the group ends: when a peer died, a survivor's
         # "connection to a peer was lost" is a consequence, and the cause is said instead.
         self.held_errors: list[tuple[int, str]] = []  # (rank, line)
@@ -131,7 +133,7 @@ class RankWatch:
                     self.ranks[rank].died_with = code
                     # the launcher stops the others with SIGTERM once one fails
                     if self.first_death is None and code != -signal.SIGTERM:
-                        self.first_death = rank
+                        self.first_death, self.death_seen_at = rank, self.clock()
                 return None
             if plain.startswith("[ring]"):
                 return None  # the survivors' socket errors once a peer is gone: the cause is said below
@@ -162,6 +164,11 @@ class RankWatch:
         """Why the group must be stopped now, or None."""
         now = self.clock()
         with self.lock:
+            # A rank died and the group has not ended on its own: mlx.launch waits for the
+            # survivors, and one may wait on its dead peer (or finish a request) for good.
+            if self.first_death is not None and now - self.death_seen_at > DEATH_GRACE_S:
+                r = self.ranks[self.first_death]
+                return f"rank {self.first_death} on host {r.host} {_how_it_ended(r)}"
             missing = [i for i, r in enumerate(self.ranks) if not r.joined]
             if missing and now - started_at > join_timeout:
                 return (
@@ -191,10 +198,13 @@ class RankWatch:
             r = self.ranks[culprit]
             if r.exit_code not in (None, 0):  # it said why itself, on stderr
                 return None if culprit == 0 else f"rank {culprit} on host {r.host} failed; the other ranks were stopped"
-            code = r.died_with
-            how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
-            when = "while running (after joining the ring)" if r.joined else "before joining the ring"
-            return f"rank {culprit} on host {r.host} {how} {when}; the other ranks were stopped"
+            return f"rank {culprit} on host {r.host} {_how_it_ended(r)}; the other ranks were stopped"
+
+
+def _how_it_ended(r: RankState) -> str:
+    code = r.died_with
+    how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with status {code}"
+    return how + (" while running (after joining the ring)" if r.joined else " before joining the ring")
 
 
 def run_on_ranks(
@@ -206,9 +216,11 @@ def run_on_ranks(
     rank_timeout: float = RANK_TIMEOUT_S,
     stdout=None,
     stderr=None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Run `brisk <argv>` on the ranks; rank 0's output becomes this process's. Returns rank
-    0's status; raises RankFailed naming the rank and host that failed."""
+    0's status; raises RankFailed naming the rank and host that failed. Setting `stop` ends
+    the group (`brisk serve --ranks` closing)."""
     hosts = read_hostfile(hostfile) if hostfile else loopback(ranks or 0)
     check_reachable(hosts)
     out = stdout or sys.stdout.buffer
@@ -255,7 +267,11 @@ def run_on_ranks(
                 if problem:
                     _stop(proc)
                     break
-                time.sleep(0.2)
+                if stop is not None and stop.wait(0.2):
+                    _stop(proc)
+                    break
+                if stop is None:
+                    time.sleep(0.2)
         except BaseException:  # Ctrl-C included: no rank outlives its launcher
             _stop(proc)
             raise
@@ -294,14 +310,21 @@ def _watch_lines(source, watch: RankWatch, target) -> None:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop mlx.launch and every local rank (one process group); remote ranks lose their ssh."""
-    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop mlx.launch and every local rank (one process group); remote ranks lose their ssh.
+    The group is killed even once mlx.launch has left: a rank that waits on SIGTERM (a server
+    finishing a request stuck in a collective) would outlive it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=3.0)
+    except ProcessLookupError:
+        return
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=3.0)
+    except subprocess.TimeoutExpired:
+        pass

@@ -65,6 +65,11 @@ def add_serve_parser(sub) -> None:
         default=DEFAULT_CACHE_BYTES,
         help="prompt caches kept across requests, in bytes (least recently used dropped)",
     )
+    from engine.distributed.cli import add_rank_args
+
+    add_rank_args(serve)  # rank 0 serves, the others follow (engine/distributed/serve_front.py)
+    # the seed every rank shares, set by the launcher (requests without one get one from rank 0)
+    serve.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     serve.set_defaults(func=cmd_serve)
 
 
@@ -123,13 +128,27 @@ def check_binding(args: argparse.Namespace) -> None:
 def cmd_serve(args) -> int:
     import uvicorn
 
+    from engine.distributed import cli as ranks
+    from engine.distributed.group import current
     from engine.serve.app import Server
     from engine.serve.connections import make_config
     from engine.serve.scheduler import EngineQueue
 
     args.api_key = resolve_api_key(args)
     check_binding(args)
-    queue = EngineQueue(cache_bytes=args.cache_bytes)
+    if ranks.wants_ranks(args):  # this brisk is the front; each rank runs this command
+        from engine.distributed.serve_front import serve_on_ranks
+
+        return serve_on_ranks(args)
+    rank, execute = current(), None
+    if rank is not None:
+        from engine.distributed.serve_lockstep import follow, leader_execute, rank_worker
+
+        worker = rank_worker()
+        if rank.rank != 0:
+            return follow(rank, worker)
+        execute = leader_execute(rank, worker)
+    queue = EngineQueue(cache_bytes=args.cache_bytes, execute=execute)
     server = Server(
         queue,
         default_model=args.model,
@@ -148,4 +167,8 @@ def cmd_serve(args) -> int:
         uvicorn.Server(make_config(server.app(), host=args.host, port=args.port)).run()
     finally:
         queue.close()
+        if rank is not None:
+            from engine.distributed.serve_lockstep import stop_followers
+
+            stop_followers(rank)
     return 0

@@ -1,0 +1,157 @@
+"""`brisk serve` on ranks: rank 0 serves HTTP and leads, the other ranks follow each command.
+
+Rank 0 runs the ordinary server (engine/serve/): its queue decides which conversation a
+request continues and which prompt caches to forget. Every worker command that changes a
+session (an answer, a forgotten conversation) is first handed to the other ranks through
+MLX's own collectives (a length, then the bytes, each an all_sum to which only rank 0
+adds), then every rank runs it on its own worker: the same tokens go into the same sharded
+forward, as in `brisk run --ranks` (engine/distributed/lockstep.py).
+
+Three things could part the ranks, and are agreed here:
+
+- sampling without a seed: rank 0 draws one per request and sends it with the command;
+- a request's Stop (the client left, a stop string matched): the engine checks its cancel
+  token between prefill chunks and tokens, and each check is one tiny all_sum of rank 0's
+  flag, so every rank stops at the same token;
+- the measured costs the speculative decoder chooses by: rank 0's clock (lockstep.py).
+
+Commands travel as JSON, never pickle: the ring's sockets carry nothing that runs code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from typing import Callable
+
+import mlx.core as mx
+import numpy as np
+
+from engine.conversation import CancelToken, Message
+from engine.distributed.group import Rank
+from engine.distributed.lockstep import gather_rank_metrics
+from engine.events import TurnFinished
+from engine.mx_values import int_list
+from engine.settings import ChatSettings
+from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
+
+STOP = {"stop": True}  # rank 0's server is closing: the followers return
+
+
+def _sum(rank: Rank, values: mx.array) -> mx.array:
+    return mx.distributed.all_sum(values, group=rank.group, stream=mx.cpu)
+
+
+def share_bytes(rank: Rank, payload: bytes = b"") -> bytes:
+    """Rank 0's `payload` on every rank (the others pass nothing). A follower waits here
+    between requests: the launcher's heartbeat watch bounds a wait on a rank that is gone."""
+    size = int_list(_sum(rank, mx.array([len(payload) if rank.rank == 0 else 0], dtype=mx.int64)))[0]
+    if size == 0:
+        return b""
+    mine = np.frombuffer(payload, dtype=np.uint8) if rank.rank == 0 else np.zeros(size, dtype=np.uint8)
+    return bytes(np.asarray(_sum(rank, mx.array(mine))))
+
+
+def encode(command) -> bytes:
+    if isinstance(command, Answer):
+        data: dict = {
+            "answer": {
+                "conversation_id": command.conversation_id,
+                "settings": command.settings.to_dict(),
+                "messages": [m.to_dict() if isinstance(m, Message) else dict(m) for m in command.messages],
+            }
+        }
+    elif isinstance(command, ForgetConversation):
+        data = {"forget": command.conversation_id}
+    else:
+        data = command  # STOP
+    return json.dumps(data).encode()
+
+
+def decode(payload: bytes):
+    data = json.loads(payload)
+    if "answer" in data:
+        a = data["answer"]
+        return Answer(
+            a["conversation_id"], ChatSettings.from_dict(a["settings"]), [Message(**m) for m in a["messages"]]
+        )
+    if "forget" in data:
+        return ForgetConversation(int(data["forget"]))
+    return None  # STOP
+
+
+def with_shared_seed(command: Answer) -> Answer:
+    """The request's seed, or one drawn here: every rank must sample the same tokens."""
+    if command.settings.seed is not None:
+        return command
+    seed = random.SystemRandom().randrange(2**31)
+    return dataclasses.replace(command, settings=dataclasses.replace(command.settings, seed=seed))
+
+
+class AgreedCancel(CancelToken):
+    """Cancelled on every rank at the same check once rank 0's token is: `check()` (between
+    prefill chunks and tokens) sums rank 0's flag across ranks; `cancelled` reads the value
+    last agreed, so it costs nothing and says the same on every rank."""
+
+    def __init__(self, rank: Rank, local: CancelToken | None):
+        super().__init__()
+        self.rank, self.local = rank, local
+        self._agree()
+
+    def _agree(self) -> None:
+        mine = 1 if self.local is not None and self.local.cancelled else 0
+        if int_list(_sum(self.rank, mx.array([mine], dtype=mx.int32)))[0] > 0:
+            self._event.set()
+
+    def check(self) -> None:
+        if not self._event.is_set():
+            self._agree()
+        super().check()
+
+
+def run_command(rank: Rank, worker: EngineWorker, command, cancel: CancelToken, deliver: Callable) -> None:
+    """One command on this rank's worker. A finished answer gets every rank's share of the
+    weights and of the KV cache (one all_gather, at the same event on every rank)."""
+    for event in worker.handle(command, cancel):
+        inner = event.event if isinstance(event, ConversationEvent) else event
+        if isinstance(inner, TurnFinished):
+            inner.metrics.extra["parallel"] = "tensor"
+            inner.metrics.extra["ranks"] = gather_rank_metrics(rank, inner.metrics.kv_bytes)
+        deliver(event)
+
+
+def leader_execute(rank: Rank, worker: EngineWorker):
+    """Rank 0's way of running the server queue's commands (EngineQueue's `execute`)."""
+
+    def execute(command, cancel: CancelToken, deliver: Callable) -> None:
+        if isinstance(command, Answer):
+            command = with_shared_seed(command)
+        if isinstance(command, (Answer, ForgetConversation)):
+            share_bytes(rank, encode(command))
+            run_command(rank, worker, command, AgreedCancel(rank, cancel), deliver)
+        else:  # DescribeSessions: rank 0's own bookkeeping, nothing changes
+            run_command(rank, worker, command, cancel, deliver)
+
+    return execute
+
+
+def stop_followers(rank: Rank) -> None:
+    """Rank 0's server closed: the followers return (a group already broken is left as is)."""
+    try:
+        share_bytes(rank, encode(STOP))
+    except RuntimeError:  # the ring lost a peer: the launcher ends the group anyway
+        pass
+
+
+def rank_worker() -> EngineWorker:
+    from engine.accel.speculative.controller import PairCosts
+
+    return EngineWorker(pair_costs=PairCosts())  # ranks start from no stored costs (lockstep.py)
+
+
+def follow(rank: Rank, worker: EngineWorker) -> int:
+    """A follower rank's life: run each command rank 0 sends, until it says stop."""
+    while (command := decode(share_bytes(rank))) is not None:
+        run_command(rank, worker, command, AgreedCancel(rank, None), lambda event: None)
+    return 0
