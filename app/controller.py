@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication
@@ -79,6 +80,7 @@ class ChatController(QObject):
         self._answer: dict | None = None  # the streaming answer: conversation, message id, text, last save
         self._turn_job = None  # the engine job of the answer being generated
         self._documents: dict[int, list] = {}  # conversation -> documents checked and waiting to be sent
+        self._reading: dict[int, list[str]] = {}  # conversation -> names of documents still being read
         self._fit_key: dict[int, tuple] = {}  # conversation -> the settings its documents were checked under
         self.search_text = ""
         # answers the store could not take yet: message id -> (text, finish reason, metrics)
@@ -120,7 +122,7 @@ class ChatController(QObject):
 
     def is_empty(self, cid: int) -> bool:
         """No message sent and no document waiting: a "New chat" the user has not used."""
-        return not self._documents.get(cid) and not self.store.messages(cid)
+        return not self._documents.get(cid) and not self._reading.get(cid) and not self.store.messages(cid)
 
     def drop_if_empty(self, cid: int | None) -> None:
         """An unused chat is not kept: dropped when the user leaves it or quits (issue 58)."""
@@ -213,6 +215,9 @@ class ChatController(QObject):
         if self.current is None and self.new_conversation() is None:
             return
         cid, settings = self.current, self.settings_panel.settings()
+        if self._reading.get(cid):  # else the question goes without it, and the chip comes after
+            self.composer.show_message(f"Still reading {self._reading[cid][0]}: send once it is shown", error=True)
+            return
         documents = self._documents.get(cid, [])
         too_big = [fit for _, fit in documents if not fit.fits]
         if too_big and settings.context_overflow != "truncate_oldest":
@@ -339,6 +344,7 @@ class ChatController(QObject):
         if self.current is None:
             self.new_conversation()
         self.composer.show_message("Reading the document…")
+        self._reading.setdefault(self.current, []).append(Path(path).name)
         settings = self.settings_panel.settings()
         self.engine.submit(CheckDocument(self.current, path, settings, self._history_with(self.current, None)))
 
@@ -376,8 +382,14 @@ class ChatController(QObject):
 
     def on_event(self, item) -> None:
         if isinstance(item, ConversationEvent):
+            cid = item.conversation_id
+            answering = self._answer is not None and self._answer["cid"] == cid
+            if isinstance(item.event, EngineErrored) and self._reading.get(cid) and not answering:
+                self._reading[cid].pop(0)  # a read that failed (the engine runs jobs in order)
             self._conversation_event(item.conversation_id, item.event)
         elif isinstance(item, DocumentChecked):
+            if not item.recheck and self._reading.get(item.conversation_id):
+                self._reading[item.conversation_id].pop(0)
             self._document_checked(item)
         elif isinstance(item, ModelLoadProgressed):
             self.dashboard.set_model_state(f"{item.model_id}: {item.message}")

@@ -66,3 +66,39 @@ def test_read_it_all_keeps_the_focus_off_the_search_box(qtbot, make_window, engi
     _click_with_focus(qtbot, button)
     assert QApplication.focusWidget() is not w.sidebar.search
     assert w.chat_view.isAncestorOf(QApplication.focusWidget()) or QApplication.focusWidget() is w.chat_view
+
+
+def test_send_waits_for_a_document_still_being_read(qtbot, make_window, engine):
+    """Seen under Xvfb: attach doc4k.txt while the engine was busy ('Reading the document…'),
+    press Send: the question went without it, the model answered from nothing, and the chip
+    came after, waiting to go with the next message. Send is refused until the chip shows;
+    the typed question stays in the box."""
+    from engine.documents import Document, Fit
+    from engine.worker import Answer, CheckDocument, DocumentChecked
+
+    w = make_window()
+    w.composer.attach_requested.emit("/tmp/doc4k.txt")
+    check = engine.commands[-1]
+    assert isinstance(check, CheckDocument)
+    count = len(engine.commands)
+    w.composer.edit.setPlainText("Where is the spare key?")
+    from PySide6.QtCore import Qt
+
+    qtbot.keyClick(w.composer.edit, Qt.Key_Return)
+    assert len(engine.commands) == count  # nothing sent without the document
+    assert "doc4k.txt" in w.composer.message.text() and w.composer.edit.toPlainText() == "Where is the spare key?"
+    document = Document("doc4k.txt", "text", "The spare key is under the lantern.", 8)
+    engine.play(DocumentChecked(check.conversation_id, document, Fit(9, 40, 8192, 0, 0, True)))
+    command = send(qtbot, w, "Where is the spare key?")
+    assert isinstance(command, Answer) and "under the lantern" in command.messages[-1].content
+
+
+def test_a_document_that_cannot_be_read_does_not_hold_send(qtbot, make_window, engine):
+    from engine.events import EngineErrored
+    from engine.worker import Answer
+
+    w = make_window()
+    w.composer.attach_requested.emit("/tmp/missing.pdf")
+    cid = engine.commands[-1].conversation_id
+    engine.play(ConversationEvent(cid, EngineErrored("Cannot read missing.pdf: no such file", "document")))
+    assert isinstance(send(qtbot, w, "Hello"), Answer)
