@@ -9,6 +9,7 @@ private names tests/engine reach them by (they replace or spy on them).
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
@@ -98,3 +99,10 @@ class Loop(Protocol):
     def _verify(self, sequence: list[int], proposal: Proposal) -> tuple[int, int, float]: ...
 
     def _note_pace(self, seconds: float, tokens: int) -> None: ...
+
+
+def weak(loop: Loop) -> Loop:
+    """How a cycle holds its loop: weakly. The loop owns its cycles, and a strong reference
+    back made each turn's decoder a reference cycle, kept (with its arrays) until Python's
+    cyclic collector ran: measured on tiny models, 65-200 KB of MLX memory more per turn."""
+    return weakref.proxy(loop)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from engine.accel.speculative.cycle import Loop, Step
+from engine.accel.speculative.cycle import Loop, Step, weak
 from engine.accel.speculative.drafters import (
     DraftUnavailable,
     Proposal,
@@ -43,7 +43,7 @@ class DraftCycle:
     """The draft model's cycles for one turn, and whether the draft can still serve it."""
 
     def __init__(self, loop: Loop, drafter: Drafter):
-        self.loop, self.drafter = loop, drafter
+        self.loop, self.drafter = weak(loop), drafter
         self.ready = False  # started: the draft holds the prompt
         self.failed = False  # dropped for the turn (or never worth starting)
         self.catch_up_s: float | None = None  # the draft's reading of missed tokens, per token

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable
 
 from engine.accel.speculative.autopilot import LOOKUP_MAX_K
-from engine.accel.speculative.cycle import Loop, Step
+from engine.accel.speculative.cycle import Loop, Step, weak
 from engine.accel.speculative.drafters import Proposal
 from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 
@@ -19,7 +19,7 @@ from engine.accel.speculative.lookup import ContextIndex, LookupOffer
 class LookupCycle:
     def __init__(self, loop: Loop, index: ContextIndex, draft_follows: Callable[[list[int]], None] | None):
         """`draft_follows`: tells the draft model the tokens a cycle kept (None: no draft)."""
-        self.loop, self.index, self.draft_follows = loop, index, draft_follows
+        self.loop, self.index, self.draft_follows = weak(loop), index, draft_follows
         self._offer_at = -1  # the context length the offer below was looked up at
         self._offer: LookupOffer | None = None
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
-from engine.accel.speculative.cycle import Loop, Step
+from engine.accel.speculative.cycle import Loop, Step, weak
 from engine.accel.speculative.lookup import LookupOffer
 from engine.compiled_decode import CompiledRun, traced_step
 
@@ -26,7 +26,7 @@ class PlainRun:
     def __init__(self, loop: Loop, base_model: Any, why_not_compiled: Callable[..., str | None]):
         """`base_model`: the target itself (the loop's `model` is its view, positions shifted),
         which `why_not_compiled` inspects."""
-        self.loop, self.base_model, self.why_not_compiled = loop, base_model, why_not_compiled
+        self.loop, self.base_model, self.why_not_compiled = weak(loop), base_model, why_not_compiled
         self._kv_bits = loop.dist.settings.kv_precision()
         self._step: Callable | None = None  # traced on first use
         self._run: CompiledRun | None = None  # open while a pipelined run goes
