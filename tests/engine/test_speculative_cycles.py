@@ -1,6 +1,9 @@
 """The speculative decoder's seams: the loop runs the cycle the autopilot picks, and each
 cycle strategy (draft_cycle.py, lookup_cycle.py) on its own yields the target's greedy tokens."""
 
+import gc
+import weakref
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
@@ -110,3 +113,17 @@ def test_a_lookup_cycle_keeps_an_offer_up_to_its_first_wrong_token(models):
         (greedy[2], ""),
     ]
     assert (decoder.stats.lookup_tokens, decoder.stats.lookup_accepted) == (4, 2)
+
+
+def test_a_finished_decoder_is_freed_without_the_cyclic_collector(models):
+    """The cycles hold their loop weakly: a strong reference back kept each turn's decoder,
+    and the MLX arrays it held, until Python's cyclic collector happened to run."""
+    decoder, prompt = _decoder(models, draft=True, index=ContextIndex())
+    gc.disable()
+    try:
+        assert len(list(decoder.steps(prompt))) == 40
+        gone = weakref.ref(decoder)
+        del decoder
+        assert gone() is None
+    finally:
+        gc.enable()
