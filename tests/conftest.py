@@ -99,3 +99,34 @@ def _install_real_models():
     # The same GGUF dequantized: what quantized answers are compared against.
     install_bundled(REAL_MODEL, store=store, keep_download=True, keep_quantized=False, model_id_as=REAL_MODEL_F32)
     return store
+
+
+# --- `plan_independent`: files CI's BRISK_KERNELS=off stage may leave out (tests/plan_guard.py) ---
+_plan_watches: dict[str, object] = {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the marked test's fixtures are set up: check what shows, then watch."""
+    if item.get_closest_marker("plan_independent") is None:
+        return
+    from tests.plan_guard import Watch, static_problems
+
+    problems = static_problems(item.path, item.fixturenames)
+    if problems:
+        pytest.fail(f"marked plan_independent, but {'; '.join(problems)}", pytrace=False)
+    watch = Watch()
+    watch.start()
+    _plan_watches[item.nodeid] = watch
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After the marked test's teardown: anything that depends on the plan fails it."""
+    done = yield
+    watch = _plan_watches.pop(item.nodeid, None)
+    if watch is not None:
+        seen = watch.stop()
+        if seen:
+            pytest.fail("marked plan_independent, but " + "\n".join(seen), pytrace=False)
+    return done

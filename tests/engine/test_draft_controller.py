@@ -10,6 +10,9 @@ from engine.accel.speculative.autopilot import SpeculationAutopilot
 from engine.accel.speculative.controller import DraftLengthController, PairCosts
 from engine.accel.speculative.lookup import LookupOffer
 
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
+
 
 def feed(controller, *, plain_s, draft_s, verify_s, alpha, cycles=40):
     for _ in range(cycles):

@@ -13,6 +13,9 @@ import pytest
 
 from engine.prefill_eta import LayerEta, PrefillEta, attention_ratio
 
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
+
 RECORDINGS = Path(__file__).parent / "eta_recordings"
 BOUND = 0.30
 FROM = 0.10

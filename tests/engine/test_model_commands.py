@@ -1,5 +1,7 @@
 """Model management through the engine worker: progress events, results, clean failures."""
 
+import pytest
+
 from engine.events import DownloadProgressed, EngineErrored
 from engine.model_commands import ImportGGUF, ModelsChanged, RemoveModel
 from engine.models.store import ModelStore
@@ -7,6 +9,9 @@ from engine.session import CancelToken
 from engine.worker import EngineWorker
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
+
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
 
 
 def test_import_gguf_then_remove_through_the_worker(tmp_path):

@@ -15,6 +15,9 @@ from engine.private_files import (
     write_private_file,
 )
 
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
+
 STRANGER = 12345  # a uid and gid no account on the test machine has
 needs_posix = pytest.mark.skipif(not hasattr(os, "geteuid"), reason="owners and mode bits are POSIX")
 

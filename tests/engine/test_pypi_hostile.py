@@ -21,6 +21,9 @@ from engine.models.store import ModelStore
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
+
 WHEEL = "fake_model-1.0-py3-none-any.whl"
 MEMBER = "fake_model/m.gguf"
 

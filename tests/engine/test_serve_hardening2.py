@@ -25,6 +25,9 @@ from engine.serve.stops import MAX_STOP_CHARS, MAX_STOPS, StopScanner, check_sto
 from engine.worker import Answer  # noqa: E402
 from tests.engine.test_serve import Live, raw  # noqa: E402
 
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
+
 HANG_GUARD_S = 120  # only so that a broken server fails the test instead of hanging it
 
 

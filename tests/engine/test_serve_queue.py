@@ -3,6 +3,8 @@ prompt-cache slots for growing conversations, the byte bound, and held-back stop
 
 import threading
 
+import pytest
+
 from engine.conversation import Message
 from engine.events import TokenEmitted, TurnFinished
 from engine.metrics import TurnMetrics
@@ -10,6 +12,9 @@ from engine.serve.scheduler import DONE, EngineQueue, Job
 from engine.serve.stops import StopScanner
 from engine.settings import ChatSettings
 from engine.worker import ConversationEvent, DescribeSessions, ForgetConversation, SessionsDescribed
+
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
 
 
 class FakeWorker:

@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from engine.conversation import CancelToken, Message
 from engine.events import EngineErrored
 from engine.settings import ChatSettings
 from engine.worker import Answer, ConversationEvent, EngineWorker
+
+# Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
+pytestmark = pytest.mark.plan_independent
 
 
 def _logs(tmp_path, monkeypatch):
