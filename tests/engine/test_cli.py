@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from engine.models.store import ModelStore
+from tests import cli_here
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,12 @@ def brisk(home, *args, input=None):
     return subprocess.run(
         [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, input=input, timeout=300
     )
+
+
+# What the command refuses, and the model store's commands, are checked through the CLI's entry
+# point in this process (tests/cli_here.py; a subprocess costs ~2.5 CPU-s); the turns, `chat`,
+# `info` and `--version` above and below run as a user runs them.
+brisk_here = cli_here.brisk_here
 
 
 def test_run_json_prints_the_documented_object(cli_home):
@@ -114,23 +121,23 @@ def test_run_streams_text_and_reports_metrics(cli_home):
 def test_run_rejects_binary_and_missing_prompt_files(cli_home, tmp_path):
     binary = tmp_path / "blob.bin"
     binary.write_bytes(b"\x89PNG\x00\x00\x01")
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(binary))
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--prompt-file", str(binary))
     assert out.returncode == 1 and "binary file" in out.stderr
     latin = tmp_path / "latin1.txt"
     latin.write_bytes("café".encode("latin-1"))
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(latin))
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--prompt-file", str(latin))
     assert out.returncode == 1 and "not UTF-8" in out.stderr
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(tmp_path / "nope.txt"))
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--prompt-file", str(tmp_path / "nope.txt"))
     assert out.returncode == 1 and "not found" in out.stderr
 
 
 def test_run_on_a_missing_model_lists_what_is_installed(cli_home):
-    out = brisk(cli_home, "run", "--model", "ghost", "--prompt", "hi")
+    out = brisk_here(cli_home, "run", "--model", "ghost", "--prompt", "hi")
     assert out.returncode == 1 and "'ghost' is not installed (installed: tiny)" in out.stderr
 
 
 def test_run_refuses_an_oversized_prompt_with_both_numbers(cli_home):
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt", "fox " * 700)
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--prompt", "fox " * 700)
     assert out.returncode == 1 and "holds at most 512" in out.stderr
 
 
@@ -189,11 +196,11 @@ def test_info_plans_memory_with_the_chosen_key_and_value_bits(cli_home):
 
 def test_models_list_and_rm(cli_home, tiny_llama_dir):
     ModelStore(cli_home).install_folder(tiny_llama_dir, model_id="spare", source="test")
-    listed = json.loads(brisk(cli_home, "models", "list", "--json").stdout)
+    listed = json.loads(brisk_here(cli_home, "models", "list", "--json").stdout)
     assert {e["id"] for e in listed} == {"tiny", "spare"}
-    assert brisk(cli_home, "models", "rm", "spare").returncode == 0
-    assert "spare" not in brisk(cli_home, "models", "list").stdout
-    out = brisk(cli_home, "models", "rm", "spare")
+    assert brisk_here(cli_home, "models", "rm", "spare").returncode == 0
+    assert "spare" not in brisk_here(cli_home, "models", "list").stdout
+    out = brisk_here(cli_home, "models", "rm", "spare")
     assert out.returncode == 1 and "not installed" in out.stderr
 
 
@@ -201,7 +208,7 @@ def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
     from tests.gguf_writer import write_gguf
 
     gguf_file = write_gguf(tiny_llama_dir, tmp_path / "tiny.gguf")
-    out = brisk(cli_home, "models", "import-gguf", str(gguf_file), "--id", "from-gguf")
+    out = brisk_here(cli_home, "models", "import-gguf", str(gguf_file), "--id", "from-gguf")
     assert out.returncode == 0, out.stderr
     out = brisk(
         cli_home, "run", "--model", "from-gguf", "--prompt", "hello", "--temp", "0", "--max-tokens", "4", "--json"
@@ -209,9 +216,9 @@ def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
     assert out.returncode == 0, out.stderr
     notes = tmp_path / "notes.gguf"
     notes.write_text("not a model")
-    out = brisk(cli_home, "models", "import-gguf", str(notes), "--id", "bad")
+    out = brisk_here(cli_home, "models", "import-gguf", str(notes), "--id", "bad")
     assert out.returncode == 1 and "not a GGUF file" in out.stderr
-    assert "bad" not in brisk(cli_home, "models", "list").stdout
+    assert "bad" not in brisk_here(cli_home, "models", "list").stdout
 
 
 # The whole benchmarks above run under `pytest -m bench` (pyproject.toml); the default run keeps
@@ -220,9 +227,9 @@ def test_import_gguf_command(cli_home, tmp_path, tiny_llama_dir):
 
 
 def test_bench_refuses_unknown_engines_and_content_kinds_in_one_line(cli_home):
-    out = brisk(cli_home, "bench", "peers", "--model", "tiny", "--engines", "brisk,ollama")
+    out = brisk_here(cli_home, "bench", "peers", "--model", "tiny", "--engines", "brisk,ollama")
     assert out.returncode == 2 and "subset of brisk,mlx_lm,llama_cpp" in out.stderr
-    out = brisk(cli_home, "bench", "specdecode", "--target", "tiny", "--contents", "poem", "--runs", "1")
+    out = brisk_here(cli_home, "bench", "specdecode", "--target", "tiny", "--contents", "poem", "--runs", "1")
     assert out.returncode != 0 and "unknown content kind 'poem'" in out.stderr
     assert "Traceback" not in out.stderr
 

@@ -14,6 +14,7 @@ import pytest
 from engine.distributed.hostfile import HostfileError, check_reachable, loopback, parse_hosts, read_hostfile
 from engine.distributed.launch import RankWatch, rank_argv, run_on_ranks
 from engine.models.store import ModelStore
+from tests.cli_here import brisk_here  # refusals before any rank starts: no subprocess needed
 
 HOST_B = {"ssh": "b", "ips": ["10.0.0.2"]}
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
@@ -57,7 +58,7 @@ def test_user_at_host_and_addresses_are_ssh_names():
 @pytest.mark.parametrize("option", ["--join-timeout", "--rank-timeout"])
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 def test_a_timeout_that_would_never_fire_is_refused(ranks_home, option, value):
-    out = brisk(ranks_home, "run", "--model", "tq", "--prompt", "hi", "--ranks", "2", option, value)
+    out = brisk_here(ranks_home, "run", "--model", "tq", "--prompt", "hi", "--ranks", "2", option, value)
     assert out.returncode == 1 and "must be positive" in out.stderr
 
 
@@ -245,7 +246,7 @@ def test_two_loopback_ranks_give_the_same_greedy_answer_as_one(ranks_home, model
 
 @pytest.mark.parametrize("count", ["0", "-3", "65"])
 def test_a_rank_count_out_of_range_is_one_line(ranks_home, count):
-    out = brisk(ranks_home, "run", "--model", "tq", "--prompt", "hi", "--ranks", count)
+    out = brisk_here(ranks_home, "run", "--model", "tq", "--prompt", "hi", "--ranks", count)
     assert out.returncode == 1
     assert f"--ranks must be between 2 and 64 (got {count})" in out.stderr and "Traceback" not in out.stderr
 
@@ -254,7 +255,7 @@ def test_an_architecture_without_tensor_parallelism_is_refused_by_name(tmp_path)
     from tests.tiny_models import make_tiny_model
 
     ModelStore(tmp_path).install_folder(make_tiny_model(tmp_path / "g", "gemma3_text"), model_id="g", source="test")
-    out = brisk(tmp_path, "run", "--model", "g", "--prompt", "hi", "--ranks", "2", "--max-tokens", "2")
+    out = brisk_here(tmp_path, "run", "--model", "g", "--prompt", "hi", "--ranks", "2", "--max-tokens", "2")
     assert out.returncode == 1
     assert "gemma3_text models cannot run on several ranks" in out.stderr
     assert "Traceback" not in out.stderr

@@ -14,6 +14,7 @@ from engine.models.store import ModelStore
 from engine.session import Message, Session
 from engine.settings import ChatSettings
 from engine.text_input import count_tokens_bounded, read_text_file
+from tests import cli_here
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +29,11 @@ def brisk(home, *args):
     return subprocess.run(
         [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, timeout=300
     )
+
+
+# The refusals below come before any turn runs: checked through the CLI's entry point in this
+# process (tests/cli_here.py; a subprocess costs ~2.5 CPU-s). One still runs as a user runs it.
+brisk_here = cli_here.brisk_here
 
 
 # --- 14. values that would be accepted silently -----------------------------------------------
@@ -48,9 +54,16 @@ def brisk(home, *args):
 )
 def test_cli_refuses_values_that_would_answer_wrongly(cli_home, args, match):
     prompt = [] if "--prompt" in args else ["--prompt", "hi"]
-    out = brisk(cli_home, "run", "--model", "tiny", "--max-tokens", "2", *prompt, *args)
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--max-tokens", "2", *prompt, *args)
     assert out.returncode == 1 and match in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_a_refused_value_is_one_line_from_the_command_a_user_runs(cli_home):
+    out = brisk(cli_home, "run", "--model", "tiny", "--max-tokens", "2", "--prompt", "hi", "--temp", "nan")
+    assert out.returncode == 1
+    said = "brisk: error: Invalid chat settings: temperature must be a finite number (got nan)"
+    assert out.stderr.splitlines() == [said]
 
 
 def test_settings_from_saved_data_with_wrong_types_are_refused():
@@ -73,7 +86,7 @@ def test_settings_from_saved_data_with_wrong_types_are_refused():
     ],
 )
 def test_bench_refuses_non_positive_sizes_with_a_usage_message(cli_home, args):
-    out = brisk(cli_home, *args)
+    out = brisk_here(cli_home, *args)
     assert out.returncode == 2 and "must be at least 1" in out.stderr and "Traceback" not in out.stderr
 
 
@@ -83,11 +96,11 @@ def test_bench_refuses_non_positive_sizes_with_a_usage_message(cli_home, args):
 def test_prompt_file_checks(cli_home, tmp_path):
     folder = tmp_path / "a-folder"
     folder.mkdir()
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(folder))
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--prompt-file", str(folder))
     assert out.returncode == 1 and "is a folder" in out.stderr
     late_nul = tmp_path / "late.bin"
     late_nul.write_bytes(b"a" * 10_000 + b"\x00" + b"b" * 10)
-    out = brisk(cli_home, "run", "--model", "tiny", "--prompt-file", str(late_nul))
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--prompt-file", str(late_nul))
     assert out.returncode == 1 and "binary file" in out.stderr
 
 
@@ -234,7 +247,7 @@ def test_the_check_counts_the_chunk_not_the_whole_prompt(tiny_llama, monkeypatch
 
 
 def test_a_draft_equal_to_the_target_is_refused_on_the_cli(cli_home):
-    out = brisk(cli_home, "run", "--model", "tiny", "--draft", "tiny", "--prompt", "hi", "--max-tokens", "4")
+    out = brisk_here(cli_home, "run", "--model", "tiny", "--draft", "tiny", "--prompt", "hi", "--max-tokens", "4")
     assert out.returncode == 1 and "the draft is the target itself" in out.stderr
 
 
