@@ -17,6 +17,8 @@ from __future__ import annotations
 import http.client
 import io
 import logging
+import math
+import os
 import threading
 import time
 from typing import Callable
@@ -27,6 +29,15 @@ from engine.errors import BriskError
 log = logging.getLogger(__name__)
 REGROUP_DELAY_S = (1.0, 5.0, 30.0)  # waits before each relaunch after a failure (the last repeats)
 READY_POLL_S = 0.2
+DELAY_ENV = "BRISK_REGROUP_DELAY_S"  # the first wait instead (tests hold the regrouping state open)
+
+
+def regroup_delays() -> tuple[float, ...]:
+    try:
+        first = float(os.environ.get(DELAY_ENV, ""))
+    except ValueError:
+        return REGROUP_DELAY_S
+    return (first, *REGROUP_DELAY_S[1:]) if math.isfinite(first) and first >= 0 else REGROUP_DELAY_S
 
 
 class _Discard(io.RawIOBase):
@@ -129,26 +140,25 @@ class RankGroup:
             watcher = threading.Thread(target=self._watch_ready, args=(generation, port, became_ready), daemon=True)
             watcher.start()
             why = self._run_group(port) if port else why
-            with self._changed:
+            if became_ready.is_set():
+                failures_in_a_row = 0
+            failures_in_a_row += 1
+            with self._changed:  # one step: a request told the group ended finds it regrouping
                 self._ended[generation] = why
                 for old in [g for g in self._ended if g < generation - 8]:  # a few kept for late readers
                     del self._ended[old]
+                if not self._stop.is_set():
+                    self.error, self.failures = why, self.failures + 1
+                    # the first group must come up: `brisk serve` ends with its error instead
+                    self.state = "failed" if generation == 1 and not became_ready.is_set() else "regrouping"
                 self._changed.notify_all()
-            if self._stop.is_set():
+            if self._stop.is_set() or self.state == "failed":
                 break
-            first = generation == 1
-            if not became_ready.is_set():
-                failures_in_a_row += 1
-            else:
-                failures_in_a_row = 1
             log.warning("the ranks' group ended: %s", why)
-            if first and not became_ready.is_set():
-                self._set(state="failed", error=why)
-                return
-            self._set(state="regrouping", error=why, failures=self.failures + 1)
-            delay = REGROUP_DELAY_S[min(failures_in_a_row, len(REGROUP_DELAY_S)) - 1]
+            delay = regroup_delays()[min(failures_in_a_row, len(REGROUP_DELAY_S)) - 1]
             self._stop.wait(delay)
-        self._set(state="stopped")
+        if self.state != "failed":
+            self._set(state="stopped")
 
     def _run_group(self, port: int) -> str:
         """Run one group to its end; why it ended, in one line."""
@@ -178,8 +188,11 @@ class RankGroup:
                 if generation in self._ended or self.generation != generation:
                     return
             if port and _answers(port):
-                became_ready.set()
-                self._set(state="ready")
+                with self._changed:
+                    if generation not in self._ended and not self._stop.is_set():
+                        became_ready.set()
+                        self.state = "ready"
+                        self._changed.notify_all()
                 return
             time.sleep(READY_POLL_S)
 

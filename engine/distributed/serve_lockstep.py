@@ -31,11 +31,12 @@ import numpy as np
 from engine.conversation import CancelToken, Message
 from engine.distributed.group import Rank
 from engine.distributed.lockstep import gather_rank_metrics
-from engine.events import TurnFinished
+from engine.events import EngineErrored, TurnFinished
 from engine.mx_values import int_list
 from engine.settings import ChatSettings
 from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
 
+KV_AUTO_REFUSED = "brisk.kv_bits 'auto' is not available on ranks yet: give 16, 8 or 4"
 STOP = {"stop": True}  # rank 0's server is closing: the followers return
 
 
@@ -126,6 +127,9 @@ def leader_execute(rank: Rank, worker: EngineWorker):
 
     def execute(command, cancel: CancelToken, deliver: Callable) -> None:
         if isinstance(command, Answer):
+            if command.settings.kv_auto:  # each machine keeps its own self-test result: ranks could differ
+                deliver(EngineErrored(KV_AUTO_REFUSED, "invalid_settings"))
+                return
             command = with_shared_seed(command)
         if isinstance(command, (Answer, ForgetConversation)):
             share_bytes(rank, encode(command))
