@@ -100,8 +100,9 @@ class RankState:
 class RankWatch:
     """What the ranks told the launcher, read from mlx.launch's merged stderr."""
 
-    def __init__(self, hosts: list[Host], clock=time.monotonic):
+    def __init__(self, hosts: list[Host], clock=time.monotonic, *, hold_errors: bool = True):
         self.clock = clock
+        self.hold_errors = hold_errors  # False for a server: its log is read as it runs
         self.ranks = [RankState(h.ssh, last_seen=clock()) for h in hosts]
         self.lock = threading.Lock()
         self.first_death: int | None = None
@@ -141,7 +142,7 @@ class RankWatch:
             if found and int(found.group(1)) < len(self.ranks):
                 self.ranks[int(found.group(1))].said = (self.ranks[int(found.group(1))].said + [plain])[-3:]
             said = plain[found.end() :].split("] ", 1)[-1] if found else plain
-            if said.startswith(("ERROR ", "brisk: error:")):
+            if self.hold_errors and said.startswith(("ERROR ", "brisk: error:")):
                 self.held_errors.append((int(found.group(1)) if found else 0, line))
                 return None
         return line
@@ -217,6 +218,7 @@ def run_on_ranks(
     stdout=None,
     stderr=None,
     stop: threading.Event | None = None,
+    hold_errors: bool = True,
 ) -> int:
     """Run `brisk <argv>` on the ranks; rank 0's output becomes this process's. Returns rank
     0's status; raises RankFailed naming the rank and host that failed. Setting `stop` ends
@@ -248,7 +250,7 @@ def run_on_ranks(
             "--",
             *module_argv("engine.distributed.rank", *rank_argv(argv)),
         ]
-        watch = RankWatch(hosts)
+        watch = RankWatch(hosts, hold_errors=hold_errors)
         # stdin is a pipe held open and never written: mlx.launch polls it for the ranks
         proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True

@@ -171,6 +171,7 @@ class RankGroup:
                 rank_timeout=self.rank_timeout,
                 stdout=_Discard(),
                 stop=self._stop,
+                hold_errors=False,  # a server's log is read while it runs
             )
         except RankFailed as exc:
             return str(exc)

@@ -328,3 +328,104 @@ def test_kv_bits_auto_is_refused_on_ranks_before_anything_reaches_them():
     leader_execute(NoRing(), NoRing())(command, CancelToken(), delivered.append)
     assert len(delivered) == 1 and isinstance(delivered[0], EngineErrored)
     assert delivered[0].kind == "invalid_settings" and "auto" in delivered[0].message
+
+
+# --- the group behind the front ---------------------------------------------------------
+
+
+def test_a_first_group_that_never_comes_up_ends_serve_with_its_error_and_no_retry():
+    from engine.distributed.launch import RankFailed
+    from engine.distributed.serve_group import RankGroup
+    from engine.errors import BriskError
+
+    launches: list[list[str]] = []
+
+    def never_joins(argv, **kw):
+        launches.append(argv)
+        raise RankFailed("rank 1 on host mac2 did not join the ring within 5 s; the group was stopped")
+
+    group = RankGroup(
+        lambda port: ["serve", "--port", str(port)],
+        ranks=None,
+        hostfile="h.json",
+        hosts=["mac1", "mac2"],
+        join_timeout=5,
+        rank_timeout=5,
+        launch=never_joins,
+    )
+    group.start()
+    with pytest.raises(BriskError, match="rank 1 on host mac2 did not join the ring within 5 s"):
+        group.wait_first()
+    group.close()
+    assert len(launches) == 1 and group.state == "failed"
+
+
+def test_a_group_that_served_and_failed_is_launched_again_on_a_new_port(monkeypatch):
+    """A rank of the lost group may linger on the old port (a server finishing a request)."""
+    from engine.distributed import serve_group
+    from engine.distributed.launch import RankFailed
+
+    monkeypatch.setenv(serve_group.DELAY_ENV, "0")
+    ports: list[int] = []
+    second_up = threading.Event()
+
+    def launch(argv, *, stop, **kw):
+        port = int(argv[-1])
+        ports.append(port)
+        rank0 = LocalServer(Starlette(routes=[Route("/health", lambda r: JSONResponse({"status": "ok"}))]), port=port)
+        try:
+            if len(ports) == 1:
+                for _ in range(600):  # hang guard: until the front has seen rank 0 answer
+                    if group.ready():
+                        break
+                    time.sleep(0.05)
+                raise RankFailed("rank 1 on host 127.0.0.1 was killed by signal 9 while running")
+            second_up.set()
+            stop.wait(60)
+            return 0
+        finally:
+            rank0.stop()
+
+    group = serve_group.RankGroup(
+        lambda port: ["serve", "--port", str(port)],
+        ranks=2,
+        hostfile=None,
+        hosts=["127.0.0.1", "127.0.0.1"],
+        join_timeout=5,
+        rank_timeout=5,
+        launch=launch,
+    )
+    group.start()
+    try:
+        group.wait_first()
+        assert second_up.wait(60)
+        for _ in range(600):  # hang guard
+            if group.ready():
+                break
+            time.sleep(0.05)
+        described = group.describe()
+        assert described["state"] == "ready" and described["launches"] == 2 and described["failures"] == 1
+        assert "killed by signal 9" in described["last_error"] and ports[0] != ports[1]
+    finally:
+        group.close()
+    assert group.state == "stopped"
+
+
+def test_a_hostfile_whose_first_host_is_not_this_machine_is_refused_before_launch():
+    from engine.distributed.hostfile import Host
+    from engine.distributed.serve_front import check_rank0_is_here
+    from engine.errors import BriskError
+
+    check_rank0_is_here([Host("127.0.0.1", ("127.0.0.1",))])
+    with pytest.raises(BriskError, match=r"first host \(mac9, 192\.0\.2\.7\) must be this machine"):
+        check_rank0_is_here([Host("mac9", ("192.0.2.7",))])
+
+
+def test_a_servers_rank_errors_are_shown_as_they_come_not_held_until_the_group_ends():
+    """`brisk run` holds them to blame the right rank at its end; a server's group may run
+    for weeks, and its operator reads its log while it runs."""
+    held = RankWatch(loopback(2))
+    live = RankWatch(loopback(2), hold_errors=False)
+    line = "[rank 1 on 127.0.0.1] ERROR the model could not be loaded\n"
+    assert held.read_line(line) is None
+    assert live.read_line(line) == line and live.held_errors == []
