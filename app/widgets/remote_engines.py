@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.remote_client import make_remote, masked, save_remotes
+from engine.serve.cli import is_loopback
 
 COLUMNS = ("Name", "Address", "Model", "API key")
 
@@ -80,8 +81,16 @@ class RemoteEnginesBox(QGroupBox):
         if not self._save({**self.remote.servers, server.id: server}):
             return
         self.key.clear()  # not left in a widget's memory longer than needed
+        # brisk serve speaks plain HTTP: on a network the key and the chats can be read on the way
+        clear = server.url.startswith("http:") and not is_loopback(server.host)
         self.status.setText(
             f"{'Updated' if replaced else 'Added'} {server.id}: pick it as a chat's model in Chat settings"
+            + (
+                ". Over plain http the key and your chats cross the network unencrypted: an SSH tunnel "
+                "(ssh -L 8088:127.0.0.1:8088 host) or an https proxy keeps them private"
+                if clear
+                else ""
+            )
         )
 
     def remove_selected(self) -> None:

@@ -265,6 +265,7 @@ def test_the_model_manager_adds_a_remote_engine_that_the_model_list_offers(qtbot
     box.key.setText("sk-abcdefghijklmnop9876")
     box.add_button.click()
     assert box.table.item(0, 0).text() == "remote:studio" and box.table.item(0, 3).text() == "••••9876"
+    assert "unencrypted: an SSH tunnel" in box.status.text()  # plain http off this machine
     assert box.key.text() == "" and w.settings_panel.model.findText("remote:studio") >= 0
     assert load_remotes()["remote:studio"].key == "sk-abcdefghijklmnop9876"
     box.table.selectRow(0)
