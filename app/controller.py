@@ -367,7 +367,7 @@ class ChatController(QObject):
             self.engine.submit(CheckDocument(cid, doc.name, settings, self._history_with(cid, i), document=doc))
 
     def load_model(self, model_id: str) -> None:
-        self.dashboard.set_model_state(f"Loading {model_id}…")
+        self.dashboard.loading(model_id)
         self.engine.submit(LoadModel(model_id))
 
     def _server_event(self, event) -> None:
@@ -400,6 +400,7 @@ class ChatController(QObject):
             self.dashboard.model_loaded(item.model_id, item.info)
         elif isinstance(item, EngineErrored):
             self.notice.emit(item.message)
+            self.dashboard.load_failed()  # (a load's failure is not a chat's: it comes unscoped)
             if not isinstance(item, ModelCommandFailed):  # the model manager shows its own errors
                 self.composer.show_message(item.message, error=True)
         elif isinstance(item, EngineWarned):

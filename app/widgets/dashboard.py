@@ -135,6 +135,7 @@ class Dashboard(QScrollArea):
         self._prefill_rates: dict[str, float] = {}  # model -> tok/s of its last long dense prefill
         self._contexts: dict[str, int] = {}  # model -> context length, from ModelLoaded or a turn
         self._loaded: dict[str, str] = {}  # model -> its line once loaded ("x loaded (llama, ...)")
+        self._loading: set[str] = set()  # models whose load (the app's start) has not ended yet
         self._chat_model = ""  # the open chat's model ("": no chat open)
         self._waiting = False  # a turn of the open chat waits for its first token
         self._memory_probe = memory_probe or process_memory_bytes
@@ -189,9 +190,19 @@ class Dashboard(QScrollArea):
     def set_context(self, model: str, context_length: int) -> None:
         self._contexts[model] = context_length
 
+    def loading(self, model: str) -> None:
+        """A load of `model` was asked for: a chat of that model opened meanwhile says so."""
+        self._loading.add(model)
+        self.model_state.setText(f"Loading {model}…")
+
+    def load_failed(self) -> None:
+        self._loading.clear()
+        self._show_model_line()
+
     def model_loaded(self, model: str, info: dict) -> None:
         """A model is loaded: the line names it if it is the open chat's (or no chat is open),
         else it goes on naming the chat's own model."""
+        self._loading.discard(model)
         context = int(info.get("context_length") or 0)
         self.set_context(model, context)
         self._loaded[model] = f"{model} loaded ({info.get('architecture', '?')}, {context:,} tokens of context)"
@@ -227,6 +238,8 @@ class Dashboard(QScrollArea):
             self.model_state.setText("The model runs on the server, not in this app")
         elif model in self._loaded:
             self.model_state.setText(self._loaded[model])
+        elif model in self._loading:  # not "loads at this chat's next message" while it loads
+            self.model_state.setText(f"Loading {model}…")
         elif model and self._chat_model and self._waiting:
             self.model_state.setText(f"Loading {model} for this message…")
         elif model and self._chat_model:

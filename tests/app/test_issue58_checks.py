@@ -102,3 +102,22 @@ def test_a_document_that_cannot_be_read_does_not_hold_send(qtbot, make_window, e
     cid = engine.commands[-1].conversation_id
     engine.play(ConversationEvent(cid, EngineErrored("Cannot read missing.pdf: no such file", "document")))
     assert isinstance(send(qtbot, w, "Hello"), Answer)
+
+
+def test_a_chat_opened_while_its_model_loads_says_it_is_loading(qtbot, make_window, engine):
+    """Just after launch (the app loads the default model first), Ctrl+N's chat said 'big loads
+    at this chat's next message' while that very load ran (seen under Xvfb). A load that fails
+    leaves no 'Loading' line behind."""
+    from engine.events import EngineErrored, ModelLoaded
+
+    w = make_window()
+    w.controller.load_model("big")
+    w.controller.open(w.store.create_conversation("rivers", {"model": "big"}))
+    assert w.dashboard.model_state.text() == "Loading big…"
+    engine.play(ModelLoaded("big", {"architecture": "llama", "context_length": 9030}))
+    assert w.dashboard.model_state.text().startswith("big loaded")
+    w.controller.load_model("tiny")
+    engine.play(EngineErrored("Model load failed: no such model", "model"))
+    qwen = w.store.create_conversation("qwen chat", {"model": "tiny"})
+    w.controller.open(qwen)
+    assert "Loading" not in w.dashboard.model_state.text()
