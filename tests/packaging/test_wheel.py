@@ -74,11 +74,19 @@ def clean_env(home: Path) -> dict:
     return dict(env, BRISK_HOME=str(home), QT_QPA_PLATFORM="offscreen")
 
 
-def test_the_installed_app_finds_its_icons_and_stylesheet(venv, tmp_path, tiny_llama_dir):
+@pytest.fixture(scope="module")
+def home(tmp_path_factory, tiny_llama_dir):
+    """One data folder for the installed commands: the kernels compile from the wheel's sources
+    into its cache once (each of the two libraries takes many CPU-seconds), whichever test runs first."""
     from engine.models.store import ModelStore
 
-    ModelStore(tmp_path / "home").install_folder(tiny_llama_dir, model_id="tiny", source="test")
-    done = run(venv / "bin" / "brisk-app", "--check", "--model", "tiny", cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    home = tmp_path_factory.mktemp("wheel-home") / "home"
+    ModelStore(home).install_folder(tiny_llama_dir, model_id="tiny", source="test")
+    return home
+
+
+def test_the_installed_app_finds_its_icons_and_stylesheet(venv, home, tmp_path):
+    done = run(venv / "bin" / "brisk-app", "--check", "--model", "tiny", cwd=tmp_path, env=clean_env(home))
     lines = done.stdout.splitlines()
     assert "resources: all found" in done.stdout, done.stdout
     assert str(venv) in next(line for line in lines if line.startswith("resources:"))  # the wheel's, not ours
@@ -87,10 +95,14 @@ def test_the_installed_app_finds_its_icons_and_stylesheet(venv, tmp_path, tiny_l
     assert "window icon: loaded" in lines
 
 
-def test_the_installed_brisk_info_runs_and_builds_the_kernels(venv, tmp_path):
-    done = run(venv / "bin" / "brisk", "info", cwd=tmp_path, env=clean_env(tmp_path / "home"))
+def test_the_installed_brisk_info_runs_and_builds_the_kernels(venv, home, tmp_path):
+    done = run(venv / "bin" / "brisk", "info", cwd=tmp_path, env=clean_env(home))
     assert "native CPU kernel" in done.stdout, done.stdout
-    version = run(venv / "bin" / "brisk", "--version", cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    # Compiled from the wheel's sources into the home's cache (by this command or the app's).
+    cache = home / "cache" / "kernels"
+    assert f"kernels_ctypes: built locally ({cache}" in done.stdout, done.stdout
+    assert f"kernels_mlx_ops: built locally ({cache}" in done.stdout, done.stdout
+    version = run(venv / "bin" / "brisk", "--version", cwd=tmp_path, env=clean_env(home))
     from engine.version import __version__
 
     assert version.stdout.startswith(f"Brisk {__version__}")
