@@ -31,6 +31,7 @@ from starlette.routing import Route
 
 from engine.distributed.serve_group import RankGroup
 from engine.errors import BriskError
+from engine.serve.app import READING_BUDGET
 from engine.serve.guard import make_middleware
 from engine.serve.requests import ApiError
 
@@ -52,6 +53,8 @@ def unavailable(message: str) -> JSONResponse:
 class Front:
     def __init__(self, group: RankGroup, *, api_key: str | None, max_body: int, allowed_hosts, allowed_origins):
         self.group, self.api_key, self.max_body = group, api_key, max_body
+        # bodies held while they arrive, all connections together (the server's own budget, app.py)
+        self.reading, self.reading_budget = 0, max(4 * max_body, READING_BUDGET)
         self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         # how long a request that lost rank 0 waits for the launcher to name the failed rank
         self.blame_wait_s = group.rank_timeout + 10.0
@@ -155,11 +158,21 @@ class Front:
         if declared and declared.isdigit() and int(declared) > self.max_body:
             raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
         body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > self.max_body:
-                raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
-        return bytes(body)
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                self.reading += len(chunk)
+                if len(body) > self.max_body:
+                    raise ApiError(
+                        413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large"
+                    )
+                if self.reading > self.reading_budget:
+                    raise ApiError(
+                        503, "The server is receiving too many large requests at once; try again", code="busy"
+                    )
+            return bytes(body)
+        finally:
+            self.reading -= len(body)
 
     async def _why(self, generation: int) -> str:
         why = await asyncio.to_thread(self.group.why_ended, generation, self.blame_wait_s)

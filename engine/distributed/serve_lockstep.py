@@ -111,9 +111,29 @@ class AgreedCancel(CancelToken):
         super().check()
 
 
+def hosts_missing_models(rank: Rank, command: Answer) -> list[str]:
+    """The hosts that lack the answer's model or draft (one all_gather, on every rank). A rank
+    that failed alone would wait for the next command while the others wait in the forward's
+    collectives: no one would ever finish."""
+    from engine.models.bundled import BUNDLED
+    from engine.models.store import ModelStore
+
+    store = ModelStore()
+    wanted = [m for m in (command.settings.model, command.settings.draft) if m]
+    has_all = all(store.has(m) or (m in BUNDLED and BUNDLED[m].default) for m in wanted)
+    mine = mx.array([[0 if has_all else 1]], dtype=mx.int32)
+    flags = int_list(mx.distributed.all_gather(mine, group=rank.group, stream=mx.cpu).reshape(-1))
+    return [rank.hosts[i] if i < len(rank.hosts) else f"rank {i}" for i, missing in enumerate(flags) if missing]
+
+
 def run_command(rank: Rank, worker: EngineWorker, command, cancel: CancelToken, deliver: Callable) -> None:
     """One command on this rank's worker. A finished answer gets every rank's share of the
     weights and of the KV cache (one all_gather, at the same event on every rank)."""
+    if isinstance(command, Answer) and (missing := hosts_missing_models(rank, command)):
+        names = " or ".join(m for m in (command.settings.model, command.settings.draft) if m)
+        message = f"{names} is not installed on {', '.join(dict.fromkeys(missing))}: install it there under the same id"
+        deliver(EngineErrored(message, "model_not_found"))
+        return
     for event in worker.handle(command, cancel):
         inner = event.event if isinstance(event, ConversationEvent) else event
         if isinstance(inner, TurnFinished):

@@ -429,3 +429,43 @@ def test_a_servers_rank_errors_are_shown_as_they_come_not_held_until_the_group_e
     line = "[rank 1 on 127.0.0.1] ERROR the model could not be loaded\n"
     assert held.read_line(line) is None
     assert live.read_line(line) == line and live.held_errors == []
+
+
+def test_a_model_missing_on_one_host_is_named_and_no_rank_starts_the_answer(tmp_path, monkeypatch):
+    """A rank that failed alone would wait for the next command while the others wait in
+    the forward's collectives, for good."""
+    import mlx.core as mx
+
+    from engine.distributed.group import Rank
+    from engine.distributed.serve_lockstep import run_command
+
+    monkeypatch.setenv("BRISK_HOME", str(tmp_path))  # an empty store: the model is missing here
+
+    class NoWorker:
+        def handle(self, command, cancel):
+            raise AssertionError("the answer started")
+
+    delivered: list = []
+    rank = Rank(mx.distributed.init(), ["mac2"])  # a group of one: the gather is this rank's own flag
+    command = Answer(-1, ChatSettings(model="nope"), [Message("user", "hi")])
+    run_command(rank, NoWorker(), command, CancelToken(), delivered.append)
+    assert [(e.kind, e.message) for e in delivered] == [
+        ("model_not_found", "nope is not installed on mac2: install it there under the same id")
+    ]
+
+
+def test_the_front_caps_a_body_and_the_bodies_arriving_at_once(front_over):
+    """The front holds each body before rank 0 sees it: the server's own caps apply here too."""
+    _, group = front_over(rank0_stand_in(cut_after=0))
+    front = Front(group, api_key=None, max_body=64, allowed_hosts=[], allowed_origins=[])
+    served = LocalServer(front.app())
+    try:
+        status, body = post(served.url, {"messages": [], "pad": "x" * 100})
+        assert status == 413 and json.loads(body)["error"]["code"] == "body_too_large"
+        front.reading = front.reading_budget  # other connections' bodies, still arriving
+        status, body = post(served.url, {"messages": []})
+        assert status == 503 and json.loads(body)["error"]["code"] == "busy"
+        front.reading = 0
+        assert post(served.url, {"messages": []})[0] == 200
+    finally:
+        served.stop()
