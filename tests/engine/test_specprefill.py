@@ -8,6 +8,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from engine.accel.positions import ShiftedRoPE, install_position_shift, position_shift
 from engine.accel.specprefill.scoring import (
+    OBSERVATION_WINDOW,
     DraftScorer,
     SparsePrefillDeclined,
     _pool,
@@ -121,9 +122,13 @@ def test_decoding_continues_at_the_original_length(models):
         rope.rope = inner
     m = done.metrics
     assert m.sparse_outcome == "used" and m.kept_tokens < m.prompt_tokens
-    singles = [offset for length, offset in seen if length == 1][::2]  # q and k both pass through rope
-    # last prompt token at M-1, then the answer at M, M+1, ... although the cache holds fewer slots
-    assert singles[:4] == list(range(m.prompt_tokens - 1, m.prompt_tokens + 3))
+    # The draft (the same model here) runs first; then the target reads the kept runs a token
+    # a row (an array of positions, traced: not read here), the last prompt token among them;
+    # its answer goes on at M, M+1, ... although the cache holds fewer slots.
+    runs = [i for i, (_, offset) in enumerate(seen) if not isinstance(offset, int)]
+    assert runs, "the target read no kept run"
+    after = [offset for _, offset in seen[runs[-1] + 1 :]]
+    assert after and all(m.prompt_tokens <= offset < m.prompt_tokens + 4 for offset in after)
     assert session.cache.layers[0].offset < m.prompt_tokens
 
 
@@ -171,7 +176,9 @@ def test_a_sparse_turn_reports_each_phase_in_order_with_its_own_count(models):
     order = [phase for i, phase in enumerate(phases) if i == 0 or phases[i - 1] != phase]
     assert order == ["prompt", "draft", "select", "kept", "prompt"]
     draft = [p for p in progress if p.phase == "draft"]
-    assert draft[0].done == 0 and draft[-1].done == draft[-1].total == done.metrics.prompt_tokens - 1
+    # the draft reads all but the observation window, whose queries it keeps (scoring.py)
+    window = OBSERVATION_WINDOW
+    assert draft[0].done == 0 and draft[-1].done == draft[-1].total == done.metrics.prompt_tokens - window
     assert [p.done for p in draft] == sorted(p.done for p in draft)
     kept = [p for p in progress if p.phase == "kept"]
     assert kept[-1].total == done.metrics.kept_tokens < done.metrics.prompt_tokens
@@ -326,3 +333,71 @@ def test_lookahead_steps_scored_together_equal_each_step_scored_alone(models, ar
         token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
     assert got.shape == (end - start,)
     assert mx.allclose(got, total / steps, rtol=1e-5, atol=1e-7).item()
+
+
+def _window_then_steps(lm, prompt, window, steps, start, end):
+    """The definition of scoring with an observation window: each of the prompt's last
+    `window` tokens attends to the prompt up to itself, each lookahead step to the cache as it
+    left it; pooled over [start, end), max over heads and layers, mean over all rows."""
+    cache = make_prompt_cache(lm.model)
+    mx.eval(lm.model(mx.array([prompt[:-window]]), cache=cache))
+    rows = []  # per row: the max over layers
+    captured = []
+    with capture_attention(lm.model, captured):
+        logits = lm.model(mx.array([prompt[-window:]]), cache=cache)
+    for i in range(window):
+        seen = len(prompt) - window + i + 1
+        per_layer = []
+        for q, k, scale in captured:
+            b, hq, _, d = q.shape
+            row = q[:, :, i : i + 1].astype(mx.float32).reshape(b, k.shape[1], hq // k.shape[1], d) * scale
+            probs = mx.softmax(row @ k[:, :, :seen].astype(mx.float32).swapaxes(-1, -2), axis=-1)
+            probs = mx.pad(probs, [(0, 0)] * 3 + [(0, end - seen)])  # keys it did not see: 0
+            per_layer.append(_pool(probs[..., start:end]).max(axis=(0, 1, 2)))
+        rows.append(mx.stack(per_layer).max(axis=0))
+    token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
+    for _ in range(steps):
+        captured = []
+        with capture_attention(lm.model, captured):
+            logits = lm.model(token, cache=cache)
+        per_layer = []
+        for q, k, scale in captured:
+            b, hq, _, d = q.shape
+            row = q.astype(mx.float32).reshape(b, k.shape[1], hq // k.shape[1], d) * scale
+            probs = mx.softmax(row @ k.astype(mx.float32).swapaxes(-1, -2), axis=-1)
+            per_layer.append(_pool(probs[..., start:end]).max(axis=(0, 1, 2)))
+        rows.append(mx.stack(per_layer).max(axis=0))
+        token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
+    return mx.stack(rows).mean(axis=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_the_prompts_last_tokens_score_beside_the_lookahead_steps(models, arch):
+    """DraftScorer reads the prompt's last OBSERVATION_WINDOW tokens with their queries kept
+    (real text, where a question sits) and scores them with the lookahead steps, each row
+    masked to the keys it saw; the draft's cache still ends holding exactly the prompt."""
+    from engine.accel.specprefill.scoring import LOOKAHEAD_STEPS
+
+    lm = models[arch]
+    prompt = [3 + (7 * i) % 200 for i in range(150)]
+    start = 10
+    scorer = DraftScorer(lm)
+    got = scorer.importance(prompt, start, 64)
+    want = _window_then_steps(lm, prompt, OBSERVATION_WINDOW, LOOKAHEAD_STEPS, start, len(prompt))
+    assert got.shape == (len(prompt) - start,)
+    # the draft reads the prompt at coarse precision (kernels/coarse.py): ~0.1% apart
+    assert mx.allclose(got, want, rtol=1e-2, atol=1e-6).item()
+    assert all(c.offset == len(prompt) for c in scorer.cache.layers if hasattr(c, "offset"))
+    # a second turn that extends the prompt reuses the cache and scores only the new tokens
+    longer = prompt + [5 + i % 90 for i in range(70)]
+    again = scorer.importance(longer, len(prompt), 64)
+    want = _window_then_steps(lm, longer, OBSERVATION_WINDOW, LOOKAHEAD_STEPS, len(prompt), len(longer))
+    assert mx.allclose(again, want, rtol=1e-2, atol=1e-6).item()
+
+
+def test_observed_queries_must_match_the_drafts_layers(models):
+    lm = models["llama"]
+    cache = make_prompt_cache(lm.model)
+    mx.eval(lm.model(mx.array([list(range(3, 80))]), cache=cache))
+    with pytest.raises(ValueError, match="attention layers"):
+        score_tokens(lm.model, cache, 9, 0, 77, steps=2, observed=[mx.zeros((1, 4, 2, 16))] * 7)

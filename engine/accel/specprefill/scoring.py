@@ -4,14 +4,21 @@ prefills only those, at their original positions.
 Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Inference"
 (Liu et al., 2025), as ported to MLX in "SpecPrefill on Unified Memory" (2026).
 
-1. The draft prefills the new part of the prompt (its own prompt cache, like the target's).
+1. The draft prefills the new part of the prompt (its own prompt cache, like the target's),
+   all but its last OBSERVATION_WINDOW tokens, whose queries it keeps as it reads them.
 2. Lookahead: the draft decodes LOOKAHEAD_STEPS tokens greedily; every attention layer's
    post-RoPE query is captured where mlx-lm's model code hands it to the shared
    `scaled_dot_product_attention`, so the capture does not depend on how the module
    builds its queries (plain, q_norm, gated, no RoPE).
-3. Importance of each new prompt token: softmax(q·Kᵀ·scale) in float32 (GQA heads folded),
-   average-pooled along tokens (kernel 13), max over heads and layers, mean over steps.
-   Layers whose keys do not span the prompt (sliding windows) are skipped.
+3. Importance of each new prompt token: softmax(q·Kᵀ·scale) in float32 (GQA heads folded)
+   for every query row (the prompt's last tokens, then the lookahead steps), average-pooled
+   along tokens (kernel 13), max over heads and layers, mean over rows. Layers whose keys
+   do not span the prompt (sliding windows) are skipped.
+   Why the window (continuation perplexity, 2K, keep 0.2, Qwen-0.5B drafting for itself):
+   8 greedy steps say little about what the next hundred tokens need; the prompt's own last
+   tokens (SnapKV's observation window) are real text, cost the draft 32 tokens, and took
+   argparse.py from 1.83x dense to 1.33x. The mean over layers helped that draft more
+   (1.27x) but hurt SmolLM2's (135M) on three of four texts, so the max stays.
 4. Selection in 32-token chunks (aligned to the end of the prompt) by mean importance:
    the top ⌈k·M/32⌉, plus the first 32 tokens (attention sinks), the chunk with the last
    prompt token (its logits give the first answer token; reference implementations drop
@@ -35,6 +42,7 @@ from engine.mx_values import float_list, item_int
 from kernels.coarse import coarse_products
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
+OBSERVATION_WINDOW = 32  # the prompt's last tokens whose queries also score (one chunk)
 CHUNK = 32  # selection granularity (tokens)
 POOL_KERNEL = 13  # smooths single-token spikes before chunking
 DEFAULT_KEEP = 0.2
@@ -72,13 +80,17 @@ def _pool(scores: mx.array, kernel: int = POOL_KERNEL) -> mx.array:
     return (csum[..., kernel:] - csum[..., :-kernel]) / kernel
 
 
-def layer_importance(steps_queries: list, keys, scale: float, start: int, end: int) -> mx.array | None:
-    """Pooled attention over keys [start, end) of every lookahead step's queries at one
-    layer: (steps, end - start), max over heads. `keys` are the layer's after the last step;
-    step i saw only the first len(keys) - steps + i + 1 of them, and is masked so."""
-    if not isinstance(keys, mx.array) or keys.shape[2] - len(steps_queries) < end:
+def layer_importance(
+    steps_queries: list, keys, scale: float, start: int, end: int, after: int | None = None
+) -> mx.array | None:
+    """Pooled attention over keys [start, end) of every query row at one layer: (rows,
+    end - start), max over heads. `steps_queries` are (B, Hq, rows, D) blocks in the order
+    the keys were written (the prompt's last tokens, then one per lookahead step); `keys` are
+    the layer's after the last of them, and row i saw only the first len(keys) - rows + i + 1.
+    `after`: how many of the keys follow the prompt (the lookahead tokens; default: one a row)."""
+    steps = sum(q.shape[2] for q in steps_queries)  # query rows, each a token that attended
+    if not isinstance(keys, mx.array) or keys.shape[2] - (steps if after is None else after) < end:
         return None  # packed or sliding-window cache: it does not span the prompt
-    steps = len(steps_queries)
     b, hq, _, d = steps_queries[0].shape
     hkv, seen = keys.shape[1], keys.shape[2]
     q = mx.concatenate(steps_queries, axis=2).astype(mx.float32)  # (B, Hq, steps, D)
@@ -90,11 +102,20 @@ def layer_importance(steps_queries: list, keys, scale: float, start: int, end: i
     return _pool(probs[..., start:end]).max(axis=(0, 1, 2))  # max over heads
 
 
-def score_tokens(draft_model, cache, first_token: int, start: int, end: int, steps: int = LOOKAHEAD_STEPS) -> mx.array:
-    """Importance of cached positions [start, end) from `steps` greedy lookahead steps.
-    The lookahead tokens are trimmed off `cache` afterwards. The steps only decode; their
-    queries are scored together at the end (per step and layer, the small products and MLX's
-    exp were 0.4 s of SmolLM2's 2.3 s scoring at 2K)."""
+def score_tokens(
+    draft_model,
+    cache,
+    first_token: int,
+    start: int,
+    end: int,
+    steps: int = LOOKAHEAD_STEPS,
+    observed: list | None = None,
+) -> mx.array:
+    """Importance of cached positions [start, end) from `steps` greedy lookahead steps and,
+    when given, `observed`: per attention layer, the queries of the last prompt tokens as
+    they were read (B, Hq, W, D). The lookahead tokens are trimmed off `cache` afterwards.
+    The steps only decode; all queries are scored together at the end (per step and layer,
+    the small products and MLX's exp were 0.4 s of SmolLM2's 2.3 s scoring at 2K)."""
     from mlx_lm.models.cache import trim_prompt_cache
 
     if steps < 1:
@@ -110,23 +131,25 @@ def score_tokens(draft_model, cache, first_token: int, start: int, end: int, ste
                 logits = draft_model(token, cache=cache)
             fed += 1
             if not queries:
-                queries = [[] for _ in captured]
+                queries = [[q] for q in observed] if observed else [[] for _ in captured]
+                if len(queries) != len(captured):
+                    raise ValueError("observed queries do not match the draft's attention layers")
             for per_layer, (q, _, _) in zip(queries, captured):
                 per_layer.append(q)
             token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
             mx.eval(token, [q for q, _, _ in captured])
         per_layer = [
             s
-            for s in (layer_importance(qs, k, sc, start, end) for qs, (_, k, sc) in zip(queries, captured))
+            for s in (layer_importance(qs, k, sc, start, end, fed) for qs, (_, k, sc) in zip(queries, captured))
             if s is not None
         ]
         if not per_layer:
             raise NotImplementedError("no attention layer of the draft spans the prompt")
-        total = mx.stack(per_layer).max(axis=0).sum(axis=0)  # max over layers, summed over steps
+        total = mx.stack(per_layer).max(axis=0).mean(axis=0)  # max over layers, mean over query rows
         mx.eval(total)
     finally:
         trim_prompt_cache(cache, fed)
-    return total / steps
+    return total
 
 
 def select_chunks(
@@ -234,11 +257,13 @@ class DraftScorer:
 
         if len(tokens) > self.draft.context_length:
             raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
-        to_read = len(tokens) - 1 - self.cache.reuse(tokens[:-1], keep_last=False)
+        # the new tokens' last ones are read with their queries kept (the observation window)
+        window = max(1, min(OBSERVATION_WINDOW, len(tokens) - start))
+        to_read = len(tokens) - window - self.cache.reuse(tokens[:-window], keep_last=False)
         yield PrefillProgressed(0, to_read, "draft")
         # The draft's reading only ranks tokens: its products take llama.cpp's precision
         # (kernels/coarse.py), set only while a chunk is built, not across our yields.
-        chunks = self.cache.sync(tokens[:-1], step)
+        chunks = self.cache.sync(tokens[:-window], step)
         while True:
             with coarse_products():
                 done = next(chunks, None)
@@ -246,10 +271,13 @@ class DraftScorer:
                 break
             yield PrefillProgressed(done, to_read, "draft")
         yield PrefillProgressed(0, len(tokens) - start, "select")
-        logits = self.draft.model(mx.array(tokens[-1:])[None], cache=self.cache.layers)
+        captured: list = []
+        with capture_attention(self.draft.model, captured):
+            logits = self.draft.model(mx.array(tokens[-window:])[None], cache=self.cache.layers)
         self.cache.tokens = list(tokens)
         first = item_int(mx.argmax(logits[0, -1]))
-        scores = score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens))
+        observed = [q for q, _, _ in captured]
+        scores = score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens), observed=observed)
         if not can_trim_prompt_cache(self.cache.layers):
             self.cache.reset()  # the lookahead tokens could not be taken back out
         return scores
