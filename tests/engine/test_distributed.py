@@ -326,7 +326,7 @@ def test_real_qwen_on_two_ranks_answers_as_one_process_does(real_store):
     install_bundled(model, store=real_store, keep_download=True)
     home = real_store.home
     args = ("--model", model, "--prompt", "Write a Python function that adds two numbers.", "--temp", "0")
-    one = brisk(home, "run", *args, "--max-tokens", "16", "--json")
+    one = brisk_here(home, "run", *args, "--max-tokens", "16", "--json")  # one process: this one
     two = brisk(home, "run", *args, "--max-tokens", "16", "--json", "--ranks", "2")
     assert one.returncode == 0 and two.returncode == 0, two.stderr
     one_json, two_json = json.loads(one.stdout), json.loads(two.stdout)
@@ -337,6 +337,6 @@ def test_real_qwen_on_two_ranks_answers_as_one_process_does(real_store):
 @pytest.mark.real_model
 def test_real_smollm2_whose_heads_do_not_split_two_ways_is_refused(real_store):
     """SmolLM2-135M has 9 attention heads and 3 KV heads: no even 2-way split."""
-    out = brisk(real_store.home, "run", "--model", "smollm2-135m-instruct", "--prompt", "hi", "--ranks", "2")
+    out = brisk_here(real_store.home, "run", "--model", "smollm2-135m-instruct", "--prompt", "hi", "--ranks", "2")
     assert out.returncode == 1
     assert "cannot be split 2 ways: attention heads 9, KV heads 3" in out.stderr
