@@ -83,5 +83,5 @@ def _heartbeat() -> None:
     while not stop.wait(HEARTBEAT_S):
         try:
             tell("alive")
-        except (OSError, ValueError):  # stderr closed: the launcher is gone
-            return
+        except (OSError, ValueError):  # stderr closed: the launcher is gone, and no one
+            os._exit(1)  # would ever stop this rank (a server's rank 0 would go on serving)

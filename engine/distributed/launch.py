@@ -253,7 +253,12 @@ def run_on_ranks(
         watch = RankWatch(hosts, hold_errors=hold_errors)
         # stdin is a pipe held open and never written: mlx.launch polls it for the ranks
         proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
         )
         relays = [
             threading.Thread(target=_copy, args=(proc.stdout, out), daemon=True),
@@ -309,6 +314,15 @@ def _watch_lines(source, watch: RankWatch, target) -> None:
         if line is not None:
             target.write(line)
             target.flush()
+
+
+def _die_with_launcher() -> None:
+    """In mlx.launch, before it runs (Linux): killed when this thread's process dies, even
+    by SIGKILL. Its ranks then lose their stderr pipe, and leave (group.py's heartbeat)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _stop(proc: subprocess.Popen) -> None:

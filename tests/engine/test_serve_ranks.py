@@ -469,3 +469,29 @@ def test_the_front_caps_a_body_and_the_bodies_arriving_at_once(front_over):
         assert post(served.url, {"messages": []})[0] == 200
     finally:
         served.stop()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the launcher dies with brisk through Linux's PR_SET_PDEATHSIG")
+def test_ranks_do_not_outlive_a_front_killed_outright(ranks_home):  # noqa: F811
+    """SIGKILL leaves no `finally`: mlx.launch dies with the front, and the ranks, their
+    relay pipe gone, leave (an orphaned rank 0 went on serving on loopback, holding the model)."""
+    server = Serving(ranks_home, "--ranks", "2")
+    ranks = [_rank_pid(server.proc.pid, r) for r in (0, 1)]
+    assert None not in ranks
+    server.proc.kill()
+    server.proc.wait(timeout=60)
+    for _ in range(600):  # hang guard: the ranks notice within a heartbeat or two
+        alive = [pid for pid in ranks if os.path.exists(f"/proc/{pid}") and _running(pid)]
+        if not alive:
+            break
+        time.sleep(0.1)
+    assert not alive
+
+
+def _running(pid: int) -> bool:
+    """Not a zombie (an exited child its parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
