@@ -8,6 +8,9 @@ context, and counted in tokens incrementally, stopping as soon as it is past the
 from __future__ import annotations
 
 import codecs
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from engine.errors import BriskError
@@ -85,4 +88,27 @@ def count_tokens_bounded(tokenizer, text: str, limit: int) -> tuple[int, bool]:
 
 def _encode_as_text(tokenizer, text: str) -> list[int]:
     # A user's text becomes a message, whose "<|im_start|>" is plain text (see engine/chat_template.py).
-    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    # verbose=False: counting a document longer than the model's maximum is the point here, not
+    # the "Token indices sequence length is longer than..." warning transformers prints for it.
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True, verbose=False)
+
+
+LONG_SEQUENCE_WARNING = "Token indices sequence length is longer than the specified maximum"
+
+
+class _DropLongSequenceWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(LONG_SEQUENCE_WARNING)
+
+
+@contextlib.contextmanager
+def long_sequences_quiet() -> Iterator[None]:
+    """Drops transformers' long-sequence warning for calls that cannot pass `verbose=False`
+    (its chat encoder): a fit check tokenizes past the model's maximum to say it does not fit."""
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    quiet = _DropLongSequenceWarning()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
