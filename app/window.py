@@ -127,6 +127,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(note)
         self.refresh_sidebar()
         self.fit_to_screen()
+        # A user opens the app and types a message; Qt would start in the first box, the search.
+        self.composer.edit.setFocus(Qt.OtherFocusReason)
 
     def fit_to_screen(self) -> None:
         """No bigger than the screen's free area less a title bar: a 1280x800 client area on a

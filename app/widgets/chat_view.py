@@ -29,6 +29,7 @@ from app.icons import icon
 from app.widgets.coverage import CoverageMap
 from app.widgets.full_text import FullTextView
 from app.widgets.safe_text import MARKDOWN_FEATURES, SafeDocument, open_link, plain_label
+from app.widgets.text_wrap import wrap_for
 from engine.documents import join_attached, split_attached
 
 KEYWORDS = re.compile(
@@ -248,8 +249,10 @@ class MessageWidget(QFrame):
         """Swap the text for an editor in the bubble (documents stay attached)."""
         if self.editor is not None:
             return self.editor
-        self.editor = QPlainTextEdit(self.text)
+        self.editor = QPlainTextEdit()
         self.editor.setLineWrapMode(QPlainTextEdit.WidgetWidth)
+        wrap_for(self.editor, self.text)  # before the text goes in: Qt lays it out then
+        self.editor.setPlainText(self.text)
         self.editor.setFixedHeight(min(max(72, self.body.height() + 24), 320))
         buttons = QDialogButtonBox()
         self.save_button = buttons.addButton("Save and send", QDialogButtonBox.AcceptRole)
@@ -328,6 +331,7 @@ class MessageWidget(QFrame):
         if shown == self._shown and truncated:
             return  # a streaming answer past the limit: the part on screen is unchanged
         self._shown = shown
+        wrap_for(self.body, text[:DISPLAY_CHARS])  # a blob of base64 wraps anywhere, in linear time
         if tinted:
             parts = [
                 f'<span style="background-color: {SOURCE_TINTS[source]}">{html.escape(t)}</span>'

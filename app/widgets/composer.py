@@ -10,6 +10,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, 
 from app.icons import icon
 from app.widgets.context_meter import ContextMeter
 from app.widgets.safe_text import plain_label, plain_tooltip
+from app.widgets.text_wrap import has_long_run, wrap_for
 
 DOCUMENT_FILTER = (
     "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "
@@ -23,8 +24,25 @@ COMPOSER_LINES = 3
 
 
 class PromptEdit(QPlainTextEdit):
+    """The message box. A pasted run without spaces (a base64 blob) wraps anywhere, chosen
+    before Qt lays it out (app/widgets/text_wrap.py): else one such paste froze the app."""
+
     submitted = Signal()
     escaped = Signal()
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        # Typing or deleting decides again, so prose wraps at words once the blob is gone.
+        self.textChanged.connect(lambda: wrap_for(self, self.toPlainText()))
+
+    def setPlainText(self, text: str) -> None:
+        wrap_for(self, text)
+        super().setPlainText(text)
+
+    def insertFromMimeData(self, source) -> None:  # paste and drop
+        if source.hasText() and has_long_run(source.text()):
+            wrap_for(self, source.text())
+        super().insertFromMimeData(source)
 
     def event(self, event) -> bool:
         # Ctrl+Z with nothing typed to undo is the window's (Undo delete chat): the box would eat it
