@@ -47,10 +47,9 @@ def test_disk_full_while_streaming_keeps_the_answer_and_the_window_usable(qtbot,
 def test_a_refused_user_message_stays_in_the_box(qtbot, make_window, engine):
     w = make_window()
     fill_disk(w.store)
-    # 300,000 characters, far more than the full database's free pages take. In words: Qt lays
-    # out one unbreakable 300,000-character run in ~65 CPU-s (0.3 s as words; measured offscreen),
-    # most of the app suite's CPU, and the refusal is the same either way.
-    big = "word " * 60_000
+    # 300,000 characters with no break, far more than the full database's free pages take (one
+    # unbreakable run: before app/widgets/text_wrap.py, Qt spent ~65 CPU-s laying it out).
+    big = "x" * 300_000
     send(w, big)
     assert w.composer.edit.toPlainText() == big
     assert "disk is full" in w.composer.message.text()
