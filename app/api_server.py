@@ -11,7 +11,7 @@ import threading
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
-from engine.conversation import CancelToken
+from brisk.engine.api.conversation import CancelToken
 
 HOST, PORT = "127.0.0.1", 8088
 
@@ -37,9 +37,9 @@ class ApiServer(QObject):
         done.wait()
 
     def start(self, default_model: str, *, port: int | None = None) -> str:
-        from engine.serve.app import Server
-        from engine.serve.local import LocalServer
-        from engine.serve.scheduler import EngineQueue
+        from brisk.engine.host.serve.app import Server
+        from brisk.engine.host.serve.local import LocalServer
+        from brisk.engine.host.serve.scheduler import EngineQueue
 
         if self.running:
             return self.url

@@ -2,7 +2,7 @@
 it decodes: a 4 ms timer records how late each tick fires (the GUI thread must never wait
 on MLX; goal p99 <= 16 ms, one frame at 60 Hz).
 
-    python -m app.bench_latency --model smollm2-135m-instruct --prompt-tokens 2048 --gen 64
+    python -m brisk.app.bench_latency --model smollm2-135m-instruct --prompt-tokens 2048 --gen 64
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.bench_latency")
+    parser = argparse.ArgumentParser(prog="python -m brisk.app.bench_latency")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--gen", type=int, default=64)
@@ -34,10 +34,10 @@ def main(argv=None) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtWidgets import QApplication
 
-    from app.main import build_window
-    from engine.bench.common import filler_text
-    from engine.events import PrefillProgressed, TokenEmitted
-    from engine.worker import ConversationEvent
+    from brisk.app.main import build_window
+    from brisk.engine.api.events import PrefillProgressed, TokenEmitted
+    from brisk.engine.bench.common import filler_text
+    from brisk.engine.host.worker import ConversationEvent
 
     app = QApplication(sys.argv[:1])
     window = build_window(model_id=args.model, store_path=Path(tempfile.mkdtemp()) / "b.db")

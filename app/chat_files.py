@@ -9,7 +9,7 @@ import stat
 import tempfile
 from pathlib import Path
 
-from app.chat_schema import (
+from brisk.app.chat_schema import (
     MAX_CONTENT_CHARS,
     MAX_TITLE_CHARS,
     METRIC_CHECKS,
@@ -21,9 +21,9 @@ from app.chat_schema import (
     shown,
     text_problem,
 )
-from app.store import Store, StoreError
-from engine.settings import ChatSettings
-from engine.vocabulary import FINISH_REASONS
+from brisk.app.store import Store, StoreError
+from brisk.engine.api.literal_types import FINISH_REASONS
+from brisk.engine.api.settings import ChatSettings
 
 # Far above any chat's export (a message holds at most a few 8M-character documents), far
 # below what reading the whole file into memory would make a problem.

@@ -15,11 +15,11 @@ from dataclasses import MISSING, dataclass, fields
 from functools import lru_cache
 from typing import Callable
 
-from engine.errors import BriskError, InvalidSettings
-from engine.metrics import TurnMetrics
-from engine.models.store import validate_model_id
-from engine.settings import FIELD_TYPES, ChatSettings
-from engine.vocabulary import FINISH_REASONS, SPARSE_OUTCOMES
+from brisk.engine.api.errors import BriskError, InvalidSettings
+from brisk.engine.api.literal_types import FINISH_REASONS, SPARSE_OUTCOMES
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.api.settings import FIELD_TYPES, ChatSettings
+from brisk.engine.models.store import validate_model_id
 
 ROLES = ("system", "user", "assistant")
 # Counts, bytes, seconds and rates: 2**53 holds 8 PiB, stays exact as a float, and keeps the
@@ -27,7 +27,7 @@ ROLES = ("system", "user", "assistant")
 MAX_NUMBER = 2**53
 # Qt's spin boxes hold 32-bit ints: a larger max_tokens raised OverflowError in the settings panel.
 MAX_INT_SETTING = 2**31 - 1
-# A user message carries its attached documents (engine/documents.py: 8M characters each).
+# A user message carries its attached documents (engine/turn/documents.py: 8M characters each).
 MAX_CONTENT_CHARS = 64 * 2**20
 MAX_TITLE_CHARS = 1000
 MAX_NOTE_CHARS = 100_000  # a metric's words (kv_check, spec_decode ...) and a setting's text
@@ -144,7 +144,7 @@ def plain_json_problem(value, depth: int = 0) -> Problem:
     return None
 
 
-# --- turn metrics (engine/metrics.py's TurnMetrics.to_dict()) ---------------------------
+# --- turn metrics (engine/api/metrics.py's TurnMetrics.to_dict()) ---------------------------
 
 
 def count_problem(value) -> Problem:
@@ -258,7 +258,7 @@ def metrics_problems(metrics: dict) -> dict[str, str]:
     return problems
 
 
-# --- chat settings: engine/settings.py's rules, and what the window can show --------------
+# --- chat settings: engine/api/settings.py's rules, and what the window can show --------------
 
 
 def settings_problems(settings: dict) -> dict[str, str]:

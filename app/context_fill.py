@@ -1,5 +1,5 @@
 """Keeps the composer's context meter at what the next turn would hold. It asks the engine's
-own fit check (engine/documents.py check_fit, through CheckDocument) about the message as it
+own fit check (engine/turn/documents.py check_fit, through CheckDocument) about the message as it
 would be sent: the chat's history and system prompt, the documents waiting, the text typed.
 It measures once typing pauses, on attach and remove, when a chat opens or its settings
 change, when a model loads and after each turn."""
@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QTimer
 
-from app.store import StoreError
-from engine.conversation import Message
-from engine.documents import Document, join_attached
-from engine.events import ModelLoaded, TurnFinished
-from engine.worker import CheckDocument, ConversationEvent, DocumentChecked
+from brisk.app.store import StoreError
+from brisk.engine.api.conversation import Message
+from brisk.engine.api.events import ModelLoaded, TurnFinished
+from brisk.engine.host.worker import CheckDocument, ConversationEvent, DocumentChecked
+from brisk.engine.turn.documents import Document, join_attached
 
 # A measure after each keystroke would queue work on the engine thread; one after a pause does not.
 MEASURE_DELAY_MS = 300

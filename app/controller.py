@@ -14,14 +14,13 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Qt, QTimer, Signal
 from PySide6.QtWidgets import QApplication
 
-from app.context_fill import ContextFill
-from app.preferences import record_draft_cost
-from app.store import StoreError
-from app.widgets.safe_text import plain_tooltip
-from engine.conversation import Message
-from engine.documents import join_attached
-from engine.errors import InvalidSettings
-from engine.events import (
+from brisk.app.context_fill import ContextFill
+from brisk.app.preferences import record_draft_cost
+from brisk.app.store import StoreError
+from brisk.app.widgets.safe_text import plain_tooltip
+from brisk.engine.api.conversation import Message
+from brisk.engine.api.errors import InvalidSettings
+from brisk.engine.api.events import (
     ContextTruncated,
     EngineErrored,
     EngineWarned,
@@ -31,15 +30,16 @@ from engine.events import (
     TokenEmitted,
     TurnFinished,
 )
-from engine.model_commands import ModelCommandFailed
-from engine.settings import ChatSettings
-from engine.worker import (
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.model_commands import ModelCommandFailed
+from brisk.engine.host.worker import (
     Answer,
     CheckDocument,
     ConversationEvent,
     DocumentChecked,
     LoadModel,
 )
+from brisk.engine.turn.documents import join_attached
 
 SAVE_INTERVAL_S = 0.5
 # An answer the store refused (disk full, read-only) is kept in memory and retried this often.
@@ -327,14 +327,14 @@ class ChatController(QObject):
 
     def _submit_turn(self, answer: Answer):
         """A turn goes to the remote engine its chat names, else to this machine's engine."""
-        from app.remote_client import is_remote
+        from brisk.app.remote_client import is_remote
 
         if self.remote is not None and is_remote(answer.settings.model):
             return self.remote.submit(answer)
         return self.engine.submit(answer)
 
     def attach(self, path: str) -> None:
-        from app.remote_client import is_remote
+        from brisk.app.remote_client import is_remote
 
         if is_remote(self.settings_panel.settings().model):  # the fit check needs the model's tokenizer here
             self.composer.show_message(

@@ -17,9 +17,9 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.conversation import CancelToken
-from engine.events import EngineErrored
-from engine.mlx_threads import MlxThread
+from brisk.engine.api.conversation import CancelToken
+from brisk.engine.api.events import EngineErrored
+from brisk.engine.runtime.mlx_threads import MlxThread
 
 log = logging.getLogger(__name__)
 _SHUTDOWN = object()
@@ -59,7 +59,7 @@ class EngineThread(QObject):
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._jobs: list[Job] = []  # submitted and not finished, the running one first
-        self._thread = MlxThread(self._run, name="brisk-engine")  # never ends: see engine/mlx_threads.py
+        self._thread = MlxThread(self._run, name="brisk-engine")  # never ends: see engine/runtime/mlx_threads.py
         self._thread.start()
 
     def submit(self, command, **callbacks) -> Job:
@@ -95,7 +95,7 @@ class EngineThread(QObject):
                     if job.on_event is not None:
                         job.on_event(event)
             except Exception as exc:  # a worker that breaks its promise still must not kill the thread
-                from engine.crash_log import user_message
+                from brisk.engine.runtime.crash_log import user_message
 
                 log.exception("engine worker raised")
                 failure = EngineErrored(user_message(exc, context="The engine"), "internal")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from PySide6.QtGui import QIcon
 
-import resources
+import brisk.resources as resources
 
 
 def icon(name: str) -> QIcon:

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-import resources
+import brisk.resources as resources
 
 
 def check_report(app, window) -> list[str]:
@@ -24,21 +24,21 @@ def check_report(app, window) -> list[str]:
 
 
 def default_database() -> Path:
-    from engine.models.store import brisk_home
+    from brisk.engine.models.store import brisk_home
 
     return brisk_home() / "brisk.db"
 
 
 def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     """The window wired to a real engine thread (tests pass a worker of their own)."""
-    from app.engine_thread import EngineThread
-    from app.store import Store
-    from app.window import MainWindow
-    from engine.accel.speculative.costs_file import StoredPairCosts
-    from engine.cache.saved import SavedCaches
-    from engine.models.store import ModelStore
-    from engine.settings import ChatSettings
-    from engine.worker import EngineWorker
+    from brisk.app.engine_thread import EngineThread
+    from brisk.app.store import Store
+    from brisk.app.window import MainWindow
+    from brisk.engine.accel.speculative.costs_file import StoredPairCosts
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.host.worker import EngineWorker
+    from brisk.engine.kv.saved import SavedCaches
+    from brisk.engine.models.store import ModelStore
 
     store = Store(store_path, default_location=store_path == default_database())
     # Chats' prompt caches are kept beside the database they belong to (a folder that is not
@@ -62,8 +62,8 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
 
 
 def _refresh_models(window, event) -> None:
-    from engine.events import ModelLoaded
-    from engine.models.store import ModelStore
+    from brisk.engine.api.events import ModelLoaded
+    from brisk.engine.models.store import ModelStore
 
     if isinstance(event, ModelLoaded):
         window.settings_panel.set_models(ModelStore().list())
@@ -72,7 +72,7 @@ def _refresh_models(window, event) -> None:
 def _quit_when_loaded(app, window) -> None:
     """--check: print the model's progress as it comes (a first run says what it
     downloads, and how much, before it starts), and quit once it loaded or failed."""
-    from engine.events import EngineErrored, ModelLoaded, ModelLoadProgressed
+    from brisk.engine.api.events import EngineErrored, ModelLoaded, ModelLoadProgressed
 
     def done(event):
         if isinstance(event, ModelLoadProgressed):
@@ -87,7 +87,7 @@ def _quit_when_loaded(app, window) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
-    from engine.hub_env import hub_endpoint_problem
+    from brisk.engine.runtime.hub_env import hub_endpoint_problem
 
     problem = hub_endpoint_problem()  # huggingface_hub would raise when the engine imports it
     if problem:
@@ -96,9 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
 
-    from app.store import StoreUnavailable
-    from engine.errors import UnsafeLocation
-    from engine.settings import DEFAULT_MODEL_ID
+    from brisk.app.store import StoreUnavailable
+    from brisk.engine.api.errors import UnsafeLocation
+    from brisk.engine.api.settings import DEFAULT_MODEL_ID
 
     parser = argparse.ArgumentParser(prog="brisk-app", description="Brisk: fast local LLM chat")
     parser.add_argument("--model", default=DEFAULT_MODEL_ID, help="model for new chats")
@@ -109,10 +109,10 @@ def main(argv: list[str] | None = None) -> int:
         help="open the window, load the model (installing the default on first run), report, quit",
     )
     args = parser.parse_args(argv)
-    from engine.crash_log import configure_console_logging
+    from brisk.engine.runtime.crash_log import configure_console_logging
 
     configure_console_logging()
-    from app.platform_check import install_advice, missing_libraries, qt_reference_leak, wants_xcb
+    from brisk.app.platform_check import install_advice, missing_libraries, qt_reference_leak, wants_xcb
 
     leak = qt_reference_leak()
     if leak:  # Python would abort mid-chat or at quit (issue 54); refuse now with the fix
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     app = QApplication(sys.argv[:1])
     app.setApplicationName("Brisk")
     app.setWindowIcon(QIcon(str(resources.path("icons", "brisk.svg"))))
-    from app.theme import apply_theme, saved_theme
+    from brisk.app.theme import apply_theme, saved_theme
 
     apply_theme(app, saved_theme())
     app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app, saved_theme()))
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     except (StoreUnavailable, UnsafeLocation) as exc:  # a folder, locked, not private, a newer schema: untouched
         return _refuse(app, str(exc), args.check)
     except Exception as exc:  # a bug: a sentence and the log's path, never a traceback
-        from engine.crash_log import user_message
+        from brisk.engine.runtime.crash_log import user_message
 
         return _refuse(app, user_message(exc, context="Starting Brisk"), args.check)
     sys.excepthook = lambda kind, exc, tb: _report_bug(window, exc)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _report_bug(window, exc: BaseException) -> None:
     """A bug in a Qt slot: one line in the status bar, the traceback in the error log."""
-    from engine.crash_log import user_message
+    from brisk.engine.runtime.crash_log import user_message
 
     message = user_message(exc, context="The window")
     print(f"brisk-app: {message}", file=sys.stderr)

@@ -10,9 +10,9 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.events import DownloadProgressed, EngineErrored
-from engine.model_commands import ModelsChanged, RemoveModel, app_wording
-from engine.settings import DEFAULT_MODEL_ID
+from brisk.engine.api.events import DownloadProgressed, EngineErrored
+from brisk.engine.api.settings import DEFAULT_MODEL_ID
+from brisk.engine.host.model_commands import ModelsChanged, RemoveModel, app_wording
 
 MAX_SEARCHES = 3  # searches waiting on the hub at once; each asks up to 8 things in parallel
 
@@ -69,8 +69,8 @@ class ModelOperations(QObject):
         number = self._latest_search = next(self._searches)
 
         def run() -> None:
-            from engine.errors import BriskError
-            from engine.models.catalog import search_hub
+            from brisk.engine.api.errors import BriskError
+            from brisk.engine.models.catalog import search_hub
 
             try:
                 outcome: object = search_hub(text, k_bits=k_bits, v_bits=v_bits, group_size=group_size)

@@ -7,7 +7,7 @@ from PySide6.QtCore import QSettings
 
 
 def preferences() -> QSettings:
-    from engine.models.store import brisk_home
+    from brisk.engine.models.store import brisk_home
 
     return QSettings(str(brisk_home() / "app.ini"), QSettings.IniFormat)
 

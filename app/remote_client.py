@@ -17,7 +17,7 @@ import socket
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-from engine.serve.cli import is_loopback
+from brisk.engine.host.serve.cli import is_loopback
 
 REMOTE_PREFIX = "remote:"  # a chat's model id naming a remote engine: "remote:studio"
 REMOTES_FILE = "remote_engines.json"
@@ -101,15 +101,15 @@ def make_remote(name: str, url: str, key: str = "", model: str = "") -> RemoteSe
 
 
 def remotes_path():
-    from engine.models.store import brisk_home
+    from brisk.engine.models.store import brisk_home
 
     return brisk_home() / REMOTES_FILE
 
 
 def load_remotes() -> dict[str, RemoteServer]:
     """The saved remote engines by id; a damaged or unsafe file gives none (never raises)."""
-    from engine.errors import BriskError
-    from engine.private_files import read_private_file
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.runtime.private_files import read_private_file
 
     try:
         data = json.loads(read_private_file(remotes_path(), max_bytes=1 << 20))
@@ -127,7 +127,7 @@ def load_remotes() -> dict[str, RemoteServer]:
 
 def save_remotes(servers) -> None:
     """Written owner-only (0600, in Brisk's private folder): the file holds API keys."""
-    from engine.private_files import write_private_file
+    from brisk.engine.runtime.private_files import write_private_file
 
     data = json.dumps([s.to_dict() for s in servers], indent=1).encode()
     write_private_file(remotes_path(), data)

@@ -15,11 +15,11 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
-from app.engine_thread import Job
-from app.remote_client import RemoteError, RemoteServer, Stream, load_remotes, request_body
-from engine.events import EngineErrored, TokenEmitted, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import ConversationEvent
+from brisk.app.engine_thread import Job
+from brisk.app.remote_client import RemoteError, RemoteServer, Stream, load_remotes, request_body
+from brisk.engine.api.events import EngineErrored, TokenEmitted, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import ConversationEvent
 
 log = logging.getLogger(__name__)
 # Server metrics that mean nothing here: a clock of the server's own process.

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
-from app.chat_schema import (  # noqa: F401  Conversation and StoredMessage are this module's objects
+from brisk.app.chat_schema import (  # noqa: F401  Conversation and StoredMessage are this module's objects
     MAX_TITLE_CHARS,
     Conversation,
     StoredMessage,
@@ -32,9 +32,9 @@ from app.chat_schema import (  # noqa: F401  Conversation and StoredMessage are 
     read_settings,
     read_text,
 )
-from engine.errors import UnsafeLocation
-from engine.models.store import lock_file
-from engine.private_files import O_NOFOLLOW, check_owned_file, ensure_private_dir
+from brisk.engine.api.errors import UnsafeLocation
+from brisk.engine.models.store import lock_file
+from brisk.engine.runtime.private_files import O_NOFOLLOW, check_owned_file, ensure_private_dir
 
 SCHEMA_VERSION = 2
 MIGRATIONS = {

@@ -7,8 +7,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QPalette
 
-import resources
-from app.preferences import preferences
+import brisk.resources as resources
+from brisk.app.preferences import preferences
 
 THEMES = ("system", "light", "dark")
 # (role, colour) of the dark palette; disabled text is dimmed separately below

@@ -20,17 +20,17 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.api_server import HOST as API_HOST
-from app.api_server import PORT as API_PORT
-from app.chat_files import export_json, export_markdown, import_json, read_export, write_export
-from app.controller import ChatController
-from app.store import StoreError
-from app.widgets.chat_view import ChatView
-from app.widgets.composer import Composer
-from app.widgets.dashboard import Dashboard
-from app.widgets.prefill_bar import PrefillBar
-from app.widgets.settings_panel import SettingsPanel
-from app.widgets.sidebar import Sidebar
+from brisk.app.api_server import HOST as API_HOST
+from brisk.app.api_server import PORT as API_PORT
+from brisk.app.chat_files import export_json, export_markdown, import_json, read_export, write_export
+from brisk.app.controller import ChatController
+from brisk.app.store import StoreError
+from brisk.app.widgets.chat_view import ChatView
+from brisk.app.widgets.composer import Composer
+from brisk.app.widgets.dashboard import Dashboard
+from brisk.app.widgets.prefill_bar import PrefillBar
+from brisk.app.widgets.settings_panel import SettingsPanel
+from brisk.app.widgets.sidebar import Sidebar
 
 # Height a window manager's title bar and frame take above the client area (Openbox: about 20 px)
 TITLE_BAR_ALLOWANCE = 40
@@ -71,7 +71,7 @@ class MainWindow(QMainWindow):
         splitter.setSizes([240, 700, 340])
         self.setCentralWidget(splitter)
 
-        from app.remote_engine import RemoteEngine
+        from brisk.app.remote_engine import RemoteEngine
 
         self.remote = RemoteEngine(parent=self)  # chats whose model is a Brisk server elsewhere
         self.settings_panel.set_remotes({i: s.url for i, s in self.remote.servers.items()})
@@ -196,7 +196,7 @@ class MainWindow(QMainWindow):
         """View > Theme: System, Light or Dark, kept across launches."""
         from PySide6.QtGui import QActionGroup
 
-        from app.theme import THEMES, saved_theme
+        from brisk.app.theme import THEMES, saved_theme
 
         menu = view_menu.addMenu("Theme")
         group = QActionGroup(self)
@@ -211,7 +211,7 @@ class MainWindow(QMainWindow):
 
     def _build_font_actions(self, view_menu) -> None:
         """View > Bigger / Smaller / Default text size, for the chat's text, kept across launches."""
-        from app.theme import saved_chat_font_px
+        from brisk.app.theme import saved_chat_font_px
 
         view_menu.addSeparator()
         for text, keys, step in (
@@ -229,12 +229,12 @@ class MainWindow(QMainWindow):
 
     def step_chat_font(self, step: int) -> None:
         """+1 / -1 pixel, or 0 for the default size."""
-        from app.theme import DEFAULT_CHAT_FONT_PX
+        from brisk.app.theme import DEFAULT_CHAT_FONT_PX
 
         self.set_chat_font(self.chat_font_px + step if step else DEFAULT_CHAT_FONT_PX)
 
     def set_chat_font(self, px: int, *, save: bool = True) -> None:
-        from app.theme import CHAT_FONT_RANGE, chat_font_sheet, save_chat_font_px
+        from brisk.app.theme import CHAT_FONT_RANGE, chat_font_sheet, save_chat_font_px
 
         self.chat_font_px = min(max(px, CHAT_FONT_RANGE[0]), CHAT_FONT_RANGE[1])
         for widget in (self.chat_view, self.composer.edit):
@@ -246,7 +246,7 @@ class MainWindow(QMainWindow):
     def set_theme(self, choice: str) -> None:
         from PySide6.QtWidgets import QApplication
 
-        from app.theme import apply_theme, save_theme
+        from brisk.app.theme import apply_theme, save_theme
 
         apply_theme(QApplication.instance(), choice)
         save_theme(choice)
@@ -256,7 +256,7 @@ class MainWindow(QMainWindow):
         """Models installed or removed elsewhere (the CLI, another window) appear at once."""
         from PySide6.QtCore import QFileSystemWatcher
 
-        from engine.models.store import ModelStore
+        from brisk.engine.models.store import ModelStore
 
         folder = ModelStore().models_dir
         try:
@@ -267,7 +267,7 @@ class MainWindow(QMainWindow):
         self.models_watcher.directoryChanged.connect(self.models_changed_on_disk)
 
     def models_changed_on_disk(self, *_) -> None:
-        from engine.models.store import ModelStore
+        from brisk.engine.models.store import ModelStore
 
         self.settings_panel.set_models(ModelStore().list())
         if getattr(self, "model_manager", None) is not None:
@@ -285,7 +285,7 @@ class MainWindow(QMainWindow):
 
     def toggle_api_server(self) -> None:
         """Start or stop the API server on this window's engine thread (Models menu)."""
-        from app.api_server import ApiServer
+        from brisk.app.api_server import ApiServer
 
         action = self.actions_by_text["Serve OpenAI-compatible API"]
         if self.api_server is None:
@@ -302,9 +302,9 @@ class MainWindow(QMainWindow):
         action.setChecked(self.api_server.running)
 
     def show_models(self):
-        from app.widgets.model_manager import ModelManager
-        from engine.models.bundled import BUNDLED
-        from engine.models.store import ModelStore
+        from brisk.app.widgets.model_manager import ModelManager
+        from brisk.engine.models.bundled import BUNDLED
+        from brisk.engine.models.store import ModelStore
 
         if getattr(self, "model_manager", None) is None:
             self.model_manager = ModelManager(
@@ -325,8 +325,8 @@ class MainWindow(QMainWindow):
         return self.model_manager
 
     def _models_changed(self, event) -> None:
-        from engine.model_commands import ModelsChanged
-        from engine.models.store import ModelStore
+        from brisk.engine.host.model_commands import ModelsChanged
+        from brisk.engine.models.store import ModelStore
 
         if isinstance(event, ModelsChanged):
             self.settings_panel.set_models(ModelStore().list())
@@ -450,7 +450,7 @@ def about_text() -> str:
     import PySide6
     from PySide6.QtCore import qVersion
 
-    from engine.version import runtime_versions
+    from brisk.engine.version import runtime_versions
 
     found = runtime_versions()
     return (

@@ -14,7 +14,7 @@ def runtime_versions() -> dict[str, str]:
     import mlx.core as mx
     import mlx_lm
 
-    from engine.blas import blas_state
+    from brisk.engine.runtime.blas import blas_state
 
     state = blas_state()
     blas = state.name if state.name == "reference" else f"{state.name} ({state.sgemm_provider})"

@@ -20,8 +20,8 @@ from contextlib import contextmanager
 import mlx.core as mx
 from mlx_lm.models import activations as mlx_lm_activations
 
-from kernels import mlx_extension
-from kernels.native_attention import NativeUnsupported, threads
+from brisk.kernels import mlx_extension
+from brisk.kernels.native_attention import NativeUnsupported, threads
 
 MLX_LM_SWIGLU = mlx_lm_activations.swiglu
 

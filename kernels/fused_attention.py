@@ -10,7 +10,7 @@ prefill (shared/CPU.md), and a 2K-context decode step spent more in attention th
   primitives module). Attention sinks (gpt-oss) it takes.
 - `scaled_dot_product_attention`: a drop-in for mlx-lm's function of that name, which every
   mlx-lm model module imports; `use_fused_attention(model)` rebinds it in the model's modules.
-  Packed (quantized) KV caches keep their own path (engine/kvcache.py).
+  Packed (quantized) KV caches keep their own path (engine/kv/packed_cache.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from contextlib import contextmanager
 import mlx.core as mx
 from mlx_lm.models import base as mlx_lm_base
 
-from kernels import mlx_extension
-from kernels.coarse import COARSE
-from kernels.native_attention import NativeUnsupported, threads
+from brisk.kernels import mlx_extension
+from brisk.kernels.coarse import COARSE
+from brisk.kernels.native_attention import NativeUnsupported, threads
 
 MLX_LM_SDPA = mlx_lm_base.scaled_dot_product_attention
 
@@ -73,7 +73,7 @@ def attend(queries, keys, values, *, scale: float, mask=None) -> mx.array:
 
 def scaled_dot_product_attention(queries, keys, values, cache, scale: float, mask, sinks=None) -> mx.array:
     """mlx-lm's function, with float attention on the CPU sent to the fused kernel. A cache
-    with a `length` (engine/compiled_decode.py's fixed buffers) counts only that many keys."""
+    with a `length` (engine/decode/compiled.py's fixed buffers) counts only that many keys."""
     length = getattr(cache, "length", None)
     if SWITCH.native and not hasattr(cache, "bits") and mx.default_device() == mx.cpu:
         try:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kernels.fused_attention import attend
-from kernels.native_attention import NativeUnsupported, kv_attention_native
-from kernels.native_attention import available as native_available
-from kernels.packed_kv import ChannelPacked, Dense, KVLayout, TokenPacked
-from kernels.quantized_attention import FUSED_MAX_ROWS, NATIVE_MAX_ROWS, _fold, _folded_mask, _mask_as_additive
+from brisk.kernels.fused_attention import attend
+from brisk.kernels.native_attention import NativeUnsupported, kv_attention_native
+from brisk.kernels.native_attention import available as native_available
+from brisk.kernels.packed_kv import ChannelPacked, Dense, KVLayout, TokenPacked
+from brisk.kernels.quantized_attention import FUSED_MAX_ROWS, NATIVE_MAX_ROWS, _fold, _folded_mask, _mask_as_additive
 
 
 def _select_by_row(packed: mx.array | None, dense: mx.array | None, keys: ChannelPacked, limits: list[int]):

@@ -27,7 +27,7 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from types import ModuleType
 
-from kernels import native, plan, prebuilt
+from brisk.kernels import native, plan, prebuilt
 
 SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
 TILED_PRIMITIVES = native.CSRC / "mlx_primitives" / "tiled.cpp"

@@ -29,7 +29,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from kernels import compile_notice, plan, prebuilt
+from brisk.kernels import compile_notice, plan, prebuilt
 
 CSRC = Path(__file__).with_name("csrc")
 # Each source's version function and the version this Python side speaks.

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from kernels import mlx_extension, native
-from kernels.packed_kv import TOKEN_GROUP, Dense, KVLayout, TokenPacked
+from brisk.kernels import mlx_extension, native
+from brisk.kernels.packed_kv import TOKEN_GROUP, Dense, KVLayout, TokenPacked
 
 Packed = tuple[mx.array, mx.array, mx.array]  # (packed uint32, scales, biases)
 

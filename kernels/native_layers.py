@@ -19,10 +19,10 @@ import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from kernels import native
-from kernels.norm_rope import NativeLlama3RoPE, NativeRMSNorm, NativeRoPE
-from kernels.quantized_matmul import NativeQuantizedEmbedding, NativeQuantizedLinear
-from kernels.skinny_matmul import SkinnyEmbedding, SkinnyLinear
+from brisk.kernels import native
+from brisk.kernels.norm_rope import NativeLlama3RoPE, NativeRMSNorm, NativeRoPE
+from brisk.kernels.quantized_matmul import NativeQuantizedEmbedding, NativeQuantizedLinear
+from brisk.kernels.skinny_matmul import SkinnyEmbedding, SkinnyLinear
 
 
 class Route:

@@ -18,8 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from kernels import mlx_extension
-from kernels.native_attention import NativeUnsupported
+from brisk.kernels import mlx_extension
+from brisk.kernels.native_attention import NativeUnsupported
 
 
 def rms_norm_reference(x, weight, eps: float) -> mx.array:

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kernels.fused_attention import attend
-from kernels.native_attention import MAX_ROWS as NATIVE_KERNEL_MAX_ROWS
-from kernels.native_attention import NativeUnsupported, quantized_attention_native
-from kernels.native_attention import available as native_available
+from brisk.kernels.fused_attention import attend
+from brisk.kernels.native_attention import MAX_ROWS as NATIVE_KERNEL_MAX_ROWS
+from brisk.kernels.native_attention import NativeUnsupported, quantized_attention_native
+from brisk.kernels.native_attention import available as native_available
 
 # Above this many score elements (B·Hq·L·S) the split path bounds memory.
 DEFAULT_MAX_SCORE_ELEMENTS = 1 << 22

@@ -28,8 +28,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from kernels import mlx_extension, native, plan
-from kernels.native_attention import NativeUnsupported, threads
+from brisk.kernels import mlx_extension, native, plan
+from brisk.kernels.native_attention import NativeUnsupported, threads
 
 # Few-row passes cost about linearly in rows (compute-bound); the dense path first dequantizes
 # the whole weight. A whole Qwen-1.5B q4 pass over 16 rows took 695 ms, over 17 (dense) 1664

@@ -9,7 +9,7 @@ state (so `mx.random.seed` still fixes the draws), with a vectorized exp.
 - `sample_softmax_reference`: mlx-lm's categorical sampling, the law the kernel is tested against.
 - `sample_softmax_native`: the kernel, a lazy MLX primitive; raises NativeUnsupported
   where it does not run (no primitives module, not float32, another device).
-- `temperature_sampler`: the sampler engine/sampling.py hands plain decoding.
+- `temperature_sampler`: the sampler engine/decode/sampling.py hands plain decoding.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Callable
 
 import mlx.core as mx
 
-from kernels import mlx_extension
-from kernels.native_attention import NativeUnsupported
+from brisk.kernels import mlx_extension
+from brisk.kernels.native_attention import NativeUnsupported
 
 
 def sample_softmax_reference(logits: mx.array, temperature: float) -> mx.array:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from kernels import plan
+from brisk.kernels import plan
 
 TILE = 16
 SUPER = 256  # k values per factor

@@ -20,8 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from kernels import mlx_extension, native, plan
-from kernels.native_attention import NativeUnsupported, threads
+from brisk.kernels import mlx_extension, native, plan
+from brisk.kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
 WIDE_ROWS = 64  # from here a product is a prefill chunk's, for float_gemm.cpp

@@ -37,10 +37,10 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from kernels import mlx_extension, native, plan, quantized_matmul, scale_codes
-from kernels.coarse import COARSE
-from kernels.native_attention import threads
-from kernels.quantized_matmul import (
+from brisk.kernels import mlx_extension, native, plan, quantized_matmul, scale_codes
+from brisk.kernels.coarse import COARSE
+from brisk.kernels.native_attention import threads
+from brisk.kernels.quantized_matmul import (
     SCALE_TYPES,
     NativeQuantizedEmbedding,
     NativeQuantizedLinear,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 def main() -> None:
     if Path(sys.argv[0]).name == "brisk":
-        from engine.cli import console_main
+        from brisk.engine.host.cli import console_main
 
         console_main()
     else:
-        from app.main import main as app_main
+        from brisk.app.main import main as app_main
 
         sys.exit(app_main())
 

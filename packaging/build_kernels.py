@@ -18,11 +18,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:  # run from a checkout without installing it
-    sys.path.insert(0, str(ROOT))
-
-from kernels import mlx_extension, native, prebuilt  # noqa: E402
+from brisk.kernels import mlx_extension, native, prebuilt  # noqa: E402
 
 
 def build_into(target: Path) -> dict:

@@ -50,11 +50,11 @@ def analysis_options(root: Path, prebuilt: Path) -> dict:
     """Keyword arguments for PyInstaller's Analysis (binaries are the platform's own)."""
     from PyInstaller.utils.hooks import collect_data_files, collect_submodules, copy_metadata
 
-    datas = collect_data_files("resources")
+    datas = collect_data_files("brisk.resources")
     datas += collect_data_files("mlx", includes=["lib/*.metallib"])  # macOS: MLX's Metal kernels
     sources = ["csrc/*.cpp", "csrc/*.h", "csrc/mlx_primitives/*.cpp", "csrc/mlx_primitives/*.h"]
-    datas += collect_data_files("kernels", includes=sources)
-    datas += [(str(prebuilt), "kernels/prebuilt")]
+    datas += collect_data_files("brisk.kernels", includes=sources)
+    datas += [(str(prebuilt), "brisk/kernels/prebuilt")]
     for dist in METADATA:
         datas += copy_metadata(dist)
     return {
@@ -62,8 +62,10 @@ def analysis_options(root: Path, prebuilt: Path) -> dict:
         "datas": datas,
         # mlx-lm imports a model's module by its architecture name at load time; mlx.core's C
         # extension imports mlx's own helpers (mlx._reprlib_fix) where the analysis cannot see.
-        "hiddenimports": collect_submodules("mlx_lm.models") + collect_submodules("mlx") + ["engine.cli", "app.main"],
+        "hiddenimports": collect_submodules("mlx_lm.models")
+        + collect_submodules("mlx")
+        + ["brisk.engine.host.cli", "brisk.app.main"],
         "excludes": EXCLUDES,
-        # engine/mlx_hooks.py reads mlx's and mlx-lm's source to check the hooks it relies on.
+        # engine/runtime/mlx_hooks.py reads mlx's and mlx-lm's source to check the hooks it relies on.
         "module_collection_mode": {"mlx_lm": "pyz+py", "mlx": "pyz+py"},
     }

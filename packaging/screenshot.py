@@ -50,8 +50,8 @@ def main() -> int:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     from PySide6.QtWidgets import QApplication
 
-    from app.main import build_window
-    from app.theme import apply_theme
+    from brisk.app.main import build_window
+    from brisk.app.theme import apply_theme
 
     app = QApplication(sys.argv[:1])
     apply_theme(app, "light")

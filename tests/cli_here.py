@@ -1,7 +1,7 @@
 """`brisk ...` run in this process, answering as a subprocess would (exit status, stdout,
 stderr): for checks of what the command refuses or reports without a turn to run.
 
-Why: each `python -m engine.cli` a test starts is a fresh interpreter importing mlx,
+Why: each `python -m brisk.engine.host.cli` a test starts is a fresh interpreter importing mlx,
 transformers and the engine, ~2.5 CPU-seconds before it reads its first argument, and CI runs
 the engine's tests twice (once per kernel plan). The tests that need a fresh process (a whole
 turn as a user runs it, the exit paths, import-time checks, the console script) still start one.
@@ -28,10 +28,10 @@ class Done:
 
 
 def brisk_here(home: Path, *args: str) -> Done:
-    """`brisk ARGS` with BRISK_HOME=home, through the entry point `python -m engine.cli` runs
-    (engine.cli.main_interruptible): its exit status, and what it printed on each stream."""
-    from engine import cli
-    from kernels import compile_notice
+    """`brisk ARGS` with BRISK_HOME=home, through the entry point `python -m brisk.engine.host.cli` runs
+    (brisk.engine.host.cli.main_interruptible): its exit status, and what it printed on each stream."""
+    from brisk.engine.host import cli
+    from brisk.kernels import compile_notice
 
     out, err = io.StringIO(), io.StringIO()
     root = logging.getLogger()

@@ -18,8 +18,8 @@ import fcntl  # noqa: E402
 
 import pytest  # noqa: E402
 
-import engine  # noqa: E402,F401  (loads MKL before mlx)
-from kernels import native  # noqa: E402
+import brisk.engine  # noqa: E402,F401  (loads MKL before mlx)
+from brisk.kernels import native  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -65,7 +65,7 @@ def tiny_llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_llama_dir):
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
 
     return load_folder(tiny_llama_dir, model_id="tiny-llama")
 
@@ -73,7 +73,7 @@ def tiny_llama(tiny_llama_dir):
 @pytest.fixture(scope="session")
 def tiny_llama_q4(tmp_path_factory):
     """tiny_llama's architecture with 4-bit weights (native quantized layers)."""
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     return load_folder(
@@ -89,8 +89,8 @@ def real_store():
 
 
 def _install_real_models():
-    from engine.models.bundled import install_bundled
-    from engine.models.store import ModelStore
+    from brisk.engine.models.bundled import install_bundled
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore(REAL_MODEL_HOME)
     if store.has(REAL_MODEL) and not store.get(REAL_MODEL).dtype.startswith("q"):

@@ -6,7 +6,7 @@ once, in its main stage, and leaves them out of the BRISK_KERNELS=off stage. tes
 holds every marked test to that, its fixtures' setup and teardown included:
 
 - the kernel plan is never consulted and no native kernel is asked for: every model load asks
-  `kernels.plan.current()`, and every kernel call asks its loader's `status()` (kernels/native.py,
+  `brisk.kernels.plan.current()`, and every kernel call asks its loader's `status()` (kernels/native.py,
   kernels/mlx_extension.py), which keeps its answer, so both are watched;
 - no loaded model is handed in (a session fixture built by an earlier test asks no plan then);
 - no process is started (what a child process would consult cannot be seen from here);
@@ -21,7 +21,7 @@ from pathlib import Path
 
 # The shared fixtures that hand a test a model already loaded (tests/conftest.py).
 MODEL_FIXTURES = frozenset({"tiny_llama", "tiny_llama_q4"})
-PLAN_WORDS = ("BRISK_KERNELS", "kernels.plan", "from kernels import plan")
+PLAN_WORDS = ("BRISK_KERNELS", "brisk.kernels.plan", "from kernels import plan")
 
 
 def static_problems(path: Path, fixturenames: list[str]) -> list[str]:
@@ -52,7 +52,7 @@ class Watch:
         setattr(owner, name, watched)
 
     def start(self) -> None:
-        from kernels import mlx_extension, native, plan
+        from brisk.kernels import mlx_extension, native, plan
 
         self._watch(plan, "current", "the kernel plan was consulted")
         self._watch(native, "status", "the native kernels (ctypes) were asked for")

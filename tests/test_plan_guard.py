@@ -4,7 +4,7 @@ file depend on the kernel plan, and changes nothing for the code it watches."""
 import subprocess
 import sys
 
-from kernels import plan
+from brisk.kernels import plan
 from tests.plan_guard import MODEL_FIXTURES, Watch, static_problems
 
 
@@ -20,7 +20,7 @@ def test_consulting_the_plan_is_seen_and_still_answered():
 
 
 def test_asking_for_a_kernel_already_loaded_is_seen():
-    from kernels import mlx_extension, native
+    from brisk.kernels import mlx_extension, native
 
     native.status(), mlx_extension.status()  # loaded (or refused) before: the loaders keep it
     watch = Watch()
@@ -36,7 +36,7 @@ def test_asking_for_a_kernel_already_loaded_is_seen():
 
 
 def test_loading_a_model_is_seen(tiny_llama_dir):
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
 
     watch = Watch()
     watch.start()
@@ -82,7 +82,7 @@ def test_pure():
 
 
 def test_loads_a_model(tiny_llama_dir):
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
 
     load_folder(tiny_llama_dir, model_id="tiny-llama")
 

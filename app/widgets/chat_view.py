@@ -25,12 +25,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.icons import icon
-from app.widgets.coverage import CoverageMap
-from app.widgets.full_text import FullTextView
-from app.widgets.safe_text import MARKDOWN_FEATURES, SafeDocument, open_link, plain_label
-from app.widgets.text_wrap import wrap_for
-from engine.documents import join_attached, split_attached
+from brisk.app.icons import icon
+from brisk.app.widgets.coverage import CoverageMap
+from brisk.app.widgets.full_text import FullTextView
+from brisk.app.widgets.safe_text import MARKDOWN_FEATURES, SafeDocument, open_link, plain_label
+from brisk.app.widgets.text_wrap import wrap_for
+from brisk.engine.turn.documents import join_attached, split_attached
 
 KEYWORDS = re.compile(
     r"\b(def|class|return|if|elif|else|for|while|in|import|from|as|with|try|except|finally|raise|"

@@ -7,10 +7,10 @@ from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
-from app.icons import icon
-from app.widgets.context_meter import ContextMeter
-from app.widgets.safe_text import plain_label, plain_tooltip
-from app.widgets.text_wrap import has_long_run, wrap_for
+from brisk.app.icons import icon
+from brisk.app.widgets.context_meter import ContextMeter
+from brisk.app.widgets.safe_text import plain_label, plain_tooltip
+from brisk.app.widgets.text_wrap import has_long_run, wrap_for
 
 DOCUMENT_FILTER = (
     "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "

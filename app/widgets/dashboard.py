@@ -7,8 +7,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import QFrame, QGridLayout, QGroupBox, QLabel, QScrollArea, QVBoxLayout, QWidget
 
-from app.widgets.gauges import LineChart, RingGauge
-from app.widgets.safe_text import plain_tooltip
+from brisk.app.widgets.gauges import LineChart, RingGauge
+from brisk.app.widgets.safe_text import plain_tooltip
 
 RECENT_TURNS = 5
 SOURCE_COLORS = {"draft": "#58a6ff", "lookup": "#3fb950"}  # the chat's tints, opaque
@@ -447,7 +447,7 @@ def _size(n: float) -> str:
 
 
 def _free_memory() -> int:
-    from engine.info import memory_available
+    from brisk.engine.runtime.info import memory_available
 
     return memory_available()
 

@@ -23,8 +23,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.model_operations import ModelOperations, chats_using
-from engine.model_commands import ImportGGUF, InstallBundled, PullModel
+from brisk.app.model_operations import ModelOperations, chats_using
+from brisk.engine.host.model_commands import ImportGGUF, InstallBundled, PullModel
 
 COLUMNS = ("Model", "Architecture", "Parameters", "Bits/weight", "On disk", "In memory", "Context", "Licence")
 CATALOG_COLUMNS = ("Model", "Size", "Quantization", "Licence", "Context", "Runs in Brisk", "Fits this machine")
@@ -115,7 +115,7 @@ class ModelManager(QDialog):
         layout.addWidget(self.status)
         self.remotes = None  # app/widgets/remote_engines.py, with the app's remote engine
         if remote is not None:
-            from app.widgets.remote_engines import RemoteEnginesBox
+            from brisk.app.widgets.remote_engines import RemoteEnginesBox
 
             self.remotes = RemoteEnginesBox(remote, self)
             layout.addWidget(self.remotes)
@@ -207,7 +207,7 @@ class ModelManager(QDialog):
 
     def install_result(self, model=None) -> None:
         """Install the chosen catalogue row: a bundled model, or a download from the hub."""
-        from engine.models.store import model_id_from_repo
+        from brisk.engine.models.store import model_id_from_repo
 
         model = model or self._chosen()
         if model is None:
@@ -258,8 +258,8 @@ class ModelManager(QDialog):
 
     def install_bundled(self, model_id: str | None = None) -> None:
         """With an id, install it; without, list the bundled models with their details."""
-        from engine.models.bundled import BUNDLED
-        from engine.models.catalog import bundled_models
+        from brisk.engine.models.bundled import BUNDLED
+        from brisk.engine.models.catalog import bundled_models
 
         installed = {e.id for e in self.list_models()}
         choices = [m for m in self.bundled if m not in installed]
@@ -337,8 +337,8 @@ class ModelManager(QDialog):
 
 def describe(entry) -> tuple[str, ...]:
     """One table row: what a user compares models by."""
-    from engine.models.catalog import installed_licence
-    from engine.models.loader import compute_dtype_name
+    from brisk.engine.models.catalog import installed_licence
+    from brisk.engine.models.loader import compute_dtype_name
 
     # Stored bits per weight, the quantizer's scales included (Q4_1-like 4-bit: about 5).
     bits = f"{entry.bits_per_weight:.1f}" if entry.bits_per_weight else str(DTYPE_BITS.get(entry.dtype, entry.dtype))

@@ -1,6 +1,6 @@
 """What a turn does before its first token, phase by phase, each with its own progress and
 the time that phase has left, so a long prompt never looks frozen. The estimate is the
-engine's (engine/prefill_eta.py, carried by PrefillProgressed); for a producer that sends
+engine's (engine/turn/prefill_eta.py, carried by PrefillProgressed); for a producer that sends
 none, the bar runs the same estimator on its own clock."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import time
 
 from PySide6.QtWidgets import QProgressBar
 
-from engine.prefill_eta import PrefillEta
+from brisk.engine.turn.prefill_eta import PrefillEta
 
-# phase -> (words, step within a sparse prefill or None); phases are engine/vocabulary.py's
+# phase -> (words, step within a sparse prefill or None); phases are engine/api/literal_types.py's
 PHASES = {
     "kv_check": ("Checking packed KV on this model (once per model)", None),
     "draft": ("The draft reads the prompt", 1),

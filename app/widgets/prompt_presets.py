@@ -6,7 +6,7 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QInputDialog, QToolButton, QWidget
 
-from app.preferences import MAX_PRESET_NAME_CHARS, MAX_PRESETS, saved_prompt_presets, write_prompt_presets
+from brisk.app.preferences import MAX_PRESET_NAME_CHARS, MAX_PRESETS, saved_prompt_presets, write_prompt_presets
 
 # Short, general prompts that small local models follow well.
 BUILTIN_PRESETS = {

@@ -16,8 +16,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
 )
 
-from app.remote_client import make_remote, masked, save_remotes
-from engine.serve.cli import is_loopback
+from brisk.app.remote_client import make_remote, masked, save_remotes
+from brisk.engine.host.serve.cli import is_loopback
 
 COLUMNS = ("Name", "Address", "Model", "API key")
 
@@ -99,7 +99,7 @@ class RemoteEnginesBox(QGroupBox):
             self.status.setText(f"Removed {', '.join(sorted(ids))}; chats that used it keep their messages")
 
     def _save(self, servers: dict) -> bool:
-        from engine.errors import BriskError
+        from brisk.engine.api.errors import BriskError
 
         try:
             save_remotes(servers.values())

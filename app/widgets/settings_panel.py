@@ -20,13 +20,13 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.preferences import measured_draft_cost
-from app.widgets.prompt_presets import PresetPicker
-from app.widgets.safe_text import plain_label
-from engine.accel.speculative.drafters import draft_compatibility
-from engine.accel.uniprefill.plan import ModelDefaults, defaults_for
-from engine.errors import InvalidSettings
-from engine.settings import ChatSettings
+from brisk.app.preferences import measured_draft_cost
+from brisk.app.widgets.prompt_presets import PresetPicker
+from brisk.app.widgets.safe_text import plain_label
+from brisk.engine.accel.speculative.drafters import draft_compatibility
+from brisk.engine.accel.uniprefill.plan import ModelDefaults, defaults_for
+from brisk.engine.api.errors import InvalidSettings
+from brisk.engine.api.settings import ChatSettings
 
 NO_DRAFT = "(none)"
 # KV cache choices: label -> (kv_bits, k_bits, v_bits, kv_auto), smallest packed last.
@@ -49,9 +49,9 @@ def kv_label(settings: ChatSettings) -> str:
 
 
 def stored_kv_results(model_id: str) -> dict:
-    """What this model's packed-KV self-test said (engine/kv_fidelity.py); {} if never run."""
-    from engine.kv_fidelity import FidelityStore
-    from engine.models.store import ModelStore
+    """What this model's packed-KV self-test said (engine/kv/fidelity.py); {} if never run."""
+    from brisk.engine.kv.fidelity import FidelityStore
+    from brisk.engine.models.store import ModelStore
 
     try:
         return FidelityStore(ModelStore().path(model_id)).load()
@@ -395,7 +395,7 @@ class SettingsPanel(QWidget):
     def refresh_kv(self) -> None:
         """Mark each packed precision with what this model's self-test said (after a turn
         measured it, the marks appear)."""
-        from engine.kv_fidelity import auto_precision, result_key
+        from brisk.engine.kv.fidelity import auto_precision, result_key
 
         results = self.kv_results(self._settings.model)
         group = self._settings.kv_group_size

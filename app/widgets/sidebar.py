@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.icons import icon
+from brisk.app.icons import icon
 
 
 class Sidebar(QWidget):

@@ -23,7 +23,7 @@ def coverage_map(
     """`focus`: the passages the question points at (engine/accel/question_focus.py), in
     new-token positions; `question_dropped` says the deepest layers read less than
     MOSTLY_DROPPED of them (the app warns and offers to read it all)."""
-    from engine.accel.question_focus import MOSTLY_DROPPED, read_share
+    from brisk.engine.accel.question_focus import MOSTLY_DROPPED, read_share
 
     total = len(new_tokens)
     if not kept_by_layer:

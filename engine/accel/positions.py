@@ -74,7 +74,7 @@ ROPE_IN_SOURCE = re.compile(r"\brope\b|initialize_rope|RoPE|rotary")
 
 def _defining_module(cls) -> str:
     """Where a layer class comes from, past Brisk's native subclasses (kernels/native_layers.py)."""
-    return next((c.__module__ for c in cls.__mro__ if not c.__module__.startswith("kernels.")), cls.__module__)
+    return next((c.__module__ for c in cls.__mro__ if not c.__module__.startswith("brisk.kernels.")), cls.__module__)
 
 
 def _source_uses_rope(model) -> bool:

@@ -79,7 +79,7 @@ def read_share(regions: list[tuple[int, int]], kept: list[tuple[int, int]]) -> f
 def prompt_regions(tokenizer, tokens: list[int]) -> list[tuple[int, int]]:
     """question_regions of a prompt of target `tokens` (positions in `tokens`); [] when its
     text cannot be mapped back to its tokens."""
-    from engine.accel.translate import text_and_spans
+    from brisk.engine.accel.translate import text_and_spans
 
     if len(tokens) <= QUESTION_TOKENS:
         return []

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from engine.accel import quality_table
-from engine.accel.question_focus import QUESTION_TOKENS, prompt_regions, question_text
-from engine.accel.specprefill.plan import SparsePlan, plan_sparse_prefill
-from engine.accel.uniprefill.plan import break_even, worth_dropping
-from engine.events import result_of
+from brisk.engine.accel import quality_table
+from brisk.engine.accel.question_focus import QUESTION_TOKENS, prompt_regions, question_text
+from brisk.engine.accel.specprefill.plan import SparsePlan, plan_sparse_prefill
+from brisk.engine.accel.uniprefill.plan import break_even, worth_dropping
+from brisk.engine.api.events import result_of
 
 PrefillMethod = Literal["dense", "specprefill", "uniprefill"]
 
@@ -113,8 +113,8 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
 
 def with_runs(selection, extra: list[tuple[int, int]]):
     """`selection` with the `extra` token runs kept too."""
-    from engine.accel.question_focus import merge
-    from engine.accel.specprefill.scoring import Selection
+    from brisk.engine.accel.question_focus import merge
+    from brisk.engine.accel.specprefill.scoring import Selection
 
     runs = merge(sorted([*selection.runs, *((s, min(e, selection.total)) for s, e in extra if s < selection.total)]))
     kept = sum(e - s for s, e in runs)

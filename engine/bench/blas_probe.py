@@ -3,8 +3,8 @@
 import json
 import time
 
-import engine  # noqa: F401  (applies BRISK_BLAS before mlx loads)
-from engine.blas import blas_state
+import brisk.engine  # noqa: F401  (applies BRISK_BLAS before mlx loads)
+from brisk.engine.runtime.blas import blas_state
 
 
 def gflops(m: int, k: int, n: int, repeats: int) -> float:

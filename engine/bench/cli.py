@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from engine.settings import layer_list
+from brisk.engine.api.settings import layer_list
 
 
 def _positive(text: str) -> int:
@@ -245,13 +245,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--runs", type=_positive, default=3)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _blas(a))
-    from engine.distributed.bench import add_distributed_bench
+    from brisk.engine.distributed.bench import add_distributed_bench
 
     add_distributed_bench(bench)  # 1 process vs N loopback ranks (engine/distributed)
 
 
 def _overhead(args) -> int:
-    from engine.bench.overhead import run_overhead
+    from brisk.engine.bench.overhead import run_overhead
 
     run_overhead(
         args.model,
@@ -265,7 +265,7 @@ def _overhead(args) -> int:
 
 
 def _serve(args) -> int:
-    from engine.bench.serve import run_serve_bench
+    from brisk.engine.bench.serve import run_serve_bench
 
     run_serve_bench(
         args.model, clients=args.clients, requests=args.requests, gen_tokens=args.gen_tokens, as_json=args.json
@@ -274,7 +274,7 @@ def _serve(args) -> int:
 
 
 def _peers(args) -> int:
-    from engine.bench.peers import run_peers
+    from brisk.engine.bench.peers import run_peers
 
     run_peers(
         args.model,
@@ -290,7 +290,7 @@ def _peers(args) -> int:
 
 
 def _kv(args) -> int:
-    from engine.bench.kv import run_kv
+    from brisk.engine.bench.kv import run_kv
 
     run_kv(
         args.model,
@@ -305,9 +305,9 @@ def _kv(args) -> int:
 
 
 def _kv_quality(args) -> int:
-    from engine.bench.kv_quality import run_kv_quality
-    from engine.kv_fidelity import PackedMode
-    from engine.kvcache import KEY_LAYOUTS
+    from brisk.engine.bench.kv_quality import run_kv_quality
+    from brisk.engine.kv.fidelity import PackedMode
+    from brisk.engine.kv.packed_cache import KEY_LAYOUTS
 
     layouts = [x.strip() for x in args.key_layouts.split(",") if x.strip()]
     bad = [x for x in layouts if x not in KEY_LAYOUTS] + [b for b in args.k_bits + args.v_bits if b not in (4, 8, 16)]
@@ -329,14 +329,14 @@ def _kv_quality(args) -> int:
 
 
 def _specprefill(args) -> int:
-    from engine.bench.specprefill import run_specprefill
+    from brisk.engine.bench.specprefill import run_specprefill
 
     run_specprefill(args.target, args.draft, args.prompt_tokens, args.keep, runs=args.runs, as_json=args.json)
     return 0
 
 
 def _needle(args) -> int:
-    from engine.bench.specprefill import run_needle
+    from brisk.engine.bench.specprefill import run_needle
 
     run_needle(
         args.target,
@@ -352,14 +352,14 @@ def _needle(args) -> int:
 
 
 def _counting(args) -> int:
-    from engine.bench.counting import run_counting
+    from brisk.engine.bench.counting import run_counting
 
     run_counting(args.target, args.draft, args.entries, args.green, args.seeds, args.keep, as_json=args.json)
     return 0
 
 
 def _sparse_ppl(args) -> int:
-    from engine.bench.specprefill import run_perplexity
+    from brisk.engine.bench.specprefill import run_perplexity
 
     run_perplexity(
         args.target,
@@ -374,7 +374,7 @@ def _sparse_ppl(args) -> int:
 
 
 def _doc_qa(args) -> int:
-    from engine.bench.doc_qa import rescore, run_doc_qa
+    from brisk.engine.bench.doc_qa import rescore, run_doc_qa
 
     if args.rescore:
         rescore(args.rescore, as_json=args.json)
@@ -397,7 +397,7 @@ def _doc_qa(args) -> int:
 
 
 def _uniprefill(args) -> int:
-    from engine.bench.uniprefill import run_uniprefill
+    from brisk.engine.bench.uniprefill import run_uniprefill
 
     run_uniprefill(
         args.model,
@@ -412,7 +412,7 @@ def _uniprefill(args) -> int:
 
 
 def _uniprefill_quality(args) -> int:
-    from engine.bench.uniprefill import run_uniprefill_quality
+    from brisk.engine.bench.uniprefill import run_uniprefill_quality
 
     run_uniprefill_quality(
         args.model,
@@ -432,7 +432,7 @@ def _uniprefill_quality(args) -> int:
 
 
 def _specdecode(args) -> int:
-    from engine.bench.specdecode import run_specdecode
+    from brisk.engine.bench.specdecode import run_specdecode
 
     run_specdecode(
         args.target,
@@ -452,28 +452,28 @@ def _specdecode(args) -> int:
 
 
 def _decode_step(args) -> int:
-    from engine.bench.decode_step import run_decode_step
+    from brisk.engine.bench.decode_step import run_decode_step
 
     run_decode_step(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, as_json=args.json)
     return 0
 
 
 def _prefill_profile(args) -> int:
-    from engine.bench.prefill_profile import run_prefill_profile
+    from brisk.engine.bench.prefill_profile import run_prefill_profile
 
     run_prefill_profile(args.model, args.prompt_tokens, step=args.step, as_json=args.json)
     return 0
 
 
 def _verify(args) -> int:
-    from engine.bench.verify import run_verify
+    from brisk.engine.bench.verify import run_verify
 
     run_verify(args.model, args.rows, context=args.context, runs=args.runs, as_json=args.json)
     return 0
 
 
 def _spec_acceptance(args) -> int:
-    from engine.bench.specdecode import run_acceptance
+    from brisk.engine.bench.specdecode import run_acceptance
 
     run_acceptance(
         args.target, args.draft, contents=args.contents, gen=args.gen, temp=args.temp, seed=args.seed, as_json=args.json
@@ -482,7 +482,7 @@ def _spec_acceptance(args) -> int:
 
 
 def _blas(args) -> int:
-    from engine.bench.blas import run_blas
+    from brisk.engine.bench.blas import run_blas
 
     run_blas(runs=args.runs, as_json=args.json)
     return 0

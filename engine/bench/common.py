@@ -26,7 +26,7 @@ def filler_text(tokenizer, n_tokens: int) -> str:
 def attention_shape(config: dict) -> dict:
     """kv_heads and head_dim of a model the bench was told to run (refuses one without
     attention heads in its config, which a KV bench cannot measure)."""
-    from engine.kvcache import kv_shape
+    from brisk.engine.kv.packed_cache import kv_shape
 
     shape = kv_shape(config)
     if shape is None:
@@ -61,7 +61,7 @@ def interleave(runs: int, variants: dict[str, Callable[[], dict]]) -> dict[str, 
 
 def with_blas_verify(run: Callable[[], dict], *models) -> Callable[[], dict]:
     """The variant `run` with the models' few-row native matmul off: its A/B partner."""
-    from kernels.native_layers import blas_only
+    from brisk.kernels.native_layers import blas_only
 
     def variant() -> dict:
         with blas_only(*models):
@@ -82,7 +82,7 @@ def paired_ratio(a_rows: list[dict], b_rows: list[dict], key: str) -> float:
 
 def print_table(title: str, header: list[str], rows: list[list], payload: dict, as_json: bool) -> None:
     """A benchmark's table, headed by the machine's kernel plan (its CPU and the paths it ran)."""
-    from kernels import plan
+    from brisk.kernels import plan
 
     lines = plan.current().describe()
     if as_json:

@@ -16,9 +16,9 @@ import random
 import re
 from typing import Any
 
-from engine.bench.common import print_table
-from engine.errors import InvalidSettings
-from engine.vocabulary import AccelMode
+from brisk.engine.api.errors import InvalidSettings
+from brisk.engine.api.literal_types import AccelMode
+from brisk.engine.bench.common import print_table
 
 COLOURS = ("red", "blue", "yellow", "white", "black", "grey", "brown", "orange")
 OBJECTS = ("box", "crate", "bag", "barrel", "parcel", "case", "drum", "sack")
@@ -76,10 +76,10 @@ def score_answer(answer: str, cities: list[str]) -> dict:
 def run_counting(
     target_id: str, draft_id: str, entries: int, green: int, seeds: list[int], keep: float, *, as_json: bool
 ) -> dict:
-    from engine.events import TurnFinished
-    from engine.models.loader import load_model
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.models.loader import load_model
 
     target, draft = load_model(target_id), load_model(draft_id)
     modes: dict[str, tuple[AccelMode, float]] = {

@@ -2,7 +2,7 @@
 
 The same chat turn through Session (greedy, no speculation), both variants interleaved
 round by round; decode tok/s and TTFT medians, the paired ratio, and whether the two
-answers were the same tokens (they must be: engine/compiled_decode.py).
+answers were the same tokens (they must be: engine/decode/compiled.py).
 """
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from engine.bench.common import filler_text, interleave, median, paired_ratio, print_table
+from brisk.engine.bench.common import filler_text, interleave, median, paired_ratio, print_table
 
 
 def _turn(lm, text: str, max_tokens: int, *, compiled: bool) -> dict:
-    from engine.compiled_decode import generate_step_only
-    from engine.events import TurnFinished
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.decode.compiled import generate_step_only
 
     settings = ChatSettings(model=lm.id, temperature=0.0, max_tokens=max_tokens, spec_decode="off", lookup=False)
     session = Session(lm, settings)
@@ -35,7 +35,7 @@ def _turn(lm, text: str, max_tokens: int, *, compiled: bool) -> dict:
 
 
 def run_decode_step(model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, as_json: bool) -> dict:
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
     payload: dict = {"model": model_id, "runs": runs, "gen_tokens": gen_tokens, "lengths": []}

@@ -25,16 +25,16 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
-from engine.accel.quality_table import allowed, evidence_from, length_band, model_key, question_kind
-from engine.bench.common import print_table
-from engine.bench.doc_corpus import KINDS, build_document, score
+from brisk.engine.accel.quality_table import allowed, evidence_from, length_band, model_key, question_kind
+from brisk.engine.bench.common import print_table
+from brisk.engine.bench.doc_corpus import KINDS, build_document, score
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _finish(events):
-    from engine.errors import BriskError
-    from engine.events import EngineErrored, TurnFinished
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.api.events import EngineErrored, TurnFinished
 
     for event in events:
         if isinstance(event, TurnFinished):
@@ -45,7 +45,7 @@ def _finish(events):
 
 
 def _settings(target_id: str, draft_id: str | None, method: str, max_tokens: int):
-    from engine.settings import ChatSettings
+    from brisk.engine.api.settings import ChatSettings
 
     kw: dict[str, Any] = {"sparse_prefill": "off", "uniprefill": "off"}
     name, _, value = method.partition(" ")
@@ -87,9 +87,9 @@ def _row(doc, q, method: str, event, *, cold: bool, held_out: bool, tokens: int)
 
 def ask_all(target, draft, doc, methods: list[str], *, held_out: bool, tokens: int, on_row=None, log=print):
     """Every question of `doc` under every method: result rows (each also to `on_row`)."""
-    from engine.accel.speculative.pair import DraftPair
-    from engine.conversation import Message
-    from engine.session import Session
+    from brisk.engine.accel.speculative.pair import DraftPair
+    from brisk.engine.api.conversation import Message
+    from brisk.engine.api.session import Session
 
     rows: list[dict] = []
     dense = Session(target, _settings(target.id, None, "dense", 16))
@@ -252,7 +252,7 @@ def run_doc_qa(
     save: str | None = None,
     as_json: bool,
 ) -> dict:
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     target = load_model(target_id)
     draft = load_model(draft_id) if draft_id else None

@@ -18,7 +18,7 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-from engine.bench.common import attention_shape, interleave, median, print_table
+from brisk.engine.bench.common import attention_shape, interleave, median, print_table
 
 
 def _timed(fn) -> float:
@@ -32,9 +32,9 @@ def _timed(fn) -> float:
 def attention_step_times(n_q: int, n_kv: int, head_dim: int, context: int, *, runs: int, group_size: int) -> dict:
     import mlx.core as mx
 
-    from engine.kvcache import MLX_LM_QUANTIZED_SDPA
-    from kernels.kv_attention import kv_attention
-    from kernels.packed_kv import ChannelPacked, TokenPacked
+    from brisk.engine.kv.packed_cache import MLX_LM_QUANTIZED_SDPA
+    from brisk.kernels.kv_attention import kv_attention
+    from brisk.kernels.packed_kv import ChannelPacked, TokenPacked
 
     bits, scale = 4, head_dim**-0.5
     q = mx.random.normal((1, n_q, 1, head_dim))
@@ -75,8 +75,8 @@ def _filled_cache(lm, context: int, bits: int, group_size: int):
     import mlx.core as mx
     from mlx_lm.models.cache import trim_prompt_cache
 
-    from engine.half_kv import DENSE_CACHES, make_layers
-    from engine.kvcache import maybe_quantize_kv_cache
+    from brisk.engine.kv.half import DENSE_CACHES, make_layers
+    from brisk.engine.kv.packed_cache import maybe_quantize_kv_cache
 
     shape = attention_shape(lm.config)
     cache = make_layers(lm.model)  # the app's cache: unpacked layers store float16
@@ -107,10 +107,10 @@ def decode_tps(lm, cache, steps: int) -> float:
 
 
 def prefill_peak_memory(lm, tokens: int, bits: int, group_size: int) -> dict:
-    from engine.bench.common import filler_text
-    from engine.events import TurnFinished
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.bench.common import filler_text
 
     settings = ChatSettings(model=lm.id, temperature=0.0, max_tokens=1, kv_bits=bits, kv_group_size=group_size)
     for event in Session(lm, settings).send(filler_text(lm.tokenizer, tokens)):
@@ -125,10 +125,10 @@ def run_kv(
 ) -> dict:
     import mlx.core as mx
 
-    from engine.kvcache import check_kv_packable
-    from engine.metrics import kv_bytes_formula, kv_bytes_measured
-    from engine.models.loader import load_model
-    from kernels import native
+    from brisk.engine.api.metrics import kv_bytes_formula, kv_bytes_measured
+    from brisk.engine.kv.packed_cache import check_kv_packable
+    from brisk.engine.models.loader import load_model
+    from brisk.kernels import native
 
     lm = load_model(model_id)
     check_kv_packable(lm.config, v_bits=4, group_size=group_size)

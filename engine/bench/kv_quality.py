@@ -1,7 +1,7 @@
 """`brisk bench kv-quality`: does a packed KV cache change what the model says?
 
 For each prompt length and each packed mode (key bits, value bits, key layout): the
-measurement of engine/kv_fidelity.py (lockstep greedy decoding against the unquantized
+measurement of engine/kv/fidelity.py (lockstep greedy decoding against the unquantized
 cache: top-1 agreement, mean and max KL) over `gen` positions, plus where free-running
 packed greedy output first differs. The unquantized run is shared by the modes. Open-TQ-Metal
 notes models with attention scale 1.0 degrade sooner, so the scale is reported too.
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.bench.common import attention_shape, filler_text, print_table
-from engine.kv_fidelity import PackedMode, compare, reference_run
+from brisk.engine.bench.common import attention_shape, filler_text, print_table
+from brisk.engine.kv.fidelity import PackedMode, compare, reference_run
 
 
 def run_kv_quality(
@@ -26,8 +26,8 @@ def run_kv_quality(
     as_json: bool,
     modes: list[PackedMode] | None = None,
 ) -> dict:
-    from engine.kvcache import check_kv_packable
-    from engine.models.loader import load_model
+    from brisk.engine.kv.packed_cache import check_kv_packable
+    from brisk.engine.models.loader import load_model
 
     modes = modes or [PackedMode(4, 4)]
     lm = load_model(model_id)

@@ -3,7 +3,7 @@
 Same model object (Brisk's native layers in both), same prompt tokens, same prefill chunk
 size, greedy, no speculation; A and B runs interleaved, medians reported. Goal: TTFT within
 3% of 1.0 (Brisk adds no overhead); decode above 1.0 where Brisk's compiled step runs
-(engine/compiled_decode.py), within 3% where it does not.
+(engine/decode/compiled.py), within 3% where it does not.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from engine.bench.common import filler_text, interleave, median, paired_ratio, print_table, token_clock
+from brisk.engine.bench.common import filler_text, interleave, median, paired_ratio, print_table, token_clock
 
 
 def _brisk_run(lm, text: str, max_tokens: int, step: int) -> dict:
-    from engine.events import TurnFinished
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
 
     # no speculation: lookup decoding would quote the prompt and measure itself, not the path
     settings = ChatSettings(
@@ -52,9 +52,9 @@ def _mlx_lm_run(lm, tokens: list[int], max_tokens: int, step: int) -> dict:
 def run_overhead(
     model_id: str, prompt_tokens: list[int], *, runs: int, gen_tokens: int, step: int, as_json: bool
 ) -> dict:
-    from engine.conversation import Message
-    from engine.models.loader import load_model
-    from engine.prompt import encode_messages
+    from brisk.engine.api.conversation import Message
+    from brisk.engine.models.loader import load_model
+    from brisk.engine.turn.prompt import encode_messages
 
     lm = load_model(model_id)
     rows = []
@@ -116,7 +116,7 @@ def run_overhead(
 
 
 def _time_split(lm, n: int, step: int, entry: dict) -> dict | None:
-    from engine.bench.profile import profile_time
+    from brisk.engine.bench.profile import profile_time
 
     parts = profile_time(lm, n, step)
     if parts is None:

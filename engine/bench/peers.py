@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from engine.bench.common import filler_text, median, print_table, token_clock
-from engine.python_argv import module_argv
+from brisk.engine.bench.common import filler_text, median, print_table, token_clock
+from brisk.engine.runtime.python_argv import module_argv
 
 ENGINES = ("brisk", "mlx_lm", "llama_cpp")
 
@@ -30,10 +30,10 @@ def _rss_bytes() -> int:
 
 
 def _brisk(model_id: str, texts: list[str], gen: int) -> list[dict]:
-    from engine.events import TurnFinished
-    from engine.models.loader import load_model
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
     rows = []
@@ -123,7 +123,7 @@ def _have_llama_cpp() -> bool:
 
 
 def _source_gguf(store, model_id: str) -> Path | None:
-    from engine.models.bundled import BUNDLED
+    from brisk.engine.models.bundled import BUNDLED
 
     for folder in (store.cache_dir / "bundled", store.cache_dir):
         candidate = folder / f"{BUNDLED[model_id].id}.gguf" if model_id in BUNDLED else None
@@ -143,8 +143,8 @@ def run_peers(
     as_json: bool,
     engines: tuple[str, ...] = ENGINES,
 ) -> dict:
-    from engine.models.loader import load_model
-    from engine.models.store import ModelStore
+    from brisk.engine.models.loader import load_model
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     lm = load_model(model_id, store=store)
@@ -166,7 +166,7 @@ def run_peers(
     for _ in range(runs):
         for name, target in targets.items():
             done = subprocess.run(
-                module_argv("engine.bench.peers", name, target, str(gen_tokens), str(threads)),
+                module_argv("brisk.engine.bench.peers", name, target, str(gen_tokens), str(threads)),
                 input=json.dumps(texts),
                 capture_output=True,
                 text=True,

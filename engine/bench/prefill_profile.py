@@ -1,7 +1,7 @@
 """`brisk bench prefill-profile`: where one real prefill's time goes, part by part.
 
 Unlike engine/bench/profile.py (each piece of a layer timed alone on random inputs), this
-runs the engine's own chunked prefill (engine/prefill.py) of N tokens on the loaded model,
+runs the engine's own chunked prefill (engine/turn/dense_prefill.py) of N tokens on the loaded model,
 native kernels and all, with every part of every decoder layer wrapped in a timer that
 evaluates the part's output: embedding, norms, the q/k/v/o projections, attention itself
 (RoPE, the cache write and the attention kernel: the attention block less its projections),
@@ -89,8 +89,8 @@ def _restore(undo: list) -> None:
 def _prefill_seconds(lm, tokens: list[int], step: int) -> float:
     import mlx.core as mx
 
-    from engine.half_kv import make_layers
-    from engine.prefill import prefill_chunks
+    from brisk.engine.kv.half import make_layers
+    from brisk.engine.turn.dense_prefill import prefill_chunks
 
     cache = make_layers(lm.model)
     started = time.perf_counter()
@@ -125,8 +125,8 @@ def profile_prefill(lm, tokens: list[int], step: int) -> dict[str, Any]:
 
 
 def run_prefill_profile(model_id: str, prompt_tokens: list[int], *, step: int, as_json: bool) -> dict:
-    from engine.bench.common import filler_text, print_table
-    from engine.models.loader import load_model
+    from brisk.engine.bench.common import filler_text, print_table
+    from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
     _prefill_seconds(lm, lm.tokenizer.encode(filler_text(lm.tokenizer, 64)), step)  # warm-up: kernels, pools

@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Any
 
-from engine.bench.common import interleave, paired_ratio, print_table
-from engine.conversation import Message
-from engine.events import TurnFinished
-from engine.session import Session
-from engine.settings import ChatSettings
+from brisk.engine.api.conversation import Message
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.bench.common import interleave, paired_ratio, print_table
 
 PROMPT = "Request {i}: in two sentences, why do rivers meander across flat plains?"
 
@@ -75,11 +75,11 @@ def _summary(rows: list[dict]) -> dict:
 def run_serve_bench(model_id: str, *, clients: list[int], requests: int, gen_tokens: int, as_json: bool) -> dict:
     import openai
 
-    from engine.models.loader import load_model
-    from engine.serve.app import Server
-    from engine.serve.local import LocalServer
-    from engine.serve.scheduler import EngineQueue
-    from engine.worker import EngineWorker
+    from brisk.engine.host.serve.app import Server
+    from brisk.engine.host.serve.local import LocalServer
+    from brisk.engine.host.serve.scheduler import EngineQueue
+    from brisk.engine.host.worker import EngineWorker
+    from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
     settings = ChatSettings(model=model_id, max_tokens=gen_tokens, temperature=0.0).validate()

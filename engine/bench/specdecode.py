@@ -23,9 +23,9 @@ import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
-from engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
-from engine.mx_values import item_float, item_int
-from engine.vocabulary import AccelMode, SpecRule
+from brisk.engine.api.literal_types import AccelMode, SpecRule
+from brisk.engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
+from brisk.engine.runtime.mx_values import item_float, item_int
 
 FREE = {
     "structured": "Write a JSON array with one object per month of the year, each with the fields "
@@ -55,10 +55,10 @@ def conversation(kind: str, target, gen: int) -> list:
     import colorsys
     import inspect
 
-    from engine.documents import Document
-    from engine.events import TurnFinished
-    from engine.session import Message, Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Message, Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.turn.documents import Document
 
     if kind in FREE:
         return [Message("user", FREE[kind])]
@@ -109,9 +109,9 @@ def _brisk(
     lookup: bool = False,
     costs=None,
 ) -> dict:
-    from engine.events import EngineErrored, TurnFinished
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import EngineErrored, TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
 
     settings = ChatSettings(
         model=target.id,
@@ -150,8 +150,8 @@ def _mlx_lm(target, draft, messages: list, *, k: int, gen: int) -> dict:
     import mlx.core as mx
     from mlx_lm.generate import speculative_generate_step
 
-    from engine.half_kv import make_layers
-    from engine.prompt import encode_messages
+    from brisk.engine.kv.half import make_layers
+    from brisk.engine.turn.prompt import encode_messages
 
     tokens = encode_messages(target, messages)
     caches = make_layers(target.model), make_layers(draft.model)
@@ -202,8 +202,8 @@ def run_specdecode(
     blas_ks: Sequence[int] = (),
     cold_costs: bool = False,
 ) -> dict:
-    from engine.accel.speculative.controller import PairCosts
-    from engine.models.loader import load_model
+    from brisk.engine.accel.speculative.controller import PairCosts
+    from brisk.engine.models.loader import load_model
 
     target = load_model(target_id)
     draft = load_model(draft_id) if draft_id else None
@@ -221,7 +221,7 @@ def run_specdecode(
     # One PairCosts for every run, as the app's engine keeps one for all its chats (and
     # across restarts): later runs start from the costs earlier ones measured.
     shared = PairCosts()
-    from engine.session import Message
+    from brisk.engine.api.session import Message
 
     _brisk(
         target, draft, [Message("user", "Hi")], mode="on", k=2, rule="rejection", gen=4, temp=temp, seed=0, lookup=True
@@ -334,12 +334,12 @@ def run_acceptance(
     distributions under the same sampling settings. No sampling noise between the rules."""
     import mlx.core as mx
 
-    from engine.half_kv import make_layers
-    from engine.models.loader import load_model
-    from engine.prompt import encode_messages
-    from engine.sampling import TokenDistribution, sample
-    from engine.session import Message
-    from engine.settings import ChatSettings
+    from brisk.engine.api.session import Message
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.decode.sampling import TokenDistribution, sample
+    from brisk.engine.kv.half import make_layers
+    from brisk.engine.models.loader import load_model
+    from brisk.engine.turn.prompt import encode_messages
 
     target, draft = load_model(target_id), load_model(draft_id)
     if target.info.tokenizer_fingerprint != draft.info.tokenizer_fingerprint:

@@ -14,17 +14,17 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable
 
-from engine.bench.common import filler_text, interleave, median, print_table
-from engine.mx_values import item_float
-from engine.vocabulary import AccelMode
+from brisk.engine.api.literal_types import AccelMode
+from brisk.engine.bench.common import filler_text, interleave, median, print_table
+from brisk.engine.runtime.mx_values import item_float
 
 QUESTION = "\n\nIn one sentence, what did the committee discuss?"
 
 
 def _ttft(target, draft, text: str, *, mode: AccelMode, keep: float) -> dict:
-    from engine.events import TurnFinished
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
 
     settings = ChatSettings(
         model=target.id,
@@ -51,7 +51,7 @@ def _ttft(target, draft, text: str, *, mode: AccelMode, keep: float) -> dict:
 def run_specprefill(
     target_id: str, draft_id: str, lengths: list[int], keeps: list[float], *, runs: int, as_json: bool
 ) -> dict:
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     target, draft = load_model(target_id), load_model(draft_id)
     payload: dict[str, Any] = {"target": target_id, "draft": draft_id, "runs": runs, "rows": []}
@@ -112,10 +112,10 @@ def run_needle(
     k_bits: int = 16,
     v_bits: int = 16,
 ) -> dict:
-    from engine.events import TurnFinished
-    from engine.models.loader import load_model
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.models.loader import load_model
 
     target, draft = load_model(target_id), load_model(draft_id)
     filler = filler_text(target.tokenizer, tokens)
@@ -180,7 +180,7 @@ def _continuation_nll(model, cache, last: int, continuation: list[int], shift: i
     """Mean negative log-likelihood of `continuation` after the cached context."""
     import mlx.core as mx
 
-    from engine.accel.positions import position_shift
+    from brisk.engine.accel.positions import position_shift
 
     with position_shift(model, shift):
         logits = model(mx.array([last] + continuation[:-1])[None], cache=cache)[0]  # (C, V)
@@ -197,10 +197,10 @@ def run_perplexity(
     import math
     from pathlib import Path
 
-    from engine.accel.specprefill.scoring import DraftScorer, select_chunks, sparse_prefill
-    from engine.half_kv import make_layers
-    from engine.models.loader import load_model
-    from engine.prefill import prefill_chunks
+    from brisk.engine.accel.specprefill.scoring import DraftScorer, select_chunks, sparse_prefill
+    from brisk.engine.kv.half import make_layers
+    from brisk.engine.models.loader import load_model
+    from brisk.engine.turn.dense_prefill import prefill_chunks
 
     target, draft = load_model(target_id), load_model(draft_id)
     ids = target.tokenizer.encode(Path(text_file).read_text(encoding="utf-8"))

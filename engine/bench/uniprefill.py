@@ -16,22 +16,22 @@ import math
 from functools import partial
 from typing import Any, Callable
 
-from engine.bench.common import filler_text, interleave, median, print_table
-from engine.bench.specprefill import ASK, NEEDLE, QUESTION
-from engine.mx_values import item_float
+from brisk.engine.bench.common import filler_text, interleave, median, print_table
+from brisk.engine.bench.specprefill import ASK, NEEDLE, QUESTION
+from brisk.engine.runtime.mx_values import item_float
 
 
 def _settings(model_id: str, p: float | None, **kw):
-    from engine.settings import ChatSettings
+    from brisk.engine.api.settings import ChatSettings
 
     uni = {"uniprefill": "on", "uniprefill_p": p} if p is not None else {"uniprefill": "off"}
     return ChatSettings(model=model_id, temperature=0.0, spec_decode="off", **uni, **kw)
 
 
 def _answer(lm, text: str, p: float | None, max_tokens: int, drop_layers=None):
-    from engine.errors import BriskError
-    from engine.events import EngineErrored, TurnFinished
-    from engine.session import Session
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.api.events import EngineErrored, TurnFinished
+    from brisk.engine.api.session import Session
 
     settings = _settings(lm.id, p, max_tokens=max_tokens, drop_layers=drop_layers)
     for event in Session(lm, settings).send(text):
@@ -77,7 +77,7 @@ def run_uniprefill(
     text_file: str | None = None,
     as_json: bool,
 ) -> dict:
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
     payload: dict[str, Any] = {"model": model_id, "runs": runs, "text": text_file or "filler", "rows": []}
@@ -144,9 +144,9 @@ def run_uniprefill(
 def _continuation_ppl(lm, context: list[int], continuation: list[int], p: float | None, drop_layers) -> float:
     import mlx.core as mx
 
-    from engine.accel.uniprefill.prefill import UniPrefill
-    from engine.cache import PromptCache
-    from engine.prefill import prefill_chunks
+    from brisk.engine.accel.uniprefill.prefill import UniPrefill
+    from brisk.engine.kv import PromptCache
+    from brisk.engine.turn.dense_prefill import prefill_chunks
 
     cache = PromptCache(lm.model)
     cache.reuse(context)
@@ -179,8 +179,8 @@ def run_uniprefill_quality(
 ) -> dict:
     from pathlib import Path
 
-    from engine.bench.counting import counting_document, score_answer
-    from engine.models.loader import load_model
+    from brisk.engine.bench.counting import counting_document, score_answer
+    from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
     payload: dict[str, Any] = {"model": model_id, "p": p, "needle": [], "counting": [], "ppl": []}

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from engine.errors import BriskError
+from brisk.engine.api.errors import BriskError
 
 # Effective numbers for one small message and for bulk transfer over TCP on each link.
 # Latency is per collective step (a 2-rank ring all_sum is one exchange each way); these are
@@ -46,15 +46,15 @@ def add_distributed_bench(bench) -> None:
 
 
 def _brisk_run(model: str, prompt_file: str, gen: int, ranks: int) -> dict:
-    from engine.distributed.lockstep import PROBE_ENV
-    from engine.python_argv import module_argv
+    from brisk.engine.distributed.lockstep import PROBE_ENV
+    from brisk.engine.runtime.python_argv import module_argv
 
     argv = ["run", "--model", model, "--prompt-file", prompt_file, "--temp", "0", "--json"]
     argv += ["--max-tokens", str(gen), "--spec-decode", "off", "--no-lookup"]
     if ranks > 1:
         argv += ["--ranks", str(ranks)]
     env = dict(os.environ, **{PROBE_ENV: "1"})
-    out = subprocess.run(module_argv("engine.cli", *argv), capture_output=True, text=True, env=env)
+    out = subprocess.run(module_argv("brisk.engine.host.cli", *argv), capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise BriskError(f"brisk run with {ranks} rank(s) failed: {out.stderr.strip().splitlines()[-1:]}")
     return json.loads(out.stdout)

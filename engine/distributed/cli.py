@@ -1,4 +1,4 @@
-"""The command line's hooks for distributed runs (engine/cli.py calls these)."""
+"""The command line's hooks for distributed runs (engine/host/cli.py calls these)."""
 
 from __future__ import annotations
 
@@ -28,15 +28,15 @@ def add_rank_args(p: argparse.ArgumentParser) -> None:
 
 def wants_ranks(args) -> bool:
     """True in the launching brisk of a distributed run (never inside a rank)."""
-    from engine.distributed.group import current
+    from brisk.engine.distributed.group import current
 
     return current() is None and (bool(getattr(args, "hostfile", None)) or getattr(args, "ranks", 1) != 1)
 
 
 def launch(args, argv: list[str]) -> int:
-    from engine.distributed.hostfile import loopback, read_hostfile
-    from engine.distributed.launch import run_on_ranks
-    from engine.errors import BriskError
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.distributed.hostfile import loopback, read_hostfile
+    from brisk.engine.distributed.launch import run_on_ranks
 
     if args.hostfile and args.ranks != 1:
         raise BriskError("Give --ranks (local ranks) or --hostfile (hosts), not both")
@@ -58,10 +58,10 @@ def launch(args, argv: list[str]) -> int:
 def check_model_splits(model_id: str, size: int) -> None:
     """Refuse, before any rank starts, an installed model whose architecture or shapes
     cannot be split `size` ways (a model not installed yet is left to the ranks)."""
-    from engine.distributed.shard import check_shardable
-    from engine.errors import UnsupportedModel
-    from engine.models.folder import mlx_model_class, read_config
-    from engine.models.store import ModelStore
+    from brisk.engine.api.errors import UnsupportedModel
+    from brisk.engine.distributed.shard import check_shardable
+    from brisk.engine.models.folder import mlx_model_class, read_config
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     if not store.has(model_id):
@@ -77,9 +77,9 @@ def check_model_splits(model_id: str, size: int) -> None:
 def pair_costs():
     """The speculative decoder's stored costs, or none on a rank (machines differ: each
     rank would choose differently)."""
-    from engine.accel.speculative.controller import PairCosts
-    from engine.accel.speculative.costs_file import StoredPairCosts
-    from engine.distributed.group import current
+    from brisk.engine.accel.speculative.controller import PairCosts
+    from brisk.engine.accel.speculative.costs_file import StoredPairCosts
+    from brisk.engine.distributed.group import current
 
     return PairCosts() if current() is not None else StoredPairCosts()
 
@@ -87,15 +87,15 @@ def pair_costs():
 def rank_metrics(session) -> dict:
     """On a rank: every rank's weight and KV bytes (a collective: every rank calls it at
     the same point). Elsewhere: nothing."""
-    from engine.distributed.group import current
+    from brisk.engine.distributed.group import current
 
     rank = current()
     if rank is None:
         return {}
     import os
 
-    from engine.distributed.lockstep import PROBE_ENV, gather_rank_metrics, probe_collectives
-    from engine.metrics import kv_bytes_measured
+    from brisk.engine.api.metrics import kv_bytes_measured
+    from brisk.engine.distributed.lockstep import PROBE_ENV, gather_rank_metrics, probe_collectives
 
     kv = kv_bytes_measured(session.cache.layers) if session.cache.layers is not None else 0
     out: dict = {"parallel": "tensor", "ranks": gather_rank_metrics(rank, kv)}

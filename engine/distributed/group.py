@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine.distributed.shard import ShardReport
+from brisk.engine.distributed.shard import ShardReport
 
 # Lines that start with this go to the launching brisk, not to the user.
 MARKER = "@brisk-rank"

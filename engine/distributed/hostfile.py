@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import BriskError
+from brisk.engine.api.errors import BriskError
 
 LOCAL = "127.0.0.1"  # the one host name mlx.launch starts without ssh
 SSH_PORT = 22

@@ -28,10 +28,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.distributed.group import HOSTS_ENV, MARKER
-from engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
-from engine.distributed.lockstep import PROBE_ENV
-from engine.errors import BriskError
+from brisk.engine.api.errors import BriskError
+from brisk.engine.distributed.group import HOSTS_ENV, MARKER
+from brisk.engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
+from brisk.engine.distributed.lockstep import PROBE_ENV
 
 JOIN_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 30.0
@@ -230,9 +230,9 @@ def run_on_ranks(
     with tempfile.TemporaryDirectory(prefix="brisk-ranks-") as tmp:
         hostfile_path = Path(tmp) / "hosts.json"
         hostfile_path.write_text(to_launch_json(hosts))
-        from engine.python_argv import module_argv
+        from brisk.engine.runtime.python_argv import module_argv
 
-        # brisk re-executes itself with malloc tunables (engine/cli.py); the ranks get the same
+        # brisk re-executes itself with malloc tunables (engine/host/cli.py); the ranks get the same
         forwarded = ("GLIBC_TUNABLES", PROBE_ENV, "BRISK_KERNELS", "BRISK_ISA", "BRISK_KERNEL_THREADS")
         tunables = [f"{name}={os.environ[name]}" for name in forwarded if name in os.environ]
 
@@ -248,7 +248,7 @@ def run_on_ranks(
             f"{HOSTS_ENV}={','.join(h.ssh for h in hosts)}",
             *[arg for env in tunables for arg in ("--env", env)],
             "--",
-            *module_argv("engine.distributed.rank", *rank_argv(argv)),
+            *module_argv("brisk.engine.distributed.rank", *rank_argv(argv)),
         ]
         watch = RankWatch(hosts, hold_errors=hold_errors)
         # stdin is a pipe held open and never written: mlx.launch polls it for the ranks

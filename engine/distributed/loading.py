@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from engine.distributed.group import Rank
-from engine.distributed.shard import shard_model, weight_bytes
+from brisk.engine.distributed.group import Rank
+from brisk.engine.distributed.shard import shard_model, weight_bytes
 
 
 def shard_loaded(model, config: dict, rank: Rank) -> None:

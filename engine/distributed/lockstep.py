@@ -22,8 +22,8 @@ from types import SimpleNamespace
 
 import mlx.core as mx
 
-from engine.distributed.group import Rank
-from engine.mx_values import float_list, int_list
+from brisk.engine.distributed.group import Rank
+from brisk.engine.runtime.mx_values import float_list, int_list
 
 
 class AgreedClock:
@@ -44,7 +44,7 @@ class AgreedClock:
 
 def pin_speculation_clock(rank: Rank) -> None:
     """The speculative decoder reads rank 0's clock (its module's `time`, nothing else)."""
-    from engine.accel.speculative import decoder
+    from brisk.engine.accel.speculative import decoder
 
     clock = AgreedClock(rank)
     decoder.time = SimpleNamespace(perf_counter=clock.perf_counter)  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""One rank of `brisk run --ranks N` / `--hostfile`: `python -m engine.distributed.rank
+"""One rank of `brisk run --ranks N` / `--hostfile`: `python -m brisk.engine.distributed.rank
 <brisk arguments>`, started by `mlx.launch` on every host.
 
 It joins MLX's ring, then runs the very `brisk` command the user typed (without --ranks):
@@ -35,15 +35,15 @@ class PrefixedLines(io.TextIOBase):
 
 
 def main(argv: list[str]) -> int:
-    from engine.distributed.group import join, tell
-    from engine.distributed.lockstep import pin_speculation_clock
+    from brisk.engine.distributed.group import join, tell
+    from brisk.engine.distributed.lockstep import pin_speculation_clock
 
     rank = join()
     if rank.rank != 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (for the process's life)
         sys.stderr = PrefixedLines(sys.__stderr__, f"[rank {rank.rank} on {rank.host}] ")
     pin_speculation_clock(rank)
-    from engine.cli import main as brisk_main
+    from brisk.engine.host.cli import main as brisk_main
 
     code = brisk_main(argv)
     sys.stdout.flush()

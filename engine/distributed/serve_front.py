@@ -1,6 +1,6 @@
 """`brisk serve --ranks N` / `--hostfile hosts.json`: the public server in front of the ranks.
 
-Rank 0 runs Brisk's ordinary server (engine/serve/) on a loopback port of this machine and
+Rank 0 runs Brisk's ordinary server (engine/host/serve/) on a loopback port of this machine and
 leads the other ranks (serve_lockstep.py). This process holds the public port and forwards
 each request to rank 0 unchanged, so the API and its security are the server's own: the
 guard (Host, Origin, Content-Type) and the API key are checked here and again by rank 0.
@@ -29,11 +29,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.distributed.serve_group import RankGroup
-from engine.errors import BriskError
-from engine.serve.app import READING_BUDGET
-from engine.serve.guard import make_middleware
-from engine.serve.requests import ApiError
+from brisk.engine.api.errors import BriskError
+from brisk.engine.distributed.serve_group import RankGroup
+from brisk.engine.host.serve.app import READING_BUDGET
+from brisk.engine.host.serve.guard import make_middleware
+from brisk.engine.host.serve.requests import ApiError
 
 # Headers a proxy must not pass on (RFC 9110 7.6.1), and CORS headers this server sets itself.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
@@ -268,9 +268,9 @@ def check_rank0_is_here(hosts) -> None:
 def serve_on_ranks(args) -> int:
     import uvicorn
 
-    from engine.distributed.cli import check_model_splits
-    from engine.distributed.hostfile import check_reachable, loopback, read_hostfile
-    from engine.serve.connections import make_config
+    from brisk.engine.distributed.cli import check_model_splits
+    from brisk.engine.distributed.hostfile import check_reachable, loopback, read_hostfile
+    from brisk.engine.host.serve.connections import make_config
 
     if args.hostfile and args.ranks != 1:
         raise BriskError("Give --ranks (local ranks) or --hostfile (hosts), not both")

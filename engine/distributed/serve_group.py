@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Callable
 
-from engine.distributed.launch import RankFailed, free_port_run, run_on_ranks
-from engine.errors import BriskError
+from brisk.engine.api.errors import BriskError
+from brisk.engine.distributed.launch import RankFailed, free_port_run, run_on_ranks
 
 log = logging.getLogger(__name__)
 REGROUP_DELAY_S = (1.0, 5.0, 30.0)  # waits before each relaunch after a failure (the last repeats)

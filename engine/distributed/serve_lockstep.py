@@ -1,6 +1,6 @@
 """`brisk serve` on ranks: rank 0 serves HTTP and leads, the other ranks follow each command.
 
-Rank 0 runs the ordinary server (engine/serve/): its queue decides which conversation a
+Rank 0 runs the ordinary server (engine/host/serve/): its queue decides which conversation a
 request continues and which prompt caches to forget. Every worker command that changes a
 session (an answer, a forgotten conversation) is first handed to the other ranks through
 MLX's own collectives (a length, then the bytes, each an all_sum to which only rank 0
@@ -28,13 +28,13 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
-from engine.conversation import CancelToken, Message
-from engine.distributed.group import Rank
-from engine.distributed.lockstep import gather_rank_metrics
-from engine.events import EngineErrored, TurnFinished
-from engine.mx_values import int_list
-from engine.settings import ChatSettings
-from engine.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
+from brisk.engine.api.conversation import CancelToken, Message
+from brisk.engine.api.events import EngineErrored, TurnFinished
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.distributed.group import Rank
+from brisk.engine.distributed.lockstep import gather_rank_metrics
+from brisk.engine.host.worker import Answer, ConversationEvent, EngineWorker, ForgetConversation
+from brisk.engine.runtime.mx_values import int_list
 
 KV_AUTO_REFUSED = "brisk.kv_bits 'auto' is not available on ranks yet: give 16, 8 or 4"
 STOP = {"stop": True}  # rank 0's server is closing: the followers return
@@ -115,8 +115,8 @@ def hosts_missing_models(rank: Rank, command: Answer) -> list[str]:
     """The hosts that lack the answer's model or draft (one all_gather, on every rank). A rank
     that failed alone would wait for the next command while the others wait in the forward's
     collectives: no one would ever finish."""
-    from engine.models.bundled import BUNDLED
-    from engine.models.store import ModelStore
+    from brisk.engine.models.bundled import BUNDLED
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     wanted = [m for m in (command.settings.model, command.settings.draft) if m]
@@ -169,7 +169,7 @@ def stop_followers(rank: Rank) -> None:
 
 
 def rank_worker() -> EngineWorker:
-    from engine.accel.speculative.controller import PairCosts
+    from brisk.engine.accel.speculative.controller import PairCosts
 
     return EngineWorker(pair_costs=PairCosts())  # ranks start from no stored costs (lockstep.py)
 

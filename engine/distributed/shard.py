@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx.nn.layers import distributed as mxd
 from mlx.utils import tree_flatten, tree_map
 
-from engine.errors import BriskError
+from brisk.engine.api.errors import BriskError
 
 
 class ShardingRefused(BriskError):

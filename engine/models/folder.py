@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from math import prod
 from pathlib import Path
 
-from engine.errors import BrokenModelFolder, UnsupportedModel
+from brisk.engine.api.errors import BrokenModelFolder, UnsupportedModel
 
 # Keys under which configs state their context window, most specific first.
 CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_ctx", "context_length")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from engine.errors import GGUFImportError
+from brisk.engine.api.errors import GGUFImportError
 
 
 class ArchSpec(Protocol):

@@ -24,11 +24,11 @@ from typing import Callable
 
 import numpy as np
 
-from engine.errors import BriskError, BrokenModelFolder, GGUFImportError
-from engine.models import gguf_quant
-from engine.models.folder import check_config_values
-from engine.models.gguf_check import MAX_VOCAB, check_gguf_structure, check_tensors
-from engine.models.gguf_quant import Report
+from brisk.engine.api.errors import BriskError, BrokenModelFolder, GGUFImportError
+from brisk.engine.models import gguf_quant
+from brisk.engine.models.folder import check_config_values
+from brisk.engine.models.gguf_check import MAX_VOCAB, check_gguf_structure, check_tensors
+from brisk.engine.models.gguf_quant import Report
 
 log = logging.getLogger(__name__)
 
@@ -378,7 +378,7 @@ SAMPLE_CHAT = [
 
 @dataclass(frozen=True)
 class _TemplateOnly:
-    """What engine/chat_template.py reads of a tokenizer, before the tokenizer exists."""
+    """What engine/turn/chat_template.py reads of a tokenizer, before the tokenizer exists."""
 
     template: str
     special_tokens_map: dict[str, str]
@@ -389,10 +389,10 @@ class _TemplateOnly:
 
 def check_chat_template(template: str, *, bos: str | None, eos: str | None, name: str) -> None:
     """GGUFImportError unless the GGUF's chat template renders SAMPLE_CHAT as a chat will
-    (engine/chat_template.py's bounded sandbox and time budget): a template that cannot
+    (engine/turn/chat_template.py's bounded sandbox and time budget): a template that cannot
     (a range beyond the sandbox's limit, `9**9999999`, an error it raises) would install a
     model that fails at its first message."""
-    from engine.chat_template import render_chat
+    from brisk.engine.turn.chat_template import render_chat
 
     specials = {key: value for key, value in (("bos_token", bos), ("eos_token", eos)) if value is not None}
     try:
@@ -444,7 +444,7 @@ def import_gguf(
     try:
         return _write_model(reader, meta, arch, spec, config, Path(path), dest, progress, keep_quantized)
     except OSError as exc:  # a full disk above all: one line, and the caller's staging is removed
-        from engine.models.download import disk_error
+        from brisk.engine.models.download import disk_error
 
         raise GGUFImportError(str(disk_error(exc, f"writing the model into {dest}"))) from exc
 

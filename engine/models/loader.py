@@ -8,9 +8,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from engine.errors import BrokenModelFolder
-from engine.models.folder import FolderInfo, inspect_folder, read_config
-from engine.models.store import ModelStore
+from brisk.engine.api.errors import BrokenModelFolder
+from brisk.engine.models.folder import FolderInfo, inspect_folder, read_config
+from brisk.engine.models.store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class LoadedModel:
 def compute_dtype_name() -> str:
     """The kernel plan's: float32 where the CPU kernels run (half-precision matmuls are ~40x
     slower on MLX's CPU: shared/CPU.md), the stored dtype on a GPU (kernels/plan.py)."""
-    from kernels import plan
+    from brisk.kernels import plan
 
     return plan.current().compute_dtype
 
@@ -55,12 +55,12 @@ def to_float32(model) -> None:
 def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     from mlx_lm.utils import load
 
-    from engine.mlx_hooks import check_hooks
-    from kernels import plan
-    from kernels.activation import use_native_activation
-    from kernels.fused_attention import use_fused_attention
-    from kernels.native_layers import use_native_layers
-    from kernels.tiled_matmul import use_tiled_layers
+    from brisk.engine.runtime.mlx_hooks import check_hooks
+    from brisk.kernels import plan
+    from brisk.kernels.activation import use_native_activation
+    from brisk.kernels.fused_attention import use_fused_attention
+    from brisk.kernels.native_layers import use_native_layers
+    from brisk.kernels.tiled_matmul import use_tiled_layers
 
     check_hooks()  # an mlx-lm that moved a hook is named here, not as a wrong answer later
     rank = distributed_rank()  # a rank of `brisk run --ranks N` reads only its shard of the weights
@@ -76,14 +76,14 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
     except Exception as exc:  # anything mlx-lm or transformers raise here is about this folder
         raise BrokenModelFolder(f"{path.name} cannot be loaded by mlx-lm: {exc}") from exc
     if rank is not None:
-        from engine.distributed.loading import shard_loaded
+        from brisk.engine.distributed.loading import shard_loaded
 
         shard_loaded(model, config, rank)  # before the native kernels: they keep to unsplit layers
     dtype = compute_dtype_name()
     if dtype == "float32":
         to_float32(model)
     # float attention (packed KV caches keep their kernel); MLX's own where the plan has no
-    # kernel, through the function the compiled decode step needs (engine/compiled_decode.py)
+    # kernel, through the function the compiled decode step needs (engine/decode/compiled.py)
     fused = use_fused_attention(model)
     if plan.current().native:
         swapped = use_native_layers(model)  # quantized layers and few-row float products
@@ -100,7 +100,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
         )
         _warn_without_primitives()
     if rank is not None:
-        from engine.distributed.loading import note_resident
+        from brisk.engine.distributed.loading import note_resident
 
         note_resident(model, rank)
     if not tokenizer.eos_token_ids:
@@ -110,7 +110,7 @@ def load_folder(path: Path, *, model_id: str | None = None) -> LoadedModel:
 
 def distributed_rank():
     """This process's rank when it is one of a distributed run's (engine/distributed), else None."""
-    from engine.distributed.group import current
+    from brisk.engine.distributed.group import current
 
     return current()
 
@@ -121,7 +121,7 @@ def _warn_without_primitives() -> None:
     speed (ctypes calls evaluate per layer; attention, RMSNorm and RoPE stay MLX's)."""
     import mlx.core as mx
 
-    from kernels import mlx_extension
+    from brisk.kernels import mlx_extension
 
     reason = mlx_extension.unavailable_reason()
     if reason is not None and not reason.startswith("turned off") and mx.default_device() == mx.cpu:

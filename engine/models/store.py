@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Iterator
 
-from engine.errors import BriskError, BrokenModelFolder, ModelNotFound
-from engine.models.folder import FolderInfo, inspect_folder
+from brisk.engine.api.errors import BriskError, BrokenModelFolder, ModelNotFound
+from brisk.engine.models.folder import FolderInfo, inspect_folder
 
 CATALOG_FILE = "brisk.json"
 MODEL_ID_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]{0,79}")

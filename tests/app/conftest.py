@@ -87,9 +87,9 @@ def db_path(tmp_path):
 
 @pytest.fixture
 def make_window(qtbot, engine, db_path):
-    from app.store import Store
-    from app.window import MainWindow
-    from engine.settings import ChatSettings
+    from brisk.app.store import Store
+    from brisk.app.window import MainWindow
+    from brisk.engine.api.settings import ChatSettings
 
     made = []
 
@@ -118,7 +118,7 @@ def make_window(qtbot, engine, db_path):
 @pytest.fixture(autouse=True)
 def fresh_preferences():
     """Each test starts with no saved theme or measured draft costs (app/preferences.py)."""
-    from engine.models.store import brisk_home
+    from brisk.engine.models.store import brisk_home
 
     (brisk_home() / "app.ini").unlink(missing_ok=True)
     yield

@@ -6,10 +6,10 @@ import sqlite3
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QPlainTextEdit
 
-from app.store import MIGRATIONS, Store
-from app.widgets.chat_view import DocumentChip
-from engine.documents import Document, Fit
-from engine.worker import Answer, DocumentChecked
+from brisk.app.store import MIGRATIONS, Store
+from brisk.app.widgets.chat_view import DocumentChip
+from brisk.engine.host.worker import Answer, DocumentChecked
+from brisk.engine.turn.documents import Document, Fit
 from tests.app.test_window import answer, send
 
 REPORT = "Water use rose 12% in the north.\n\n```\nnot code, just a fence in the text\n```\nThe vote is on 14 March."

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from app.main import build_window
-from engine.models.loader import load_folder
-from engine.worker import EngineWorker
+from brisk.app.main import build_window
+from brisk.engine.host.worker import EngineWorker
+from brisk.engine.models.loader import load_folder
 
 openai = pytest.importorskip("openai", reason="the request is sent with the openai client (the test extra)")
 
@@ -21,11 +21,11 @@ def free_port() -> int:
 
 
 def test_the_menu_toggle_serves_requests_on_the_apps_engine(qtbot, tmp_path, tiny_llama_dir, monkeypatch):
-    import app.api_server
+    import brisk.app.api_server
 
     port = free_port()
-    monkeypatch.setattr(app.api_server, "PORT", port)
-    from engine.models.store import ModelStore
+    monkeypatch.setattr(brisk.app.api_server, "PORT", port)
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     if not store.has("tiny"):  # the server checks a request's model against the store

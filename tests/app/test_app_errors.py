@@ -9,7 +9,7 @@ import sys
 def brisk_app(tmp_path, *args):
     env = dict(os.environ, BRISK_HOME=str(tmp_path / "home"), QT_QPA_PLATFORM="offscreen")
     return subprocess.run(
-        [sys.executable, "-m", "app.main", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "brisk.app.main", *args], env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -23,8 +23,8 @@ def test_a_folder_as_database_is_refused_and_left_alone(tmp_path):
 
 
 def test_a_bug_in_a_slot_is_a_status_line_and_a_log_entry(qtbot, make_window, monkeypatch, tmp_path):
-    from app.main import _report_bug
-    from engine.crash_log import log_path
+    from brisk.app.main import _report_bug
+    from brisk.engine.runtime.crash_log import log_path
 
     monkeypatch.setenv("BRISK_HOME", str(tmp_path))
     w = make_window()

@@ -7,10 +7,10 @@ import sqlite3
 import pytest
 from PySide6.QtCore import Qt
 
-from app.chat_files import MAX_IMPORT_MESSAGES, read_export, write_export
-from app.store import Store, StoreError, StoreUnavailable
-from engine.events import TokenEmitted
-from engine.worker import ConversationEvent
+from brisk.app.chat_files import MAX_IMPORT_MESSAGES, read_export, write_export
+from brisk.app.store import Store, StoreError, StoreUnavailable
+from brisk.engine.api.events import TokenEmitted
+from brisk.engine.host.worker import ConversationEvent
 from tests.app.test_window import answer, send
 
 
@@ -75,7 +75,7 @@ def test_the_window_reports_an_export_it_cannot_write_in_the_status_bar(qtbot, m
 
 def test_a_chat_too_long_to_open_is_refused_at_import(tmp_path):
     store = Store(tmp_path / "brisk.db")
-    from app.chat_files import import_json
+    from brisk.app.chat_files import import_json
 
     messages = [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(MAX_IMPORT_MESSAGES + 1)]
     with pytest.raises(StoreError, match="imports at most"):
@@ -84,7 +84,7 @@ def test_a_chat_too_long_to_open_is_refused_at_import(tmp_path):
 
 
 def test_a_renamed_chats_export_imports_again(tmp_path):
-    from app.chat_files import export_json, import_json
+    from brisk.app.chat_files import export_json, import_json
 
     store = Store(tmp_path / "brisk.db")
     cid = store.create_conversation("New chat", {})
@@ -128,11 +128,11 @@ def test_quitting_mid_answer_keeps_what_was_shown(qtbot, make_window, engine, db
 def test_the_start_refusal_shows_its_path_as_typed(qtbot, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    import app.main
+    import brisk.app.main
 
     shown = []
     monkeypatch.setattr(QMessageBox, "exec", lambda box: shown.append((box.textFormat(), box.text())) or 0)
-    assert app.main._refuse(None, "cannot use /tmp/<img src=x.png>/brisk.db", quiet=False) == 1
+    assert brisk.app.main._refuse(None, "cannot use /tmp/<img src=x.png>/brisk.db", quiet=False) == 1
     assert shown == [(Qt.PlainText, "cannot use /tmp/<img src=x.png>/brisk.db")]
 
 

@@ -5,8 +5,8 @@ Driven through the real composer and settings widgets; the engine is the recordi
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QPushButton
 
-from engine.documents import Document, Fit
-from engine.worker import Answer, CheckDocument, DocumentChecked
+from brisk.engine.host.worker import Answer, CheckDocument, DocumentChecked
+from brisk.engine.turn.documents import Document, Fit
 from tests.app.test_window import send
 
 ALPHA = "alpha.txt holds the private number 4471."

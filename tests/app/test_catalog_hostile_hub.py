@@ -9,7 +9,7 @@ from PySide6 import QtGui
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from engine.model_commands import ModelsChanged, PullModel
+from brisk.engine.host.model_commands import ModelsChanged, PullModel
 from tests.app.test_catalog_manager import rows, search, select
 from tests.hub_server import HubServer
 from tests.tiny_models import make_tiny_model
@@ -84,8 +84,8 @@ def test_enter_held_down_on_a_slow_hub_starts_a_bounded_number_of_searches(qtbot
     press started another thread asking the hub up to 8 things at once."""
     import threading
 
-    from app.model_operations import MAX_SEARCHES
-    from engine.models.catalog import SearchResult
+    from brisk.app.model_operations import MAX_SEARCHES
+    from brisk.engine.models.catalog import SearchResult
 
     answer, asked = threading.Event(), []
 
@@ -94,7 +94,7 @@ def test_enter_held_down_on_a_slow_hub_starts_a_bounded_number_of_searches(qtbot
         answer.wait(10)
         return SearchResult(text, "http://hub", [], [])
 
-    monkeypatch.setattr("engine.models.catalog.search_hub", slow_search)
+    monkeypatch.setattr("brisk.engine.models.catalog.search_hub", slow_search)
     manager = make_window().show_models()
     for press in range(20):
         manager.search_box.setText(f"model {press}")
@@ -122,7 +122,7 @@ def test_fits_this_machine_shows_without_scrolling_sideways(qtbot, make_window, 
 
 
 def table_columns():
-    from app.widgets.model_manager import CATALOG_COLUMNS
+    from brisk.app.widgets.model_manager import CATALOG_COLUMNS
 
     return len(CATALOG_COLUMNS)
 
@@ -146,7 +146,7 @@ def test_the_results_title_says_why_entries_were_left_out(qtbot, make_window, hu
 def test_another_orgs_model_of_the_same_name_is_not_called_installed(qtbot, make_window, engine, hub, tiny_llama_dir):
     """other/tiny-llama-4bit installed takes the local id tiny-llama-4bit: Install on
     acme/tiny-llama-4bit said 'tiny-llama-4bit is already installed', which it is not."""
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     store.install_folder(tiny_llama_dir, model_id="tiny-llama-4bit", source="hf:other/tiny-llama-4bit@abc")

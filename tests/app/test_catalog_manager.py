@@ -10,7 +10,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QMessageBox
 
-from engine.model_commands import InstallBundled, ModelCommandFailed, PullModel, RemoveModel, app_wording
+from brisk.engine.host.model_commands import InstallBundled, ModelCommandFailed, PullModel, RemoveModel, app_wording
 from tests.hub_server import HubServer
 from tests.tiny_models import make_tiny_model
 
@@ -139,7 +139,7 @@ def test_model_errors_show_in_the_manager_in_app_words_never_in_the_chat(qtbot, 
 
 
 def test_removing_a_model_that_chats_use_names_how_many(qtbot, make_window, engine, tiny_llama_dir, monkeypatch):
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     w = make_window()
     for title in ("one", "two"):
@@ -160,7 +160,7 @@ def test_a_search_that_answers_after_the_dialog_is_gone_is_dropped_quietly(qtbot
 
     import shiboken6
 
-    from app.model_operations import ModelOperations
+    from brisk.app.model_operations import ModelOperations
 
     answer, failures = threading.Event(), []
     monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
@@ -169,9 +169,9 @@ def test_a_search_that_answers_after_the_dialog_is_gone_is_dropped_quietly(qtbot
         answer.wait(10)
         raise CatalogError("Cannot reach the hub: are you offline?")
 
-    from engine.models.catalog import CatalogError
+    from brisk.engine.models.catalog import CatalogError
 
-    monkeypatch.setattr("engine.models.catalog.search_hub", slow_search)
+    monkeypatch.setattr("brisk.engine.models.catalog.search_hub", slow_search)
     operations = ModelOperations(engine)
     operations.search("tiny")
     threads = list(operations._search_threads)

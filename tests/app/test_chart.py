@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.widgets.gauges import LineChart, nice_ticks
+from brisk.app.widgets.gauges import LineChart, nice_ticks
 
 
 @pytest.mark.parametrize(

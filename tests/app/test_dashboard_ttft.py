@@ -5,10 +5,10 @@ the open chat's own model; each chat's speed chart from its stored turns; API tu
 
 import pytest
 
-import app.controller
-from engine.events import EngineErrored, ModelLoaded, PrefillProgressed, TokenEmitted, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import ConversationEvent
+import brisk.app.controller
+from brisk.engine.api.events import EngineErrored, ModelLoaded, PrefillProgressed, TokenEmitted, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import ConversationEvent
 from tests.app.test_window import send
 
 
@@ -24,7 +24,7 @@ class Clock:
 def clock(monkeypatch):
     """The app's clock (Send, the first token on screen), which the engine's stamp shares."""
     fake = Clock()
-    monkeypatch.setattr(app.controller.time, "monotonic", fake)
+    monkeypatch.setattr(brisk.app.controller.time, "monotonic", fake)
     return fake
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from app.store import Store, StoreUnavailable
+from brisk.app.store import Store, StoreUnavailable
 
 STRANGER = 12345  # a uid no account on the test machine has
 
@@ -17,7 +17,7 @@ STRANGER = 12345  # a uid no account on the test machine has
 def brisk_app(tmp_path, *args):
     env = dict(os.environ, BRISK_HOME=str(tmp_path / "home"), QT_QPA_PLATFORM="offscreen")
     return subprocess.run(
-        [sys.executable, "-m", "app.main", *args], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "brisk.app.main", *args], env=env, capture_output=True, text=True, timeout=120
     )
 
 

@@ -3,10 +3,10 @@ the questions and the message box, and kept across launches (issue 58)."""
 
 from PySide6.QtCore import Qt
 
-from app.theme import CHAT_FONT_RANGE, DEFAULT_CHAT_FONT_PX
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import ConversationEvent
+from brisk.app.theme import CHAT_FONT_RANGE, DEFAULT_CHAT_FONT_PX
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import ConversationEvent
 
 LONG_ANSWER = " ".join(["The Vistula flows north through Kraków and Warsaw to the Baltic."] * 12)
 
@@ -68,7 +68,7 @@ def test_the_size_is_kept_across_launches_and_applies_to_chats_opened_later(qtbo
 
 
 def test_a_hand_edited_size_that_is_not_a_number_means_the_default(qtbot, make_window):
-    from app.preferences import preferences
+    from brisk.app.preferences import preferences
 
     settings = preferences()
     settings.setValue("chat_font_px", "huge")

@@ -4,11 +4,11 @@ and leaves the window usable; Stop before the engine picks a turn up means it ne
 import dataclasses
 import threading
 
-from engine.conversation import Message
-from engine.events import TokenEmitted, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.session import CancelToken
-from engine.worker import Answer, ConversationEvent
+from brisk.engine.api.conversation import Message
+from brisk.engine.api.events import TokenEmitted, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.api.session import CancelToken
+from brisk.engine.host.worker import Answer, ConversationEvent
 
 
 def fill_disk(store):
@@ -22,7 +22,7 @@ def send(window, text):
 
 
 def test_disk_full_while_streaming_keeps_the_answer_and_the_window_usable(qtbot, make_window, engine, monkeypatch):
-    monkeypatch.setattr("app.controller.SAVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr("brisk.app.controller.SAVE_INTERVAL_S", 0.0)
     w = make_window()
     send(w, "hi")
     cid = w.controller.current
@@ -75,7 +75,7 @@ class SlowWorker:
 
 
 def test_stop_before_the_engine_picks_a_job_up_means_it_never_runs(qtbot):
-    from app.engine_thread import EngineThread
+    from brisk.app.engine_thread import EngineThread
 
     worker = SlowWorker()
     thread = EngineThread(worker)
@@ -111,8 +111,8 @@ class CountingModel:
 
 
 def test_a_worker_never_starts_a_turn_cancelled_before_it(tiny_llama):
-    from engine.settings import ChatSettings
-    from engine.worker import EngineWorker
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.host.worker import EngineWorker
 
     model = CountingModel(tiny_llama.model)
     loads = []
@@ -130,7 +130,7 @@ def test_a_worker_never_starts_a_turn_cancelled_before_it(tiny_llama):
 
 
 def test_esc_stops_only_the_chats_answer_and_cancel_only_the_download(qtbot, make_window, engine):
-    from engine.model_commands import PullModel
+    from brisk.engine.host.model_commands import PullModel
 
     w = make_window()
     manager = w.show_models()
@@ -144,7 +144,7 @@ def test_esc_stops_only_the_chats_answer_and_cancel_only_the_download(qtbot, mak
 
 
 def test_every_event_is_also_emitted_with_the_id_of_the_job_that_caused_it(qtbot):
-    from app.engine_thread import EngineThread
+    from brisk.app.engine_thread import EngineThread
 
     class Echo:
         def handle(self, command, cancel):
@@ -163,7 +163,7 @@ def test_every_event_is_also_emitted_with_the_id_of_the_job_that_caused_it(qtbot
 
 APP_EXIT_AFTER_A_COMPILED_TURN = """
 import threading
-from app.engine_thread import EngineThread
+from brisk.app.engine_thread import EngineThread
 import mlx.core as mx
 
 double = mx.compile(lambda x: x * 2 + 1)

@@ -1,7 +1,7 @@
 """brisk-app with a malformed HF_ENDPOINT: one line and status 1, before any window (the
 engine's import of huggingface_hub raised a ValueError traceback)."""
 
-from app.main import main
+from brisk.app.main import main
 
 
 def test_app_refuses_bad_hf_endpoint(monkeypatch, capsys):

@@ -10,10 +10,10 @@ import sqlite3
 
 import pytest
 
-from app.chat_files import export_json, import_json
-from app.store import Store, StoreError
-from engine.metrics import TurnMetrics
-from engine.settings import ChatSettings
+from brisk.app.chat_files import export_json, import_json
+from brisk.app.store import Store, StoreError
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.api.settings import ChatSettings
 
 GOOD_METRICS = TurnMetrics(
     ttft_s=0.4,
@@ -194,7 +194,7 @@ def damaged_chat(path, sql):
 
 @pytest.mark.parametrize("name", ROW_DAMAGE)
 def test_a_bad_row_in_the_database_opens_marked_and_the_window_starts(qtbot, make_window, db_path, name):
-    from app.chat_schema import ROLES, metrics_problems, settings_problems
+    from brisk.app.chat_schema import ROLES, metrics_problems, settings_problems
 
     cid = damaged_chat(db_path, ROW_DAMAGE[name])
     window = make_window()  # opens the newest chat, this one, as every start does

@@ -1,8 +1,8 @@
 """Issue 58, found in a by-hand pass under Xvfb + openbox (2026-11-27): what the real app
 showed that the earlier tests did not pin."""
 
-from engine.events import TokenEmitted
-from engine.worker import ConversationEvent
+from brisk.engine.api.events import TokenEmitted
+from brisk.engine.host.worker import ConversationEvent
 from tests.app.test_window import send
 
 
@@ -73,8 +73,8 @@ def test_send_waits_for_a_document_still_being_read(qtbot, make_window, engine):
     press Send: the question went without it, the model answered from nothing, and the chip
     came after, waiting to go with the next message. Send is refused until the chip shows;
     the typed question stays in the box."""
-    from engine.documents import Document, Fit
-    from engine.worker import Answer, CheckDocument, DocumentChecked
+    from brisk.engine.host.worker import Answer, CheckDocument, DocumentChecked
+    from brisk.engine.turn.documents import Document, Fit
 
     w = make_window()
     w.composer.attach_requested.emit("/tmp/doc4k.txt")
@@ -94,8 +94,8 @@ def test_send_waits_for_a_document_still_being_read(qtbot, make_window, engine):
 
 
 def test_a_document_that_cannot_be_read_does_not_hold_send(qtbot, make_window, engine):
-    from engine.events import EngineErrored
-    from engine.worker import Answer
+    from brisk.engine.api.events import EngineErrored
+    from brisk.engine.host.worker import Answer
 
     w = make_window()
     w.composer.attach_requested.emit("/tmp/missing.pdf")
@@ -108,7 +108,7 @@ def test_a_chat_opened_while_its_model_loads_says_it_is_loading(qtbot, make_wind
     """Just after launch (the app loads the default model first), Ctrl+N's chat said 'big loads
     at this chat's next message' while that very load ran (seen under Xvfb). A load that fails
     leaves no 'Loading' line behind."""
-    from engine.events import EngineErrored, ModelLoaded
+    from brisk.engine.api.events import EngineErrored, ModelLoaded
 
     w = make_window()
     w.controller.load_model("big")

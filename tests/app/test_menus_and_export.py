@@ -3,7 +3,7 @@ Undo that waits for the user, and a dashboard that collapses (issue 15)."""
 
 from PySide6.QtWidgets import QFileDialog
 
-from app.chat_files import close_open_fence, export_markdown
+from brisk.app.chat_files import close_open_fence, export_markdown
 
 
 def test_menus_have_the_usual_entries_and_quit_is_ctrl_q(qtbot, make_window):
@@ -47,7 +47,7 @@ def test_markdown_export_closes_a_truncated_code_fence(tmp_path, qtbot, make_win
 
 
 def test_export_suggests_the_documents_folder(qtbot, make_window, monkeypatch):
-    from app.window import documents_folder
+    from brisk.app.window import documents_folder
 
     seen = []
     monkeypatch.setattr(
@@ -76,9 +76,9 @@ def test_undo_stays_until_the_next_action(qtbot, make_window):
 def test_chat_titles_are_unique_and_elide_without_a_scrollbar(qtbot, make_window, engine):
     from PySide6.QtCore import Qt
 
-    from engine.events import TurnFinished
-    from engine.metrics import TurnMetrics
-    from engine.worker import ConversationEvent
+    from brisk.engine.api.events import TurnFinished
+    from brisk.engine.api.metrics import TurnMetrics
+    from brisk.engine.host.worker import ConversationEvent
 
     w = make_window()
     for _ in range(3):

@@ -2,8 +2,8 @@
 
 from PySide6.QtCore import Qt
 
-from engine.events import DownloadProgressed, EngineErrored
-from engine.model_commands import ImportGGUF, InstallBundled, ModelsChanged, PullModel
+from brisk.engine.api.events import DownloadProgressed, EngineErrored
+from brisk.engine.host.model_commands import ImportGGUF, InstallBundled, ModelsChanged, PullModel
 
 
 def test_download_progress_updates_model_manager(qtbot, make_window, engine):
@@ -40,7 +40,7 @@ def test_install_and_import_send_commands(qtbot, make_window, engine, tmp_path):
 
 
 def test_model_manager_shows_full_ids_sizes_bits_and_license(qtbot, make_window, tiny_llama_dir):
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     store.install_folder(tiny_llama_dir, model_id="a-rather-long-model-id-that-must-not-be-elided", source="test")
@@ -52,8 +52,8 @@ def test_model_manager_shows_full_ids_sizes_bits_and_license(qtbot, make_window,
 
 
 def test_a_quantized_model_shows_its_bits_and_smaller_memory(qtbot, make_window, tiny_llama_dir):
-    from engine.models.quantize import quantize_installed
-    from engine.models.store import ModelStore
+    from brisk.engine.models.quantize import quantize_installed
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     store.install_folder(tiny_llama_dir, model_id="float", source="test")
@@ -69,8 +69,8 @@ def test_a_quantized_model_shows_its_bits_and_smaller_memory(qtbot, make_window,
 def test_remove_asks_first(qtbot, make_window, engine, tiny_llama_dir, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    from engine.model_commands import RemoveModel
-    from engine.models.store import ModelStore
+    from brisk.engine.host.model_commands import RemoveModel
+    from brisk.engine.models.store import ModelStore
 
     ModelStore().install_folder(tiny_llama_dir, model_id="doomed", source="test")
     manager = make_window().show_models()
@@ -85,7 +85,7 @@ def test_remove_asks_first(qtbot, make_window, engine, tiny_llama_dir, monkeypat
 
 
 def test_a_model_installed_from_the_cli_appears_without_a_restart(qtbot, make_window, tiny_llama_dir):
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     w = make_window()
     ModelStore().install_folder(tiny_llama_dir, model_id="from-the-cli", source="test")
@@ -109,7 +109,7 @@ def test_a_chats_error_does_not_end_the_managers_download(qtbot, make_window, en
 def test_model_operations_pass_on_only_their_own_jobs(qtbot, engine):
     """The manager's controller: its jobs' progress and end come out as signals, the engine's
     other jobs (a chat's turn, a second window's download) never do."""
-    from app.model_operations import ModelOperations
+    from brisk.app.model_operations import ModelOperations
 
     operations = ModelOperations(engine)
     seen = []

@@ -12,8 +12,8 @@ import os
 from PySide6.QtGui import QTextOption
 from PySide6.QtWidgets import QApplication
 
-from app.widgets.text_wrap import LONG_RUN_CHARS
-from engine.worker import Answer
+from brisk.app.widgets.text_wrap import LONG_RUN_CHARS
+from brisk.engine.host.worker import Answer
 
 BLOB = base64.b64encode(os.urandom(225_000)).decode()  # 300,000 characters, no space or newline
 WORDS = QTextOption.WrapAtWordBoundaryOrAnywhere

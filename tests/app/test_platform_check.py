@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-import app.platform_check as platform_check
+import brisk.app.platform_check as platform_check
 
 LDD_ON_BARE_DEBIAN = """\
 \tlibQt6XcbQpa.so.6 => /x/PySide6/Qt/lib/libQt6XcbQpa.so.6 (0x00007f)
@@ -20,7 +20,7 @@ def test_missing_libraries_are_read_from_ldd():
 
 
 def test_brisk_app_prints_the_install_command_instead_of_qts_abort(monkeypatch, capsys):
-    from app.main import main
+    from brisk.app.main import main
 
     monkeypatch.setattr(platform_check, "_ldd", lambda file: LDD_ON_BARE_DEBIAN)
     monkeypatch.setenv("DISPLAY", ":0")

@@ -1,13 +1,13 @@
 """The prefill bar: a sparse prefill's phases each with their own progress, the KV check
-named while it runs, and the engine's ETA for the phase (engine/prefill_eta.py; the bar runs
+named while it runs, and the engine's ETA for the phase (engine/turn/prefill_eta.py; the bar runs
 the same estimator itself only for events that carry none)."""
 
 import pytest
 
-from app.widgets.prefill_bar import PrefillBar
-from engine.events import PrefillProgressed
-from engine.prefill_eta import PrefillEta
-from engine.worker import ConversationEvent
+from brisk.app.widgets.prefill_bar import PrefillBar
+from brisk.engine.api.events import PrefillProgressed
+from brisk.engine.host.worker import ConversationEvent
+from brisk.engine.turn.prefill_eta import PrefillEta
 from tests.app.test_window import send
 
 

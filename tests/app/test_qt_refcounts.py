@@ -13,11 +13,11 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel
 
-from app import platform_check
-from app.platform_check import PYSIDE_REQUIREMENT, qt_reference_leak, singleton_refcounts
-from engine.events import ModelLoaded, TokenEmitted, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import Answer, ConversationEvent, LoadModel
+from brisk.app import platform_check
+from brisk.app.platform_check import PYSIDE_REQUIREMENT, qt_reference_leak, singleton_refcounts
+from brisk.engine.api.events import ModelLoaded, TokenEmitted, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import Answer, ConversationEvent, LoadModel
 
 # From Python 3.12 None, True and False are immortal (PEP 683): their counts never move, so a
 # dropped reference cannot free them and these counts cannot show one.
@@ -147,7 +147,7 @@ def test_the_guard_refuses_a_binding_that_drops_references_and_gives_its_own_bac
 
 @counted
 def test_brisk_app_refuses_to_start_on_a_leaking_binding_with_one_line(qtbot, monkeypatch, capsys, tmp_path):
-    from app.main import main
+    from brisk.app.main import main
 
     monkeypatch.setattr(platform_check, "_qt_calls", lambda: _drop(None))
     assert main(["--database", str(tmp_path / "brisk.db")]) == 1
@@ -185,7 +185,7 @@ class ScriptedWorker:
 
 # The waits below only catch a hang: a scripted turn takes milliseconds.
 def real_window(qtbot, path, *, deleted_by_test=False):
-    from app.main import build_window
+    from brisk.app.main import build_window
 
     window = build_window(model_id="tiny", store_path=path, worker=ScriptedWorker(), models=[])
     if not deleted_by_test:
@@ -252,7 +252,7 @@ QUIT_AGAIN_AND_AGAIN = """
 import os, sys, time
 from pathlib import Path
 from PySide6.QtWidgets import QApplication
-from app.main import build_window
+from brisk.app.main import build_window
 from tests.app.test_qt_refcounts import ScriptedWorker
 
 def run(turns):

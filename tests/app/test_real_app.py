@@ -3,9 +3,9 @@ answer, shows its metrics, and answers about an attached document."""
 
 import pytest
 
-from app.main import build_window
-from engine.models.loader import load_model
-from engine.worker import EngineWorker
+from brisk.app.main import build_window
+from brisk.engine.host.worker import EngineWorker
+from brisk.engine.models.loader import load_model
 
 pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m-instruct"

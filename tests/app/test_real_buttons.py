@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QInputDialog
 
-from engine.model_commands import ImportGGUF, InstallBundled
+from brisk.engine.host.model_commands import ImportGGUF, InstallBundled
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from app.remote_client import RemoteServer, load_remotes, make_remote, masked, save_remotes
-from engine.serve.local import LocalServer
+from brisk.app.remote_client import RemoteServer, load_remotes, make_remote, masked, save_remotes
+from brisk.engine.host.serve.local import LocalServer
 
 RANKS = [
     {"rank": 0, "host": "127.0.0.1", "weight_bytes": 300 << 20, "weight_share": 0.5, "kv_bytes": 2 << 20,
@@ -278,9 +278,9 @@ def test_the_model_manager_adds_a_remote_engine_that_the_model_list_offers(qtbot
 
 @pytest.fixture(scope="module")
 def real_server(tiny_llama_dir):
-    from engine.models.store import ModelStore
-    from engine.serve.app import Server
-    from engine.serve.scheduler import EngineQueue
+    from brisk.engine.host.serve.app import Server
+    from brisk.engine.host.serve.scheduler import EngineQueue
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()
     if not store.has("tiny"):

@@ -11,10 +11,10 @@ import pytest
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QColor, QImage, QTextCursor
 
-from app.widgets.chat_view import DISPLAY_CHARS, EDITABLE_CHARS, ChatView
-from app.widgets.full_text import LINE_CHARS, PART_CHARS, FullTextView
-from app.widgets.safe_text import is_openable_link
-from engine.documents import attached_block
+from brisk.app.widgets.chat_view import DISPLAY_CHARS, EDITABLE_CHARS, ChatView
+from brisk.app.widgets.full_text import LINE_CHARS, PART_CHARS, FullTextView
+from brisk.app.widgets.safe_text import is_openable_link
+from brisk.engine.turn.documents import attached_block
 
 # Taller than any line of text: a bubble or label this tall has read the image.
 IMAGE_HEIGHT = 400
@@ -32,7 +32,7 @@ def picture(tmp_path):
 
 def stored_chat(make_window, db_path, *contents, role="assistant"):
     """A chat whose rows hold `contents`, opened the way startup opens the newest chat."""
-    from app.store import Store
+    from brisk.app.store import Store
 
     store = Store(db_path)
     cid = store.create_conversation("Hostile", {})
@@ -128,7 +128,7 @@ class Opened:
 
 
 def test_a_file_link_opens_nothing_and_its_file_never_shows(qtbot, make_window, db_path, tmp_path, monkeypatch):
-    monkeypatch.setattr("app.widgets.safe_text.QDesktopServices", Opened)
+    monkeypatch.setattr("brisk.app.widgets.safe_text.QDesktopServices", Opened)
     monkeypatch.setattr(Opened, "urls", [])
     secret = tmp_path / "secret.txt"
     secret.write_text("root:x:0:0:THE SECRET\n")
@@ -321,7 +321,7 @@ def test_editing_a_cut_message_and_cancelling_brings_show_all_back(qtbot):
 
 
 def test_a_stored_coverage_map_quotes_its_values_as_text(qtbot):
-    from app.widgets.coverage import coverage_tooltip
+    from brisk.app.widgets.coverage import coverage_tooltip
 
     hostile = '<img src="/dev/zero">'
     tooltip = coverage_tooltip(
@@ -345,7 +345,7 @@ def test_the_database_recovery_note_shows_its_path_as_typed(make_window, tmp_pat
 def test_a_table_too_big_to_lay_out_is_shown_as_text(qtbot):
     """An 8,000-row Markdown table (under the display cap) froze the window ~10 s, then ~5 s
     at every resize: Qt lays out each cell. Counted in cells made, not seconds."""
-    from app.widgets.chat_view import MARKDOWN_TABLE_BORDERS, MessageWidget
+    from brisk.app.widgets.chat_view import MARKDOWN_TABLE_BORDERS, MessageWidget
 
     rows = "\n".join(f"| {i} | x |" for i in range(MARKDOWN_TABLE_BORDERS // 3 + 10))
     big = MessageWidget(0, "assistant", "| a | b |\n|---|---|\n" + rows)

@@ -4,13 +4,13 @@ one-token-per-character model answers the window's probes)."""
 
 from PySide6.QtCore import Qt
 
-from app.context_fill import PROBE_ID_OFFSET
-from engine.conversation import CancelToken
-from engine.documents import Document, Fit
-from engine.events import EngineErrored, ModelLoaded, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.prompt import PLAIN_SEPARATOR
-from engine.worker import CheckDocument, ConversationEvent, DocumentChecked, EngineWorker
+from brisk.app.context_fill import PROBE_ID_OFFSET
+from brisk.engine.api.conversation import CancelToken
+from brisk.engine.api.events import EngineErrored, ModelLoaded, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import CheckDocument, ConversationEvent, DocumentChecked, EngineWorker
+from brisk.engine.turn.documents import Document, Fit
+from brisk.engine.turn.prompt import PLAIN_SEPARATOR
 
 CONTEXT = 2048
 

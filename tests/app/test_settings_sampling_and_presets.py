@@ -9,10 +9,10 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QInputDialog
 
-from app.widgets.prompt_presets import BUILTIN_PRESETS
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import Answer, ConversationEvent
+from brisk.app.widgets.prompt_presets import BUILTIN_PRESETS
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import Answer, ConversationEvent
 
 
 def saved(db_path, cid) -> dict:
@@ -136,7 +136,7 @@ def test_a_saved_preset_is_kept_across_launches_and_can_be_deleted(qtbot, make_w
     ],
 )
 def test_a_preset_that_cannot_be_saved_says_why(qtbot, make_window, monkeypatch, name, prompt, why):
-    from app.preferences import saved_prompt_presets
+    from brisk.app.preferences import saved_prompt_presets
 
     panel = make_window().settings_panel
     monkeypatch.setattr(QInputDialog, "getText", staticmethod(lambda *a, **k: (name, True)))
@@ -146,7 +146,7 @@ def test_a_preset_that_cannot_be_saved_says_why(qtbot, make_window, monkeypatch,
 
 
 def test_hand_edited_presets_that_are_not_names_and_texts_are_skipped(qtbot, make_window):
-    from app.preferences import PRESETS_KEY, preferences, saved_prompt_presets
+    from brisk.app.preferences import PRESETS_KEY, preferences, saved_prompt_presets
 
     store = preferences()
     store.setValue(PRESETS_KEY, json.dumps({"ok": "fine", "": "no name", "n": 5, "blank": "  "}))

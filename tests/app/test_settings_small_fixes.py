@@ -4,11 +4,11 @@ message says, and paging answer versions keeps the focus on the chat."""
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
-from engine.documents import Document, check_fit
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.settings import ChatSettings
-from engine.worker import ConversationEvent, DocumentChecked
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import ConversationEvent, DocumentChecked
+from brisk.engine.turn.documents import Document, check_fit
 
 
 class CountingTokenizer:

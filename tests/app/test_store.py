@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from app.store import SCHEMA_VERSION, Store, StoreUnavailable
+from brisk.app.store import SCHEMA_VERSION, Store, StoreUnavailable
 
 
 def test_fresh_store_has_the_schema_and_wal(tmp_path):
@@ -48,7 +48,7 @@ def test_killed_mid_answer_keeps_the_streamed_text(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(__import__("pathlib").Path(__file__).resolve().parents[2])!r})
-        from app.store import Store
+        from brisk.app.store import Store
         s = Store({str(path)!r})
         cid = s.create_conversation("chat", {{}})
         s.add_message(cid, "user", "tell me a story")
@@ -72,10 +72,10 @@ def test_killed_mid_answer_keeps_the_streamed_text(tmp_path):
 
 
 def test_streaming_answer_is_saved_while_it_streams(qtbot, make_window, engine, monkeypatch):
-    from engine.events import TokenEmitted
-    from engine.worker import ConversationEvent
+    from brisk.engine.api.events import TokenEmitted
+    from brisk.engine.host.worker import ConversationEvent
 
-    monkeypatch.setattr("app.controller.SAVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr("brisk.app.controller.SAVE_INTERVAL_S", 0.0)
     w = make_window()
     w.composer.edit.setPlainText("hi")
     w.composer.send_button.click()

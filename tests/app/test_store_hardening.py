@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-import app.store as store_module
-from app.chat_files import import_json
-from app.store import Store, StoreError, StoreUnavailable
+import brisk.app.store as store_module
+from brisk.app.chat_files import import_json
+from brisk.app.store import Store, StoreError, StoreUnavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 

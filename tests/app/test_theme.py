@@ -5,8 +5,8 @@ import pytest
 from PySide6.QtGui import QColor, QPalette
 from PySide6.QtWidgets import QApplication
 
-from app.theme import apply_theme, saved_theme
-from app.widgets.chat_view import MessageWidget
+from brisk.app.theme import apply_theme, saved_theme
+from brisk.app.widgets.chat_view import MessageWidget
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 
 from PySide6.QtCore import Qt
 
-from app.widgets.composer import COMPOSER_LINES
+from brisk.app.widgets.composer import COMPOSER_LINES
 
 
 def test_message_box_grows_with_the_chat_font_and_shrinks_back(qtbot, make_window):

@@ -6,9 +6,9 @@ that says the context is full."""
 from PySide6.QtGui import QColor
 from test_settings_context_meter import CONTEXT, loaded_chat, measured
 
-from app.widgets.context_meter import DOCUMENTS_COLOUR, FULL_COLOUR, ContextMeter
-from engine.documents import Document, Fit
-from engine.worker import DocumentChecked
+from brisk.app.widgets.context_meter import DOCUMENTS_COLOUR, FULL_COLOUR, ContextMeter
+from brisk.engine.host.worker import DocumentChecked
+from brisk.engine.turn.documents import Document, Fit
 
 
 def colours(widget) -> set[str]:

@@ -4,9 +4,9 @@ trial, 2026-11-27). Starting a chat clears the search."""
 
 from PySide6.QtCore import Qt
 
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import ConversationEvent
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import ConversationEvent
 
 
 def test_a_new_chat_clears_the_search_and_is_listed_and_highlighted(qtbot, make_window, engine):

@@ -6,8 +6,8 @@ server trial, 2026-11-27). An empty prompt is refused before a name is asked for
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QInputDialog
 
-from app.preferences import saved_prompt_presets
-from app.widgets.prompt_presets import BUILTIN_PRESETS
+from brisk.app.preferences import saved_prompt_presets
+from brisk.app.widgets.prompt_presets import BUILTIN_PRESETS
 
 
 def pick(picker, name):

@@ -4,9 +4,9 @@ and opening another chat and coming back showed the old one (a real X server tri
 
 from PySide6.QtCore import Qt
 
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import Answer, ConversationEvent
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import Answer, ConversationEvent
 
 
 def send(qtbot, w, engine, text):

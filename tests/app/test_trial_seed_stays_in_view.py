@@ -4,7 +4,7 @@ trial, 2026-11-27, on a 1280x800 screen). The box being typed in stays in view."
 
 from PySide6.QtCore import QPoint
 
-from app.widgets.settings_panel import SettingsPanel
+from brisk.app.widgets.settings_panel import SettingsPanel
 
 
 def test_the_seed_box_stays_in_view_when_its_refusal_appears(qtbot):

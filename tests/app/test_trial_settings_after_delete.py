@@ -8,9 +8,9 @@ import sqlite3
 
 from PySide6.QtCore import Qt
 
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import Answer, ConversationEvent
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import Answer, ConversationEvent
 
 
 def test_the_chat_started_after_a_delete_gets_the_settings_shown(qtbot, make_window, engine, db_path):

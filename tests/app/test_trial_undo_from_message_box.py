@@ -4,9 +4,9 @@ server trial, 2026-11-27). With typing to undo, Ctrl+Z still undoes the typing f
 
 from PySide6.QtCore import Qt
 
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import ConversationEvent
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import ConversationEvent
 
 
 def test_ctrl_z_in_the_message_box_brings_a_deleted_chat_back_after_undoing_typing(qtbot, make_window, engine):

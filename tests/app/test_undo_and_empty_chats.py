@@ -5,10 +5,10 @@ import sqlite3
 
 from PySide6.QtCore import Qt
 
-from engine.documents import Document, Fit
-from engine.events import TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import ConversationEvent, DocumentChecked
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import ConversationEvent, DocumentChecked
+from brisk.engine.turn.documents import Document, Fit
 
 
 def active(qtbot, w):
@@ -136,7 +136,7 @@ def test_quitting_on_an_unused_new_chat_leaves_no_empty_chat(qtbot, make_window,
 
 
 def test_empty_chats_left_by_an_earlier_brisk_are_dropped_at_start(qtbot, make_window, db_path):
-    from app.store import Store
+    from brisk.app.store import Store
 
     store = Store(db_path)
     real = store.create_conversation("about rivers", {})

@@ -5,10 +5,10 @@ import json
 import pytest
 from PySide6.QtCore import Qt
 
-from engine.documents import Document, Fit
-from engine.events import EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.worker import Answer, CheckDocument, ConversationEvent, DocumentChecked
+from brisk.engine.api.events import EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.host.worker import Answer, CheckDocument, ConversationEvent, DocumentChecked
+from brisk.engine.turn.documents import Document, Fit
 
 
 def metrics(**kw):
@@ -77,7 +77,7 @@ def test_enter_sends_and_shift_enter_breaks_the_line(qtbot, make_window, engine)
 
 
 def test_turn_finished_updates_dashboard(qtbot, make_window, engine):
-    from engine.events import ModelLoaded
+    from brisk.engine.api.events import ModelLoaded
 
     w = make_window()
     engine.play(ModelLoaded("big", {"architecture": "qwen2", "context_length": 9030}))
@@ -200,7 +200,7 @@ def test_draft_choice_updates_settings_badge(qtbot, make_window):
 
 
 def test_uniprefill_settings_show_the_chat_models_measured_defaults(qtbot, make_window, monkeypatch):
-    from engine.accel.uniprefill import plan
+    from brisk.engine.accel.uniprefill import plan
 
     monkeypatch.setitem(plan.BY_ARCHITECTURE, "qwen2", plan.ModelDefaults(p=0.985, break_even=1024))
     panel = make_window().settings_panel

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from engine.cli import main
-from engine.errors import DownloadError
-from engine.models.catalog import NO_LICENCE, CatalogError, bundled_models, estimate_fit, search_hub
+from brisk.engine.api.errors import DownloadError
+from brisk.engine.host.cli import main
+from brisk.engine.models.catalog import NO_LICENCE, CatalogError, bundled_models, estimate_fit, search_hub
 from tests.hub_server import HubServer
 from tests.tiny_models import make_tiny_model
 
@@ -219,10 +219,10 @@ def test_the_limit_option_is_checked(capsys):
 
 def test_a_model_commands_error_is_the_managers_in_the_apps_words(tmp_path):
     """Through the worker as the app runs it: not a chat's EngineErrored, no CLI advice."""
-    from engine.model_commands import ModelCommandFailed, PullModel
-    from engine.models.store import ModelStore
-    from engine.session import CancelToken
-    from engine.worker import EngineWorker
+    from brisk.engine.api.session import CancelToken
+    from brisk.engine.host.model_commands import ModelCommandFailed, PullModel
+    from brisk.engine.host.worker import EngineWorker
+    from brisk.engine.models.store import ModelStore
 
     ModelStore().install_folder(make_tiny_model(tmp_path / "m"), model_id="taken", source="test")
     (event,) = EngineWorker(lambda mid: None).handle(PullModel("acme/tiny-llama", "taken"), CancelToken())
@@ -257,13 +257,13 @@ def test_a_hub_that_dribbles_its_reply_is_stopped(hub, monkeypatch):
     """Each chunk arrives within the read timeout, but the reply as a whole takes too long
     (a fake clock advances a minute per chunk read)."""
     ticks = iter(range(0, 10_000, 61))
-    monkeypatch.setattr("engine.models.catalog._clock", lambda: next(ticks))
+    monkeypatch.setattr("brisk.engine.models.catalog._clock", lambda: next(ticks))
     with pytest.raises(CatalogError, match="too slowly"):
         search_hub("tiny")
 
 
 def test_models_list_says_an_installed_bundled_models_licence(tmp_path, capsys):
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     tiny = make_tiny_model(tmp_path / "m")
     store = ModelStore()
@@ -284,7 +284,7 @@ def test_a_search_does_not_fetch_the_hubs_agent_registry(hub, monkeypatch, tmp_p
     began. The search sends the user's token without it."""
     import huggingface_hub.utils._detect_agent as agent
 
-    from engine.models.catalog import _hub_headers
+    from brisk.engine.models.catalog import _hub_headers
 
     monkeypatch.setattr(agent, "_registry", None)  # as in a fresh process, telemetry on (the default)
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_TELEMETRY", False)
@@ -300,8 +300,8 @@ def test_a_search_does_not_fetch_the_hubs_agent_registry(hub, monkeypatch, tmp_p
 def test_runs_in_brisk_says_no_where_pull_would_refuse(tmp_path, monkeypatch):
     """A repo without a config.json file (the hub's summary still names llama), and a hub that
     lists weights without their sizes: the catalogue said 'yes' and Install failed."""
-    from engine.errors import UnsupportedModel
-    from engine.models.download import pull
+    from brisk.engine.api.errors import UnsupportedModel
+    from brisk.engine.models.download import pull
 
     root = tmp_path / "hub"
     bare = make_tiny_model(root / "acme" / "no-config-llama")
@@ -350,10 +350,10 @@ def test_a_search_stops_asking_about_results_once_it_has_taken_too_long(hub_root
     minutes: past MAX_SEARCH_S (a fake clock, 30 s a reading) the rest are one skipped line."""
     import itertools
 
-    from engine.models.catalog import MAX_SEARCH_S
+    from brisk.engine.models.catalog import MAX_SEARCH_S
 
     ticks = itertools.count(0, 30)
-    monkeypatch.setattr("engine.models.catalog._clock", lambda: next(ticks))
+    monkeypatch.setattr("brisk.engine.models.catalog._clock", lambda: next(ticks))
     listing = [{"id": f"acme/model-{i}"} for i in range(50)]
     with HubServer(hub_root, replies={"/api/models": json.dumps(listing).encode()}) as hostile:
         monkeypatch.setenv("HF_ENDPOINT", hostile.url)
@@ -375,7 +375,7 @@ def test_a_repo_name_that_makes_no_local_id_is_not_offered_to_install(tmp_path, 
         assert not model.supported and "pull --id NAME" in model.support_note
         assert main(["models", "pull", f"acme/{name}", "--id", "short-llama"]) == 0  # as it says
     assert "installed short-llama" in capsys.readouterr().out
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     ModelStore().remove("short-llama")
 
@@ -383,7 +383,7 @@ def test_a_repo_name_that_makes_no_local_id_is_not_offered_to_install(tmp_path, 
 def test_one_result_the_hub_never_answers_about_hides_only_itself(hub, hub_root, monkeypatch):
     """A read timeout on one model's details was taken for 'are you offline?' and ended the
     whole search; only a connection that cannot be made means that."""
-    monkeypatch.setattr("engine.models.catalog.REQUEST_TIMEOUT_S", 0.5)
+    monkeypatch.setattr("brisk.engine.models.catalog.REQUEST_TIMEOUT_S", 0.5)
     with HubServer(hub_root, stalls={"/api/models/acme/tiny-llama-4bit": 3}) as slow:
         monkeypatch.setenv("HF_ENDPOINT", slow.url)
         result = search_hub("tiny-llama")

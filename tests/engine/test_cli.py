@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from engine.models.store import ModelStore
+from brisk.engine.models.store import ModelStore
 from tests import cli_here
 
 
@@ -33,7 +33,12 @@ def roomy_home(tmp_path_factory):
 def brisk(home, *args, input=None):
     env = dict(os.environ, BRISK_HOME=str(home))
     return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, input=input, timeout=300
+        [sys.executable, "-m", "brisk.engine.host.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        input=input,
+        timeout=300,
     )
 
 
@@ -154,7 +159,7 @@ def test_chat_reuses_the_prompt_cache_across_turns(cli_home):
 def test_info_reports_blas_and_dtype(cli_home):
     out = brisk(cli_home, "info", "--json", "--model", "tiny")
     info = json.loads(out.stdout)
-    from kernels import plan
+    from brisk.kernels import plan
 
     here = plan.current()  # the subprocess decides the same plan from the same environment
     assert info["compute_dtype"] == here.compute_dtype and info["kernel_plan"] == here.describe()
@@ -239,7 +244,7 @@ def test_bench_refuses_unknown_engines_and_content_kinds_in_one_line(cli_home):
 def test_every_specdecode_variant_gives_plain_greedys_output(cli_home, monkeypatch, capsys):
     """What `brisk bench specdecode` runs, in this process: a model drafting for itself, with
     the native and the BLAS verify pass, and stock mlx-lm's speculative decoding."""
-    from engine.bench.specdecode import run_specdecode
+    from brisk.engine.bench.specdecode import run_specdecode
 
     monkeypatch.setenv("BRISK_HOME", str(cli_home))
     payload = run_specdecode(
@@ -450,7 +455,7 @@ def test_version_names_brisk_mlx_mlx_lm_and_the_blas(tmp_path):
     import mlx.core as mx
     import mlx_lm
 
-    from engine.version import __version__
+    from brisk.engine.version import __version__
 
     out = brisk(tmp_path, "--version")
     assert out.returncode == 0, out.stderr
@@ -462,7 +467,7 @@ def test_version_names_brisk_mlx_mlx_lm_and_the_blas(tmp_path):
 def test_the_package_version_is_the_one_in_engine_version():
     from importlib.metadata import version
 
-    from engine.version import __version__
+    from brisk.engine.version import __version__
 
     assert version("brisk") == __version__
 
@@ -470,7 +475,7 @@ def test_the_package_version_is_the_one_in_engine_version():
 def test_bench_overhead_time_split_says_how_the_pieces_compare_with_the_measured_time():
     """Pieces timed alone can sum to more than the measured step (each pays its own
     dispatch): the line gave that as a negative "other" share; now it is a plain ratio."""
-    from engine.bench.overhead import split_line
+    from brisk.engine.bench.overhead import split_line
 
     over = split_line("decode", "ms/token", 1000.0, {"measured_total": 0.010, "mlp": 0.008, "lm_head": 0.004})
     assert "mlp 8 (67%)" in over and "lm_head 4 (33%)" in over

@@ -1,4 +1,4 @@
-"""The compiled decode step (engine/compiled_decode.py) chooses the tokens mlx-lm's
+"""The compiled decode step (engine/decode/compiled.py) chooses the tokens mlx-lm's
 generate_step chooses and leaves the same cache, on every architecture it is enabled for."""
 
 import mlx.core as mx
@@ -6,14 +6,14 @@ import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine import compiled_decode
-from engine.cache import PromptCache
-from engine.compiled_decode import ARCHITECTURES, compiled_steps, why_not_compiled
-from engine.models.loader import load_folder
-from engine.plain_decode import plain_steps
-from engine.sampling import make_sampling, needs_log_probabilities
-from engine.settings import ChatSettings
-from kernels.fused_attention import mlx_attention_only
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.decode import compiled as compiled_decode
+from brisk.engine.decode.compiled import ARCHITECTURES, compiled_steps, why_not_compiled
+from brisk.engine.decode.plain import plain_steps
+from brisk.engine.decode.sampling import make_sampling, needs_log_probabilities
+from brisk.engine.kv import PromptCache
+from brisk.engine.models.loader import load_folder
+from brisk.kernels.fused_attention import mlx_attention_only
 from tests.tiny_models import make_tiny_model_by_key
 
 PROMPT = 250  # the decode crosses a 256-position buffer boundary: the step is traced again
@@ -73,7 +73,7 @@ def _same_cache(a, b):
 
 
 def test_every_enabled_architecture_is_checked_here():
-    # enabling one more in engine/compiled_decode.py without a parity run here fails
+    # enabling one more in engine/decode/compiled.py without a parity run here fails
     assert ARCHITECTURES == {key.partition("-q")[0] for key in CHECKED}
 
 
@@ -132,7 +132,7 @@ def test_only_top_p_needs_log_probabilities():
 
 
 def test_plain_turns_hand_the_sampler_logits_unless_it_needs_log_probabilities(tiny_llama, monkeypatch):
-    from engine import plain_decode
+    from brisk.engine.decode import plain as plain_decode
 
     seen = []
 
@@ -207,7 +207,7 @@ def test_a_step_that_cannot_be_traced_falls_back_to_generate_step(tiny_llama, mo
 
 
 def test_the_speculative_decoders_plain_runs_replay_the_compiled_step(tiny_llama):
-    from engine.session import Session
+    from brisk.engine.api.session import Session
 
     def answer(**kw):
         session = Session(tiny_llama, ChatSettings(model="tiny", temperature=0.0, max_tokens=30, **kw))
@@ -222,7 +222,7 @@ def test_the_speculative_decoders_plain_runs_replay_the_compiled_step(tiny_llama
 
 
 def test_the_overhead_bench_runs_brisk_without_speculation(tiny_llama):
-    from engine.bench.overhead import _brisk_run
+    from brisk.engine.bench.overhead import _brisk_run
 
     run = _brisk_run(tiny_llama, "The quick brown fox", 6, 512)
     assert run["spec_decode"] == "off" and run["decode_step"] == "compiled"

@@ -2,7 +2,7 @@
 
 import random
 
-from engine.detokenize import StreamingText
+from brisk.engine.turn.detokenize import StreamingText
 
 HARD_TEXTS = [
     "Zażółć gęślą jaźń, w Warszawie",

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 
-from engine.accel.speculative import device_costs
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.device_costs import (
+from brisk.engine.accel.speculative import device_costs
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.device_costs import (
     KINDS,
     PRIORS,
     cost_key,
@@ -18,10 +18,10 @@ from engine.accel.speculative.device_costs import (
     measure_extra_position,
     verify_cost,
 )
-from engine.accel.speculative.lookup import LookupOffer
-from engine.accel.speculative.pair import position_cost
-from kernels import plan as kernel_plan
-from kernels.plan import Cpu, decide
+from brisk.engine.accel.speculative.lookup import LookupOffer
+from brisk.engine.accel.speculative.pair import position_cost
+from brisk.kernels import plan as kernel_plan
+from brisk.kernels.plan import Cpu, decide
 
 ZEN4 = Cpu("test CPU", "x86_64", frozenset("avx2 fma f16c avx512f avx512bw avx512vl avx512dq avx512_vnni".split()))
 

@@ -1,14 +1,14 @@
-"""Eager passes dispatched ahead (engine/dispatch_ahead.py): the same numbers as a pass built
+"""Eager passes dispatched ahead (engine/decode/dispatch_ahead.py): the same numbers as a pass built
 whole, every other layer handed to the stream, every layer restored afterwards."""
 
 import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from engine import dispatch_ahead
-from engine.dispatch_ahead import dispatching_ahead
-from engine.half_kv import make_layers
-from engine.models.loader import load_folder
+from brisk.engine.decode import dispatch_ahead
+from brisk.engine.decode.dispatch_ahead import dispatching_ahead
+from brisk.engine.kv.half import make_layers
+from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model_by_key
 
 ARCHS = ["llama", "qwen2", "nemotron_h", "llama-q4"]  # nemotron_h: recurrent layers among the KV ones
@@ -67,7 +67,7 @@ def test_layers_are_restored_when_the_pass_fails(models):
 
 def test_a_packed_cache_pass_dispatched_ahead_computes_the_same(tmp_path):
     """Packed layers store tuples of codes, scales and biases: each is dispatched."""
-    from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
+    from brisk.engine.kv.packed_cache import PackedKVCache, maybe_quantize_kv_cache
     from tests.tiny_models import make_tiny_model
 
     lm = load_folder(make_tiny_model(tmp_path / "m", "llama", hidden_size=256))  # head dim 64: groups of 32 fit

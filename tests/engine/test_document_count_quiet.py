@@ -1,10 +1,10 @@
 """Counting a big document's tokens for the fit check prints nothing: transformers' "Token
 indices sequence length is longer than the specified maximum" warning is the count's purpose."""
 
-from engine.chat_template import hf_tokenizer
-from engine.documents import Document, check_fit
-from engine.settings import ChatSettings
-from engine.text_input import count_tokens_bounded
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.turn.chat_template import hf_tokenizer
+from brisk.engine.turn.documents import Document, check_fit
+from brisk.engine.turn.text_input import count_tokens_bounded
 
 WARNING = "Token indices sequence length is longer"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from engine.documents import MAX_DOCUMENT_BYTES, DocumentError, check_fit, read_document
-from engine.settings import ChatSettings
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.turn.documents import MAX_DOCUMENT_BYTES, DocumentError, check_fit, read_document
 
 
 @pytest.mark.parametrize(
@@ -104,8 +104,8 @@ def test_fit_reports_tokens_context_and_memory(tiny_llama, tmp_path):
 def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
     """K8/V4 needs (8/8 + 4/32 + 4/8 + 4/32) / (2·2) of float16 KV per token; `auto` plans
     with what the model's self-test chose, and with 16 bits before it has run."""
-    from engine import kv_fidelity as fidelity
-    from engine.models.loader import load_folder
+    from brisk.engine.kv import fidelity
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     lm = load_folder(make_tiny_model(tmp_path / "m", "llama", hidden_size=256))  # head_dim 64
@@ -127,7 +127,7 @@ def test_fit_plans_with_the_chats_key_and_value_bits(tmp_path):
 def test_attached_documents_split_back_out_of_a_message_exactly():
     """The bubble shows a sent message's documents as chips: the split must invert the join,
     whatever fences the documents themselves hold."""
-    from engine.documents import join_attached, split_attached
+    from brisk.engine.turn.documents import join_attached, split_attached
 
     documents = [("a.txt", "one\n\ntwo"), ("b.md", "has ``` inside\n~~~~\nand tildes"), ("c.py", "x = 1")]
     for text in ("What changed?", "", "Line one\n\n[Attached document: fake] in my own words"):

@@ -5,10 +5,10 @@ import socket
 
 import pytest
 
-from engine.errors import DownloadError, UnsupportedModel
-from engine.models.download import pull
-from engine.models.loader import load_model
-from engine.models.store import ModelStore
+from brisk.engine.api.errors import DownloadError, UnsupportedModel
+from brisk.engine.models.download import pull
+from brisk.engine.models.loader import load_model
+from brisk.engine.models.store import ModelStore
 from tests.hub_server import HubServer
 from tests.tiny_models import make_tiny_model
 
@@ -38,7 +38,7 @@ def test_pull_downloads_verifies_and_installs(tmp_path, hub_root, monkeypatch):
 @pytest.fixture
 def small_chunks(monkeypatch):
     """64 KiB download chunks so a tiny file arrives in several pieces, like a big one."""
-    monkeypatch.setattr("engine.models.download.CHUNK_BYTES", 65536)
+    monkeypatch.setattr("brisk.engine.models.download.CHUNK_BYTES", 65536)
 
 
 def test_dropped_connection_resumes_with_a_range_request(tmp_path, hub_root, monkeypatch, small_chunks):

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.controller import DraftLengthController, PairCosts
-from engine.accel.speculative.lookup import LookupOffer
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.controller import DraftLengthController, PairCosts
+from brisk.engine.accel.speculative.lookup import LookupOffer
 
 # Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
 pytestmark = pytest.mark.plan_independent
@@ -55,7 +55,7 @@ def test_controller_probes_again_with_backoff():
 
 
 def test_expected_tokens_formula():
-    from engine.accel.speculative.controller import expected_tokens
+    from brisk.engine.accel.speculative.controller import expected_tokens
 
     assert expected_tokens(0.0, 4) == 1
     assert expected_tokens(1.0, 4) == 5

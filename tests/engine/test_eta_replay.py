@@ -1,6 +1,6 @@
 """The prefill ETA holds on real prefills: recorded per-chunk timings (tests/engine/
 eta_recordings/, made by record_prefill.py there; machine and date inside each file) replayed
-through engine/prefill_eta.py. From 10% of a phase onward the estimate is within ±30% of the
+through engine/turn/prefill_eta.py. From 10% of a phase onward the estimate is within ±30% of the
 time that phase really had left (issue 58: dense 17K said 'about 2 min' with 399 s left), on
 dense, UniPrefill and SpecPrefill prefills alike."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.prefill_eta import LayerEta, PrefillEta, attention_ratio
+from brisk.engine.turn.prefill_eta import LayerEta, PrefillEta, attention_ratio
 
 # Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
 pytestmark = pytest.mark.plan_independent
@@ -92,7 +92,7 @@ def test_uniprefill_eta_holds_from_ten_percent(name):
 def phase_misses(record: dict, phase: str) -> tuple[list[str], int]:
     """SpecPrefill: the draft reads the whole prompt ("draft", in its own tokens), then the
     target reads the kept runs ("kept"); each phase's estimate is replayed through the one
-    PrefillEta the turn uses (engine/turn_prefill.py), against the time that phase had left."""
+    PrefillEta the turn uses (engine/turn/prefill_phase.py), against the time that phase had left."""
     events = chunk_events(record)
     ratio = attention_ratio(record["config"])
     eta = PrefillEta({"prompt": ratio, "kept": ratio, "draft": attention_ratio(record["draft_config"])})

@@ -10,10 +10,10 @@ import gguf
 import numpy as np
 import pytest
 
-from engine.errors import GGUFImportError
-from engine.models import gguf_check
-from engine.models.gguf_import import import_gguf
-from engine.models.store import ModelStore
+from brisk.engine.api.errors import GGUFImportError
+from brisk.engine.models import gguf_check
+from brisk.engine.models.gguf_import import import_gguf
+from brisk.engine.models.store import ModelStore
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 

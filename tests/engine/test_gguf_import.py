@@ -7,9 +7,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.errors import GGUFImportError
-from engine.models.gguf_import import import_gguf
-from engine.models.loader import load_folder
+from brisk.engine.api.errors import GGUFImportError
+from brisk.engine.models.gguf_import import import_gguf
+from brisk.engine.models.loader import load_folder
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 
@@ -103,8 +103,8 @@ def _fake_bundled(tmp_path, monkeypatch):
     import hashlib
     import zipfile
 
-    from engine.models import bundled
-    from engine.models.store import ModelStore
+    from brisk.engine.models import bundled
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore(tmp_path / "home")
     gguf_path = write_gguf(make_tiny_model(tmp_path / "orig", "qwen2"), tmp_path / "m.gguf")
@@ -124,7 +124,7 @@ def _fake_bundled(tmp_path, monkeypatch):
 
 
 def test_a_bundled_install_removes_its_downloads(tmp_path, monkeypatch):
-    from engine.models.bundled import install_bundled
+    from brisk.engine.models.bundled import install_bundled
 
     store, cache = _fake_bundled(tmp_path, monkeypatch)
     install_bundled("fake-model", store=store)
@@ -132,7 +132,7 @@ def test_a_bundled_install_removes_its_downloads(tmp_path, monkeypatch):
 
 
 def test_a_bundled_install_keeps_its_downloads_on_request(tmp_path, monkeypatch):
-    from engine.models.bundled import install_bundled
+    from brisk.engine.models.bundled import install_bundled
 
     store, cache = _fake_bundled(tmp_path, monkeypatch)
     install_bundled("fake-model", store=store, keep_download=True)

@@ -8,10 +8,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.models import gguf_quant
-from engine.models.gguf_import import import_gguf
-from engine.models.loader import load_folder
-from kernels import plan
+from brisk.engine.models import gguf_quant
+from brisk.engine.models.gguf_import import import_gguf
+from brisk.engine.models.loader import load_folder
+from brisk.kernels import plan
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 
@@ -125,7 +125,7 @@ def test_float_and_one_dimensional_tensors_stay_float32():
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("kind", ["Q4_0", "Q5_0", "Q8_0"])
 def test_a_quantized_gguf_imports_quantized_and_answers_like_its_float_import(tmp_path, arch, kind, monkeypatch):
-    from kernels import quantized_matmul
+    from brisk.kernels import quantized_matmul
 
     # float x in the few-row kernel: this checks that the blocks map exactly, not the rounding
     monkeypatch.setattr(quantized_matmul, "INTEGER_ACTIVATIONS", False)
@@ -170,6 +170,6 @@ def test_per_layer_bits_are_recorded_where_a_model_mixes_them():
 
 
 def gguf_quant_config(bits_of):
-    from engine.models.gguf_import import quantization_config
+    from brisk.engine.models.gguf_import import quantization_config
 
     return quantization_config(bits_of)

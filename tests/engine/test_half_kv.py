@@ -1,16 +1,16 @@
-"""The unpacked KV cache stores float16 (engine/half_kv.py): half the bytes, the same answers."""
+"""The unpacked KV cache stores float16 (engine/kv/half.py): half the bytes, the same answers."""
 
 import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
 
-from engine.cache import PromptCache
-from engine.compiled_decode import compiled_steps, why_not_compiled
-from engine.half_kv import HalfKVCache, HalfRotatingKVCache, float32_kv, make_layers
-from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
-from engine.metrics import kv_bytes_measured
-from engine.models.loader import load_folder
+from brisk.engine.api.metrics import kv_bytes_measured
+from brisk.engine.decode.compiled import compiled_steps, why_not_compiled
+from brisk.engine.kv import PromptCache
+from brisk.engine.kv.half import HalfKVCache, HalfRotatingKVCache, float32_kv, make_layers
+from brisk.engine.kv.packed_cache import PackedKVCache, maybe_quantize_kv_cache
+from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
 PROMPT = [(i * 37) % 300 + 3 for i in range(300)]

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from engine.documents import DocumentError, check_fit, read_document
-from engine.errors import BriskError, InvalidSettings
-from engine.events import EngineErrored, TurnFinished
-from engine.models.store import ModelStore
-from engine.session import Message, Session
-from engine.settings import ChatSettings
-from engine.text_input import count_tokens_bounded, read_text_file
+from brisk.engine.api.errors import BriskError, InvalidSettings
+from brisk.engine.api.events import EngineErrored, TurnFinished
+from brisk.engine.api.session import Message, Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.models.store import ModelStore
+from brisk.engine.turn.documents import DocumentError, check_fit, read_document
+from brisk.engine.turn.text_input import count_tokens_bounded, read_text_file
 from tests import cli_here
 
 
@@ -27,7 +27,7 @@ def cli_home(tmp_path_factory, tiny_llama_dir):
 def brisk(home, *args):
     env = dict(os.environ, BRISK_HOME=str(home))
     return subprocess.run(
-        [sys.executable, "-m", "engine.cli", *args], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "brisk.engine.host.cli", *args], env=env, capture_output=True, text=True, timeout=300
     )
 
 
@@ -155,7 +155,7 @@ def test_truncate_oldest_drops_turns_by_characters_first(tiny_llama):
 
 
 def test_huge_attachment_is_judged_without_tokenizing_it_all(tiny_llama, tmp_path, monkeypatch):
-    from engine.text_input import TOKENIZE_PIECE_CHARS
+    from brisk.engine.turn.text_input import TOKENIZE_PIECE_CHARS
 
     path = tmp_path / "huge.txt"
     path.write_text("lorem ipsum dolor sit amet " * 200_000)  # 5.4 MB
@@ -196,7 +196,7 @@ def test_a_pdf_bomb_is_a_document_error_not_an_engine_failure(tmp_path, monkeypa
 
 
 def test_a_pdf_that_expands_past_the_character_cap_stops_extracting(tmp_path, monkeypatch):
-    import engine.documents as documents
+    import brisk.engine.turn.documents as documents
 
     pages_read = []
 
@@ -223,9 +223,9 @@ def test_a_pdf_that_expands_past_the_character_cap_stops_extracting(tmp_path, mo
 
 
 def test_a_prefill_step_that_cannot_fit_in_memory_is_refused_with_both_numbers(tiny_llama, monkeypatch):
-    import engine.info
+    import brisk.engine.runtime.info
 
-    monkeypatch.setattr(engine.info, "memory_available", lambda: 1_000_000)
+    monkeypatch.setattr(brisk.engine.runtime.info, "memory_available", lambda: 1_000_000)
     session = Session(tiny_llama, ChatSettings(model="tiny", max_tokens=2, prefill_step_size=4096))
     events = list(session.send("The quick brown fox " * 40))
     (error,) = [e for e in events if isinstance(e, EngineErrored)]
@@ -233,12 +233,12 @@ def test_a_prefill_step_that_cannot_fit_in_memory_is_refused_with_both_numbers(t
 
 
 def test_the_check_counts_the_chunk_not_the_whole_prompt(tiny_llama, monkeypatch):
-    import engine.info
-    from engine.prefill import prefill_step_bytes
+    import brisk.engine.runtime.info
+    from brisk.engine.turn.dense_prefill import prefill_step_bytes
 
     need_small = prefill_step_bytes(tiny_llama.config, 8, 200)
     assert prefill_step_bytes(tiny_llama.config, 200, 200) > 20 * need_small
-    monkeypatch.setattr(engine.info, "memory_available", lambda: need_small + 1)
+    monkeypatch.setattr(brisk.engine.runtime.info, "memory_available", lambda: need_small + 1)
     session = Session(tiny_llama, ChatSettings(model="tiny", max_tokens=2, prefill_step_size=8))
     assert [e for e in session.send("The quick brown fox " * 20) if isinstance(e, TurnFinished)]
 
@@ -254,15 +254,15 @@ def test_a_draft_equal_to_the_target_is_refused_on_the_cli(cli_home):
 def test_a_draft_bigger_than_the_target_is_refused_by_the_worker(tiny_llama, tmp_path):
     import dataclasses
 
-    from engine.models.loader import load_folder
-    from engine.worker import Answer, EngineWorker
+    from brisk.engine.host.worker import Answer, EngineWorker
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     bigger = load_folder(make_tiny_model(tmp_path / "big", "llama", hidden_size=128), model_id="bigger")
     models = {"tiny-llama": tiny_llama, "bigger": bigger}
     worker = EngineWorker(models.__getitem__, memory_available=lambda: 2**30)
     settings = ChatSettings(model="tiny-llama", draft="bigger", max_tokens=4)
-    from engine.session import CancelToken
+    from brisk.engine.api.session import CancelToken
 
     events = [e.event for e in worker.handle(Answer(1, settings, [Message("user", "hi")]), CancelToken())]
     (error,) = [e for e in events if isinstance(e, EngineErrored)]

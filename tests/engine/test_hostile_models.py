@@ -8,14 +8,14 @@ import tracemalloc
 
 import pytest
 
-from engine.chat_template import TemplateError
-from engine.errors import BriskError, BrokenModelFolder, TurnCancelled, UnsupportedModel
-from engine.models.folder import inspect_folder
-from engine.models.loader import load_folder
-from engine.models.store import ModelStore, validate_model_id
-from engine.prompt import encode_messages
-from engine.session import CancelToken, Message, Session
-from engine.settings import ChatSettings
+from brisk.engine.api.errors import BriskError, BrokenModelFolder, TurnCancelled, UnsupportedModel
+from brisk.engine.api.session import CancelToken, Message, Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.models.folder import inspect_folder
+from brisk.engine.models.loader import load_folder
+from brisk.engine.models.store import ModelStore, validate_model_id
+from brisk.engine.turn.chat_template import TemplateError
+from brisk.engine.turn.prompt import encode_messages
 
 
 @pytest.fixture
@@ -74,7 +74,7 @@ FLOOD = "{% for i in range(99999) %}{{ 'x' * 1000 }}{% endfor %}"
 
 
 class SteppingClock:
-    """The sandbox's clock (engine/template_sandbox.py reads time.monotonic): each reading
+    """The sandbox's clock (engine/turn/template_sandbox.py reads time.monotonic): each reading
     is `step` seconds after the last, so time is the count of checks, whatever the load."""
 
     def __init__(self, step: float):
@@ -87,7 +87,7 @@ class SteppingClock:
 
 
 def test_a_template_that_loops_for_ever_is_stopped_within_its_budget(folder, monkeypatch):
-    from engine import chat_template, template_sandbox
+    from brisk.engine.turn import chat_template, template_sandbox
 
     clock = SteppingClock(0.001)
     monkeypatch.setattr(template_sandbox, "time", clock)
@@ -107,7 +107,7 @@ def test_a_template_that_floods_output_is_stopped_by_the_size_cap(folder):
 
 
 def test_stop_interrupts_a_slow_template(folder, monkeypatch):
-    from engine import template_sandbox
+    from brisk.engine.turn import template_sandbox
 
     monkeypatch.setattr(template_sandbox, "time", SteppingClock(0.0))  # the time budget never runs out
     lm = with_template(folder, NESTED_LOOPS)
@@ -227,8 +227,8 @@ def test_model_ids_must_match_in_full(bad):
 
 
 def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
-    from engine.errors import GGUFImportError
-    from engine.models.gguf_import import import_gguf
+    from brisk.engine.api.errors import GGUFImportError
+    from brisk.engine.models.gguf_import import import_gguf
 
     path = tmp_path / "bomb.gguf"
     key = b"tokenizer.ggml.tokens"
@@ -254,8 +254,8 @@ def test_a_gguf_declaring_a_huge_array_is_refused_at_once(tmp_path):
     [({"attention.head_count": 0}, "head_count|num_attention_heads"), ({"context_length": 1 << 40}, "context")],
 )
 def test_gguf_metadata_out_of_range_is_refused_before_install(tmp_path, metadata, match):
-    from engine.errors import GGUFImportError
-    from engine.models.gguf_import import import_gguf
+    from brisk.engine.api.errors import GGUFImportError
+    from brisk.engine.models.gguf_import import import_gguf
     from tests.gguf_writer import write_gguf
     from tests.tiny_models import make_tiny_model
 

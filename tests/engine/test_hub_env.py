@@ -23,7 +23,7 @@ def test_bad_hf_endpoint_is_one_line_not_a_traceback(endpoint):
     # huggingface_hub parses HF_ENDPOINT when imported (mlx-lm imports it): `brisk --version`
     # ended in a ValueError traceback for the first two.
     done = subprocess.run(
-        [sys.executable, "-m", "engine.cli", "--version"],
+        [sys.executable, "-m", "brisk.engine.host.cli", "--version"],
         env=_env(HF_ENDPOINT=endpoint),
         capture_output=True,
         text=True,
@@ -36,7 +36,7 @@ def test_bad_hf_endpoint_is_one_line_not_a_traceback(endpoint):
 
 
 def test_good_hf_endpoint_is_accepted():
-    from engine.hub_env import hub_endpoint_problem
+    from brisk.engine.runtime.hub_env import hub_endpoint_problem
 
     os.environ["HF_ENDPOINT"], saved = "http://127.0.0.1:8123", os.environ.get("HF_ENDPOINT")
     try:
@@ -67,7 +67,7 @@ def test_no_agent_registry_fetch_from_the_hub():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        code = "import engine\nfrom huggingface_hub.utils import build_hf_headers\nbuild_hf_headers()\n"
+        code = "import brisk.engine\nfrom huggingface_hub.utils import build_hf_headers\nbuild_hf_headers()\n"
         env = _env(
             HF_ENDPOINT=f"http://127.0.0.1:{server.server_port}",
             HF_HOME=os.environ.get("TMPDIR", "/tmp") + "/brisk-hf-home-test",

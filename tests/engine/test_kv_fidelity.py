@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from engine import kv_fidelity as fidelity
-from engine.events import EngineWarned, PrefillProgressed, TurnFinished
-from engine.kvcache import PackedKVCache
-from engine.models.loader import load_folder
-from engine.session import Session
-from engine.settings import ChatSettings
+from brisk.engine.api.events import EngineWarned, PrefillProgressed, TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.kv import fidelity
+from brisk.engine.kv.packed_cache import PackedKVCache
+from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model
 
 

@@ -6,15 +6,15 @@ import pytest
 from mlx_lm.models import base as mlx_lm_base
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
-from engine.events import EngineErrored, TurnFinished
-from engine.half_kv import HalfKVCache
-from engine.kv_stores import decode_packed_limit
-from engine.kvcache import PackedKVCache, maybe_quantize_kv_cache
-from engine.models.loader import load_folder
-from engine.session import Session
-from engine.settings import ChatSettings
-from kernels import quantized_matmul
-from kernels.kv_attention import kv_attention_reference
+from brisk.engine.api.events import EngineErrored, TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.kv.half import HalfKVCache
+from brisk.engine.kv.packed_cache import PackedKVCache, maybe_quantize_kv_cache
+from brisk.engine.kv.stores import decode_packed_limit
+from brisk.engine.models.loader import load_folder
+from brisk.kernels import quantized_matmul
+from brisk.kernels.kv_attention import kv_attention_reference
 from tests.tiny_models import make_tiny_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
@@ -168,7 +168,7 @@ def test_saved_cache_reopens_without_prefill(lm, tmp_path, bits):
 
 
 def test_saved_cache_of_another_model_or_corrupt_file_is_refused(lm, tiny_llama, tmp_path):
-    from engine.errors import BriskError
+    from brisk.engine.api.errors import BriskError
 
     session = Session(lm, settings())
     finish(session.send(PROMPT))

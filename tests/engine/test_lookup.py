@@ -9,18 +9,18 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.accel.speculative import decoder as speculative
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.controller import EXTRA_POSITION_COST
-from engine.accel.speculative.decoder import SpeculativeDecoder
-from engine.accel.speculative.lookup import ContextIndex, LookupOffer
-from engine.cache import PromptCache
-from engine.errors import InvalidSettings
-from engine.events import TokenEmitted
-from engine.models.loader import load_folder
-from engine.sampling import TokenDistribution
-from engine.session import Message, Session
-from engine.settings import ChatSettings
+from brisk.engine.accel.speculative import decoder as speculative
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.controller import EXTRA_POSITION_COST
+from brisk.engine.accel.speculative.decoder import SpeculativeDecoder
+from brisk.engine.accel.speculative.lookup import ContextIndex, LookupOffer
+from brisk.engine.api.errors import InvalidSettings
+from brisk.engine.api.events import TokenEmitted
+from brisk.engine.api.session import Message, Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.decode.sampling import TokenDistribution
+from brisk.engine.kv import PromptCache
+from brisk.engine.models.loader import load_folder
 from tests.engine.test_speculative import _chi2, _critical_chi2, _exact_pairs, chat
 from tests.tiny_models import make_tiny_model_by_key
 
@@ -257,8 +257,8 @@ def test_before_any_verify_is_timed_a_cpu_turn_does_not_bet_on_a_long_lookup(mod
     1.6 plain steps (the GPU prior) looked worth it at even odds; on this CPU it cost about
     4-5 (Qwen-1.5B q4), so a default turn lost to plain decoding on structured text. The
     decoder's autopilot is priced for the device it runs on."""
-    from engine.accel.speculative.controller import PairCosts
-    from engine.accel.speculative.pair import LookupOnly
+    from brisk.engine.accel.speculative.controller import PairCosts
+    from brisk.engine.accel.speculative.pair import LookupOnly
 
     target = models["llama"]
     decoder = LookupOnly(target).make_decoder(
@@ -277,8 +277,8 @@ def test_before_any_verify_is_timed_a_cpu_turn_does_not_bet_on_a_long_lookup(mod
 def _run_decoder(models, *, indexed=False):
     """A lookup-only decoder on the tiny llama, its cache as a turn's prefill leaves it (the
     prompt but its last token), and the prompt; `indexed`: the prompt in its context index."""
-    from engine.accel.speculative.controller import PairCosts
-    from engine.accel.speculative.pair import LookupOnly
+    from brisk.engine.accel.speculative.controller import PairCosts
+    from brisk.engine.accel.speculative.pair import LookupOnly
 
     target = models["llama"]
     cache = PromptCache(target.model)
@@ -366,7 +366,7 @@ def test_a_lookup_that_does_not_come_leaves_the_run_unpipelined_and_its_tokens_u
 def test_a_plain_run_traces_its_compiled_step_once(models, monkeypatch):
     """The run's first token went in as int32 and the rest as argmax's uint32: each dtype was
     a trace of its own (~6.5 ms for SmolLM2), twice a turn."""
-    from engine import compiled_decode
+    from brisk.engine.decode import compiled as compiled_decode
 
     slots = []
     real = compiled_decode._FixedSlot.__init__
@@ -401,7 +401,7 @@ def test_a_turn_asks_once_whether_its_plain_runs_can_be_compiled(models, monkeyp
 
 
 def test_a_verify_pass_is_dispatched_ahead_through_the_targets_cache(models, monkeypatch):
-    """Its first layers run while Python builds the rest (engine/dispatch_ahead.py)."""
+    """Its first layers run while Python builds the rest (engine/decode/dispatch_ahead.py)."""
     decoder, sequence = _run_decoder(models)
     entered = []
     real = speculative.dispatching_ahead
@@ -455,8 +455,8 @@ def test_lookups_measured_in_draft_cycles_win_back_the_choice():
 
 
 def test_a_draft_cycle_tells_the_autopilot_what_the_lookup_would_have_kept(models, monkeypatch):
-    from engine.accel.speculative.controller import PairCosts
-    from engine.accel.speculative.pair import DraftPair
+    from brisk.engine.accel.speculative.controller import PairCosts
+    from brisk.engine.accel.speculative.pair import DraftPair
 
     target = models["llama"]
     cache = PromptCache(target.model)

@@ -1,4 +1,4 @@
-"""Every mlx-lm internal Brisk relies on is listed in engine/mlx_hooks.py; each one is
+"""Every mlx-lm internal Brisk relies on is listed in engine/runtime/mlx_hooks.py; each one is
 checked against the installed version, and a moved one is named, not silently ignored."""
 
 import importlib
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import BriskError
-from engine.mlx_hooks import HOOKS, check_hook, check_hooks
+from brisk.engine.api.errors import BriskError
+from brisk.engine.runtime.mlx_hooks import HOOKS, check_hook, check_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,15 +36,15 @@ def test_every_module_that_imports_mlx_lm_internals_is_listed():
     private = []
     for path in [*ROOT.glob("engine/**/*.py"), *ROOT.glob("kernels/**/*.py")]:
         text = path.read_text()
-        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        module = "brisk." + ".".join(path.relative_to(ROOT).with_suffix("").parts)
         if ("import _" in text and "mlx_lm" in text) or "mlx_lm_base." in text or "mlx_lm_cache." in text:
             private.append(module)
     assert private and set(private) <= users, set(private) - users
 
 
 def test_the_loader_checks_the_hooks(tiny_llama_dir, monkeypatch):
-    import engine.mlx_hooks as hooks
-    from engine.models.loader import load_folder
+    import brisk.engine.runtime.mlx_hooks as hooks
+    from brisk.engine.models.loader import load_folder
 
     check_hooks.cache_clear()
     monkeypatch.setattr(hooks, "HOOKS", (hooks.Hook("mlx_lm.utils:no_such_thing", "private call", "engine.x", "t"),))

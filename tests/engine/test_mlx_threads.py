@@ -1,4 +1,4 @@
-"""MLX threads end without aborting the process (engine/mlx_threads.py).
+"""MLX threads end without aborting the process (engine/runtime/mlx_threads.py).
 
 A thread that ran an `mx.compile` trace and ends while Python finalizes aborts the process
 (MLX's per-thread compile cache takes the GIL in its destructor). With a plain thread,
@@ -9,11 +9,11 @@ import subprocess
 import sys
 import threading
 
-from engine.mlx_threads import MlxThread
+from brisk.engine.runtime.mlx_threads import MlxThread
 
 EXIT_AFTER_COMPILED_WORK = """
 import mlx.core as mx
-from engine.mlx_threads import MlxThread
+from brisk.engine.runtime.mlx_threads import MlxThread
 
 double = mx.compile(lambda x: x * 2 + 1)
 thread = MlxThread(lambda: mx.eval(double(mx.ones((4,)))), name="compiled")
@@ -44,7 +44,7 @@ def test_a_failing_target_is_logged_and_still_counts_as_finished(caplog):
         raise RuntimeError("boom")
 
     thread = MlxThread(broken, name="broken")
-    with caplog.at_level("ERROR", logger="engine.mlx_threads"):
+    with caplog.at_level("ERROR", logger="brisk.engine.runtime.mlx_threads"):
         thread.start()
         assert thread.join(10)
     assert "broken failed" in caplog.text and "boom" in caplog.text

@@ -2,11 +2,11 @@
 
 import pytest
 
-from engine.events import DownloadProgressed, EngineErrored
-from engine.model_commands import ImportGGUF, ModelsChanged, RemoveModel
-from engine.models.store import ModelStore
-from engine.session import CancelToken
-from engine.worker import EngineWorker
+from brisk.engine.api.events import DownloadProgressed, EngineErrored
+from brisk.engine.api.session import CancelToken
+from brisk.engine.host.model_commands import ImportGGUF, ModelsChanged, RemoveModel
+from brisk.engine.host.worker import EngineWorker
+from brisk.engine.models.store import ModelStore
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 

@@ -1,7 +1,7 @@
 """`brisk` run in a folder holding packages named like Brisk's must still run Brisk's code.
 
 Issue 54 item 18: the console script re-executes itself (for glibc's malloc tunables) and
-used `python -m engine.cli`, which puts the current folder first on sys.path.
+used `python -m brisk.engine.host.cli`, which puts the current folder first on sys.path.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from engine.python_argv import module_argv
+from brisk.engine.runtime.python_argv import module_argv
 
 HIJACK = "import pathlib; pathlib.Path({marker!r}).write_text('ran'); raise SystemExit('hijacked')\n"
 
 
 def _hostile_folder(tmp_path: Path) -> tuple[Path, Path]:
-    """A folder whose `engine`, `kernels`, `app` and `mlx` packages each leave a marker when imported."""
+    """A folder whose `brisk`, `engine`, `kernels`, `app` and `mlx` packages each leave a marker when imported."""
     folder, marker = tmp_path / "clone", tmp_path / "marker"
-    for name in ("engine", "kernels", "app", "mlx"):
+    for name in ("brisk", "engine", "kernels", "app", "mlx"):
         (folder / name).mkdir(parents=True)
         (folder / name / "__init__.py").write_text(HIJACK.format(marker=str(marker)))
     return folder, marker
@@ -49,9 +49,7 @@ def test_the_console_script_ignores_packages_in_the_current_folder(tmp_path):
 def test_module_argv_runs_brisk_modules_with_the_current_folder_off_the_path(tmp_path):
     folder, marker = _hostile_folder(tmp_path)
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSAFEPATH")}
-    # The repository root on PYTHONPATH stands in for site-packages, as in an installed Brisk.
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
-    probe = "engine.version"
+    probe = "brisk.engine.version"
     out = subprocess.run(module_argv(probe), cwd=folder, env=env, capture_output=True, text=True, timeout=120)
     assert not marker.exists(), "the current folder's package was imported"
     assert out.returncode == 0, out.stderr

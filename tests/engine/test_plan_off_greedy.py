@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.events import TurnFinished
-from engine.models.loader import load_model
-from engine.session import Session
-from engine.settings import ChatSettings
-from kernels import plan
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.models.loader import load_model
+from brisk.kernels import plan
 from tests.conftest import REAL_MODEL
 
 pytestmark = pytest.mark.real_model
@@ -25,7 +25,7 @@ CHILD = r"""
 import json, sys
 from pathlib import Path
 from tests.engine.test_plan_off_greedy import answers
-from engine.models.store import ModelStore
+from brisk.engine.models.store import ModelStore
 print(json.dumps(answers(ModelStore(Path(sys.argv[1])))))
 """
 

@@ -15,12 +15,12 @@ import pytest
 CHILD = r"""
 import json, os, sys
 stand_in = sys.argv[2]
-from kernels import plan
+from brisk.kernels import plan
 if stand_in == "gpu":  # a Mac's process: the plan reads the default device from here
     plan.current_device = lambda: "gpu"
-from engine.models.loader import load_folder
-from engine.session import Session
-from engine.settings import ChatSettings
+from brisk.engine.models.loader import load_folder
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
 
 lm = load_folder(sys.argv[1], model_id="tiny")
 steps = []
@@ -32,7 +32,7 @@ for settings in (
     session = Session(lm, ChatSettings(model="tiny", max_tokens=12, **settings))
     done = next(e for e in session.send("The quick brown fox. The quick brown") if type(e).__name__ == "TurnFinished")
     steps.append(done.metrics.decode_step)
-from kernels import mlx_extension, native
+from brisk.kernels import mlx_extension, native
 
 cache = os.environ["BRISK_KERNEL_CACHE"]
 maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""

@@ -7,8 +7,8 @@ import stat
 
 import pytest
 
-from engine.errors import BriskError, UnsafeLocation
-from engine.private_files import (
+from brisk.engine.api.errors import BriskError, UnsafeLocation
+from brisk.engine.runtime.private_files import (
     check_owned_file,
     ensure_private_dir,
     read_private_file,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.cache import PromptCache
+from brisk.engine.kv import PromptCache
 
 TOKENS = list(range(10, 40))
 
@@ -70,7 +70,7 @@ def test_layers_that_cannot_trim_are_reset_instead_of_left_wrong(tiny_llama, mon
 
 
 def test_save_and_load_round_trip_and_identity_check(tiny_llama, tmp_path):
-    from engine.errors import BriskError
+    from brisk.engine.api.errors import BriskError
 
     cache = filled(tiny_llama)
     cache.save(tmp_path / "c.safetensors", {"model": "tiny", "tokenizer": "abc"})
@@ -85,9 +85,9 @@ def test_save_and_load_round_trip_and_identity_check(tiny_llama, tmp_path):
 def test_after_a_turn_the_cache_holds_exactly_the_tokens_it_says(tiny_llama, tmp_path, spec_decode):
     """Plain decoding leaves every yielded token in the cache, drafting all but the last;
     either way the layers' offsets equal the cache's own token count (each decoder keeps it)."""
-    from engine.models.loader import load_folder
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     draft = load_folder(make_tiny_model(tmp_path / "d", "llama", hidden_size=32, intermediate_size=64), model_id="d")

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import DownloadError
-from engine.models import bundled, pypi
-from engine.models.store import ModelStore
+from brisk.engine.api.errors import DownloadError
+from brisk.engine.models import bundled, pypi
+from brisk.engine.models.store import ModelStore
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 

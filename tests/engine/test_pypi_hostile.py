@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from engine.errors import DownloadError, GGUFImportError
-from engine.models import bundled, pypi
-from engine.models.store import ModelStore
+from brisk.engine.api.errors import DownloadError, GGUFImportError
+from brisk.engine.models import bundled, pypi
+from brisk.engine.models.store import ModelStore
 from tests.gguf_writer import write_gguf
 from tests.tiny_models import make_tiny_model
 
@@ -289,7 +289,7 @@ def test_a_full_disk_while_registering_the_model_says_so_and_leaves_no_staging(
 def test_brisk_models_import_gguf_on_a_full_disk_says_so(tmp_path, gguf_bytes, monkeypatch):
     import argparse
 
-    from engine.cli_models import cmd_import_gguf
+    from brisk.engine.host.cli_models import cmd_import_gguf
 
     monkeypatch.setenv("BRISK_HOME", str(tmp_path / "home"))
     path = tmp_path / "m.gguf"

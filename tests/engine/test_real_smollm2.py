@@ -7,14 +7,14 @@ import time
 import mlx.core as mx
 import pytest
 
-from engine.detokenize import StreamingText
-from engine.errors import DownloadError
-from engine.events import TokenEmitted, TurnFinished
-from engine.models.bundled import BUNDLED, assemble_gguf
-from engine.models.loader import load_model
-from engine.prompt import encode_messages
-from engine.session import CancelToken, Session
-from engine.settings import ChatSettings
+from brisk.engine.api.errors import DownloadError
+from brisk.engine.api.events import TokenEmitted, TurnFinished
+from brisk.engine.api.session import CancelToken, Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.models.bundled import BUNDLED, assemble_gguf
+from brisk.engine.models.loader import load_model
+from brisk.engine.turn.detokenize import StreamingText
+from brisk.engine.turn.prompt import encode_messages
 
 pytestmark = pytest.mark.real_model
 MODEL = "smollm2-135m-instruct"
@@ -133,7 +133,7 @@ def test_sparse_prefill_with_keep_all_equals_full_prefill(smol):
 def test_speculative_decoding_equals_plain_on_real_weights(smol, tmp_path):
     """Same tokenizer (SmolLM2 drafting for itself) and across tokenizers (a tiny draft with
     another vocabulary): greedy output is the target's, token for token and text for text."""
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     prompt = "List three facts about the Moon, one per line."
@@ -174,7 +174,7 @@ def test_decode_steps_with_integer_activations_agree_with_float_x(smol, monkeypa
     which plain int8 x could not carry), they pick the float-x path's top token everywhere."""
     from mlx_lm.models.cache import make_prompt_cache
 
-    from kernels import plan, quantized_matmul
+    from brisk.kernels import plan, quantized_matmul
 
     if not plan.current().integer_x:
         pytest.skip(f"the kernel plan has no integer-x path to compare ({plan.current().describe()[0]})")

@@ -10,14 +10,14 @@ import stat
 
 import pytest
 
-from engine.cache.saved import SavedCaches
-from engine.cache.signing import KEY_BYTES, installation_key, key_path
-from engine.conversation import CancelToken, Message
-from engine.errors import UnsafeLocation
-from engine.events import TurnFinished
-from engine.session import Session
-from engine.settings import ChatSettings
-from engine.worker import Answer, EngineWorker
+from brisk.engine.api.conversation import CancelToken, Message
+from brisk.engine.api.errors import UnsafeLocation
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import Answer, EngineWorker
+from brisk.engine.kv.saved import SavedCaches
+from brisk.engine.kv.signing import KEY_BYTES, installation_key, key_path
 
 DOCUMENT = "The committee met on Tuesday to review the water budget for the coming year. " * 4
 STRANGER = 12345  # a uid no account on the test machine has
@@ -56,7 +56,7 @@ def old_kv_digest(layers) -> str:
     import mlx.core as mx
     import numpy as np
 
-    from engine.mx_values import tree_leaves
+    from brisk.engine.runtime.mx_values import tree_leaves
 
     digest = hashlib.sha256()
     for layer in layers:

@@ -3,12 +3,12 @@ leaves memory, restored on the chat's first turn, refused when the model changed
 
 import pytest
 
-from engine.cache.saved import SavedCaches
-from engine.conversation import CancelToken, Message
-from engine.events import TurnFinished
-from engine.session import Session
-from engine.settings import ChatSettings
-from engine.worker import Answer, EngineWorker
+from brisk.engine.api.conversation import CancelToken, Message
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import Answer, EngineWorker
+from brisk.engine.kv.saved import SavedCaches
 
 DOCUMENT = "The committee met on Tuesday to review the water budget for the coming year. " * 6
 
@@ -50,7 +50,7 @@ def test_a_reopened_chat_reads_only_its_new_message(tiny_llama, tmp_path):
 
 
 def test_a_saved_cache_of_another_model_is_refused_and_deleted(tiny_llama, tmp_path):
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     history, _ = first_chat(tiny_llama, tmp_path)

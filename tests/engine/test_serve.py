@@ -15,12 +15,12 @@ import pytest
 openai = pytest.importorskip("openai", reason="the server tests drive it with the openai client (the test extra)")
 uvicorn = pytest.importorskip("uvicorn", reason="brisk serve runs on uvicorn (a dependency)")
 
-from engine.conversation import Message  # noqa: E402
-from engine.serve.app import Server  # noqa: E402
-from engine.serve.local import LocalServer  # noqa: E402
-from engine.serve.scheduler import EngineQueue  # noqa: E402
-from engine.session import Session  # noqa: E402
-from engine.settings import ChatSettings  # noqa: E402
+from brisk.engine.api.conversation import Message  # noqa: E402
+from brisk.engine.api.session import Session  # noqa: E402
+from brisk.engine.api.settings import ChatSettings  # noqa: E402
+from brisk.engine.host.serve.app import Server  # noqa: E402
+from brisk.engine.host.serve.local import LocalServer  # noqa: E402
+from brisk.engine.host.serve.scheduler import EngineQueue  # noqa: E402
 
 
 class Live(LocalServer):
@@ -30,7 +30,7 @@ class Live(LocalServer):
 
 @pytest.fixture(scope="module")
 def tiny_home(tiny_llama_dir):
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore()  # tests/conftest.py points BRISK_HOME at a temporary folder
     if not store.has("tiny"):
@@ -49,7 +49,7 @@ def served(tiny_home):
 
 
 def engine_answer(tiny_home, text, **settings):
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     session = Session(load_model("tiny", store=tiny_home), ChatSettings(model="tiny", **settings))
     finished = [e for e in session.answer([Message("user", text)])][-1]
@@ -294,8 +294,8 @@ def test_fifty_sequential_and_eight_concurrent_clients_without_error_or_leak(ser
     """Leaks as counts, not RSS (which moves with the allocator and the machine's load): no
     request's objects outlive it, and the Python heap grows by no more per request than what
     the server keeps on purpose (each new conversation's slot and session, bounded by bytes)."""
-    from engine.serve.app import Turn
-    from engine.serve.scheduler import Job
+    from brisk.engine.host.serve.app import Turn
+    from brisk.engine.host.serve.scheduler import Job
 
     client = served.client()
 
@@ -344,8 +344,8 @@ def test_an_api_key_is_required_when_set(tiny_home):
 def test_binding_beyond_loopback_needs_an_api_key():
     import argparse
 
-    from engine.errors import BriskError
-    from engine.serve.cli import check_binding
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.host.serve.cli import check_binding
 
     check_binding(argparse.Namespace(host="127.0.0.1", port=8088, api_key=None))
     check_binding(argparse.Namespace(host="0.0.0.0", port=8088, api_key="k"))
@@ -355,8 +355,8 @@ def test_binding_beyond_loopback_needs_an_api_key():
 
 @pytest.mark.real_model
 def test_smollm2_answers_paris_through_the_openai_client(real_store):
-    from engine.models.loader import load_model
-    from engine.worker import EngineWorker
+    from brisk.engine.host.worker import EngineWorker
+    from brisk.engine.models.loader import load_model
     from tests.conftest import REAL_MODEL
 
     queue = EngineQueue(EngineWorker(load=lambda model_id: load_model(model_id, store=real_store)))

@@ -15,14 +15,14 @@ import pytest
 openai = pytest.importorskip("openai", reason="the server tests drive it with the openai client (the test extra)")
 uvicorn = pytest.importorskip("uvicorn", reason="brisk serve runs on uvicorn (a dependency)")
 
-from engine.errors import BriskError  # noqa: E402
-from engine.events import TokenEmitted, TurnFinished  # noqa: E402
-from engine.metrics import TurnMetrics  # noqa: E402
-from engine.serve.app import Server  # noqa: E402
-from engine.serve.connections import ConnectionLimits, RateLimitedLog, connection_cap, limit_log_floods  # noqa: E402
-from engine.serve.scheduler import EngineQueue  # noqa: E402
-from engine.serve.stops import MAX_STOP_CHARS, MAX_STOPS, StopScanner, check_stops  # noqa: E402
-from engine.worker import Answer  # noqa: E402
+from brisk.engine.api.errors import BriskError  # noqa: E402
+from brisk.engine.api.events import TokenEmitted, TurnFinished  # noqa: E402
+from brisk.engine.api.metrics import TurnMetrics  # noqa: E402
+from brisk.engine.host.serve.app import Server  # noqa: E402
+from brisk.engine.host.serve.connections import ConnectionLimits, RateLimitedLog, connection_cap, limit_log_floods  # noqa: E402
+from brisk.engine.host.serve.scheduler import EngineQueue  # noqa: E402
+from brisk.engine.host.serve.stops import MAX_STOP_CHARS, MAX_STOPS, StopScanner, check_stops  # noqa: E402
+from brisk.engine.host.worker import Answer  # noqa: E402
 from tests.engine.test_serve import Live, raw  # noqa: E402
 
 # Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
@@ -362,7 +362,7 @@ def test_asyncios_accept_errors_are_rate_limited(caplog):
 def serve_args(tmp_path, *argv):
     import argparse as ap
 
-    from engine.serve.cli import add_serve_parser
+    from brisk.engine.host.serve.cli import add_serve_parser
 
     parser = ap.ArgumentParser()
     add_serve_parser(parser.add_subparsers())
@@ -370,7 +370,7 @@ def serve_args(tmp_path, *argv):
 
 
 def test_the_key_comes_from_a_private_file_or_the_environment(tmp_path):
-    from engine.serve.cli import check_binding, resolve_api_key
+    from brisk.engine.host.serve.cli import check_binding, resolve_api_key
 
     key_file = tmp_path / "key"
     key_file.write_text("sesame\n")
@@ -400,7 +400,7 @@ def test_the_key_comes_from_a_private_file_or_the_environment(tmp_path):
 @pytest.mark.parametrize("spelling", ["*/", " * ", "*//"])
 def test_no_spelling_of_every_origin_gets_past_the_key_check(tmp_path, spelling):
     """'*/' was stripped to '*' by the guard after the check had compared it with '*'."""
-    from engine.serve.cli import check_binding
+    from brisk.engine.host.serve.cli import check_binding
 
     with pytest.raises(BriskError, match="needs an API key"):
         check_binding(serve_args(tmp_path, "--allowed-origin", spelling))
@@ -410,14 +410,14 @@ def test_no_spelling_of_every_origin_gets_past_the_key_check(tmp_path, spelling)
     "origin", ["app.example", "ftp://app.example", "https://app.example/path", "https://*.example", "https://u@a.b"]
 )
 def test_an_allowed_origin_must_be_a_pages_origin(tmp_path, origin):
-    from engine.serve.cli import check_binding
+    from brisk.engine.host.serve.cli import check_binding
 
     with pytest.raises(BriskError, match="allowed-origin"):
         check_binding(serve_args(tmp_path, "--allowed-origin", origin))
 
 
 def test_allowed_origins_are_kept_as_browsers_send_them(tmp_path):
-    from engine.serve.cli import check_binding
+    from brisk.engine.host.serve.cli import check_binding
 
     args = serve_args(tmp_path, "--allowed-origin", "https://App.Example:8443/")
     check_binding(args)
@@ -426,14 +426,14 @@ def test_allowed_origins_are_kept_as_browsers_send_them(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--max-body", "-1"], ["--max-body", "0"], ["--cache-bytes", "-5"]])
 def test_sizes_that_could_never_work_are_refused_at_start(tmp_path, flags):
-    from engine.serve.cli import check_binding
+    from brisk.engine.host.serve.cli import check_binding
 
     with pytest.raises(BriskError, match="must be"):
         check_binding(serve_args(tmp_path, *flags))
 
 
 def test_with_a_key_health_tells_only_liveness_and_keys_are_compared_in_constant_time(monkeypatch):
-    import engine.serve.app as app_module
+    import brisk.engine.host.serve.app as app_module
 
     compared = []
     real = app_module.hmac.compare_digest

@@ -5,13 +5,13 @@ import threading
 
 import pytest
 
-from engine.conversation import Message
-from engine.events import TokenEmitted, TurnFinished
-from engine.metrics import TurnMetrics
-from engine.serve.scheduler import DONE, EngineQueue, Job
-from engine.serve.stops import StopScanner
-from engine.settings import ChatSettings
-from engine.worker import ConversationEvent, DescribeSessions, ForgetConversation, SessionsDescribed
+from brisk.engine.api.conversation import Message
+from brisk.engine.api.events import TokenEmitted, TurnFinished
+from brisk.engine.api.metrics import TurnMetrics
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.serve.scheduler import DONE, EngineQueue, Job
+from brisk.engine.host.serve.stops import StopScanner
+from brisk.engine.host.worker import ConversationEvent, DescribeSessions, ForgetConversation, SessionsDescribed
 
 # Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
 pytestmark = pytest.mark.plan_independent

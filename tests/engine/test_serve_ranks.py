@@ -18,14 +18,14 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from engine.conversation import CancelToken, Message
-from engine.distributed.hostfile import loopback
-from engine.distributed.launch import DEATH_GRACE_S, RankWatch
-from engine.distributed.serve_front import Front
-from engine.distributed.serve_lockstep import STOP, decode, encode, with_shared_seed
-from engine.serve.local import LocalServer
-from engine.settings import ChatSettings
-from engine.worker import Answer, ForgetConversation
+from brisk.engine.api.conversation import CancelToken, Message
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.distributed.hostfile import loopback
+from brisk.engine.distributed.launch import DEATH_GRACE_S, RankWatch
+from brisk.engine.distributed.serve_front import Front
+from brisk.engine.distributed.serve_lockstep import STOP, decode, encode, with_shared_seed
+from brisk.engine.host.serve.local import LocalServer
+from brisk.engine.host.worker import Answer, ForgetConversation
 from tests.engine.test_distributed import PROMPT, FakeClock, _rank_pid, ranks_home  # noqa: F401  (a fixture)
 
 # --- what travels to the followers ------------------------------------------------------
@@ -203,7 +203,10 @@ class Serving:
         env = dict(os.environ, BRISK_HOME=str(home), BRISK_REGROUP_DELAY_S=regroup_delay)
         args = ["serve", "--model", "tq", "--port", str(self.port), *extra]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "engine.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            [sys.executable, "-m", "brisk.engine.host.cli", *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
         self.wait_healthy()
 
@@ -316,8 +319,8 @@ def test_a_rank_killed_mid_answer_is_named_and_the_server_refuses_then_serves_ag
 
 def test_kv_bits_auto_is_refused_on_ranks_before_anything_reaches_them():
     """Each machine keeps its own packed-KV self-test result: ranks could choose differently."""
-    from engine.distributed.serve_lockstep import leader_execute
-    from engine.events import EngineErrored
+    from brisk.engine.api.events import EngineErrored
+    from brisk.engine.distributed.serve_lockstep import leader_execute
 
     class NoRing:  # any collective would fail the test
         def __getattr__(self, name):
@@ -334,9 +337,9 @@ def test_kv_bits_auto_is_refused_on_ranks_before_anything_reaches_them():
 
 
 def test_a_first_group_that_never_comes_up_ends_serve_with_its_error_and_no_retry():
-    from engine.distributed.launch import RankFailed
-    from engine.distributed.serve_group import RankGroup
-    from engine.errors import BriskError
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.distributed.launch import RankFailed
+    from brisk.engine.distributed.serve_group import RankGroup
 
     launches: list[list[str]] = []
 
@@ -362,8 +365,8 @@ def test_a_first_group_that_never_comes_up_ends_serve_with_its_error_and_no_retr
 
 def test_a_group_that_served_and_failed_is_launched_again_on_a_new_port(monkeypatch):
     """A rank of the lost group may linger on the old port (a server finishing a request)."""
-    from engine.distributed import serve_group
-    from engine.distributed.launch import RankFailed
+    from brisk.engine.distributed import serve_group
+    from brisk.engine.distributed.launch import RankFailed
 
     monkeypatch.setenv(serve_group.DELAY_ENV, "0")
     ports: list[int] = []
@@ -412,9 +415,9 @@ def test_a_group_that_served_and_failed_is_launched_again_on_a_new_port(monkeypa
 
 
 def test_a_hostfile_whose_first_host_is_not_this_machine_is_refused_before_launch():
-    from engine.distributed.hostfile import Host
-    from engine.distributed.serve_front import check_rank0_is_here
-    from engine.errors import BriskError
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.distributed.hostfile import Host
+    from brisk.engine.distributed.serve_front import check_rank0_is_here
 
     check_rank0_is_here([Host("127.0.0.1", ("127.0.0.1",))])
     with pytest.raises(BriskError, match=r"first host \(mac9, 192\.0\.2\.7\) must be this machine"):
@@ -436,8 +439,8 @@ def test_a_model_missing_on_one_host_is_named_and_no_rank_starts_the_answer(tmp_
     the forward's collectives, for good."""
     import mlx.core as mx
 
-    from engine.distributed.group import Rank
-    from engine.distributed.serve_lockstep import run_command
+    from brisk.engine.distributed.group import Rank
+    from brisk.engine.distributed.serve_lockstep import run_command
 
     monkeypatch.setenv("BRISK_HOME", str(tmp_path))  # an empty store: the model is missing here
 

@@ -13,13 +13,13 @@ pytest.importorskip("uvicorn", reason="brisk serve runs on uvicorn (a dependency
 
 import httpx2 as httpx  # noqa: E402
 
-from engine.conversation import Message  # noqa: E402
-from engine.metrics import kv_bytes_allocated  # noqa: E402
-from engine.serve.app import Server  # noqa: E402
-from engine.serve.scheduler import EngineQueue  # noqa: E402
-from engine.session import Session  # noqa: E402
-from engine.settings import ChatSettings  # noqa: E402
-from engine.worker import EngineWorker  # noqa: E402
+from brisk.engine.api.conversation import Message  # noqa: E402
+from brisk.engine.api.metrics import kv_bytes_allocated  # noqa: E402
+from brisk.engine.api.session import Session  # noqa: E402
+from brisk.engine.api.settings import ChatSettings  # noqa: E402
+from brisk.engine.host.serve.app import Server  # noqa: E402
+from brisk.engine.host.serve.scheduler import EngineQueue  # noqa: E402
+from brisk.engine.host.worker import EngineWorker  # noqa: E402
 from tests.engine.test_serve import Live, served, tiny_home  # noqa: E402, F401  (fixtures)
 
 HI = [{"role": "user", "content": "hi"}]
@@ -123,7 +123,7 @@ def test_hostile_input_is_a_400_in_openais_shape_and_the_next_request_is_answere
 @pytest.fixture()
 def own_server(tiny_home):  # noqa: F811
     """A server whose worker the test can look into; `cache_bytes` set through `start`."""
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     made = []
 
@@ -166,7 +166,7 @@ def health(live) -> dict:
 
 
 def test_a_conversation_continued_after_others_reuses_its_cache_as_reported(own_server, tiny_home):  # noqa: F811
-    from engine.models.loader import load_model
+    from brisk.engine.models.loader import load_model
 
     live = own_server()
     first = [{"role": "user", "content": "Remember the number seven, please."}]

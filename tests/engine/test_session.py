@@ -3,11 +3,11 @@
 import mlx.core as mx
 import pytest
 
-from engine.errors import InvalidSettings
-from engine.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
-from engine.prompt import encode_messages
-from engine.session import CancelToken, Message, Session
-from engine.settings import ChatSettings
+from brisk.engine.api.errors import InvalidSettings
+from brisk.engine.api.events import ContextTruncated, EngineErrored, PrefillProgressed, TokenEmitted, TurnFinished
+from brisk.engine.api.session import CancelToken, Message, Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.turn.prompt import encode_messages
 
 GREEDY = dict(temperature=0.0, max_tokens=24)
 
@@ -45,7 +45,7 @@ def test_plain_decoding_takes_the_compiled_step_with_mlx_lm_answers(tiny_llama):
     _, done, errors = run(session.send("The quick brown fox"))
     assert not errors
     assert done.token_ids == mlx_lm_greedy(tiny_llama, encode_messages(tiny_llama, session.messages[:1]), 24)
-    assert done.metrics.decode_step == "compiled"  # engine/compiled_decode.py
+    assert done.metrics.decode_step == "compiled"  # engine/decode/compiled.py
 
 
 def test_a_packed_kv_turn_decodes_with_generate_step_and_says_why(tiny_llama):
@@ -203,7 +203,7 @@ def test_a_crash_inside_generation_becomes_an_error_event(tiny_llama, monkeypatc
     def boom(*args, **kwargs):
         raise RuntimeError("simulated kernel failure")
 
-    monkeypatch.setattr("engine.turn_prefill.prefill_chunks", boom)
+    monkeypatch.setattr("brisk.engine.turn.prefill_phase.prefill_chunks", boom)
     _, done, errors = run(session.send("hello"))
     assert done is None and "simulated kernel failure" in errors[0].message
     assert session.messages[0].content == "hello"  # the user's message survives
@@ -213,7 +213,7 @@ def test_a_crash_inside_generation_becomes_an_error_event(tiny_llama, monkeypatc
 
 
 def test_turn_metrics_take_only_their_own_fields():
-    from engine.metrics import TurnMetrics
+    from brisk.engine.api.metrics import TurnMetrics
 
     metrics = TurnMetrics()
     metrics.update({"decode_tps": 12.5, "generated_tokens": 3})
@@ -224,7 +224,7 @@ def test_turn_metrics_take_only_their_own_fields():
 
 
 def test_drafting_turns_divide_by_the_whole_generation():
-    from engine.metrics import TurnMetrics, turn_rates
+    from brisk.engine.api.metrics import TurnMetrics, turn_rates
 
     clock = dict(start=0.0, prompt_read_at=1.0, first_at=2.0, end=5.0)
     plain = turn_rates(TurnMetrics(prompt_tokens=10, ttft_s=2.0), generated=7, **clock)

@@ -6,8 +6,8 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.accel.positions import ShiftedRoPE, install_position_shift, position_shift
-from engine.accel.specprefill.scoring import (
+from brisk.engine.accel.positions import ShiftedRoPE, install_position_shift, position_shift
+from brisk.engine.accel.specprefill.scoring import (
     OBSERVATION_WINDOW,
     DraftScorer,
     SparsePrefillDeclined,
@@ -17,10 +17,10 @@ from engine.accel.specprefill.scoring import (
     select_chunks,
     sparse_prefill,
 )
-from engine.events import EngineWarned, PrefillProgressed, TurnFinished
-from engine.models.loader import load_folder
-from engine.session import Session
-from engine.settings import ChatSettings
+from brisk.engine.api.events import EngineWarned, PrefillProgressed, TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
 # "-q4"/"-q8": the same architecture with quantized weights (native quantized layers)
@@ -230,7 +230,7 @@ def test_capture_sees_every_attention_layer_including_hybrids(models):
 
 
 def test_projection_takes_the_max_over_overlapping_characters():
-    from engine.accel.translate import project
+    from brisk.engine.accel.translate import project
 
     draft_spans = [(0, 3), (3, 5), (5, 9), (9, 10)]
     target_spans = [(0, 4), (4, 9), (9, 10), (10, 10)]
@@ -266,8 +266,8 @@ def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
 
 
 def test_counting_document_spreads_green_items_and_scores_cities_and_counts():
-    from engine.bench.counting import GREEN_CITIES, counting_document, score_answer
-    from engine.errors import InvalidSettings
+    from brisk.engine.api.errors import InvalidSettings
+    from brisk.engine.bench.counting import GREEN_CITIES, counting_document, score_answer
 
     text, cities = counting_document(120, 12, seed=7)
     lines = text.split("\n")[1:121]
@@ -376,7 +376,7 @@ def test_the_prompts_last_tokens_score_beside_the_lookahead_steps(models, arch):
     """DraftScorer reads the prompt's last OBSERVATION_WINDOW tokens with their queries kept
     (real text, where a question sits) and scores them with the lookahead steps, each row
     masked to the keys it saw; the draft's cache still ends holding exactly the prompt."""
-    from engine.accel.specprefill.scoring import LOOKAHEAD_STEPS
+    from brisk.engine.accel.specprefill.scoring import LOOKAHEAD_STEPS
 
     lm = models[arch]
     prompt = [3 + (7 * i) % 200 for i in range(150)]

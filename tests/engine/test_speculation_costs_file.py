@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from engine.accel.speculative.controller import MAX_STORED_SAMPLES, DraftLengthController, PairCosts
-from engine.accel.speculative.costs_file import FILE_NAME, VERSION, StoredPairCosts
+from brisk.engine.accel.speculative.controller import MAX_STORED_SAMPLES, DraftLengthController, PairCosts
+from brisk.engine.accel.speculative.costs_file import FILE_NAME, VERSION, StoredPairCosts
 
 PAIR = ("qwen-1.5b", "qwen-0.5b", "native")
 
@@ -190,10 +190,10 @@ def test_a_home_that_cannot_be_written_keeps_the_costs_for_this_run(tmp_path):
 
 def test_every_turn_hands_its_measurements_to_the_store(tmp_path):
     """Session saves its PairCosts after each turn, also one that failed."""
-    from engine.events import EngineErrored, TurnFinished
-    from engine.models.loader import load_folder
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.events import EngineErrored, TurnFinished
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model_by_key
 
     saves = []

@@ -8,17 +8,17 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.accel.speculative import decoder as speculative
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.controller import DraftLengthController, PairCosts
-from engine.accel.speculative.decoder import SpeculativeDecoder
-from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter
-from engine.cache import PromptCache
-from engine.events import EngineWarned, TokenEmitted, TurnFinished
-from engine.models.loader import load_folder
-from engine.sampling import TokenDistribution
-from engine.session import CancelToken, Session
-from engine.settings import ChatSettings
+from brisk.engine.accel.speculative import decoder as speculative
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.controller import DraftLengthController, PairCosts
+from brisk.engine.accel.speculative.decoder import SpeculativeDecoder
+from brisk.engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter
+from brisk.engine.api.events import EngineWarned, TokenEmitted, TurnFinished
+from brisk.engine.api.session import CancelToken, Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.decode.sampling import TokenDistribution
+from brisk.engine.kv import PromptCache
+from brisk.engine.models.loader import load_folder
 from tests.engine.test_draft_controller import losing_pilot
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
@@ -151,7 +151,7 @@ def test_absorbed_draft_text_takes_a_plain_step(models, monkeypatch):
     """A draft whose text the context swallows (nothing new to verify) must not stall."""
     target = models["llama"]
     plain = chat(Session(target, settings(spec_decode="off")), PROMPTS[:1])[0][0]
-    monkeypatch.setattr("engine.accel.speculative.drafters._continuation", lambda *a: "")
+    monkeypatch.setattr("brisk.engine.accel.speculative.drafters._continuation", lambda *a: "")
     done, _ = chat(Session(target, settings(spec_decode="on"), draft=models["cross"]), PROMPTS[:1])[0]
     assert done.token_ids == plain.token_ids
     assert done.metrics.draft_tokens == 0 and done.metrics.generated_tokens == len(plain.token_ids)
@@ -262,8 +262,8 @@ HARD_TEXT = [
 
 @pytest.mark.parametrize("text", HARD_TEXT)
 def test_translation_round_trips_hard_text_at_every_boundary(models, text):
-    from engine.accel.speculative.drafters import _continuation, _continuation_ids
-    from engine.accel.translate import decode_text, encode_with_spans
+    from brisk.engine.accel.speculative.drafters import _continuation, _continuation_ids
+    from brisk.engine.accel.translate import decode_text, encode_with_spans
 
     target, draft = models["llama"].tokenizer, models["cross"].tokenizer
     for cut in range(1, len(text)):
@@ -276,7 +276,7 @@ def test_translation_round_trips_hard_text_at_every_boundary(models, text):
 
 
 def test_translating_drafter_keeps_draft_tokens_in_step_with_the_text(models):
-    from engine.accel.translate import decode_text
+    from brisk.engine.accel.translate import decode_text
 
     target, draft = models["llama"], models["cross"]
     drafter = TranslatingDrafter(draft, target.tokenizer, TokenDistribution(settings()), None, 64, prefix=3)

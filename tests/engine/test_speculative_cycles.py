@@ -8,12 +8,12 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from engine.accel.speculative.controller import PairCosts
-from engine.accel.speculative.lookup import ContextIndex, LookupOffer
-from engine.accel.speculative.pair import DraftPair, LookupOnly
-from engine.cache import PromptCache
-from engine.models.loader import load_folder
-from engine.settings import ChatSettings
+from brisk.engine.accel.speculative.controller import PairCosts
+from brisk.engine.accel.speculative.lookup import ContextIndex, LookupOffer
+from brisk.engine.accel.speculative.pair import DraftPair, LookupOnly
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.kv import PromptCache
+from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model_by_key
 
 PROMPT = "Tell me about the quick brown fox and the lazy dog."

@@ -5,11 +5,11 @@ import shutil
 
 import pytest
 
-from engine.errors import BriskError, BrokenModelFolder, ModelNotFound, UnsupportedModel
-from engine.models.folder import inspect_folder
-from engine.models.loader import load_folder, load_model
-from engine.models.store import ModelStore, model_id_from_repo
-from kernels import plan
+from brisk.engine.api.errors import BriskError, BrokenModelFolder, ModelNotFound, UnsupportedModel
+from brisk.engine.models.folder import inspect_folder
+from brisk.engine.models.loader import load_folder, load_model
+from brisk.engine.models.store import ModelStore, model_id_from_repo
+from brisk.kernels import plan
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ import tracemalloc
 
 import pytest
 
-from engine.chat_template import TemplateError, TemplateLimits, encode_chat, render_template
-from engine.conversation import Message
-from engine.errors import ContextOverflow
-from engine.prompt import encode_messages, render_prompt
-from engine.settings import ChatSettings
-from engine.text_input import count_tokens_bounded
+from brisk.engine.api.conversation import Message
+from brisk.engine.api.errors import ContextOverflow
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.turn.chat_template import TemplateError, TemplateLimits, encode_chat, render_template
+from brisk.engine.turn.prompt import encode_messages, render_prompt
+from brisk.engine.turn.text_input import count_tokens_bounded
 from tests.tiny_models import CHATML
 
 ONE_MESSAGE = [{"role": "user", "content": "hi"}]
@@ -62,9 +62,9 @@ HOSTILE = {
 def model_with_template(tmp_path, tiny_llama_dir, monkeypatch):
     """The tiny model with `template` as its chat template, and no time limit: whatever
     stops a hostile template here is the bound on what it builds."""
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
 
-    monkeypatch.setattr("engine.chat_template.DEFAULT_TEMPLATE_SECONDS", 3600.0)
+    monkeypatch.setattr("brisk.engine.turn.chat_template.DEFAULT_TEMPLATE_SECONDS", 3600.0)
 
     def make(template):
         folder = tmp_path / "m"

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from engine.conversation import CancelToken, Message
-from engine.events import EngineErrored
-from engine.settings import ChatSettings
-from engine.worker import Answer, ConversationEvent, EngineWorker
+from brisk.engine.api.conversation import CancelToken, Message
+from brisk.engine.api.events import EngineErrored
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import Answer, ConversationEvent, EngineWorker
 
 # Runs no model, kernel or process, so no kernel plan changes it: CI runs it once (tests/plan_guard.py).
 pytestmark = pytest.mark.plan_independent
@@ -24,7 +24,7 @@ def _logs(tmp_path, monkeypatch):
 
 
 def test_the_error_log_is_never_written_through_a_planted_link(tmp_path, monkeypatch):
-    from engine.crash_log import record_failure
+    from brisk.engine.runtime.crash_log import record_failure
 
     log = _logs(tmp_path, monkeypatch)
     victim = tmp_path / "victim.txt"
@@ -35,7 +35,7 @@ def test_the_error_log_is_never_written_through_a_planted_link(tmp_path, monkeyp
 
 
 def test_a_fifo_planted_as_the_error_log_is_not_waited_on(tmp_path, monkeypatch):
-    from engine.crash_log import record_failure, user_message
+    from brisk.engine.runtime.crash_log import record_failure, user_message
 
     log = _logs(tmp_path, monkeypatch)
     os.mkfifo(log)  # no reader: a blocking open for writing never returns
@@ -64,7 +64,7 @@ def test_a_library_panic_is_an_error_event_and_the_engine_goes_on():
 
 
 def test_errors_printed_to_a_terminal_carry_no_control_sequences():
-    from engine.cli import printable
+    from brisk.engine.host.cli import printable
 
     hostile = "boom\x1b[2J\x1b]0;PWNED\x07\x1b[31mred\x9b"
     shown = printable(hostile)
@@ -76,20 +76,20 @@ def test_errors_printed_to_a_terminal_carry_no_control_sequences():
 def test_ctrl_c_while_the_command_line_loads_is_one_line(monkeypatch, capsys):
     """SIGINT in the first second (building the parser imports the subcommands) printed a raw
     KeyboardInterrupt traceback."""
-    import engine.cli
+    import brisk.engine.host.cli
 
     def interrupted_while_loading(_parser):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine.cli, "add_sampling_args", interrupted_while_loading)
-    assert engine.cli.main_interruptible(["run", "--prompt", "hi"]) == 130
+    monkeypatch.setattr(brisk.engine.host.cli, "add_sampling_args", interrupted_while_loading)
+    assert brisk.engine.host.cli.main_interruptible(["run", "--prompt", "hi"]) == 130
     assert capsys.readouterr().err.strip() == "brisk: interrupted"
 
 
 def _catalog(tmp_path, tiny_llama_dir):
     import json
 
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     store = ModelStore(tmp_path / "home")
     store.install_folder(tiny_llama_dir, model_id="good", source="test")
@@ -105,7 +105,7 @@ def test_a_catalog_entry_of_the_wrong_shape_hides_only_itself(tmp_path, tiny_lla
 
     import pytest
 
-    from engine.errors import BrokenModelFolder
+    from brisk.engine.api.errors import BrokenModelFolder
 
     store, entry, data = _catalog(tmp_path, tiny_llama_dir)
     for hostile in (

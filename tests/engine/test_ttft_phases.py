@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-import engine.turn_decode
-from engine.cache.saved import SavedCaches
-from engine.errors import ModelNotFound
-from engine.events import PrefillProgressed, TurnFinished
-from engine.session import CancelToken, Message
-from engine.settings import ChatSettings
-from engine.worker import Answer, EngineWorker
+import brisk.engine.turn.decode_phase
+from brisk.engine.api.errors import ModelNotFound
+from brisk.engine.api.events import PrefillProgressed, TurnFinished
+from brisk.engine.api.session import CancelToken, Message
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import Answer, EngineWorker
+from brisk.engine.kv.saved import SavedCaches
 
 
 class Clock:
@@ -61,7 +61,7 @@ def answer(worker, clock, cid, messages, *, prefill_s=3.0, per_chunk_s=0.0):
 def slow_first_step(monkeypatch):
     """The first decode step takes 0.25 s on the clock the test installs."""
     clocks = []
-    real = engine.turn_decode.plain_steps
+    real = brisk.engine.turn.decode_phase.plain_steps
 
     def steps(*args, **kwargs):
         for i, step in enumerate(real(*args, **kwargs)):
@@ -69,7 +69,7 @@ def slow_first_step(monkeypatch):
                 clocks[0].advance(0.25)
             yield step
 
-    monkeypatch.setattr(engine.turn_decode, "plain_steps", steps)
+    monkeypatch.setattr(brisk.engine.turn.decode_phase, "plain_steps", steps)
     return clocks
 
 

@@ -7,24 +7,24 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from engine.accel.router import route_prefill
-from engine.accel.uniprefill.flops import flops_saved
-from engine.accel.uniprefill.prefill import (
+from brisk.engine.accel.router import route_prefill
+from brisk.engine.accel.uniprefill.flops import flops_saved
+from brisk.engine.accel.uniprefill.prefill import (
     UniPrefill,
     UniPrefillUnsupported,
     default_drop_layers,
     record_layer_calls,
     runs_of,
 )
-from engine.accel.uniprefill.selection import BLOCK, QUERY_WINDOW, SINKS, key_mass, select_blocks
-from engine.cache import PromptCache
-from engine.conversation import CancelToken
-from engine.errors import InvalidSettings
-from engine.events import EngineWarned, PrefillProgressed, TurnFinished
-from engine.models.loader import load_folder
-from engine.prefill import prefill_chunks
-from engine.session import Session
-from engine.settings import ChatSettings
+from brisk.engine.accel.uniprefill.selection import BLOCK, QUERY_WINDOW, SINKS, key_mass, select_blocks
+from brisk.engine.api.conversation import CancelToken
+from brisk.engine.api.errors import InvalidSettings
+from brisk.engine.api.events import EngineWarned, PrefillProgressed, TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.kv import PromptCache
+from brisk.engine.models.loader import load_folder
+from brisk.engine.turn.dense_prefill import prefill_chunks
 from tests.tiny_models import make_tiny_model_by_key
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8"]
@@ -287,7 +287,7 @@ def test_cancel_between_layers_loses_nothing_and_the_next_turn_works(models):
 def allow_uniprefill(monkeypatch, lm) -> None:
     """The doc-qa table shows UniPrefill keeping every question kind for `lm` at 4K (auto
     reads densely without such a row: engine/accel/quality_table.py)."""
-    from engine.accel import quality_table as qt
+    from brisk.engine.accel import quality_table as qt
 
     key = qt.model_key(lm.config, lm.info.parameters)
     row = qt.Evidence("uniprefill", kinds=frozenset(qt.OTHER + ("aggregation", "quote", "code")))
@@ -309,7 +309,7 @@ def test_router_reasons(models, monkeypatch):
 
 
 def test_auto_acts_from_the_break_even_measured_for_the_models_architecture(models, monkeypatch):
-    from engine.accel.uniprefill import plan
+    from brisk.engine.accel.uniprefill import plan
 
     lm = models["qwen3"]  # no row of its own: the general defaults
     tokens = random_tokens(1000)
@@ -346,7 +346,7 @@ def test_settings_are_checked():
 
 
 def test_cli_prefill_spellings():
-    from engine.cli import prefill_modes
+    from brisk.engine.host.cli import prefill_modes
 
     assert prefill_modes("uniprefill", None) == ("off", "on")
     assert prefill_modes("specprefill", None) == ("on", "off")

@@ -1,10 +1,10 @@
 """The engine worker the app's engine thread runs: commands in, scoped events out."""
 
-from engine.errors import ModelNotFound
-from engine.events import EngineErrored, ModelLoaded, TokenEmitted, TurnFinished
-from engine.session import CancelToken, Message
-from engine.settings import ChatSettings
-from engine.worker import (
+from brisk.engine.api.errors import ModelNotFound
+from brisk.engine.api.events import EngineErrored, ModelLoaded, TokenEmitted, TurnFinished
+from brisk.engine.api.session import CancelToken, Message
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import (
     Answer,
     CheckDocument,
     ConversationEvent,
@@ -84,7 +84,7 @@ def test_cancel_stops_the_turn_and_keeps_the_partial_answer(tiny_llama):
 
 def test_choosing_a_draft_mid_chat_keeps_the_targets_prompt_cache(tiny_llama, tmp_path):
     """Issue 15: a new draft used to start a new session, and the follow-up re-read the whole chat."""
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     draft = load_folder(

@@ -4,8 +4,8 @@ Tests that use `kernel_path` run once on each."""
 
 import pytest
 
-from kernels import mlx_extension
-from kernels.prebuilt import Loaded
+from brisk.kernels import mlx_extension
+from brisk.kernels.prebuilt import Loaded
 
 
 @pytest.fixture(params=["mlx-primitive", "ctypes"])
@@ -24,7 +24,7 @@ def copying_compiler(tmp_path_factory):
     to its `-o` path: tests of the cache's rules (build once, hash, rebuild what does not match)
     run those rules without compiling again (a build of the primitives takes minutes on 2 cores).
     That the real compile works is what loading the shared cache proves."""
-    from kernels import native
+    from brisk.kernels import native
 
     built = {"ctypes": native.status(), "primitives": mlx_extension.status()}
     for kind, loaded in built.items():

@@ -7,8 +7,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kernels import activation, mlx_extension, native_attention
-from kernels.activation import (
+from brisk.kernels import activation, mlx_extension, native_attention
+from brisk.kernels.activation import (
     MLX_LM_SWIGLU,
     mlx_activation_only,
     swiglu,
@@ -16,8 +16,8 @@ from kernels.activation import (
     swiglu_reference,
     use_native_activation,
 )
-from kernels.native_attention import NativeUnsupported
-from kernels.prebuilt import Loaded
+from brisk.kernels.native_attention import NativeUnsupported
+from brisk.kernels.prebuilt import Loaded
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the MLX primitives")
@@ -87,7 +87,7 @@ def test_the_primitive_stays_lazy_inside_a_compiled_graph():
 def test_a_loaded_model_runs_the_kernel_and_keeps_its_function(tmp_path, monkeypatch):
     from mlx_lm.models import llama
 
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     calls = []
@@ -112,7 +112,7 @@ def test_a_loaded_model_runs_the_kernel_and_keeps_its_function(tmp_path, monkeyp
 def test_without_the_primitives_nothing_is_rebound(tmp_path, monkeypatch):
     from mlx_lm.models import llama
 
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     monkeypatch.setattr(mlx_extension, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})

@@ -6,8 +6,8 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from kernels import native, native_attention
-from kernels.quantized_matmul import integer_products, quantized_matmul_native, quantized_matmul_reference
+from brisk.kernels import native, native_attention
+from brisk.kernels.quantized_matmul import integer_products, quantized_matmul_native, quantized_matmul_reference
 from tests.kernels.test_quantized_matmul import _integer_rounded, _quantized
 from tests.pairwise import rotate_over
 

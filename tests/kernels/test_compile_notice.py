@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import compile_notice, native
-from kernels.compile_notice import BUILT, FAILED, STARTED
+from brisk.kernels import compile_notice, native
+from brisk.kernels.compile_notice import BUILT, FAILED, STARTED
 
 
 @pytest.fixture(autouse=True)
@@ -82,7 +82,7 @@ def test_a_listener_that_fails_does_not_fail_the_compile(tmp_path, monkeypatch):
 def test_the_model_loader_reports_the_compile_as_load_progress(monkeypatch):
     """The engine's hook: load_installing_default's progress callback (the CLI prints it, the
     app's worker turns it into ModelLoadProgressed for the loading line) hears the compile."""
-    from engine.models import bundled, loader
+    from brisk.engine.models import bundled, loader
 
     def loading(model_id, store=None):
         with compile_notice.compiling("the native kernels"):
@@ -99,7 +99,7 @@ def test_the_model_loader_reports_the_compile_as_load_progress(monkeypatch):
 
 
 def test_the_cli_prints_a_compile_on_stderr(monkeypatch, capsys, tmp_path: Path):
-    from engine import cli
+    from brisk.engine.host import cli
 
     def info(args):
         with compile_notice.compiling("the MLX primitives"):

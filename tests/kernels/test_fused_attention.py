@@ -6,17 +6,17 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from kernels import fused_attention, mlx_extension, native_attention
-from kernels.coarse import coarse_products
-from kernels.fused_attention import (
+from brisk.kernels import fused_attention, mlx_extension, native_attention
+from brisk.kernels.coarse import coarse_products
+from brisk.kernels.fused_attention import (
     attention_native,
     attention_reference,
     mlx_attention_only,
     scaled_dot_product_attention,
     use_fused_attention,
 )
-from kernels.native_attention import NativeUnsupported
-from kernels.prebuilt import Loaded
+from brisk.kernels.native_attention import NativeUnsupported
+from brisk.kernels.prebuilt import Loaded
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
 pytestmark = pytest.mark.skipif(not HAVE_COMPILER, reason="no C++ compiler to build the MLX primitives")
@@ -203,7 +203,7 @@ def test_loaded_models_attend_through_the_kernel_with_mlx_logits(tmp_path, arch,
     """Prefill chunks, a verify pass and decode steps after a cached prefix: the loader rebinds
     the attention, and the logits are MLX's. gemma3's sliding layers (a mask array once a chunk
     is longer than the window) keep MLX's attention; gpt-oss's sinks go to the kernel."""
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     lm = load_folder(make_tiny_model(tmp_path / arch, arch), model_id=arch)
@@ -236,8 +236,8 @@ def test_without_the_primitives_attention_is_mlx_s_and_decode_still_compiles(tmp
     allowed (the drop-in masks the step's spare buffer positions; mlx-lm's would read them)."""
     from mlx_lm.models import llama
 
-    from engine.compiled_decode import why_not_compiled
-    from engine.models.loader import load_folder
+    from brisk.engine.decode.compiled import why_not_compiled
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     monkeypatch.setattr(mlx_extension, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})

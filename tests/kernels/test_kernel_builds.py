@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import mlx_extension, native
+from brisk.kernels import mlx_extension, native
 
 CHECK = Path(__file__).with_name("native_check.cpp")
 # The MLX primitives (primitives.cpp, tiled.cpp) are left out of the linked program: they
@@ -74,7 +74,7 @@ CEILINGS = {
 @pytest.mark.parametrize("ceiling", [None, *CEILINGS])
 def test_the_kernels_agree_with_scalar_references_under_each_isa_ceiling_this_host_has(host_check, ceiling):
     """CI covers every ceiling the host supports; the report names those it skipped."""
-    from kernels.plan import LEVELS, read_cpu
+    from brisk.kernels.plan import LEVELS, read_cpu
 
     cpu = read_cpu()
     if ceiling is not None and LEVELS.index(cpu.level) < LEVELS.index(ceiling):

@@ -7,15 +7,15 @@ from unittest import mock
 import mlx.core as mx
 import pytest
 
-from kernels import mlx_extension, native, native_attention
-from kernels.kv_attention import (
+from brisk.kernels import mlx_extension, native, native_attention
+from brisk.kernels.kv_attention import (
     kv_attention,
     kv_attention_dequantized,
     kv_attention_fused,
     kv_attention_reference,
 )
-from kernels.native_attention import NativeUnsupported, kv_attention_native
-from kernels.packed_kv import TOKEN_GROUP, ChannelPacked, Dense, TokenPacked
+from brisk.kernels.native_attention import NativeUnsupported, kv_attention_native
+from brisk.kernels.packed_kv import TOKEN_GROUP, ChannelPacked, Dense, TokenPacked
 from tests.kernels.test_quantized_attention import needs_native
 from tests.pairwise import rotate_over
 
@@ -152,7 +152,7 @@ def test_native_primitive_reads_arrays_whose_last_axis_is_strided():
 def test_a_verify_pass_of_many_gqa_rows_takes_the_native_kernel(monkeypatch):
     """Nine tokens on a GQA-7 model are 63 rows per KV head: the kernel's limit is 64, and
     past the old limit of 16 the pass went to MLX's quantized matmul (3-6x slower)."""
-    import kernels.kv_attention as dispatcher
+    import brisk.kernels.kv_attention as dispatcher
 
     calls = []
 
@@ -177,7 +177,7 @@ def test_prefill_chunks_attend_dequantized_keys_with_the_fused_kernel(monkeypatc
     """Many rows (a prefill chunk) dequantize this layer's K/V and attend with Brisk's fused
     float kernel, not MLX's CPU SDPA (which made a packed cache read a 4K prompt in twice
     the time of a float one)."""
-    from kernels import fused_attention
+    from brisk.kernels import fused_attention
 
     calls = []
 

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from kernels import native
+from brisk.kernels import native
 
 CXX = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
 needs_compiler = pytest.mark.skipif(CXX is None, reason="no C++ compiler on this machine to build the library")
@@ -59,7 +59,7 @@ def test_cache_folder_is_created_private_and_the_library_hash_is_recorded(fresh)
 def test_a_planted_library_at_the_cache_path_never_runs_and_is_rebuilt(fresh, tmp_path, caplog):
     library = cache_target()
     build_hostile(tmp_path, library)
-    with caplog.at_level("WARNING", logger="kernels.native"):
+    with caplog.at_level("WARNING", logger="brisk.kernels.native"):
         lib = native.load()
     assert not (tmp_path / "mark").exists(), "the planted library's constructor ran"
     assert lib is not None, native.unavailable_reason()
@@ -108,7 +108,7 @@ def test_kernels_live_under_brisk_home_when_it_is_set(monkeypatch, tmp_path):
 
 @pytest.fixture
 def fresh_primitives(monkeypatch, fresh):
-    from kernels import mlx_extension
+    from brisk.kernels import mlx_extension
 
     monkeypatch.setattr(mlx_extension, "_state", {})
     return mlx_extension
@@ -118,7 +118,7 @@ def fresh_primitives(monkeypatch, fresh):
 def test_the_mlx_primitives_build_wherever_nanobind_is_installed():
     """Brisk depends on nanobind, so a failing build is a bug, not a reason to skip the primitive
     tests. The build this run's tests share (the kernel cache) is the one checked: no second one."""
-    from kernels import mlx_extension
+    from brisk.kernels import mlx_extension
 
     module = mlx_extension.load()
     assert module is not None, mlx_extension.unavailable_reason()

@@ -11,12 +11,12 @@ import pytest
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from engine.accel.positions import install_position_shift, token_positions
-from engine.models.loader import load_folder
-from kernels import mlx_extension, quantized_matmul
-from kernels.native_attention import NativeUnsupported
-from kernels.native_layers import blas_only, use_native_layers
-from kernels.norm_rope import (
+from brisk.engine.accel.positions import install_position_shift, token_positions
+from brisk.engine.models.loader import load_folder
+from brisk.kernels import mlx_extension, quantized_matmul
+from brisk.kernels.native_attention import NativeUnsupported
+from brisk.kernels.native_layers import blas_only, use_native_layers
+from brisk.kernels.norm_rope import (
     NativeLlama3RoPE,
     NativeRMSNorm,
     NativeRoPE,
@@ -25,7 +25,7 @@ from kernels.norm_rope import (
     rope_native,
     rope_reference,
 )
-from kernels.prebuilt import Loaded
+from brisk.kernels.prebuilt import Loaded
 from tests.tiny_models import make_tiny_model
 
 HAVE_COMPILER = bool(shutil.which("c++") or shutil.which("g++") or shutil.which("clang++"))
@@ -219,13 +219,13 @@ def test_without_the_primitives_mlx_runs_norms_and_ropes(monkeypatch):
 
 
 def test_a_model_loaded_without_the_primitives_says_so(tmp_path, monkeypatch, caplog):
-    from engine.models import loader
+    from brisk.engine.models import loader
 
     folder = make_tiny_model(tmp_path / "m", "llama")
     loader._warn_without_primitives.cache_clear()
     failed = Loaded(None, "failed", note="no C++ compiler found (set CXX or install one)")
     monkeypatch.setattr(mlx_extension, "_state", {"loaded": failed})
-    with caplog.at_level("WARNING", logger="engine.models.loader"):
+    with caplog.at_level("WARNING", logger="brisk.engine.models.loader"):
         load_folder(folder)
         load_folder(folder)
     warnings = [r.getMessage() for r in caplog.records if "MLX primitives" in r.getMessage()]
@@ -235,7 +235,7 @@ def test_a_model_loaded_without_the_primitives_says_so(tmp_path, monkeypatch, ca
     monkeypatch.setattr(
         mlx_extension, "_state", {"loaded": Loaded(None, "off", note="turned off by BRISK_MLX_PRIMITIVES=0")}
     )
-    with caplog.at_level("WARNING", logger="engine.models.loader"):
+    with caplog.at_level("WARNING", logger="brisk.engine.models.loader"):
         load_folder(folder)
     assert not [r for r in caplog.records if "MLX primitives" in r.getMessage()]  # chosen, not a surprise
     loader._warn_without_primitives.cache_clear()

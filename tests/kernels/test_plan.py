@@ -10,8 +10,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from kernels import mlx_extension, native, plan, quantized_matmul
-from kernels.plan import Cpu, decide
+from brisk.kernels import mlx_extension, native, plan, quantized_matmul
+from brisk.kernels.plan import Cpu, decide
 
 AVX2 = {"avx2", "fma", "f16c"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
@@ -124,7 +124,7 @@ def test_a_gpu_default_process_compiles_and_loads_no_kernel(monkeypatch, tmp_pat
     monkeypatch.setattr(native, "_build", refuse)
     monkeypatch.setattr(mlx_extension, "_build", refuse)
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path / "cache"))
-    from kernels import sampling
+    from brisk.kernels import sampling
 
     assert native.load() is None and mlx_extension.load() is None
     assert "not the CPU" in native.unavailable_reason()
@@ -138,12 +138,12 @@ def test_a_gpu_default_process_compiles_and_loads_no_kernel(monkeypatch, tmp_pat
 def test_a_gpu_default_process_loads_a_model_in_its_stored_dtype_with_mlxs_layers(monkeypatch, tiny_llama_dir):
     import mlx.nn as nn
 
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
 
     gpu_plan = decide(device="gpu", cpu=plan.read_cpu(), environ={})
     monkeypatch.setattr(plan, "_current", {"plan": gpu_plan})
     loaded = load_folder(tiny_llama_dir)
     assert loaded.compute_dtype == "native"
     types = {type(m) for _, m in loaded.model.named_modules()}
-    assert not any(t.__module__.startswith("kernels.") for t in types)
+    assert not any(t.__module__.startswith("brisk.kernels.") for t in types)
     assert nn.Linear in types or nn.QuantizedLinear in types

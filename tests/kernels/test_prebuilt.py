@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kernels import native, prebuilt
+from brisk.kernels import native, prebuilt
 from tests.kernels.test_native_library import CXX, build_hostile
 
 
@@ -61,8 +61,8 @@ def edit_manifest(folder, kind, **changes):
 CHECK = """
 import json, engine
 import mlx.core as mx
-from engine.info import kernel_origins
-from kernels.skinny_matmul import skinny_matmul_native
+from brisk.engine.runtime.info import kernel_origins
+from brisk.kernels.skinny_matmul import skinny_matmul_native
 origins = kernel_origins()
 x, w = mx.random.normal((2, 64)), mx.random.normal((96, 64))
 origins["equal"] = bool(mx.allclose(skinny_matmul_native(x, w), x @ w.T, atol=1e-4).item())
@@ -113,7 +113,7 @@ def test_a_prebuilt_library_for_other_sources_cpus_or_platforms_is_not_used(ship
 
 
 def test_prebuilt_primitives_for_another_mlx_are_not_used(shipped):
-    from kernels import mlx_extension
+    from brisk.kernels import mlx_extension
 
     edit_manifest(shipped, "mlx_primitives", requires={"platform": prebuilt.platform_tag(), "mlx": "0.0.1"})
     path, why = prebuilt.lookup(

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from kernels import native, prebuilt
+from brisk.kernels import native, prebuilt
 
 GCC = shutil.which("gcc") or shutil.which("cc")
 pytestmark = pytest.mark.skipif(GCC is None, reason="building the marking library needs gcc (or cc)")
@@ -117,7 +117,7 @@ def test_a_file_entry_that_is_no_name_is_refused(tmp_path, folder, name):
 
 
 def test_brisk_info_says_why_the_prebuilt_library_was_refused(tmp_path, folder, monkeypatch):
-    from engine.info import kernel_origins
+    from brisk.engine.runtime.info import kernel_origins
 
     outside = tmp_path / "brisk_kernels.so"
     build_marking_library(tmp_path, outside)

@@ -5,9 +5,9 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from kernels import native, native_attention
-from kernels.native_attention import NativeUnsupported, quantized_attention_native
-from kernels.quantized_attention import (
+from brisk.kernels import native, native_attention
+from brisk.kernels.native_attention import NativeUnsupported, quantized_attention_native
+from brisk.kernels.quantized_attention import (
     quantized_attention,
     quantized_attention_dequantized,
     quantized_attention_reference,
@@ -145,7 +145,7 @@ def test_native_splits_long_contexts_across_threads_and_merges(monkeypatch):
 
 @needs_native
 def test_dispatcher_sends_decode_steps_to_the_native_kernel_on_the_cpu(monkeypatch):
-    import kernels.quantized_attention as qa
+    import brisk.kernels.quantized_attention as qa
 
     calls = []
     monkeypatch.setattr(
@@ -195,8 +195,8 @@ def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, t
     build that variant and check it on scales with subnormal and negative values."""
     import subprocess
 
-    from kernels import mlx_extension
-    from kernels.prebuilt import Loaded
+    from brisk.kernels import mlx_extension
+    from brisk.kernels.prebuilt import Loaded
 
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     lib_path = tmp_path / "portable_half.so"

@@ -7,11 +7,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from kernels import native, native_attention, quantized_matmul
-from kernels.native_attention import NativeUnsupported
-from kernels.native_layers import blas_only, use_native_layers
-from kernels.prebuilt import Loaded
-from kernels.quantized_matmul import (
+from brisk.kernels import native, native_attention, quantized_matmul
+from brisk.kernels.native_attention import NativeUnsupported
+from brisk.kernels.native_layers import blas_only, use_native_layers
+from brisk.kernels.prebuilt import Loaded
+from brisk.kernels.quantized_matmul import (
     NativeQuantizedEmbedding,
     NativeQuantizedLinear,
     quantized_gather_native,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from engine.bench.random_gguf import PRESETS, cut_tokenizer, write_random_gguf
+from brisk.engine.bench.random_gguf import PRESETS, cut_tokenizer, write_random_gguf
 
 
 def test_the_tokenizer_is_cut_to_its_first_ids_with_the_merges_among_them():
@@ -29,8 +29,8 @@ def test_the_file_has_the_shapes_asked_for_and_brisk_imports_and_runs_it(tiny_ll
     import gguf
     import mlx.core as mx
 
-    from engine.models.gguf_import import import_gguf
-    from engine.models.loader import load_folder
+    from brisk.engine.models.gguf_import import import_gguf
+    from brisk.engine.models.loader import load_folder
 
     vocab = len(json.loads((tiny_llama_dir / "tokenizer.json").read_text())["model"]["vocab"])
     shapes = dataclasses.replace(PRESETS["tiny"], vocab=vocab)

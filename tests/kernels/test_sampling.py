@@ -6,10 +6,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from engine.sampling import make_sampling
-from engine.settings import ChatSettings
-from kernels import mlx_extension
-from kernels.sampling import sample_softmax_native, sample_softmax_reference, temperature_sampler
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.decode.sampling import make_sampling
+from brisk.kernels import mlx_extension
+from brisk.kernels.sampling import sample_softmax_native, sample_softmax_reference, temperature_sampler
 
 pytestmark = pytest.mark.skipif(
     mlx_extension.load() is None, reason="the MLX primitives module does not build here (no compiler or headers)"
@@ -78,7 +78,7 @@ def test_the_node_stays_lazy_inside_a_graph():
 
 def test_plain_decoding_samples_natively_at_a_bare_temperature_only():
     native, _ = make_sampling(ChatSettings(model="x", temperature=0.7))
-    assert native.__module__ == "kernels.sampling"
+    assert native.__module__ == "brisk.kernels.sampling"
     for filtered in (dict(top_p=0.9), dict(min_p=0.05), dict(top_k=20), dict(temperature=0.0)):
         sampler, _ = make_sampling(ChatSettings(model="x", **{"temperature": 0.7, **filtered}))
         assert sampler.__module__.startswith("mlx_lm"), filtered
@@ -99,7 +99,7 @@ def test_the_speculative_decoders_draws_follow_its_own_probabilities(penalty):
     """TokenDistribution.draw (the speculative decoder's plain and one-off steps) takes the
     kernel at a bare temperature, after the processors: its draws follow `probs`, the law
     the rejection test uses."""
-    from engine.sampling import TokenDistribution
+    from brisk.engine.decode.sampling import TokenDistribution
 
     dist = TokenDistribution(ChatSettings(model="x", temperature=0.8, repetition_penalty=penalty))
     assert dist._native is not None

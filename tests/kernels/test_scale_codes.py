@@ -7,11 +7,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from kernels import quantized_matmul, scale_codes
-from kernels.native_layers import use_native_layers
-from kernels.quantized_matmul import quantized_matmul_reference
-from kernels.scale_codes import code_table, compact_layer, find_codes, table_values
-from kernels.tiled_matmul import (
+from brisk.kernels import quantized_matmul, scale_codes
+from brisk.kernels.native_layers import use_native_layers
+from brisk.kernels.quantized_matmul import quantized_matmul_reference
+from brisk.kernels.scale_codes import code_table, compact_layer, find_codes, table_values
+from brisk.kernels.tiled_matmul import (
     TiledQuantizedLinear,
     _mlx_packed,
     _tile_groups,

@@ -7,12 +7,12 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from kernels import mlx_extension, native, native_attention, skinny_matmul
-from kernels.native_attention import NativeUnsupported
-from kernels.native_layers import blas_only, use_native_layers, verify_path
-from kernels.prebuilt import Loaded
-from kernels.quantized_matmul import NativeQuantizedLinear
-from kernels.skinny_matmul import (
+from brisk.kernels import mlx_extension, native, native_attention, skinny_matmul
+from brisk.kernels.native_attention import NativeUnsupported
+from brisk.kernels.native_layers import blas_only, use_native_layers, verify_path
+from brisk.kernels.prebuilt import Loaded
+from brisk.kernels.quantized_matmul import NativeQuantizedLinear
+from brisk.kernels.skinny_matmul import (
     SkinnyEmbedding,
     SkinnyLinear,
     float_gemm_native,
@@ -133,7 +133,7 @@ def test_without_the_native_library_nothing_is_swapped(monkeypatch):
 def test_loaded_models_verify_through_the_kernel_with_the_same_logits(tmp_path, arch, monkeypatch):
     """The loader swaps the layers; a 5-token step after a cached prefix (what a verify pass is)
     goes to the kernel and gives MLX's logits."""
-    from engine.models.loader import load_folder
+    from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 
     lm = load_folder(make_tiny_model(tmp_path / arch, arch), model_id=arch)

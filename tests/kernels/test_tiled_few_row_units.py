@@ -5,8 +5,8 @@ thread count and however unevenly the tiles divide into units."""
 import mlx.core as mx
 import pytest
 
-from kernels import native_attention
-from kernels.tiled_matmul import repack_native, tiled_matmul_native
+from brisk.kernels import native_attention
+from brisk.kernels.tiled_matmul import repack_native, tiled_matmul_native
 from tests.kernels.test_tiled_matmul import _quantized, needs_kernels
 
 

@@ -11,11 +11,11 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from kernels import mlx_extension, native, native_attention, quantized_matmul, tiled_matmul
-from kernels.coarse import COARSE, coarse_products
-from kernels.native_layers import blas_only, use_native_layers
-from kernels.quantized_matmul import NativeQuantizedLinear, quantized_matmul_reference
-from kernels.tiled_matmul import (
+from brisk.kernels import mlx_extension, native, native_attention, quantized_matmul, tiled_matmul
+from brisk.kernels.coarse import COARSE, coarse_products
+from brisk.kernels.native_layers import blas_only, use_native_layers
+from brisk.kernels.quantized_matmul import NativeQuantizedLinear, quantized_matmul_reference
+from brisk.kernels.tiled_matmul import (
     TiledQuantizedEmbedding,
     TiledQuantizedLinear,
     repack_native,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.version import __version__
+from brisk.engine.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 MACOS = ROOT / "packaging" / "macos"
@@ -76,7 +76,7 @@ def test_the_macos_spec_builds_a_windowed_arm64_app_with_the_single_sourced_vers
     assert exe["console"] is False and exe["target_arch"] == "arm64" and Path(exe["entitlements_file"]).is_file()
     analysis = made["Analysis"]
     assert analysis.args[0] == [str(ROOT / "packaging" / "brisk_entry.py")]
-    assert (str(tmp_path / "prebuilt"), "kernels/prebuilt") in analysis.kwargs["datas"]
+    assert (str(tmp_path / "prebuilt"), "brisk/kernels/prebuilt") in analysis.kwargs["datas"]
     assert analysis.kwargs["binaries"] == []  # no MKL on macOS
 
 

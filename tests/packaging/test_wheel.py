@@ -1,6 +1,7 @@
 """The wheel carries everything: built with `python -m build`, installed with its
-dependencies into a fresh virtualenv outside the source tree, the app finds its icons
-and stylesheet and `brisk info` runs (the kernels compile from the wheel's sources)."""
+dependencies into a fresh virtualenv outside the source tree, beside another distribution
+whose top-level packages are named `engine` and `app`, the app finds its icons and stylesheet
+and `brisk info` runs (the kernels compile from the wheel's sources)."""
 
 import os
 import subprocess
@@ -38,15 +39,15 @@ def test_build_makes_an_sdist_and_a_wheel(dist):
 
 
 def test_the_wheel_holds_the_package_data_and_kernel_sources(wheel):
-    import resources
+    import brisk.resources as resources
 
     names = set(zipfile.ZipFile(wheel).namelist())
-    wanted = {f"resources/icons/{icon}.svg" for icon in resources.ICON_NAMES}
-    wanted |= {f"resources/styles/{style}" for style in resources.STYLES}
+    wanted = {f"brisk/resources/icons/{icon}.svg" for icon in resources.ICON_NAMES}
+    wanted |= {f"brisk/resources/styles/{style}" for style in resources.STYLES}
     wanted |= {
-        "resources/text/kv_selftest.txt",
-        "kernels/csrc/packed_attention.cpp",
-        "kernels/csrc/mlx_primitives/primitives.cpp",
+        "brisk/resources/text/kv_selftest.txt",
+        "brisk/kernels/csrc/packed_attention.cpp",
+        "brisk/kernels/csrc/mlx_primitives/primitives.cpp",
     }
     assert wanted <= names
     assert not [n for n in names if "screenshots" in n]  # README material, not the app's
@@ -55,8 +56,23 @@ def test_the_wheel_holds_the_package_data_and_kernel_sources(wheel):
 def test_the_wheel_holds_every_python_module_of_the_tree(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     packages = ("engine", "kernels", "app", "resources")
-    tree = {str(p.relative_to(ROOT)) for top in packages for p in (ROOT / top).rglob("*.py")}
+    tree = {f"brisk/{p.relative_to(ROOT)}" for top in packages for p in (ROOT / top).rglob("*.py")}
     assert tree - names == set()
+    # Nothing at the top of site-packages but `brisk/` and the wheel's metadata.
+    assert {n.split("/")[0] for n in names} - {"brisk"} == {n.split("/")[0] for n in names if ".dist-info/" in n}
+
+
+def collider(folder: Path) -> Path:
+    """A distribution of someone else's, with top-level packages named `engine` and `app`."""
+    for package in ("engine", "app"):
+        (folder / package).mkdir(parents=True)
+        (folder / package / "__init__.py").write_text(f"WHOSE = 'collider {package}'\n")
+    (folder / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=77"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "engine-collider"\nversion = "1.0"\n'
+        '[tool.setuptools]\npackages = ["engine", "app"]\n'
+    )
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +81,10 @@ def venv(wheel, tmp_path_factory):
     run(sys.executable, "-m", "venv", folder)
     python = folder / "bin" / "python"
     run(python, "-m", "pip", "install", "-q", f"{wheel}[gui]")
+    # Installed after Brisk, so that a collision would overwrite Brisk's files: the tests below
+    # then run beside it.
+    source = collider(tmp_path_factory.mktemp("collider"))
+    run(python, "-m", "pip", "install", "-q", source)
     return folder
 
 
@@ -78,7 +98,7 @@ def clean_env(home: Path) -> dict:
 def home(tmp_path_factory, tiny_llama_dir):
     """One data folder for the installed commands: the kernels compile from the wheel's sources
     into its cache once (each of the two libraries takes many CPU-seconds), whichever test runs first."""
-    from engine.models.store import ModelStore
+    from brisk.engine.models.store import ModelStore
 
     home = tmp_path_factory.mktemp("wheel-home") / "home"
     ModelStore(home).install_folder(tiny_llama_dir, model_id="tiny", source="test")
@@ -95,6 +115,14 @@ def test_the_installed_app_finds_its_icons_and_stylesheet(venv, home, tmp_path):
     assert "window icon: loaded" in lines
 
 
+def test_brisk_installs_under_its_own_name_beside_a_colliding_engine_package(venv, tmp_path):
+    python = venv / "bin" / "python"
+    code = "import engine, app, brisk.engine, brisk.app.main; print(engine.WHOSE, app.WHOSE, brisk.engine.__file__)"
+    done = run(python, "-c", code, cwd=tmp_path, env=clean_env(tmp_path / "home"))
+    assert done.stdout.startswith("collider engine collider app "), done.stdout
+    assert done.stdout.split()[-1].endswith("site-packages/brisk/engine/__init__.py"), done.stdout
+
+
 def test_the_installed_brisk_info_runs_and_builds_the_kernels(venv, home, tmp_path):
     done = run(venv / "bin" / "brisk", "info", cwd=tmp_path, env=clean_env(home))
     assert "native CPU kernel" in done.stdout, done.stdout
@@ -103,6 +131,6 @@ def test_the_installed_brisk_info_runs_and_builds_the_kernels(venv, home, tmp_pa
     assert f"kernels_ctypes: built locally ({cache}" in done.stdout, done.stdout
     assert f"kernels_mlx_ops: built locally ({cache}" in done.stdout, done.stdout
     version = run(venv / "bin" / "brisk", "--version", cwd=tmp_path, env=clean_env(home))
-    from engine.version import __version__
+    from brisk.engine.version import __version__
 
     assert version.stdout.startswith(f"Brisk {__version__}")

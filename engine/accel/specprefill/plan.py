@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from mlx_lm.models.cache import RotatingKVCache
 
-from engine.accel.positions import install_position_shift
-from engine.accel.specprefill.scoring import CHUNK, Selection, SparsePrefillDeclined, select_chunks
-from engine.vocabulary import SparseOutcome
+from brisk.engine.accel.positions import install_position_shift
+from brisk.engine.accel.specprefill.scoring import CHUNK, Selection, SparsePrefillDeclined, select_chunks
+from brisk.engine.api.literal_types import SparseOutcome
 
 log = logging.getLogger(__name__)
 

@@ -37,11 +37,11 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from engine.accel.attention_capture import capture_attention
-from engine.accel.positions import install_position_shift, token_positions
-from engine.events import PrefillProgressed, result_of
-from engine.mx_values import float_list, item_int
-from kernels.coarse import coarse_products
+from brisk.engine.accel.attention_capture import capture_attention
+from brisk.engine.accel.positions import install_position_shift, token_positions
+from brisk.engine.api.events import PrefillProgressed, result_of
+from brisk.engine.runtime.mx_values import float_list, item_int
+from brisk.kernels.coarse import coarse_products
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 OBSERVATION_WINDOW = 32  # the prompt's last tokens whose queries also score (one chunk)
@@ -225,7 +225,7 @@ class DraftScorer:
     (reused across turns like the target's), and the scoring of new prompt tokens."""
 
     def __init__(self, draft, cache=None):
-        from engine.cache import PromptCache
+        from brisk.engine.kv import PromptCache
 
         self.draft = draft
         # `is None`, not `or`: an empty PromptCache is falsy (it has a length), and a fresh
@@ -243,7 +243,7 @@ class DraftScorer:
         the draft reads the same text, and each target token takes the highest importance
         of the draft tokens sharing its characters (engine/accel/translate.py). A generator
         of progress events; returns the scores."""
-        from engine.accel.translate import encode_with_spans, project, text_and_spans
+        from brisk.engine.accel.translate import encode_with_spans, project, text_and_spans
 
         text, target_spans = text_and_spans(target_tokenizer, tokens)
         draft_ids, draft_spans = encode_with_spans(self.draft.tokenizer, text)

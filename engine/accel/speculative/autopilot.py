@@ -19,13 +19,13 @@ every draft cycle, how many of the target's tokens the lookup would have kept.
 
 from __future__ import annotations
 
-from engine.accel.speculative.controller import (
+from brisk.engine.accel.speculative.controller import (
     MIN_GAIN,
     PLAIN_SAMPLES_FIRST,
     DraftLengthController,
     expected_tokens,
 )
-from engine.accel.speculative.lookup import MATCH_CLASSES, MAX_MATCH, LookupOffer, match_class
+from brisk.engine.accel.speculative.lookup import MATCH_CLASSES, MAX_MATCH, LookupOffer, match_class
 
 LOOKUP_MAX_K = 12  # a quote or a copied file accepts long runs; verify cost bounds it
 # Per-token observations fade faster than the draft's per-cycle ones: the same match class

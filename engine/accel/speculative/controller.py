@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.accel.speculative.device_costs import PRIORS
+from brisk.engine.accel.speculative.device_costs import PRIORS
 
 # k above this buys little: acceptance compounds (α^k) while the draft cost grows linearly.
 DEFAULT_MAX_K = 8

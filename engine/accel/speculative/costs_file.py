@@ -18,7 +18,7 @@ import math
 import os
 from pathlib import Path
 
-from engine.accel.speculative.controller import PairCosts
+from brisk.engine.accel.speculative.controller import PairCosts
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ VERSION = 2
 
 
 def default_path() -> Path:
-    from engine.models.store import brisk_home
+    from brisk.engine.models.store import brisk_home
 
     return brisk_home() / FILE_NAME
 

@@ -15,11 +15,11 @@ from typing import Any, Callable, Iterable, Protocol
 
 import mlx.core as mx
 
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.drafters import Proposal
-from engine.accel.speculative.lookup import LookupOffer
-from engine.events import EngineWarned
-from engine.sampling import TokenDistribution
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.drafters import Proposal
+from brisk.engine.accel.speculative.lookup import LookupOffer
+from brisk.engine.api.events import EngineWarned
+from brisk.engine.decode.sampling import TokenDistribution
 
 # (token, source): source is "draft", "lookup" or "" (the target's own token)
 Step = tuple[int, str]

@@ -15,7 +15,7 @@ distribution:
   proposal (q one-hot) it is rejection sampling itself: x is kept with probability p(x),
   and a rejected position's token is p with x removed, renormalized.
 
-p and q come after the same sampling transforms (engine/sampling.py). At temperature 0
+p and q come after the same sampling transforms (engine/decode/sampling.py). At temperature 0
 both rules reduce to greedy: the output is token for token the target's greedy output.
 
 This module is the loop: it owns the target's side (cache, position, sampler, metrics),
@@ -32,19 +32,19 @@ from typing import Generator, Iterable
 
 import mlx.core as mx
 
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.cycle import SpecStats, Step
-from engine.accel.speculative.draft_cycle import DraftCycle, Drafter
-from engine.accel.speculative.drafters import Proposal
-from engine.accel.speculative.lookup import ContextIndex, LookupOffer
-from engine.accel.speculative.lookup_cycle import LookupCycle
-from engine.accel.speculative.plain_run import PlainRun
-from engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
-from engine.compiled_decode import why_not_compiled
-from engine.dispatch_ahead import dispatching_ahead
-from engine.events import EngineWarned
-from engine.mx_values import float_list, int_list, item_float, item_int
-from engine.sampling import TokenDistribution, sample
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.cycle import SpecStats, Step
+from brisk.engine.accel.speculative.draft_cycle import DraftCycle, Drafter
+from brisk.engine.accel.speculative.drafters import Proposal
+from brisk.engine.accel.speculative.lookup import ContextIndex, LookupOffer
+from brisk.engine.accel.speculative.lookup_cycle import LookupCycle
+from brisk.engine.accel.speculative.plain_run import PlainRun
+from brisk.engine.accel.speculative.rewind import CacheCheckpoint, CannotRewind
+from brisk.engine.api.events import EngineWarned
+from brisk.engine.decode.compiled import why_not_compiled
+from brisk.engine.decode.dispatch_ahead import dispatching_ahead
+from brisk.engine.decode.sampling import TokenDistribution, sample
+from brisk.engine.runtime.mx_values import float_list, int_list, item_float, item_int
 
 __all__ = ["ACCEPTANCE_RULES", "SpecStats", "SpeculativeDecoder", "accept_match", "accept_rejection"]
 

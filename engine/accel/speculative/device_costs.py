@@ -57,7 +57,7 @@ PROBE_ROUNDS = 3  # timed passes of each length, after one untimed (kernels buil
 def device_kind(plan=None) -> str:
     """The kind of device the plan's products run on."""
     if plan is None:
-        from kernels import plan as kernel_plan
+        from brisk.kernels import plan as kernel_plan
 
         plan = kernel_plan.current()
     if plan.device != "cpu":
@@ -72,7 +72,7 @@ def cost_key(model, plan=None) -> str:
     kind = device_kind(plan)
     if kind != "cpu":
         return kind
-    from kernels.native_layers import verify_path
+    from brisk.kernels.native_layers import verify_path
 
     return verify_path(model)
 

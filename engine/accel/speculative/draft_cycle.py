@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import logging
 
-from engine.accel.speculative.cycle import Loop, Step, weak
-from engine.accel.speculative.drafters import (
+from brisk.engine.accel.speculative.cycle import Loop, Step, weak
+from brisk.engine.accel.speculative.drafters import (
     DraftUnavailable,
     Proposal,
     SameTokenizerDrafter,
     TranslatingDrafter,
 )
-from engine.accel.speculative.lookup import LookupOffer
-from engine.accel.speculative.rewind import CannotRewind
-from engine.events import EngineWarned
+from brisk.engine.accel.speculative.lookup import LookupOffer
+from brisk.engine.accel.speculative.rewind import CannotRewind
+from brisk.engine.api.events import EngineWarned
 
 log = logging.getLogger(__name__)
 

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from engine.accel.speculative.rewind import CacheCheckpoint
-from engine.accel.translate import decode_text, encode_with_spans
-from engine.cache import PromptCache
-from engine.dispatch_ahead import dispatching_ahead
-from engine.mx_values import item_float, item_int
-from engine.sampling import TokenDistribution, sample
+from brisk.engine.accel.speculative.rewind import CacheCheckpoint
+from brisk.engine.accel.translate import decode_text, encode_with_spans
+from brisk.engine.decode.dispatch_ahead import dispatching_ahead
+from brisk.engine.decode.sampling import TokenDistribution, sample
+from brisk.engine.kv import PromptCache
+from brisk.engine.runtime.mx_values import item_float, item_int
 
 # Tokens of context re-encoded with a translation, so word boundaries come out as each
 # tokenizer would cut them mid-sentence (the UAG port used a few tokens).
@@ -251,7 +251,7 @@ def check_draft_pair(target, draft) -> None:
     settings panel applies, enforced where every front end passes: the engine)."""
     from types import SimpleNamespace
 
-    from engine.errors import InvalidSettings
+    from brisk.engine.api.errors import InvalidSettings
 
     def entry(lm):
         return SimpleNamespace(
@@ -266,7 +266,7 @@ def check_draft_pair(target, draft) -> None:
 def cost_ratio(draft, target) -> float:
     """Expected draft step cost relative to the target's: decoding streams every weight
     once per step, so the ratio of their bytes (a prior until the draft is measured)."""
-    from engine.mx_values import tree_leaves
+    from brisk.engine.runtime.mx_values import tree_leaves
 
     def weight_bytes(lm) -> int:
         return sum(v.nbytes for v in tree_leaves(lm.model.parameters()))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from engine.accel.speculative.autopilot import LOOKUP_MAX_K
-from engine.accel.speculative.cycle import Loop, Step, weak
-from engine.accel.speculative.drafters import Proposal
-from engine.accel.speculative.lookup import ContextIndex, LookupOffer
+from brisk.engine.accel.speculative.autopilot import LOOKUP_MAX_K
+from brisk.engine.accel.speculative.cycle import Loop, Step, weak
+from brisk.engine.accel.speculative.drafters import Proposal
+from brisk.engine.accel.speculative.lookup import ContextIndex, LookupOffer
 
 
 class LookupCycle:

@@ -11,18 +11,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.accel.specprefill.scoring import DraftScorer
-from engine.accel.speculative.autopilot import SpeculationAutopilot
-from engine.accel.speculative.controller import PairCosts
-from engine.accel.speculative.decoder import SpeculativeDecoder
-from engine.accel.speculative.device_costs import cost_key, verify_cost
-from engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
-from engine.accel.speculative.lookup import ContextIndex
-from engine.cache import PromptCache
-from engine.sampling import TokenDistribution
+from brisk.engine.accel.specprefill.scoring import DraftScorer
+from brisk.engine.accel.speculative.autopilot import SpeculationAutopilot
+from brisk.engine.accel.speculative.controller import PairCosts
+from brisk.engine.accel.speculative.decoder import SpeculativeDecoder
+from brisk.engine.accel.speculative.device_costs import cost_key, verify_cost
+from brisk.engine.accel.speculative.drafters import SameTokenizerDrafter, TranslatingDrafter, cost_ratio
+from brisk.engine.accel.speculative.lookup import ContextIndex
+from brisk.engine.decode.sampling import TokenDistribution
+from brisk.engine.kv import PromptCache
 
 if TYPE_CHECKING:
-    from engine.models.loader import LoadedModel
+    from brisk.engine.models.loader import LoadedModel
 
 
 def position_cost(target: LoadedModel) -> float:

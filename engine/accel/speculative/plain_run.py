@@ -2,7 +2,7 @@
 
 Without logits processors a run is pipelined like mlx-lm's generate_step (the next step is
 queued before this token is read back), and replays one compiled step
-(engine/compiled_decode.py), traced once a turn. The run ends early when a lookup offer
+(engine/decode/compiled.py), traced once a turn. The run ends early when a lookup offer
 would pay, so the loop can verify it.
 """
 
@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterator
 
 import mlx.core as mx
 
-from engine.accel.speculative.cycle import Loop, Step, weak
-from engine.accel.speculative.lookup import LookupOffer
-from engine.compiled_decode import CompiledRun, traced_step
+from brisk.engine.accel.speculative.cycle import Loop, Step, weak
+from brisk.engine.accel.speculative.lookup import LookupOffer
+from brisk.engine.decode.compiled import CompiledRun, traced_step
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.accel.uniprefill.prefill import UniPrefill
-from engine.accel.uniprefill.selection import MIN_TOKENS
+from brisk.engine.accel.uniprefill.prefill import UniPrefill
+from brisk.engine.accel.uniprefill.selection import MIN_TOKENS
 
 # The released code's p for Llama-3.1-8B, and `auto`'s break-even before one was measured.
 DEFAULT_P = 0.99

@@ -28,9 +28,9 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from engine.accel.attention_capture import capture_attention
-from engine.accel.positions import install_position_shift, token_positions
-from engine.accel.uniprefill.selection import QUERY_WINDOW, key_mass, select_blocks
+from brisk.engine.accel.attention_capture import capture_attention
+from brisk.engine.accel.positions import install_position_shift, token_positions
+from brisk.engine.accel.uniprefill.selection import QUERY_WINDOW, key_mass, select_blocks
 
 
 class UniPrefillUnsupported(Exception):

@@ -57,11 +57,11 @@ def shape(config: dict) -> dict:
 
 
 def main() -> None:
-    from engine.conversation import Message
-    from engine.events import PrefillProgressed, TokenEmitted
-    from engine.models.loader import load_model
-    from engine.session import Session
-    from engine.settings import ChatSettings
+    from brisk.engine.api.conversation import Message
+    from brisk.engine.api.events import PrefillProgressed, TokenEmitted
+    from brisk.engine.api.session import Session
+    from brisk.engine.api.settings import ChatSettings
+    from brisk.engine.models.loader import load_model
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model")

@@ -1,0 +1,1 @@
+"""Token loops: plain, compiled, dispatch-ahead, and the sampler they share."""
