@@ -70,7 +70,7 @@ class Server:
         self.reading_budget = reading_budget if reading_budget is not None else max(4 * max_body, READING_BUDGET)
         self.reading = 0
         self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
-        self.known_model = known_model or _installed_or_default
+        self.known_model = known_model or installed_or_default
         self.started = int(time.time())
 
     def app(self) -> Starlette:
@@ -399,7 +399,7 @@ async def _internal_error(request: Request, exc: Exception) -> Response:
     )
 
 
-def _installed_or_default(model_id: str) -> bool:
+def installed_or_default(model_id: str) -> bool:
     """Installed, or the embedded default (installed on first use)."""
     from brisk.engine.models.bundled import BUNDLED
     from brisk.engine.models.store import ModelStore

@@ -125,6 +125,26 @@ def check_binding(args: argparse.Namespace) -> None:
         raise BriskError(f"--port must be between 1 and 65535 (got {args.port})")
 
 
+def check_can_serve(args: argparse.Namespace) -> None:
+    """What would otherwise fail after the banner: a default model that is not installed (every
+    request would get a 404) and a port this machine cannot listen on (uvicorn's raw error)."""
+    import socket
+
+    from brisk.engine.host.serve.app import installed_or_default
+    from brisk.engine.models.store import ModelStore
+
+    if not installed_or_default(args.model):
+        ModelStore().get(args.model)  # ModelNotFound, naming what is installed
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+        raise BriskError(f"Cannot listen on {args.host}:{args.port} ({why}): pick another --host or --port") from exc
+
+
 def cmd_serve(args) -> int:
     import uvicorn
 
@@ -136,6 +156,8 @@ def cmd_serve(args) -> int:
 
     args.api_key = resolve_api_key(args)
     check_binding(args)
+    if current() is None:  # the process users start (a rank's port is the front's to choose)
+        check_can_serve(args)
     if ranks.wants_ranks(args):  # this brisk is the front; each rank runs this command
         from brisk.engine.distributed.serve_front import serve_on_ranks
 
