@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 from brisk.engine.api.errors import BriskError
 from brisk.engine.distributed.serve_group import RankGroup
-from brisk.engine.host.serve.app import READING_BUDGET
+from brisk.engine.host.serve.app import READING_BUDGET, read_capped_body
 from brisk.engine.host.serve.guard import make_middleware
 from brisk.engine.host.serve.requests import ApiError
 
@@ -154,25 +154,7 @@ class Front:
         return Response(content, status_code=upstream.status, headers=kept)
 
     async def _body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body:
-            raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
-        body = bytearray()
-        try:
-            async for chunk in request.stream():
-                body += chunk
-                self.reading += len(chunk)
-                if len(body) > self.max_body:
-                    raise ApiError(
-                        413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large"
-                    )
-                if self.reading > self.reading_budget:
-                    raise ApiError(
-                        503, "The server is receiving too many large requests at once; try again", code="busy"
-                    )
-            return bytes(body)
-        finally:
-            self.reading -= len(body)
+        return await read_capped_body(self, request)
 
     async def _why(self, generation: int) -> str:
         why = await asyncio.to_thread(self.group.why_ended, generation, self.blame_wait_s)

@@ -152,25 +152,7 @@ class Server:
         return completion
 
     async def _body(self, request: Request) -> bytes:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body:
-            raise ApiError(413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large")
-        body = bytearray()
-        try:
-            async for chunk in request.stream():
-                body += chunk
-                self.reading += len(chunk)
-                if len(body) > self.max_body:
-                    raise ApiError(
-                        413, f"The request body is larger than {self.max_body:,} bytes", code="body_too_large"
-                    )
-                if self.reading > self.reading_budget:
-                    raise ApiError(
-                        503, "The server is receiving too many large requests at once; try again", code="busy"
-                    )
-            return bytes(body)
-        finally:
-            self.reading -= len(body)
+        return await read_capped_body(self, request)
 
     def _key_matches(self, request: Request) -> bool:
         if self.api_key is None:
@@ -405,3 +387,24 @@ def installed_or_default(model_id: str) -> bool:
     from brisk.engine.models.store import ModelStore
 
     return ModelStore().has(model_id) or (model_id in BUNDLED and BUNDLED[model_id].default)
+
+
+async def read_capped_body(server, request: Request) -> bytes:
+    """The request's body, refused past the server's `max_body` bytes, or while all connections
+    together hold more than its `reading_budget` (its `reading` counts them). Shared by the
+    server and the ranks' front (engine/distributed/serve_front.py)."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > server.max_body:
+        raise ApiError(413, f"The request body is larger than {server.max_body:,} bytes", code="body_too_large")
+    body = bytearray()
+    try:
+        async for chunk in request.stream():
+            body += chunk
+            server.reading += len(chunk)
+            if len(body) > server.max_body:
+                raise ApiError(413, f"The request body is larger than {server.max_body:,} bytes", code="body_too_large")
+            if server.reading > server.reading_budget:
+                raise ApiError(503, "The server is receiving too many large requests at once; try again", code="busy")
+        return bytes(body)
+    finally:
+        server.reading -= len(body)
