@@ -25,6 +25,10 @@ class CancelToken:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Blocks until cancelled (True) or `timeout` seconds pass (False)."""
+        return self._event.wait(timeout)
+
     def check(self) -> None:
         if self._event.is_set():
             raise TurnCancelled()

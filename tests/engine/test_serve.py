@@ -235,40 +235,73 @@ def _an_answer_that_runs_to_max_tokens(served, max_tokens=480):
     pytest.fail("no seed ran the tiny model to max_tokens")
 
 
-def test_a_client_that_disconnects_cancels_its_request(served):
+@pytest.fixture  # closed after each test: its engine thread then holds no last job (the leak test counts them)
+def held(tiny_home):
+    """A server whose engine (the real worker) holds an answer, once armed, after its first
+    visible text until the request is cancelled: the answer cannot finish before the server
+    notices its client left, however loaded the machine (a fast answer once finished first,
+    and "cancelled" was never counted). Only the hang guard lets a server that never notices
+    go on."""
+    from brisk.engine.accel.speculative.costs_file import StoredPairCosts
+    from brisk.engine.api.events import TokenEmitted
+    from brisk.engine.host.worker import EngineWorker
+
+    worker = EngineWorker(pair_costs=StoredPairCosts())
+    armed = threading.Event()
+
+    def execute(command, cancel, deliver):
+        for event in worker.handle(command, cancel):
+            deliver(event)
+            token = getattr(event, "event", event)
+            if armed.is_set() and isinstance(token, TokenEmitted) and token.text:  # some tokens show nothing yet
+                armed.clear()
+                cancel.wait(HANG_GUARD_S)
+
+    queue = EngineQueue(execute=execute)
+    live = Live(Server(queue, default_model="tiny").app())
+    live.queue, live.hold_next_answer = queue, armed.set
+    yield live
+    live.stop()
+    queue.close()
+
+
+HANG_GUARD_S = 120
+
+
+def test_a_client_that_disconnects_cancels_its_request(served, held):
     """The same body runs to max_tokens when its client waits, so "cancelled" means it stopped
     short (a wall-clock bound here failed on a loaded machine)."""
     body = _an_answer_that_runs_to_max_tokens(served)
-    served_before = served.queue.stats()["served"]
-    cancelled_before = served.queue.stats()["finished"].get("cancelled", 0)
-    with httpx.stream(
-        "POST", f"{served.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60
-    ) as response:
+    held.hold_next_answer()
+    served_before = held.queue.stats()["served"]
+    cancelled_before = held.queue.stats()["finished"].get("cancelled", 0)
+    with httpx.stream("POST", f"{held.url}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as response:
         for _ in response.iter_lines():
             break  # one event, then hang up
-    _wait_for(lambda: served.queue.stats()["served"] > served_before and not served.queue.stats()["running"])
-    assert served.queue.stats()["finished"]["cancelled"] == cancelled_before + 1
-    quick = served.client().chat.completions.create(
+    _wait_for(lambda: held.queue.stats()["served"] > served_before and not held.queue.stats()["running"])
+    assert held.queue.stats()["finished"]["cancelled"] == cancelled_before + 1
+    quick = held.client().chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2
     )
     assert quick.choices
 
 
-def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it(served):
-    """Non-streaming: the server notices the closed connection while tokens keep coming. The
+def test_a_client_that_stops_waiting_for_a_whole_answer_cancels_it(served, held):
+    """Non-streaming: the server notices the closed connection while nothing is sent to it. The
     same body runs to max_tokens when its client waits, so "cancelled" means it stopped short."""
     body = _an_answer_that_runs_to_max_tokens(served)
-    before = served.queue.stats()
+    held.hold_next_answer()
+    before = held.queue.stats()
     payload = json.dumps(body).encode()
-    with socket.create_connection(served.sock.getsockname()[:2]) as sock:
+    with socket.create_connection(held.sock.getsockname()[:2]) as sock:
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload)
         )
-        _wait_for(lambda: served.queue.stats()["running"] or served.queue.stats()["served"] > before["served"])
+        _wait_for(lambda: held.queue.stats()["running"] or held.queue.stats()["served"] > before["served"])
     # the client has gone; the request ends one way or the other
-    _wait_for(lambda: served.queue.stats()["served"] > before["served"])
-    assert served.queue.stats()["finished"]["cancelled"] == before["finished"].get("cancelled", 0) + 1
+    _wait_for(lambda: held.queue.stats()["served"] > before["served"])
+    assert held.queue.stats()["finished"]["cancelled"] == before["finished"].get("cancelled", 0) + 1
 
 
 def _wait_for(condition, hang_guard_s: float = 120) -> None:
