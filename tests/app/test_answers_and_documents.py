@@ -6,7 +6,8 @@ import sqlite3
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QDialog, QPlainTextEdit
 
-from brisk.app.store import MIGRATIONS, Store
+from brisk.app.store import Store
+from brisk.app.store_opening import MIGRATIONS
 from brisk.app.widgets.chat_view import DocumentChip
 from brisk.engine.host.worker import Answer, DocumentChecked
 from brisk.engine.turn.documents import Document, Fit

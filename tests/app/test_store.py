@@ -7,7 +7,8 @@ import textwrap
 
 import pytest
 
-from brisk.app.store import SCHEMA_VERSION, Store, StoreUnavailable
+from brisk.app.store import Store, StoreUnavailable
+from brisk.app.store_opening import SCHEMA_VERSION
 
 
 def test_fresh_store_has_the_schema_and_wal(tmp_path):

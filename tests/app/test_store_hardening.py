@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import brisk.app.store as store_module
+import brisk.app.store_opening as store_opening
 from brisk.app.chat_files import import_json
 from brisk.app.store import Store, StoreError, StoreUnavailable
 
@@ -56,7 +56,7 @@ def test_a_locked_database_is_reported_in_use_and_never_moved_aside(tmp_path, mo
     first = Store(path)
     make_chat(first)
     first.close()
-    monkeypatch.setattr(store_module, "LOCK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(store_opening, "LOCK_TIMEOUT_S", 0.3)
     holder = subprocess.Popen(
         [
             sys.executable,
@@ -245,7 +245,7 @@ def test_a_read_only_database_file_opens_read_only(tmp_path, monkeypatch):
 
     def refuse_writes(self, *, read_only):
         if not read_only:
-            raise store_module._ReadOnly("attempt to write a readonly database")
+            raise store_opening._ReadOnly("attempt to write a readonly database")
         return real_open(self, read_only=True)
 
     monkeypatch.setattr(Store, "_open", refuse_writes)
