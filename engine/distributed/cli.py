@@ -74,6 +74,21 @@ def check_model_splits(model_id: str, size: int) -> None:
     check_shardable(model_class, config, size)
 
 
+def split_refusal(model_id: str, size: int) -> str | None:
+    """Why the ranks cannot serve `model_id` (one line), or None: rank 0's server refuses
+    such a request with a 400 and leaves the model out of /v1/models."""
+    from brisk.engine.api.errors import BriskError
+    from brisk.engine.distributed.shard import ShardingRefused
+
+    try:
+        check_model_splits(model_id, size)
+    except ShardingRefused as exc:
+        return f"The model '{model_id}' cannot be served on {size} ranks: {exc}"
+    except BriskError:  # a folder it cannot read: the loader names the problem
+        return None
+    return None
+
+
 def pair_costs():
     """The speculative decoder's stored costs, or none on a rank (machines differ: each
     rank would choose differently)."""

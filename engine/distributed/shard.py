@@ -33,6 +33,8 @@ from brisk.engine.api.errors import BriskError
 class ShardingRefused(BriskError):
     """This model cannot be split across these ranks (said before any weight is read)."""
 
+    kind = "unsupported_model"  # the request's fault, not the server's: a 400, not a 500
+
 
 @dataclass
 class ShardReport:

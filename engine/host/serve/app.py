@@ -61,6 +61,7 @@ class Server:
         max_body: int = MAX_BODY_BYTES,
         reading_budget: int | None = None,
         known_model=None,
+        refusal=None,
         allowed_hosts: Iterable[str] = (),
         allowed_origins: Iterable[str] = (),
     ):
@@ -71,6 +72,8 @@ class Server:
         self.reading = 0
         self.allowed_hosts, self.allowed_origins = list(allowed_hosts), list(allowed_origins)
         self.known_model = known_model or installed_or_default
+        # why this server cannot run an installed model, or None (ranks: one that does not split)
+        self.refusal = refusal or (lambda model_id: None)
         self.started = int(time.time())
 
     def app(self) -> Starlette:
@@ -98,7 +101,10 @@ class Server:
             return denied
         from brisk.engine.models.store import ModelStore
 
-        entries = await asyncio.to_thread(ModelStore().list)
+        def servable():
+            return [e for e in ModelStore().list() if self.refusal(e.id) is None]
+
+        entries = await asyncio.to_thread(servable)
         data = [
             {
                 "id": e.id,
@@ -149,6 +155,8 @@ class Server:
                     param=param,
                     code="model_not_found",
                 )
+            if model and (why := self.refusal(model)):
+                raise ApiError(400, why, param=param, code="unsupported_model")
         return completion
 
     async def _body(self, request: Request) -> bytes:

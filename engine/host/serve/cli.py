@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import ipaddress
 import os
 import stat
@@ -162,7 +163,7 @@ def cmd_serve(args) -> int:
         from brisk.engine.distributed.serve_front import serve_on_ranks
 
         return serve_on_ranks(args)
-    rank, execute = current(), None
+    rank, execute, refusal = current(), None, None
     if rank is not None:
         from brisk.engine.distributed.serve_lockstep import follow, leader_execute, rank_worker
 
@@ -170,12 +171,14 @@ def cmd_serve(args) -> int:
         if rank.rank != 0:
             return follow(rank, worker)
         execute = leader_execute(rank, worker)
+        refusal = functools.partial(ranks.split_refusal, size=rank.size)
     queue = EngineQueue(cache_bytes=args.cache_bytes, execute=execute)
     server = Server(
         queue,
         default_model=args.model,
         api_key=args.api_key,
         max_body=args.max_body,
+        refusal=refusal,
         allowed_hosts=[args.host, *args.allowed_host],
         allowed_origins=args.allowed_origin,
     )

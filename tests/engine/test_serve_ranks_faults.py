@@ -1,0 +1,70 @@
+"""Faults a tester found in `brisk serve --ranks N` and `brisk run --ranks N`: models the ranks
+cannot split, the rank count's rule, stale scratch folders, a killed launcher, a request
+after an idle rank died, and a host that never joins (engine/distributed/)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from brisk.engine.models.store import ModelStore
+from tests.engine.test_serve_ranks import Serving, get
+
+# --- a model the ranks cannot split -------------------------------------------------------
+
+
+ODD_HEADS = {"hidden_size": 96, "num_attention_heads": 3, "num_key_value_heads": 3}
+
+
+@pytest.fixture(scope="module")
+def split_home(tmp_path_factory):
+    """`tq` (qwen2, splits 2 ways), `g` (gemma3_text: mlx-lm has no `shard` for it) and `odd`
+    (qwen2 with 3 heads and 3 KV heads: no even 2-way split)."""
+    from tests.tiny_models import make_tiny_model
+
+    home = tmp_path_factory.mktemp("split-home")
+    store = ModelStore(home)
+    folders = {
+        "tq": make_tiny_model(tmp_path_factory.mktemp("tq") / "tq", "qwen2", hidden_size=128, intermediate_size=256),
+        "g": make_tiny_model(tmp_path_factory.mktemp("g") / "g", "gemma3_text"),
+        "odd": make_tiny_model(tmp_path_factory.mktemp("odd") / "odd", "qwen2", **ODD_HEADS),
+    }
+    for model_id, folder in folders.items():
+        store.install_folder(folder, model_id=model_id, source="test")
+    return home
+
+
+def test_a_model_the_ranks_cannot_split_is_a_400_and_left_out_of_the_model_list(split_home):
+    """It was a 500 ("The server failed to answer this request"), and /v1/models offered it."""
+    server = Serving(split_home, "--ranks", "2")
+    try:
+        answers = {
+            (model, stream): server.chat("hi", model=model, max_tokens=2, stream=stream)
+            for model in ("g", "odd")
+            for stream in (False, True)
+        }
+        status, listed = get(server.url, "/v1/models")
+    finally:
+        err = server.stop()
+    for model in ("g", "odd"):
+        for stream in (False, True):
+            status_code, body = answers[model, stream]
+            error = json.loads(body)["error"]
+            assert status_code == 400 and error["type"] == "invalid_request_error", body
+            assert error["param"] == "model" and error["code"] == "unsupported_model"
+            assert error["message"].startswith(f"The model '{model}' cannot be served on 2 ranks: ")
+            assert "\n" not in error["message"]
+    said = {model: json.loads(answers[model, False][1])["error"]["message"] for model in ("g", "odd")}
+    assert "gemma3_text models cannot run on several ranks" in said["g"]
+    assert "cannot be split 2 ways: attention heads 3, KV heads 3" in said["odd"]
+    assert status == 200 and [m["id"] for m in listed["data"]] == ["tq"]
+    assert "Traceback" not in err
+
+
+def test_a_split_refused_while_loading_is_the_clients_fault_not_the_servers():
+    """mlx-lm's own shape checks (quantization groups) refuse only when the model loads."""
+    from brisk.engine.distributed.shard import ShardingRefused
+    from brisk.engine.host.serve.app import STATUS
+
+    assert STATUS.get(ShardingRefused("x").kind, 500) == 400
