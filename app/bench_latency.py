@@ -35,8 +35,8 @@ def main(argv=None) -> int:
     from PySide6.QtWidgets import QApplication
 
     from brisk.app.main import build_window
+    from brisk.bench.common import filler_text
     from brisk.engine.api.events import PrefillProgressed, TokenEmitted
-    from brisk.engine.bench.common import filler_text
     from brisk.engine.host.worker import ConversationEvent
 
     app = QApplication(sys.argv[:1])

@@ -1,11 +1,12 @@
-"""Layering: engine/ and kernels/ never import Qt or the app, and no modules anywhere import
-each other in a cycle (lazy imports inside functions and type-only imports count too)."""
+"""Layering: engine/, kernels/ and the benchmarks (bench/) never import Qt or the app, Brisk never
+imports the benchmarks (they import it), and no modules anywhere import each other in a cycle
+(lazy imports inside functions and type-only imports count too)."""
 
 import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("engine", "kernels", "app", "resources")
+PACKAGES = ("engine", "kernels", "app", "resources", "bench")
 FORBIDDEN = ("PySide6", "PyQt5", "PyQt6", "app")
 # Installed, the packages may sit under one `brisk` name (brisk.engine is engine/).
 INSTALL_PREFIX = "brisk."
@@ -14,6 +15,12 @@ INSTALL_PREFIX = "brisk."
 # Any other cycle fails the test, and so does one of these once untied (the list only shrinks).
 # (kernels.mlx_extension <-> native <-> prebuilt, the first found, was untied in 37181f6.)
 EXPECTED_CYCLES: dict[frozenset[str], str] = {}
+
+# Brisk's wheel leaves the benchmarks out (bench/ is its own distribution, brisk-bench), so Brisk's
+# modules must not import them. The exceptions, each with why; the list only shrinks.
+BENCH_IMPORTERS: dict[str, str] = {
+    "app.bench_latency": "itself a benchmark (the window's event-loop latency), run from a checkout",
+}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -102,15 +109,28 @@ def cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
     return found
 
 
-def test_engine_and_kernels_do_not_import_qt_or_app():
+def test_engine_kernels_and_benchmarks_do_not_import_qt_or_app():
     offenders = []
-    files = source_files("engine", "kernels")
-    assert len(files) > 10
+    files = source_files("engine", "kernels", "bench")
+    assert len(source_files("bench")) > 10 and len(files) > 50
     for path in files:
         for module in imported_modules(path):
             if module.split(".")[0] in FORBIDDEN:
                 offenders.append(f"{path.relative_to(ROOT)} imports {module}")
     assert offenders == []
+
+
+def _is_bench(module: str) -> bool:
+    return module == "bench" or module.startswith("bench.")
+
+
+def test_brisk_never_imports_the_benchmarks():
+    """The benchmarks import the engine, never the reverse (a lazy import inside a function counts:
+    it fails the day it runs from a wheel)."""
+    graph = import_graph()
+    assert "bench.common" in graph["app.bench_latency"]  # `from brisk.bench.common import ...` is seen
+    importers = {module for module, deps in graph.items() if not _is_bench(module) and any(map(_is_bench, deps))}
+    assert importers == set(BENCH_IMPORTERS)
 
 
 def test_no_import_cycles_anywhere():
@@ -142,7 +162,7 @@ def test_every_source_folder_is_a_package():
     # (engine/distributed/ was, and `brisk info` failed there with ModuleNotFoundError).
     missing = [
         str(folder.relative_to(ROOT))
-        for top in ("engine", "kernels", "app", "resources")
+        for top in PACKAGES
         for folder in [ROOT / top, *(ROOT / top).rglob("*")]
         if folder.is_dir()
         and "__pycache__" not in folder.parts

@@ -366,8 +366,8 @@ class VersionAction(argparse.Action):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from brisk.engine.bench.cli import add_bench_parser
     from brisk.engine.distributed.cli import add_rank_args
+    from brisk.engine.host.cli_extensions import add_extension_parsers
     from brisk.engine.host.cli_models import add_models_parser
     from brisk.engine.host.serve.cli import add_serve_parser
 
@@ -398,8 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     info.set_defaults(func=cmd_info)
 
     add_models_parser(sub)
-    add_bench_parser(sub)
     add_serve_parser(sub)
+    add_extension_parsers(sub)  # `brisk bench ...`, from the benchmarks' own distribution
 
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what ranks re-run (engine/distributed)

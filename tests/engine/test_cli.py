@@ -244,7 +244,7 @@ def test_bench_refuses_unknown_engines_and_content_kinds_in_one_line(cli_home):
 def test_every_specdecode_variant_gives_plain_greedys_output(cli_home, monkeypatch, capsys):
     """What `brisk bench specdecode` runs, in this process: a model drafting for itself, with
     the native and the BLAS verify pass, and stock mlx-lm's speculative decoding."""
-    from brisk.engine.bench.specdecode import run_specdecode
+    from brisk.bench.specdecode import run_specdecode
 
     monkeypatch.setenv("BRISK_HOME", str(cli_home))
     payload = run_specdecode(
@@ -475,7 +475,7 @@ def test_the_package_version_is_the_one_in_engine_version():
 def test_bench_overhead_time_split_says_how_the_pieces_compare_with_the_measured_time():
     """Pieces timed alone can sum to more than the measured step (each pays its own
     dispatch): the line gave that as a negative "other" share; now it is a plain ratio."""
-    from brisk.engine.bench.overhead import split_line
+    from brisk.bench.overhead import split_line
 
     over = split_line("decode", "ms/token", 1000.0, {"measured_total": 0.010, "mlp": 0.008, "lm_head": 0.004})
     assert "mlp 8 (67%)" in over and "lm_head 4 (33%)" in over

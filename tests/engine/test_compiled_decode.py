@@ -222,7 +222,7 @@ def test_the_speculative_decoders_plain_runs_replay_the_compiled_step(tiny_llama
 
 
 def test_the_overhead_bench_runs_brisk_without_speculation(tiny_llama):
-    from brisk.engine.bench.overhead import _brisk_run
+    from brisk.bench.overhead import _brisk_run
 
     run = _brisk_run(tiny_llama, "The quick brown fox", 6, 512)
     assert run["spec_decode"] == "off" and run["decode_step"] == "compiled"

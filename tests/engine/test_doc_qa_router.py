@@ -4,6 +4,8 @@ coverage flag, and the doc-qa suite's documents and scoring (no model timing her
 import numpy as np
 import pytest
 
+from brisk.bench.doc_corpus import Question, callers_of, score
+from brisk.bench.doc_qa import add_auto
 from brisk.engine.accel import quality_table as qt
 from brisk.engine.accel.coverage import coverage_map
 from brisk.engine.accel.question_focus import MAX_HITS, question_regions, read_share
@@ -12,8 +14,6 @@ from brisk.engine.accel.specprefill.scoring import Selection
 from brisk.engine.api.events import TurnFinished
 from brisk.engine.api.session import Session
 from brisk.engine.api.settings import ChatSettings
-from brisk.engine.bench.doc_corpus import Question, callers_of, score
-from brisk.engine.bench.doc_qa import add_auto
 from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model_by_key
 

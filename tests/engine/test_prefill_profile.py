@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import mlx.core as mx
 import pytest
 
-from brisk.engine.bench.prefill_profile import PARTS, profile_prefill
+from brisk.bench.prefill_profile import PARTS, profile_prefill
 
 
 @pytest.fixture(params=["float32", "q4"])

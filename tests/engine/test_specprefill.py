@@ -266,8 +266,8 @@ def test_draft_cache_never_keeps_lookahead_tokens(models, arch):
 
 
 def test_counting_document_spreads_green_items_and_scores_cities_and_counts():
+    from brisk.bench.counting import GREEN_CITIES, counting_document, score_answer
     from brisk.engine.api.errors import InvalidSettings
-    from brisk.engine.bench.counting import GREEN_CITIES, counting_document, score_answer
 
     text, cities = counting_document(120, 12, seed=7)
     lines = text.split("\n")[1:121]

@@ -1,4 +1,4 @@
-"""engine/bench/random_gguf.py: a random-weight Q4_0 GGUF at a model's shapes that Brisk's GGUF
+"""bench/random_gguf.py: a random-weight Q4_0 GGUF at a model's shapes that Brisk's GGUF
 import takes (and llama.cpp loads: checked by hand, it is a bench-only install here)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from brisk.engine.bench.random_gguf import PRESETS, cut_tokenizer, write_random_gguf
+from brisk.bench.random_gguf import PRESETS, cut_tokenizer, write_random_gguf
 
 
 def test_the_tokenizer_is_cut_to_its_first_ids_with_the_merges_among_them():

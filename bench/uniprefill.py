@@ -5,7 +5,7 @@ round by round, medians; tokens kept per drop layer, the FLOP-based bound on the
 (1 / (1 - FLOPs saved)) beside the measured one, and peak memory.
 
 uniprefill-quality, on the same model and p: a needle at several depths (found with dense
-and with UniPrefill), the counting task's recall (engine/bench/counting.py), and the
+and with UniPrefill), the counting task's recall (bench/counting.py), and the
 perplexity of a real text's continuation after dense vs UniPrefill prefill of what
 precedes it.
 """
@@ -16,8 +16,8 @@ import math
 from functools import partial
 from typing import Any, Callable
 
-from brisk.engine.bench.common import filler_text, interleave, median, print_table
-from brisk.engine.bench.specprefill import ASK, NEEDLE, QUESTION
+from brisk.bench.common import filler_text, interleave, median, print_table
+from brisk.bench.specprefill import ASK, NEEDLE, QUESTION
 from brisk.engine.runtime.mx_values import item_float
 
 
@@ -179,7 +179,7 @@ def run_uniprefill_quality(
 ) -> dict:
     from pathlib import Path
 
-    from brisk.engine.bench.counting import counting_document, score_answer
+    from brisk.bench.counting import counting_document, score_answer
     from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)

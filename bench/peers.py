@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from brisk.engine.bench.common import filler_text, median, print_table, token_clock
+from brisk.bench.common import filler_text, median, print_table, token_clock
 from brisk.engine.runtime.python_argv import module_argv
 
 ENGINES = ("brisk", "mlx_lm", "llama_cpp")
@@ -166,7 +166,7 @@ def run_peers(
     for _ in range(runs):
         for name, target in targets.items():
             done = subprocess.run(
-                module_argv("brisk.engine.bench.peers", name, target, str(gen_tokens), str(threads)),
+                module_argv("brisk.bench.peers", name, target, str(gen_tokens), str(threads)),
                 input=json.dumps(texts),
                 capture_output=True,
                 text=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from brisk.engine.bench.common import filler_text, interleave, median, paired_ratio, print_table, token_clock
+from brisk.bench.common import filler_text, interleave, median, paired_ratio, print_table, token_clock
 
 
 def _brisk_run(lm, text: str, max_tokens: int, step: int) -> dict:
@@ -116,7 +116,7 @@ def run_overhead(
 
 
 def _time_split(lm, n: int, step: int, entry: dict) -> dict | None:
-    from brisk.engine.bench.profile import profile_time
+    from brisk.bench.profile import profile_time
 
     parts = profile_time(lm, n, step)
     if parts is None:

@@ -15,11 +15,11 @@ import threading
 import time
 from typing import Any
 
+from brisk.bench.common import interleave, paired_ratio, print_table
 from brisk.engine.api.conversation import Message
 from brisk.engine.api.events import TurnFinished
 from brisk.engine.api.session import Session
 from brisk.engine.api.settings import ChatSettings
-from brisk.engine.bench.common import interleave, paired_ratio, print_table
 
 PROMPT = "Request {i}: in two sentences, why do rivers meander across flat plains?"
 

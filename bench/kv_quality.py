@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from brisk.engine.bench.common import attention_shape, filler_text, print_table
+from brisk.bench.common import attention_shape, filler_text, print_table
 from brisk.engine.kv.fidelity import PackedMode, compare, reference_run
 
 

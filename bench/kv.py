@@ -18,7 +18,7 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-from brisk.engine.bench.common import attention_shape, interleave, median, print_table
+from brisk.bench.common import attention_shape, interleave, median, print_table
 
 
 def _timed(fn) -> float:
@@ -107,10 +107,10 @@ def decode_tps(lm, cache, steps: int) -> float:
 
 
 def prefill_peak_memory(lm, tokens: int, bits: int, group_size: int) -> dict:
+    from brisk.bench.common import filler_text
     from brisk.engine.api.events import TurnFinished
     from brisk.engine.api.session import Session
     from brisk.engine.api.settings import ChatSettings
-    from brisk.engine.bench.common import filler_text
 
     settings = ChatSettings(model=lm.id, temperature=0.0, max_tokens=1, kv_bits=bits, kv_group_size=group_size)
     for event in Session(lm, settings).send(filler_text(lm.tokenizer, tokens)):

@@ -16,9 +16,9 @@ import random
 import re
 from typing import Any
 
+from brisk.bench.common import print_table
 from brisk.engine.api.errors import InvalidSettings
 from brisk.engine.api.literal_types import AccelMode
-from brisk.engine.bench.common import print_table
 
 COLOURS = ("red", "blue", "yellow", "white", "black", "grey", "brown", "orange")
 OBJECTS = ("box", "crate", "bag", "barrel", "parcel", "case", "drum", "sack")

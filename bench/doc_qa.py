@@ -1,6 +1,6 @@
 """`brisk bench doc-qa`: questions about real documents, dense vs sparse prefill.
 
-Documents and questions: engine/bench/doc_corpus.py. Each question is asked with dense
+Documents and questions: bench/doc_corpus.py. Each question is asked with dense
 prefill, SpecPrefill at each keep, UniPrefill at the model's p, and the router's `auto`
 (engine/accel/quality_table.py: a sparse setting only where the table shows it keeps
 answers, and dense where the turn's coverage says the question's own region was dropped).
@@ -25,11 +25,11 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
+from brisk.bench.common import print_table
+from brisk.bench.doc_corpus import KINDS, build_document, score
 from brisk.engine.accel.quality_table import allowed, evidence_from, length_band, model_key, question_kind
-from brisk.engine.bench.common import print_table
-from brisk.engine.bench.doc_corpus import KINDS, build_document, score
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[1] / "README.md"  # the checkout's
 
 
 def _finish(events):

@@ -1,6 +1,6 @@
 """A random-weight GGUF at a real model's shapes, for speed tests of models we cannot download.
 
-`python -m brisk.engine.bench.random_gguf OUT.gguf` writes a 7B-class `llama` (32 layers, hidden 4096,
+`python -m brisk.bench.random_gguf OUT.gguf` writes a 7B-class `llama` (32 layers, hidden 4096,
 32 heads, 8 KV heads, FFN 14336, vocab 32000: Mistral-7B's shapes) with
 every matrix quantized by the `gguf` package's own Q4_0 quantizer, about 4 GB. Brisk imports it
 (`brisk models import-gguf`) and llama.cpp loads it, so `brisk bench peers --gguf OUT.gguf`
@@ -149,9 +149,7 @@ def write_random_gguf(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m brisk.engine.bench.random_gguf", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m brisk.bench.random_gguf", description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the GGUF file to write (about 4 GB for 7b: not inside the repository)")
     parser.add_argument("--preset", choices=sorted(PRESETS), default="7b")
     parser.add_argument(

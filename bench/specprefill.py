@@ -14,8 +14,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Callable
 
+from brisk.bench.common import filler_text, interleave, median, print_table
 from brisk.engine.api.literal_types import AccelMode
-from brisk.engine.bench.common import filler_text, interleave, median, print_table
 from brisk.engine.runtime.mx_values import item_float
 
 QUESTION = "\n\nIn one sentence, what did the committee discuss?"

@@ -13,7 +13,7 @@ import time
 from functools import partial
 from typing import Any, Callable
 
-from brisk.engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
+from brisk.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
 
 
 def _step(model, cache, rows: int, base: int) -> dict:
@@ -31,7 +31,7 @@ def _step(model, cache, rows: int, base: int) -> dict:
 def run_verify(model_id: str, rows_list: list[int], *, context: int, runs: int, as_json: bool) -> dict:
     import mlx.core as mx
 
-    from brisk.engine.bench.common import filler_text
+    from brisk.bench.common import filler_text
     from brisk.engine.kv.half import make_layers
     from brisk.engine.models.loader import load_model
 

@@ -251,7 +251,7 @@ def add_bench_parser(sub) -> None:
 
 
 def _overhead(args) -> int:
-    from brisk.engine.bench.overhead import run_overhead
+    from brisk.bench.overhead import run_overhead
 
     run_overhead(
         args.model,
@@ -265,7 +265,7 @@ def _overhead(args) -> int:
 
 
 def _serve(args) -> int:
-    from brisk.engine.bench.serve import run_serve_bench
+    from brisk.bench.serve import run_serve_bench
 
     run_serve_bench(
         args.model, clients=args.clients, requests=args.requests, gen_tokens=args.gen_tokens, as_json=args.json
@@ -274,7 +274,7 @@ def _serve(args) -> int:
 
 
 def _peers(args) -> int:
-    from brisk.engine.bench.peers import run_peers
+    from brisk.bench.peers import run_peers
 
     run_peers(
         args.model,
@@ -290,7 +290,7 @@ def _peers(args) -> int:
 
 
 def _kv(args) -> int:
-    from brisk.engine.bench.kv import run_kv
+    from brisk.bench.kv import run_kv
 
     run_kv(
         args.model,
@@ -305,7 +305,7 @@ def _kv(args) -> int:
 
 
 def _kv_quality(args) -> int:
-    from brisk.engine.bench.kv_quality import run_kv_quality
+    from brisk.bench.kv_quality import run_kv_quality
     from brisk.engine.kv.fidelity import PackedMode
     from brisk.engine.kv.packed_cache import KEY_LAYOUTS
 
@@ -329,14 +329,14 @@ def _kv_quality(args) -> int:
 
 
 def _specprefill(args) -> int:
-    from brisk.engine.bench.specprefill import run_specprefill
+    from brisk.bench.specprefill import run_specprefill
 
     run_specprefill(args.target, args.draft, args.prompt_tokens, args.keep, runs=args.runs, as_json=args.json)
     return 0
 
 
 def _needle(args) -> int:
-    from brisk.engine.bench.specprefill import run_needle
+    from brisk.bench.specprefill import run_needle
 
     run_needle(
         args.target,
@@ -352,14 +352,14 @@ def _needle(args) -> int:
 
 
 def _counting(args) -> int:
-    from brisk.engine.bench.counting import run_counting
+    from brisk.bench.counting import run_counting
 
     run_counting(args.target, args.draft, args.entries, args.green, args.seeds, args.keep, as_json=args.json)
     return 0
 
 
 def _sparse_ppl(args) -> int:
-    from brisk.engine.bench.specprefill import run_perplexity
+    from brisk.bench.specprefill import run_perplexity
 
     run_perplexity(
         args.target,
@@ -374,7 +374,7 @@ def _sparse_ppl(args) -> int:
 
 
 def _doc_qa(args) -> int:
-    from brisk.engine.bench.doc_qa import rescore, run_doc_qa
+    from brisk.bench.doc_qa import rescore, run_doc_qa
 
     if args.rescore:
         rescore(args.rescore, as_json=args.json)
@@ -397,7 +397,7 @@ def _doc_qa(args) -> int:
 
 
 def _uniprefill(args) -> int:
-    from brisk.engine.bench.uniprefill import run_uniprefill
+    from brisk.bench.uniprefill import run_uniprefill
 
     run_uniprefill(
         args.model,
@@ -412,7 +412,7 @@ def _uniprefill(args) -> int:
 
 
 def _uniprefill_quality(args) -> int:
-    from brisk.engine.bench.uniprefill import run_uniprefill_quality
+    from brisk.bench.uniprefill import run_uniprefill_quality
 
     run_uniprefill_quality(
         args.model,
@@ -432,7 +432,7 @@ def _uniprefill_quality(args) -> int:
 
 
 def _specdecode(args) -> int:
-    from brisk.engine.bench.specdecode import run_specdecode
+    from brisk.bench.specdecode import run_specdecode
 
     run_specdecode(
         args.target,
@@ -452,28 +452,28 @@ def _specdecode(args) -> int:
 
 
 def _decode_step(args) -> int:
-    from brisk.engine.bench.decode_step import run_decode_step
+    from brisk.bench.decode_step import run_decode_step
 
     run_decode_step(args.model, args.prompt_tokens, runs=args.runs, gen_tokens=args.gen_tokens, as_json=args.json)
     return 0
 
 
 def _prefill_profile(args) -> int:
-    from brisk.engine.bench.prefill_profile import run_prefill_profile
+    from brisk.bench.prefill_profile import run_prefill_profile
 
     run_prefill_profile(args.model, args.prompt_tokens, step=args.step, as_json=args.json)
     return 0
 
 
 def _verify(args) -> int:
-    from brisk.engine.bench.verify import run_verify
+    from brisk.bench.verify import run_verify
 
     run_verify(args.model, args.rows, context=args.context, runs=args.runs, as_json=args.json)
     return 0
 
 
 def _spec_acceptance(args) -> int:
-    from brisk.engine.bench.specdecode import run_acceptance
+    from brisk.bench.specdecode import run_acceptance
 
     run_acceptance(
         args.target, args.draft, contents=args.contents, gen=args.gen, temp=args.temp, seed=args.seed, as_json=args.json
@@ -482,7 +482,7 @@ def _spec_acceptance(args) -> int:
 
 
 def _blas(args) -> int:
-    from brisk.engine.bench.blas import run_blas
+    from brisk.bench.blas import run_blas
 
     run_blas(runs=args.runs, as_json=args.json)
     return 0

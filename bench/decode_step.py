@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 from typing import Callable
 
-from brisk.engine.bench.common import filler_text, interleave, median, paired_ratio, print_table
+from brisk.bench.common import filler_text, interleave, median, paired_ratio, print_table
 
 
 def _turn(lm, text: str, max_tokens: int, *, compiled: bool) -> dict:

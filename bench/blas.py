@@ -11,10 +11,10 @@ import os
 import subprocess
 from typing import Any
 
-from brisk.engine.bench.common import interleave, median, print_table
+from brisk.bench.common import interleave, median, print_table
 from brisk.engine.runtime.python_argv import module_argv
 
-PROBE = "brisk.engine.bench.blas_probe"
+PROBE = "brisk.bench.blas_probe"
 
 
 def _probe(blas: str) -> dict:

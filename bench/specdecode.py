@@ -23,8 +23,8 @@ import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
+from brisk.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
 from brisk.engine.api.literal_types import AccelMode, SpecRule
-from brisk.engine.bench.common import interleave, median, paired_ratio, print_table, with_blas_verify
 from brisk.engine.runtime.mx_values import item_float, item_int
 
 FREE = {

@@ -1,6 +1,6 @@
 """`brisk bench prefill-profile`: where one real prefill's time goes, part by part.
 
-Unlike engine/bench/profile.py (each piece of a layer timed alone on random inputs), this
+Unlike bench/profile.py (each piece of a layer timed alone on random inputs), this
 runs the engine's own chunked prefill (engine/turn/dense_prefill.py) of N tokens on the loaded model,
 native kernels and all, with every part of every decoder layer wrapped in a timer that
 evaluates the part's output: embedding, norms, the q/k/v/o projections, attention itself
@@ -125,7 +125,7 @@ def profile_prefill(lm, tokens: list[int], step: int) -> dict[str, Any]:
 
 
 def run_prefill_profile(model_id: str, prompt_tokens: list[int], *, step: int, as_json: bool) -> dict:
-    from brisk.engine.bench.common import filler_text, print_table
+    from brisk.bench.common import filler_text, print_table
     from brisk.engine.models.loader import load_model
 
     lm = load_model(model_id)
