@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 
+from brisk.engine.distributed.hostfile import MAX_RANKS
+
 
 def add_rank_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ranks",
         type=int,
-        default=1,
-        help="split the model across N local processes on loopback (tensor parallel, through mlx.launch)",
+        default=None,  # left out: one process, no launcher
+        help=f"split the model across N local processes on loopback, N from 2 to {MAX_RANKS} "
+        "(tensor parallel, through mlx.launch); leave it out to run in one process",
     )
     p.add_argument(
         "--hostfile",
@@ -30,7 +33,7 @@ def wants_ranks(args) -> bool:
     """True in the launching brisk of a distributed run (never inside a rank)."""
     from brisk.engine.distributed.group import current
 
-    return current() is None and (bool(getattr(args, "hostfile", None)) or getattr(args, "ranks", 1) != 1)
+    return current() is None and (bool(getattr(args, "hostfile", None)) or getattr(args, "ranks", None) is not None)
 
 
 def launch(args, argv: list[str]) -> int:
@@ -38,7 +41,7 @@ def launch(args, argv: list[str]) -> int:
     from brisk.engine.distributed.hostfile import loopback, read_hostfile
     from brisk.engine.distributed.launch import run_on_ranks
 
-    if args.hostfile and args.ranks != 1:
+    if args.hostfile and args.ranks is not None:
         raise BriskError("Give --ranks (local ranks) or --hostfile (hosts), not both")
     if not (args.join_timeout > 0 and args.rank_timeout > 0):  # nan too: it would never time out
         raise BriskError("--join-timeout and --rank-timeout must be positive")

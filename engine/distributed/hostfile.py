@@ -43,8 +43,11 @@ class Host:
 
 
 def loopback(ranks: int) -> list[Host]:
+    # 1 is refused too: mlx.launch hands a group of one an empty hostfile, and its rank fails
     if not 2 <= ranks <= MAX_RANKS:
-        raise HostfileError(f"--ranks must be between 2 and {MAX_RANKS} (got {ranks})")
+        raise HostfileError(
+            f"--ranks must be between 2 and {MAX_RANKS} (got {ranks}); leave it out to run in one process"
+        )
     return [Host(LOCAL, (LOCAL,)) for _ in range(ranks)]
 
 

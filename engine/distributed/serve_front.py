@@ -254,7 +254,7 @@ def serve_on_ranks(args) -> int:
     from brisk.engine.distributed.hostfile import check_reachable, loopback, read_hostfile
     from brisk.engine.host.serve.connections import make_config
 
-    if args.hostfile and args.ranks != 1:
+    if args.hostfile and args.ranks is not None:
         raise BriskError("Give --ranks (local ranks) or --hostfile (hosts), not both")
     if not (args.join_timeout > 0 and args.rank_timeout > 0):  # nan too: it would never time out
         raise BriskError("--join-timeout and --rank-timeout must be positive")

@@ -68,3 +68,28 @@ def test_a_split_refused_while_loading_is_the_clients_fault_not_the_servers():
     from brisk.engine.host.serve.app import STATUS
 
     assert STATUS.get(ShardingRefused("x").kind, 500) == 400
+
+
+# --- the rank count's rule -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "serve"])
+def test_ranks_1_is_refused_as_the_message_and_the_help_say(split_home, command):
+    """`--ranks 1` ran one process with no ranks while the error for other counts said 2 to 64
+    (mlx.launch cannot start a group of one: its rank reads an empty hostfile)."""
+    import argparse
+
+    from brisk.engine.distributed.cli import add_rank_args
+    from brisk.engine.distributed.hostfile import MAX_RANKS
+    from tests.cli_here import brisk_here
+    from tests.engine.test_serve_ranks import free_port
+
+    extra = ["--prompt", "hi", "--max-tokens", "1"] if command == "run" else ["--port", str(free_port())]
+    out = brisk_here(split_home, command, "--model", "tq", "--ranks", "1", *extra)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    rule = f"--ranks must be between 2 and {MAX_RANKS} (got 1); leave it out to run in one process"
+    assert rule in out.stderr and out.stdout == ""
+    parser = argparse.ArgumentParser()
+    add_rank_args(parser)
+    assert f"N from 2 to {MAX_RANKS}" in " ".join(parser.format_help().split())
+    assert parser.parse_args([]).ranks is None  # left out: one process
