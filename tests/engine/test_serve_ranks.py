@@ -309,7 +309,8 @@ def test_a_rank_killed_mid_answer_is_named_and_the_server_refuses_then_serves_ag
         assert status == 503 and "regrouping" in json.loads(body)["error"]["message"]
 
         health = server.wait_healthy()  # regrouped: a fresh group answers as the first did
-        assert health["ranks"]["launches"] == 2
+        # relaunched (a relaunch whose ranks fail to join is retried: 3 launches once, loaded)
+        assert health["ranks"]["launches"] >= 2
         status, body = server.chat("Hello there", max_tokens=12)
         assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == before
     finally:
