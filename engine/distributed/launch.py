@@ -22,7 +22,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from brisk.engine.api.errors import BriskError
 from brisk.engine.distributed.group import HOSTS_ENV, MARKER
 from brisk.engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
 from brisk.engine.distributed.lockstep import PROBE_ENV
+from brisk.engine.distributed.scratch import RUN_PREFIX, private_folder
 
 JOIN_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 30.0
@@ -227,7 +227,7 @@ def run_on_ranks(
     check_reachable(hosts)
     out = stdout or sys.stdout.buffer
     err = stderr or sys.stderr
-    with tempfile.TemporaryDirectory(prefix="brisk-ranks-") as tmp:
+    with private_folder(RUN_PREFIX) as tmp:  # removes those a killed brisk left
         hostfile_path = Path(tmp) / "hosts.json"
         hostfile_path.write_text(to_launch_json(hosts))
         from brisk.engine.runtime.python_argv import module_argv

@@ -20,7 +20,6 @@ import http.client
 import json
 import signal
 import socket
-import tempfile
 from pathlib import Path
 from typing import AsyncIterator
 
@@ -30,6 +29,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from brisk.engine.api.errors import BriskError
+from brisk.engine.distributed.scratch import SERVE_PREFIX, private_folder
 from brisk.engine.distributed.serve_group import RankGroup
 from brisk.engine.host.serve.app import READING_BUDGET, read_capped_body
 from brisk.engine.host.serve.guard import make_middleware
@@ -263,7 +263,7 @@ def serve_on_ranks(args) -> int:
         check_rank0_is_here(hosts)
     check_reachable(hosts)
     check_model_splits(args.model, len(hosts))
-    with tempfile.TemporaryDirectory(prefix="brisk-serve-ranks-") as private:  # 0700
+    with private_folder(SERVE_PREFIX) as private:  # 0700; removes those a killed brisk left
         argv = list(args.argv)
         if args.api_key and "--api-key" not in argv and not any(a.startswith("--api-key") for a in argv):
             # the key came from $BRISK_API_KEY, which does not cross ssh: rank 0 reads it from a file

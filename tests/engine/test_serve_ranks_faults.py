@@ -5,6 +5,9 @@ after an idle rank died, and a host that never joins (engine/distributed/)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -93,3 +96,69 @@ def test_ranks_1_is_refused_as_the_message_and_the_help_say(split_home, command)
     add_rank_args(parser)
     assert f"N from 2 to {MAX_RANKS}" in " ".join(parser.format_help().split())
     assert parser.parse_args([]).ranks is None  # left out: one process
+
+
+# --- scratch folders a killed brisk left behind -------------------------------------------
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been reaped)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_stale_scratch_folders_are_removed_and_live_or_foreign_ones_kept(tmp_path):
+    """A SIGKILLed `brisk serve --ranks` left /tmp/brisk-ranks-* (and its API key file) for good."""
+    from brisk.engine.distributed.scratch import remove_stale
+
+    dead = _dead_pid()
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "keep").mkdir(parents=True)
+    scratch = tmp_path / "tmp"
+    folders = {
+        "stale": scratch / f"brisk-ranks-{dead}-abc123",
+        "stale serve": scratch / f"brisk-serve-ranks-{dead}-k3y",
+        "live": scratch / f"brisk-ranks-{os.getpid()}-live1",  # this process: running
+        "not ours": scratch / f"brisk-cache-{dead}-x",
+        "owner unknown": scratch / "brisk-ranks-14y3ke0n",  # named before the pid was
+    }
+    for folder in folders.values():
+        folder.mkdir(parents=True)
+        (folder / "hosts.json").write_text("{}")
+    (scratch / f"brisk-ranks-{dead}-lnk").symlink_to(elsewhere)
+    if os.getuid() == 0:  # root can make a folder another user's
+        folders["another user's"] = scratch / f"brisk-ranks-{dead}-theirs"
+        folders["another user's"].mkdir()
+        os.chown(folders["another user's"], 12345, 12345)
+    removed = remove_stale(scratch)
+    assert sorted(removed) == sorted([folders["stale"], folders["stale serve"]])
+    assert not folders["stale"].exists() and not folders["stale serve"].exists()
+    kept = [name for name, folder in folders.items() if folder.exists()]
+    assert sorted(kept) == sorted(set(folders) - {"stale", "stale serve"})
+    assert (scratch / f"brisk-ranks-{dead}-lnk").is_symlink() and (elsewhere / "keep").is_dir()
+
+
+def test_a_launch_removes_stale_scratch_folders_and_names_its_own_after_its_pid(tmp_path, monkeypatch):
+    import tempfile
+
+    from brisk.engine.distributed.launch import run_on_ranks
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    stale = tmp_path / f"brisk-ranks-{_dead_pid()}-abc123"
+    stale.mkdir()
+    seen: dict = {}
+
+    class Launched(Exception):
+        pass
+
+    def no_launch(cmd, **kw):
+        seen["own"] = Path(cmd[cmd.index("--hostfile") + 1]).parent.name
+        seen["stale there"] = stale.exists()
+        raise Launched
+
+    monkeypatch.setattr(subprocess, "Popen", no_launch)
+    with pytest.raises(Launched):
+        run_on_ranks(["run", "--prompt", "hi"], ranks=2, hostfile=None)
+    assert seen["stale there"] is False and seen["own"].startswith(f"brisk-ranks-{os.getpid()}-")
+    assert list(tmp_path.iterdir()) == []  # its own is gone too once it ended
