@@ -5,7 +5,7 @@ the open chat's own model; each chat's speed chart from its stored turns; API tu
 
 import pytest
 
-import brisk.app.controller
+import brisk.app.chat_turns
 from brisk.engine.api.events import EngineErrored, ModelLoaded, PrefillProgressed, TokenEmitted, TurnFinished
 from brisk.engine.api.metrics import TurnMetrics
 from brisk.engine.host.worker import ConversationEvent
@@ -24,7 +24,7 @@ class Clock:
 def clock(monkeypatch):
     """The app's clock (Send, the first token on screen), which the engine's stamp shares."""
     fake = Clock()
-    monkeypatch.setattr(brisk.app.controller.time, "monotonic", fake)
+    monkeypatch.setattr(brisk.app.chat_turns.time, "monotonic", fake)
     return fake
 
 

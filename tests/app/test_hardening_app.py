@@ -22,7 +22,7 @@ def send(window, text):
 
 
 def test_disk_full_while_streaming_keeps_the_answer_and_the_window_usable(qtbot, make_window, engine, monkeypatch):
-    monkeypatch.setattr("brisk.app.controller.SAVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr("brisk.app.chat_turns.SAVE_INTERVAL_S", 0.0)
     w = make_window()
     send(w, "hi")
     cid = w.controller.current

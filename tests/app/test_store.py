@@ -76,7 +76,7 @@ def test_streaming_answer_is_saved_while_it_streams(qtbot, make_window, engine, 
     from brisk.engine.api.events import TokenEmitted
     from brisk.engine.host.worker import ConversationEvent
 
-    monkeypatch.setattr("brisk.app.controller.SAVE_INTERVAL_S", 0.0)
+    monkeypatch.setattr("brisk.app.chat_turns.SAVE_INTERVAL_S", 0.0)
     w = make_window()
     w.composer.edit.setPlainText("hi")
     w.composer.send_button.click()
