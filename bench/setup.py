@@ -12,11 +12,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def brisk_version() -> str:
-    """engine/version.py's `__version__` in a checkout; built from this folder's sdist, which
-    cannot hold ../engine, the version setuptools wrote into its PKG-INFO."""
-    source = HERE.parent / "engine" / "version.py"
-    if not source.exists():
+    """engine/version.py's `__version__` in a checkout; in this folder's sdist, which cannot hold
+    ../engine, the version setuptools wrote into its PKG-INFO (only an sdist has one here)."""
+    if (HERE / "PKG-INFO").exists():
         return Parser().parsestr((HERE / "PKG-INFO").read_text())["Version"]
+    source = HERE.parent / "engine" / "version.py"
     for node in ast.parse(source.read_text()).body:
         if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["__version__"]:
             return ast.literal_eval(node.value)

@@ -241,6 +241,27 @@ def test_bench_refuses_unknown_engines_and_content_kinds_in_one_line(cli_home):
     assert "Traceback" not in out.stderr
 
 
+def test_bench_comes_from_the_benchmarks_own_distribution():
+    """Brisk's wheel leaves the benchmarks out: `brisk bench` is the command bench/ registers."""
+    from importlib.metadata import entry_points
+
+    (entry,) = entry_points(group="brisk.commands", name="bench")
+    assert entry.value == "brisk.bench.cli:add_bench_parser" and entry.dist.name == "brisk-bench"
+
+
+@pytest.mark.parametrize("args", [[], ["--help"], ["doc-qa", "--help"], ["kv", "--model", "tiny", "--json"]])
+def test_bench_without_the_benchmarks_installed_says_how_to_get_them_in_one_line(cli_home, monkeypatch, args):
+    from brisk.engine.host import cli_extensions
+
+    monkeypatch.setattr(cli_extensions, "entry_points", lambda group: [])  # as from Brisk's wheel alone
+    out = brisk_here(cli_home, "bench", *args)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.splitlines() == [
+        "brisk bench: the benchmarks are not installed: "
+        "pip install 'brisk[bench]' (from a checkout: pip install -e ./bench)"
+    ]
+
+
 def test_every_specdecode_variant_gives_plain_greedys_output(cli_home, monkeypatch, capsys):
     """What `brisk bench specdecode` runs, in this process: a model drafting for itself, with
     the native and the BLAS verify pass, and stock mlx-lm's speculative decoding."""
