@@ -268,6 +268,7 @@ def run_on_ranks(
             t.start()
         started_at = watch.clock()
         problem = None
+        launcher_status = None  # mlx.launch's status when it ended by itself (not stopped here)
         try:
             while proc.poll() is None:
                 problem = watch.problem(started_at, join_timeout, rank_timeout)
@@ -279,6 +280,10 @@ def run_on_ranks(
                     break
                 if stop is None:
                     time.sleep(0.2)
+            else:
+                launcher_status = proc.returncode
+                if launcher_status:  # killed or failed: its local ranks go now, not at their next heartbeat
+                    _stop(proc)
         except BaseException:  # Ctrl-C included: no rank outlives its launcher
             _stop(proc)
             raise
@@ -298,8 +303,19 @@ def run_on_ranks(
             raise RankFailed(failed)
         code = watch.ranks[0].exit_code
         if code is None:
-            raise RankFailed(f"rank 0 on host {hosts[0].ssh} ended without a result")
+            raise RankFailed(no_result(hosts[0].ssh, launcher_status, proc.pid))
         return code
+
+
+def no_result(host0: str, launcher_status: int | None, launcher_pid: int) -> str:
+    """Why rank 0 gave no result when no rank was seen failing: mlx.launch itself ended
+    (killed, or failed by itself: its ranks' reports went with it), or rank 0 went silently."""
+    launcher = f"the ranks' launcher (mlx.launch, pid {launcher_pid})"
+    if launcher_status is not None and launcher_status < 0:
+        return f"{launcher} was killed by signal {-launcher_status}; its ranks were stopped"
+    if launcher_status:
+        return f"{launcher} exited with status {launcher_status} before rank 0 gave a result"
+    return f"rank 0 on host {host0} ended without a result"
 
 
 def _copy(source, target) -> None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from brisk.engine.models.store import ModelStore
-from tests.engine.test_serve_ranks import Serving, get
+from tests.engine.test_distributed import PROMPT, _rank_pid
+from tests.engine.test_serve_ranks import Serving, _running, get
 
 # --- a model the ranks cannot split -------------------------------------------------------
 
@@ -162,3 +165,61 @@ def test_a_launch_removes_stale_scratch_folders_and_names_its_own_after_its_pid(
         run_on_ranks(["run", "--prompt", "hi"], ranks=2, hostfile=None)
     assert seen["stale there"] is False and seen["own"].startswith(f"brisk-ranks-{os.getpid()}-")
     assert list(tmp_path.iterdir()) == []  # its own is gone too once it ended
+
+
+# --- a killed launcher ---------------------------------------------------------------------
+
+
+def test_no_result_names_the_launcher_when_it_ended_by_itself():
+    from brisk.engine.distributed.launch import no_result
+
+    assert no_result("127.0.0.1", -9, 4321) == (
+        "the ranks' launcher (mlx.launch, pid 4321) was killed by signal 9; its ranks were stopped"
+    )
+    assert no_result("mac1", 2, 4321) == (
+        "the ranks' launcher (mlx.launch, pid 4321) exited with status 2 before rank 0 gave a result"
+    )
+    # mlx.launch exits 0 when its ranks ended (even failing): then rank 0 went without a word
+    assert no_result("mac1", 0, 4321) == "rank 0 on host mac1 ended without a result"
+    assert no_result("mac1", None, 4321) == "rank 0 on host mac1 ended without a result"
+
+
+def _launcher_pid(brisk_pid: int) -> int | None:
+    """The pid of the mlx.launch that `brisk_pid` started (read from /proc)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == brisk_pid and (b"mlx.launch" in cmdline or b"_distributed_utils.launch" in cmdline):
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="finds the launcher through /proc")
+def test_a_killed_launcher_is_named_not_blamed_on_rank_0(split_home):
+    """Killing mlx.launch itself mid-answer was reported as 'rank 0 ... ended without a result'."""
+    env = dict(os.environ, BRISK_HOME=str(split_home))
+    args = ["run", "--model", "tq", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "3000", "--ranks", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "brisk.engine.host.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout.read(1), proc.stderr.read().decode()  # rank 0 is mid-answer now
+        launcher = _launcher_pid(proc.pid)
+        assert launcher is not None
+        ranks = [_rank_pid(launcher, r) for r in (0, 1)]
+        assert None not in ranks
+        os.kill(launcher, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = err.decode()
+    assert proc.returncode == 1
+    assert f"brisk: error: the ranks' launcher (mlx.launch, pid {launcher}) was killed by signal 9" in err, err
+    assert "ended without a result" not in err and "Traceback" not in err
+    assert not [pid for pid in ranks if _running(pid)]  # its ranks were stopped
