@@ -20,20 +20,26 @@ KNOWN = {
 
 
 def add_extension_parsers(sub) -> None:
-    """Each installed extension adds its parser; a known one that is missing gets a stand-in."""
-    found = {entry.name: entry for entry in entry_points(group=GROUP)}
+    """Each installed extension adds its parser; a known one that is missing, or one that does
+    not import (a broken install must not take the other commands down), gets a stand-in."""
+    found = {entry.name: entry for entry in entry_points(group=GROUP)}  # by name: one per command
     for name in sorted(found):
-        found[name].load()(sub)
+        try:
+            add_parser = found[name].load()
+        except ImportError as exc:
+            _add_stand_in(sub, name, "does not load", f"brisk {name}: {found[name].value} does not load: {exc}")
+            continue
+        add_parser(sub)
     for name, (what, how) in KNOWN.items():
         if name not in found:
-            _add_missing(sub, name, what, how)
+            _add_stand_in(sub, name, f"{what} (not installed)", f"brisk {name}: the {what} are not installed: {how}")
 
 
-def _add_missing(sub, name: str, what: str, how: str) -> None:
-    message = f"brisk {name}: the {what} are not installed: {how}"
-    # No option characters: `brisk bench doc-qa --help` and the like reach the one-line message
-    # instead of argparse's usage errors.
-    stand_in = sub.add_parser(name, help=f"{what} (not installed)", add_help=False, prefix_chars="\0")
+def _add_stand_in(sub, name: str, summary: str, message: str) -> None:
+    """`brisk NAME ...`, whatever follows: the message in one line, exit status 2."""
+    # No option characters: `brisk bench doc-qa --help` and the like reach the message instead
+    # of argparse's usage errors.
+    stand_in = sub.add_parser(name, help=summary, add_help=False, prefix_chars="\0")
     stand_in.add_argument("rest", nargs=argparse.REMAINDER)
     stand_in.set_defaults(func=lambda _args: _refuse(message))
 

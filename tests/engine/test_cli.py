@@ -262,6 +262,20 @@ def test_bench_without_the_benchmarks_installed_says_how_to_get_them_in_one_line
     ]
 
 
+def test_a_bench_that_does_not_import_leaves_the_other_commands_running(cli_home, monkeypatch):
+    """A broken install (the package gone, its entry point left): one line for `brisk bench`."""
+    from importlib.metadata import EntryPoint
+
+    from brisk.engine.host import cli_extensions
+
+    gone = EntryPoint(name="bench", value="brisk.bench_gone.cli:add_bench_parser", group="brisk.commands")
+    monkeypatch.setattr(cli_extensions, "entry_points", lambda group: [gone])
+    out = brisk_here(cli_home, "bench", "kv", "--model", "tiny")
+    assert out.returncode == 2 and len(out.stderr.splitlines()) == 1
+    assert out.stderr.startswith("brisk bench: brisk.bench_gone.cli:add_bench_parser does not load: No module named")
+    assert brisk_here(cli_home, "models", "list").returncode == 0
+
+
 def test_every_specdecode_variant_gives_plain_greedys_output(cli_home, monkeypatch, capsys):
     """What `brisk bench specdecode` runs, in this process: a model drafting for itself, with
     the native and the BLAS verify pass, and stock mlx-lm's speculative decoding."""
