@@ -161,8 +161,10 @@ class Front:
         return why or "rank 0 lost a peer rank"
 
     async def _lost(self, generation: int) -> JSONResponse:
+        """Rank 0 was lost before any of the answer reached the client (perhaps before the request
+        reached it: a rank that died idle leaves the group 'ready' for a moment)."""
         why = await self._why(generation)
-        return unavailable(f"The answer was cut off: {why}. The server is regrouping; try again shortly")
+        return unavailable(f"The ranks are regrouping after a failure ({why}); try again shortly")
 
     async def _unless_client_leaves(self, request: Request, conn, work, *args):
         """`work(*args)` in a thread (rank 0's headers, or its whole answer); None if the
@@ -181,7 +183,7 @@ class Front:
     async def _relay_stream(self, request: Request, conn, upstream, generation: int) -> AsyncIterator[bytes]:
         """Rank 0's events as they come; a stream cut off (or ended by rank 0's ring error)
         ends here with an error event naming the rank that failed."""
-        pending, ended = b"", False
+        pending, ended, relayed = b"", False, False
         try:
             while True:
                 try:
@@ -198,6 +200,7 @@ class Front:
                     elif event.startswith(b'data: {"error"') and b"[ring]" in event:
                         break  # rank 0's view of a lost peer: the launcher names the cause below
                     yield event + b"\n\n"
+                    relayed = True
                 else:
                     continue
                 break
@@ -205,7 +208,9 @@ class Front:
                 why = await self._why(generation)
                 error = ApiError(
                     503,
-                    f"The answer was cut off: {why}. The server is regrouping; try again shortly",
+                    f"The answer was cut off: {why}. The server is regrouping; try again shortly"
+                    if relayed
+                    else f"The ranks are regrouping after a failure ({why}); try again shortly",
                     code="ranks_unavailable",
                     kind="server_error",
                 )

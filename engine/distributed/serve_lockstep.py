@@ -152,8 +152,12 @@ def leader_execute(rank: Rank, worker: EngineWorker):
                 return
             command = with_shared_seed(command)
         if isinstance(command, (Answer, ForgetConversation)):
-            share_bytes(rank, encode(command))
-            run_command(rank, worker, command, AgreedCancel(rank, cancel), deliver)
+            try:
+                share_bytes(rank, encode(command))
+                run_command(rank, worker, command, AgreedCancel(rank, cancel), deliver)
+            except RuntimeError as exc:  # MLX's ring lost a peer (one that died idle, say): said, not
+                # swallowed by the queue, whose client got a bare 499 or an empty stream
+                deliver(EngineErrored(f"The ranks could not run this request: {exc}", "internal"))
         else:  # DescribeSessions: rank 0's own bookkeeping, nothing changes
             run_command(rank, worker, command, cancel, deliver)
 

@@ -7,15 +7,22 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
+from brisk.engine.api.conversation import CancelToken, Message
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.host.worker import Answer
 from brisk.engine.models.store import ModelStore
 from tests.engine.test_distributed import PROMPT, _rank_pid
-from tests.engine.test_serve_ranks import Serving, _running, get
+from tests.engine.test_serve_ranks import Serving, _running, front_over, get, post, rank0_stand_in  # noqa: F401
 
 # --- a model the ranks cannot split -------------------------------------------------------
 
@@ -223,3 +230,68 @@ def test_a_killed_launcher_is_named_not_blamed_on_rank_0(split_home):
     assert f"brisk: error: the ranks' launcher (mlx.launch, pid {launcher}) was killed by signal 9" in err, err
     assert "ended without a result" not in err and "Traceback" not in err
     assert not [pid for pid in ranks if _running(pid)]  # its ranks were stopped
+
+
+# --- a request just after an idle rank died ---------------------------------------------------
+
+
+def rank0_lost_its_peer():
+    """Rank 0 as it answers once its ring lost a peer: a 500 naming MLX's ring error (the
+    front then asks the launcher which rank failed)."""
+
+    async def chat(request):
+        message = "The ranks could not run this request: [ring] Socket closed"
+        return JSONResponse({"error": {"message": message, "type": "server_error"}}, status_code=500)
+
+    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+def closed_port() -> int:
+    with socket.socket() as s:  # bound, never listening, then closed: connections are refused
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+WHY = "rank 1 on host 127.0.0.1 was killed by signal 9 while running (after joining the ring)"
+
+
+def _says_regrouping(status: int, body: bytes) -> None:
+    error = json.loads(body)["error"]
+    assert status == 503 and error["code"] == "ranks_unavailable", body
+    assert error["message"] == f"The ranks are regrouping after a failure ({WHY}); try again shortly"
+
+
+def test_a_request_after_an_idle_rank_died_is_told_the_ranks_are_regrouping_not_cut_off(front_over):  # noqa: F811
+    """The group still said 'ready' for a moment: the request reached a rank 0 that was gone,
+    or one whose ring had lost its peer, and was told its answer 'was cut off'."""
+    front, group = front_over(rank0_lost_its_peer(), why=WHY)
+    _says_regrouping(*post(front.url, {"messages": []}))
+    group.port = closed_port()  # rank 0 already stopped by the launcher
+    _says_regrouping(*post(front.url, {"messages": []}))
+    _says_regrouping(*post(front.url, {"messages": [], "stream": True}))
+
+
+def test_a_stream_lost_before_its_first_event_is_told_the_ranks_are_regrouping(front_over):  # noqa: F811
+    front, _ = front_over(rank0_stand_in(cut_after=0), why=WHY)
+    status, body = post(front.url, {"stream": True, "messages": []})
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert status == 200 and len(events) == 2 and events[1] == "data: [DONE]"
+    error = json.loads(events[0].removeprefix("data: "))["error"]
+    assert error["message"] == f"The ranks are regrouping after a failure ({WHY}); try again shortly"
+
+
+def test_rank_0_says_a_lost_peer_instead_of_leaving_the_request_unanswered(monkeypatch):
+    """Its ring's error escaped to the queue, which ended the request with no event: the
+    client got a bare 499, or an empty stream."""
+    from brisk.engine.api.events import EngineErrored
+    from brisk.engine.distributed import serve_lockstep
+
+    def lost(rank, payload=b""):
+        raise RuntimeError("[ring] Socket 5 was closed by the peer")
+
+    monkeypatch.setattr(serve_lockstep, "share_bytes", lost)
+    delivered: list = []
+    command = Answer(-1, ChatSettings(model="tq"), [Message("user", "hi")])
+    serve_lockstep.leader_execute(object(), object())(command, CancelToken(), delivered.append)
+    assert len(delivered) == 1 and isinstance(delivered[0], EngineErrored)
+    assert "[ring] Socket 5 was closed by the peer" in delivered[0].message and delivered[0].kind == "internal"
