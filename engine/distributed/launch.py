@@ -36,6 +36,9 @@ from brisk.engine.distributed.scratch import RUN_PREFIX, private_folder
 JOIN_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 30.0
 DEATH_GRACE_S = 3.0  # after a rank died, how long the survivors get to end by themselves
+# a join this slow is worth a word (an ssh login that never completes is silent otherwise);
+# more often would flood a slow but healthy start
+JOIN_PROGRESS_S = 10.0
 RANK_ARGS = {"--ranks": True, "--hostfile": True, "--join-timeout": True, "--rank-timeout": True}
 _LAUNCHER_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -110,6 +113,7 @@ class RankWatch:
         # A rank's error lines wait until the group ends: when a peer died, a survivor's
         # "connection to a peer was lost" is a consequence, and the cause is said instead.
         self.held_errors: list[tuple[int, str]] = []  # (rank, line)
+        self.progress_due = JOIN_PROGRESS_S  # seconds into the join when the next progress line is due
 
     def read_line(self, line: str) -> str | None:
         """Note a marker or a launcher report; return the line if the user should see it."""
@@ -160,6 +164,19 @@ class RankWatch:
             if self.ranks[culprit].exit_code not in (None, 0):
                 return [line for rank, line in self.held_errors if rank == culprit]
             return []
+
+    def join_progress(self, started_at: float, join_timeout: float) -> str | None:
+        """A line naming the ranks the group still waits for, every JOIN_PROGRESS_S while
+        some have not joined; None between lines and once all have."""
+        waited = self.clock() - started_at
+        with self.lock:
+            missing = [(i, r) for i, r in enumerate(self.ranks) if not r.joined]
+            if not missing or waited < self.progress_due:
+                return None
+            self.progress_due = (waited // JOIN_PROGRESS_S + 1) * JOIN_PROGRESS_S  # one line after a long stall
+            names = ", ".join(f"{r.host} (rank {i}{'' if r.started else ', not started yet'})" for i, r in missing)
+        hosts = "host" if len(missing) == 1 else "hosts"
+        return f"brisk: waiting for {hosts} {names} to join ({waited:.0f} s of {join_timeout:.0f} s)"
 
     def problem(self, started_at: float, join_timeout: float, rank_timeout: float) -> str | None:
         """Why the group must be stopped now, or None."""
@@ -275,6 +292,9 @@ def run_on_ranks(
                 if problem:
                     _stop(proc)
                     break
+                if (progress := watch.join_progress(started_at, join_timeout)) is not None:
+                    err.write(progress + "\n")
+                    err.flush()
                 if stop is not None and stop.wait(0.2):
                     _stop(proc)
                     break

@@ -295,3 +295,35 @@ def test_rank_0_says_a_lost_peer_instead_of_leaving_the_request_unanswered(monke
     serve_lockstep.leader_execute(object(), object())(command, CancelToken(), delivered.append)
     assert len(delivered) == 1 and isinstance(delivered[0], EngineErrored)
     assert "[ring] Socket 5 was closed by the peer" in delivered[0].message and delivered[0].kind == "internal"
+
+
+# --- a host that never joins ------------------------------------------------------------------
+
+
+def test_a_slow_join_says_which_hosts_it_waits_for_every_interval():
+    """A host that accepts TCP but never completes ssh kept `brisk` silent for the whole
+    --join-timeout (120 s)."""
+    from brisk.engine.distributed.hostfile import parse_hosts
+    from brisk.engine.distributed.launch import JOIN_PROGRESS_S, RankWatch
+    from tests.engine.test_distributed import FakeClock
+
+    hosts = parse_hosts([{"ssh": name, "ips": [f"10.0.0.{i + 1}"]} for i, name in enumerate("abc")], "h")
+    clock = FakeClock()
+    watch = RankWatch(hosts, clock=clock)
+    watch.read_line("@brisk-rank 0 joined\n")
+    watch.read_line("@brisk-rank 1 started\n")
+    said = []
+    for now in (1.0, JOIN_PROGRESS_S - 0.5, JOIN_PROGRESS_S, JOIN_PROGRESS_S + 5, 2 * JOIN_PROGRESS_S):
+        clock.now = now
+        said.append(watch.join_progress(0.0, 120.0))
+    waiting = "brisk: waiting for hosts b (rank 1), c (rank 2, not started yet) to join"
+    first, second = (f"{waiting} ({n * JOIN_PROGRESS_S:.0f} s of 120 s)" for n in (1, 2))
+    assert said == [None, None, first, None, second]
+    watch.read_line("@brisk-rank 1 joined\n")
+    clock.now = 5.5 * JOIN_PROGRESS_S  # a long stall: one line, not one per interval missed
+    late = f"brisk: waiting for host c (rank 2, not started yet) to join ({5.5 * JOIN_PROGRESS_S:.0f} s of 120 s)"
+    assert watch.join_progress(0.0, 120.0) == late
+    assert watch.join_progress(0.0, 120.0) is None
+    watch.read_line("@brisk-rank 2 joined\n")
+    clock.now = 10 * JOIN_PROGRESS_S
+    assert watch.join_progress(0.0, 120.0) is None  # all joined: nothing more to say
