@@ -1,7 +1,8 @@
 """The wheel carries everything: built with `python -m build`, installed with its
 dependencies into a fresh virtualenv outside the source tree, beside another distribution
 whose top-level packages are named `engine` and `app`, the app finds its icons and stylesheet
-and `brisk info` runs (the kernels compile from the wheel's sources)."""
+and `brisk info` runs (the kernels compile from the wheel's sources). The benchmarks are not
+in it: `brisk bench` says how to get them, and their own wheel (bench/) adds the command."""
 
 import os
 import subprocess
@@ -60,6 +61,32 @@ def test_the_wheel_holds_every_python_module_of_the_tree(wheel):
     assert tree - names == set()
     # Nothing at the top of site-packages but `brisk/` and the wheel's metadata.
     assert {n.split("/")[0] for n in names} - {"brisk"} == {n.split("/")[0] for n in names if ".dist-info/" in n}
+
+
+def test_the_wheel_leaves_the_benchmarks_out(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "brisk/engine/host/cli.py" in names
+    assert [n for n in names if n.startswith("brisk/bench") or "/bench/" in n] == []
+
+
+@pytest.fixture(scope="module")
+def bench_wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench-dist")
+    run(sys.executable, "-m", "build", "--outdir", out, ROOT / "bench")  # from its sdist, as above
+    (found,) = out.glob("brisk_bench-*-py3-none-any.whl")
+    return found
+
+
+def test_the_benchmarks_wheel_holds_brisk_bench_only_at_brisks_version(bench_wheel):
+    from brisk.engine.version import __version__
+
+    with zipfile.ZipFile(bench_wheel) as archive:
+        names = archive.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        lines = archive.read(metadata).decode().splitlines()
+    modules = {n.removeprefix("brisk/bench/") for n in names if not n.startswith("brisk_bench-")}
+    assert modules == {p.name for p in (ROOT / "bench").glob("*.py")} - {"setup.py"}
+    assert f"Version: {__version__}" in lines and f"Requires-Dist: brisk=={__version__}" in lines
 
 
 def collider(folder: Path) -> Path:
@@ -134,3 +161,29 @@ def test_the_installed_brisk_info_runs_and_builds_the_kernels(venv, home, tmp_pa
     from brisk.engine.version import __version__
 
     assert version.stdout.startswith(f"Brisk {__version__}")
+
+
+def test_the_installed_brisk_bench_says_in_one_line_how_to_get_the_benchmarks(venv, tmp_path):
+    done = subprocess.run(
+        [venv / "bin" / "brisk", "bench", "doc-qa", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env=clean_env(tmp_path / "home"),
+    )
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr.splitlines() == [
+        "brisk bench: the benchmarks are not installed: "
+        "pip install 'brisk[bench]' (from a checkout: pip install -e ./bench)"
+    ]
+
+
+def test_the_benchmarks_wheel_adds_brisk_bench_beside_the_installed_brisk(venv, bench_wheel, tmp_path):
+    """Installed into a folder of its own (the shared venv stays without it), on PYTHONPATH: its
+    `brisk/bench/` joins the venv's `brisk` namespace and its entry point adds the command."""
+    target = tmp_path / "bench-site"
+    run(venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", "--target", target, bench_wheel)
+    env = dict(clean_env(tmp_path / "home"), PYTHONPATH=str(target))
+    done = run(venv / "bin" / "brisk", "bench", "doc-qa", "--help", cwd=tmp_path, env=env)
+    assert "--target" in done.stdout and "not installed" not in done.stderr
