@@ -236,6 +236,7 @@ class Serving:
         return err.decode()
 
 
+@pytest.mark.plan_agnostic  # the server's plumbing around the ranks; their numerics: test_distributed.py
 def test_two_loopback_ranks_serve_the_same_greedy_answer_as_one_process(ranks_home):  # noqa: F811
     one = Serving(ranks_home)
     try:
@@ -263,6 +264,7 @@ def test_two_loopback_ranks_serve_the_same_greedy_answer_as_one_process(ranks_ho
     assert "Traceback" not in err
 
 
+@pytest.mark.plan_agnostic  # the server's plumbing around the ranks; their numerics: test_distributed.py
 def test_a_rank_killed_mid_answer_is_named_and_the_server_refuses_then_serves_again(ranks_home):  # noqa: F811
     server = Serving(ranks_home, "--ranks", "2", regroup_delay="20")
     try:
@@ -475,6 +477,7 @@ def test_the_front_caps_a_body_and_the_bodies_arriving_at_once(front_over):
         served.stop()
 
 
+@pytest.mark.plan_agnostic
 @pytest.mark.skipif(sys.platform != "linux", reason="the launcher dies with brisk through Linux's PR_SET_PDEATHSIG")
 def test_ranks_do_not_outlive_a_front_killed_outright(ranks_home):  # noqa: F811
     """SIGKILL leaves no `finally`: mlx.launch dies with the front, and the ranks, their
