@@ -245,9 +245,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--runs", type=_positive, default=3)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _blas(a))
-    from brisk.engine.distributed.bench import add_distributed_bench
+    from brisk.bench.distributed import add_distributed_bench
 
-    add_distributed_bench(bench)  # 1 process vs N loopback ranks (engine/distributed)
+    add_distributed_bench(bench)  # 1 process vs N loopback ranks (bench/distributed.py)
 
 
 def _overhead(args) -> int:

@@ -258,6 +258,13 @@ def test_a_rank_count_out_of_range_is_one_line(ranks_home, count):
     assert f"--ranks must be between 2 and 64 (got {count})" in out.stderr and "Traceback" not in out.stderr
 
 
+@pytest.mark.parametrize("count", ["1", "65"])
+def test_the_distributed_benchmark_keeps_the_same_rank_rule(ranks_home, count):
+    out = brisk_here(ranks_home, "bench", "distributed", "--model", "tq", "--ranks", count)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"--ranks must be between 2 and 64 (got {count})" in out.stderr
+
+
 def test_an_architecture_without_tensor_parallelism_is_refused_by_name(tmp_path):
     from tests.tiny_models import make_tiny_model
 

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from brisk.engine.api.errors import BriskError
+from brisk.engine.distributed.hostfile import MAX_RANKS
 
 # Effective numbers for one small message and for bulk transfer over TCP on each link.
 # Latency is per collective step (a 2-rank ring all_sum is one exchange each way); these are
@@ -82,8 +83,11 @@ def link_estimates(collectives: dict, single_s_per_token: float) -> dict:
 
 
 def run_distributed_bench(args) -> int:
-    if args.ranks < 2:
-        raise BriskError("--ranks must be at least 2")
+    if not 2 <= args.ranks <= MAX_RANKS:  # brisk run's rule
+        raise BriskError(
+            f"--ranks must be between 2 and {MAX_RANKS} (got {args.ranks}): the benchmark compares one process "
+            "with that many ranks"
+        )
     with tempfile.TemporaryDirectory(prefix="brisk-bench-") as tmp:
         prompt = Path(tmp) / "prompt.txt"
         prompt.write_text((TEXT * (args.prompt_tokens * 4 // len(TEXT) + 1))[: args.prompt_tokens * 4])
