@@ -128,7 +128,7 @@ def run_kv(
     from brisk.engine.api.metrics import kv_bytes_formula, kv_bytes_measured
     from brisk.engine.kv.packed_cache import check_kv_packable
     from brisk.engine.models.loader import load_model
-    from brisk.kernels import native
+    from brisk.kernels import ctypes_library
 
     lm = load_model(model_id)
     check_kv_packable(lm.config, v_bits=4, group_size=group_size)
@@ -140,7 +140,9 @@ def run_kv(
         "runs": runs,
         "decode_steps": steps,
         "attention_scale": shape["head_dim"] ** -0.5,
-        "brisk_path": "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})",
+        "brisk_path": "native CPU kernel"
+        if ctypes_library.load()
+        else f"portable MLX ({ctypes_library.unavailable_reason()})",
         "contexts": [],
     }
     rows = []

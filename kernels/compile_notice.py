@@ -2,7 +2,7 @@
 
 A fresh data folder (a new install, a new Brisk version) compiles the native kernels for this
 machine: about 40 s for the two libraries on two cores, during which a model load would
-otherwise sit silent. kernels/native.py announces each compile here; the innermost listener
+otherwise sit silent. kernels/ctypes_library.py announces each compile here; the innermost listener
 hears it: the model loader's progress callback (the CLI's stderr lines, the app's loading
 line through the engine's ModelLoadProgressed), else whatever the CLI listens with for every
 command. No listener: the log alone.

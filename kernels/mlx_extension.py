@@ -1,6 +1,6 @@
 """The native kernels as lazy MLX primitives (kernels/csrc/mlx_primitives/primitives.cpp).
 
-Through ctypes (kernels/native.py) a kernel evaluates its inputs and copies its output into
+Through ctypes (kernels/ctypes_library.py) a kernel evaluates its inputs and copies its output into
 a new array: a 4-bit SmolLM2 decode step synchronised with MLX ~210 times for it. As MLX
 primitives the same kernels are nodes of the graph and evaluate with the rest of it.
 
@@ -27,37 +27,37 @@ from importlib.metadata import version as package_version
 from pathlib import Path
 from types import ModuleType
 
-from brisk.kernels import native, plan, prebuilt
+from brisk.kernels import ctypes_library, plan, prebuilt
 
-SOURCE = native.CSRC / "mlx_primitives" / "primitives.cpp"
-TILED_PRIMITIVES = native.CSRC / "mlx_primitives" / "tiled.cpp"
+SOURCE = ctypes_library.CSRC / "mlx_primitives" / "primitives.cpp"
+TILED_PRIMITIVES = ctypes_library.CSRC / "mlx_primitives" / "tiled.cpp"
 # attention.cpp (and its attention_tiles.cpp, attention_flash.cpp), norm_rope.cpp, sampling.cpp,
 # activation.cpp and float_gemm.cpp are built only here: they have no ctypes path (MLX's own ops
 # are their fallback).
 KERNELS = [
     TILED_PRIMITIVES,
-    native.CSRC / "quantized_matmul.cpp",
-    native.CSRC / "tiled_matmul.cpp",
-    native.CSRC / "amx_matmul.cpp",
-    native.CSRC / "skinny_matmul.cpp",
-    native.CSRC / "float_gemm.cpp",
-    native.CSRC / "attention.cpp",
-    native.CSRC / "attention_tiles.cpp",
-    native.CSRC / "attention_flash.cpp",
-    native.CSRC / "norm_rope.cpp",
-    native.CSRC / "packed_attention.cpp",
-    native.CSRC / "sampling.cpp",
-    native.CSRC / "activation.cpp",
+    ctypes_library.CSRC / "quantized_matmul.cpp",
+    ctypes_library.CSRC / "tiled_matmul.cpp",
+    ctypes_library.CSRC / "amx_matmul.cpp",
+    ctypes_library.CSRC / "skinny_matmul.cpp",
+    ctypes_library.CSRC / "float_gemm.cpp",
+    ctypes_library.CSRC / "attention.cpp",
+    ctypes_library.CSRC / "attention_tiles.cpp",
+    ctypes_library.CSRC / "attention_flash.cpp",
+    ctypes_library.CSRC / "norm_rope.cpp",
+    ctypes_library.CSRC / "packed_attention.cpp",
+    ctypes_library.CSRC / "sampling.cpp",
+    ctypes_library.CSRC / "activation.cpp",
 ]
 # Included by the kernels: part of the build's key.
 HEADERS = [
-    native.CSRC / "vector_exp.h",
-    native.CSRC / "half.h",
-    native.CSRC / "sgemm.h",
-    native.CSRC / "register_tile.h",
-    native.CSRC / "isa.h",
-    native.CSRC / "thread_pool.h",
-    native.CSRC / "mlx_primitives" / "primitive_base.h",
+    ctypes_library.CSRC / "vector_exp.h",
+    ctypes_library.CSRC / "half.h",
+    ctypes_library.CSRC / "sgemm.h",
+    ctypes_library.CSRC / "register_tile.h",
+    ctypes_library.CSRC / "isa.h",
+    ctypes_library.CSRC / "thread_pool.h",
+    ctypes_library.CSRC / "mlx_primitives" / "primitive_base.h",
 ]
 MODULE = "_brisk_mlx_ops"
 VERSION = 13
@@ -95,7 +95,7 @@ def compile_command(cxx: str, output: Path, *, rpath: bool = True) -> list[str]:
     search = [f"-Wl,-rpath,{mlx_dir / 'lib'}"] if rpath else []
     return [
         cxx,
-        *native.compiler_flags("c++20"),
+        *ctypes_library.compiler_flags("c++20"),
         "-fvisibility=hidden",
         "-fno-strict-aliasing",
         "-DNB_DOMAIN=mlx",
@@ -111,7 +111,7 @@ def compile_command(cxx: str, output: Path, *, rpath: bool = True) -> list[str]:
         "-lmlx",
         *search,
         *platform_flags,
-        *native.link_flags(),
+        *ctypes_library.link_flags(),
         "-o",
         str(output),
     ]
@@ -131,7 +131,7 @@ def module_path(cxx: str) -> Path:
     key = hashlib.sha256(b"".join(p.read_bytes() for p in all_sources()))
     key.update(" ".join(compile_command(cxx, Path("out"))).encode())
     key.update(f"{_versions()} {sys.implementation.cache_tag}-{platform.machine()}".encode())
-    return native.cache_dir() / f"brisk_mlx_ops-{key.hexdigest()[:16]}{suffix()}"
+    return ctypes_library.cache_dir() / f"brisk_mlx_ops-{key.hexdigest()[:16]}{suffix()}"
 
 
 def open_module(path: Path) -> ModuleType:
@@ -150,9 +150,9 @@ def open_module(path: Path) -> ModuleType:
 
 
 def _build() -> tuple[ModuleType, Path]:
-    cxx = native.find_compiler()
+    cxx = ctypes_library.find_compiler()
     target = module_path(cxx)
-    native.build_verified(target, compile_command(cxx, target), "the MLX primitives")
+    ctypes_library.build_verified(target, compile_command(cxx, target), "the MLX primitives")
     return open_module(target), target
 
 
@@ -184,7 +184,7 @@ def status() -> prebuilt.Loaded:
                 _state["loaded"] = prebuilt.Loaded(None, "off", note=off)
             else:
                 requires = {"platform": prebuilt.platform_tag(), "mlx": _mlx_version()}
-                found = prebuilt.lookup("mlx_primitives", all_sources(), requires, native.cpu_features())
+                found = prebuilt.lookup("mlx_primitives", all_sources(), requires, ctypes_library.cpu_features())
                 _state["loaded"] = prebuilt.load_first(
                     "mlx_primitives",
                     prebuilt=found,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from brisk.kernels import mlx_extension, native
+from brisk.kernels import ctypes_library, mlx_extension
 from brisk.kernels.packed_kv import TOKEN_GROUP, Dense, KVLayout, TokenPacked
 
 Packed = tuple[mx.array, mx.array, mx.array]  # (packed uint32, scales, biases)
@@ -58,7 +58,7 @@ def _view(array: mx.array) -> tuple[np.ndarray, ctypes.Array]:
 
 
 def available() -> bool:
-    return native.load() is not None
+    return ctypes_library.load() is not None
 
 
 class _Source(ctypes.Structure):
@@ -198,9 +198,9 @@ def kv_attention_native(queries, keys: KVLayout, values: KVLayout, *, scale: flo
 
 
 def _kv_attention_ctypes(queries, k_part: _Part, v_part: _Part, n_kv: int, k_len: int, scale, causal) -> mx.array:
-    lib = native.load()
+    lib = ctypes_library.load()
     if lib is None:
-        raise NativeUnsupported(native.unavailable_reason())
+        raise NativeUnsupported(ctypes_library.unavailable_reason())
     b, hq, length, d = queries.shape
     q32 = queries.astype(mx.float32)
     mx.eval(q32, *k_part.arrays(), *v_part.arrays())

@@ -19,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_map_with_path
 from mlx_lm.models.rope_utils import Llama3RoPE
 
-from brisk.kernels import native
+from brisk.kernels import ctypes_library
 from brisk.kernels.norm_rope import NativeLlama3RoPE, NativeRMSNorm, NativeRoPE
 from brisk.kernels.quantized_matmul import NativeQuantizedEmbedding, NativeQuantizedLinear
 from brisk.kernels.skinny_matmul import SkinnyEmbedding, SkinnyLinear
@@ -57,7 +57,7 @@ def blas_only(*models):
 def verify_path(model) -> str:
     """Which path `model`'s few-row float32 products take now: "native" or "blas"."""
     route = route_of(model)
-    return "native" if route is not None and route.native and native.load() is not None else "blas"
+    return "native" if route is not None and route.native and ctypes_library.load() is not None else "blas"
 
 
 SWAPS = {
@@ -85,7 +85,7 @@ def use_native_layers(model: nn.Module) -> int:
 
     Does nothing (returns 0) when the kernels cannot be had: MLX's own paths stay.
     """
-    if native.load() is None:
+    if ctypes_library.load() is None:
         return 0
     swapped = 0
     route = Route()

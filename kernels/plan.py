@@ -148,7 +148,7 @@ class KernelPlan:
     def compute_dtype(self) -> str:
         """float32 where the CPU kernels run (half-precision matmuls are ~40x slower on MLX's
         CPU: shared/CPU.md); on a GPU, and as its stand-in (`off`), the stored dtype."""
-        return "float32" if self.device == "cpu" and self.mode != "off" else "native"
+        return "float32" if self.device == "cpu" and self.mode != "off" else "stored"
 
     @property
     def build_features(self) -> tuple[str, ...]:

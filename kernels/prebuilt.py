@@ -1,7 +1,7 @@
 """Native kernels built ahead of time and shipped in a bundle (`kernels/prebuilt/`).
 
 Most desktop users have no C++ compiler, so a bundle carries both native libraries
-already built: the ctypes one (kernels/native.py) and the MLX primitives
+already built: the ctypes one (kernels/ctypes_library.py) and the MLX primitives
 (kernels/mlx_extension.py). `packaging/build_kernels.py` compiles them into the folder
 with `build_into` and writes a manifest that records, per file, its sha256, the digest
 of the sources it was built from, the CPU features it was compiled for, and what it

@@ -28,7 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from brisk.kernels import mlx_extension, native, plan
+from brisk.kernels import ctypes_library, mlx_extension, plan
 from brisk.kernels.native_attention import NativeUnsupported, threads
 
 # Few-row passes cost about linearly in rows (compute-bound); the dense path first dequantizes
@@ -84,9 +84,9 @@ def _integer_mode(integer_activations: bool | None = None, vnni: bool | None = N
 
 def integer_products() -> str:
     """How decode's quantized layers multiply here, in words (`brisk info`)."""
-    lib = native.load()
+    lib = ctypes_library.load()
     if lib is None:
-        return f"portable MLX ({native.unavailable_reason()})"
+        return f"portable MLX ({ctypes_library.unavailable_reason()})"
     if not INTEGER_ACTIVATIONS or not lib.brisk_quantized_matmul_has_integer_x():
         return "float x (BRISK_INTEGER_ACTIVATIONS=0 or no AVX2)"
     if VNNI and lib.brisk_quantized_matmul_has_vnni():
@@ -111,9 +111,9 @@ def quantized_matmul_native(
     """x @ dequantize(weight).T (+ bias) for float x (..., K) and an affine-quantized (N, K) weight;
     None follows INTEGER_ACTIVATIONS, VNNI and AMX; vnni=False keeps AVX2's integer products,
     amx=False keeps more than 32 rows on sgemm."""
-    lib = native.load()
+    lib = ctypes_library.load()
     if lib is None:
-        raise NativeUnsupported(native.unavailable_reason())
+        raise NativeUnsupported(ctypes_library.unavailable_reason())
     if biases is None or bits not in BITS or group_size not in (32, 64):
         raise NativeUnsupported(f"{bits}-bit weights in groups of {group_size} (mode without biases?)")
     if scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
@@ -164,9 +164,9 @@ def quantized_matmul_native(
 
 def quantized_gather_native(ids, weight, scales, biases, *, bits: int, group_size: int) -> mx.array:
     """Rows `ids` of a quantized (V, K) table as float32 (..., K): the embedding lookup."""
-    lib = native.load()
+    lib = ctypes_library.load()
     if lib is None:
-        raise NativeUnsupported(native.unavailable_reason())
+        raise NativeUnsupported(ctypes_library.unavailable_reason())
     if biases is None or scales.dtype not in SCALE_TYPES or biases.dtype != scales.dtype:
         raise NativeUnsupported("scales without biases or of another dtype")
     if bits not in BITS or group_size not in (32, 64):
@@ -261,7 +261,7 @@ def _prepare(weight, scales, biases, bias, bits: int, group_size: int) -> _Prepa
 
 
 class NativeQuantizedEmbedding(nn.QuantizedEmbedding):
-    """nn.QuantizedEmbedding whose lookup and `as_linear` (a tied output head) run natively."""
+    """nn.QuantizedEmbedding whose lookup and `as_linear` (a tied output head) run on Brisk's kernels."""
 
     def __call__(self, x: mx.array) -> mx.array:
         if self._route.native and _affine(self) and mx.default_device() == mx.cpu:

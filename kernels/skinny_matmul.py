@@ -20,7 +20,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from brisk.kernels import mlx_extension, native, plan
+from brisk.kernels import ctypes_library, mlx_extension, plan
 from brisk.kernels.native_attention import NativeUnsupported, threads
 
 MIN_ROWS, MAX_ROWS = 2, 16  # one row stays with BLAS's gemv; the kernel tiles at most 16
@@ -29,9 +29,9 @@ WIDE_ROWS = 64  # from here a product is a prefill chunk's, for float_gemm.cpp
 
 def skinny_matmul_native(x: mx.array, weight: mx.array, bias: mx.array | None = None) -> mx.array:
     """x @ weight.T (+ bias) for float32 x (..., K) with 1-16 rows and weight (N, K)."""
-    lib = native.load()
+    lib = ctypes_library.load()
     if lib is None:
-        raise NativeUnsupported(native.unavailable_reason())
+        raise NativeUnsupported(ctypes_library.unavailable_reason())
     if x.dtype != mx.float32 or weight.dtype != mx.float32 or (bias is not None and bias.dtype != mx.float32):
         raise NativeUnsupported("the skinny matmul takes float32 only")
     *lead, k = x.shape
@@ -114,13 +114,13 @@ class SkinnyLinear(nn.Linear):
     def __call__(self, x: mx.array) -> mx.array:
         weight = self["weight"]
         if _worth_it(self._route, x, weight):
-            native = skinny_matmul_native
+            kernel = skinny_matmul_native
         elif _wide(self._route, x, weight):
-            native = float_gemm_native
+            kernel = float_gemm_native
         else:
             return super().__call__(x)
         try:
-            return native(x, weight, self.get("bias"))
+            return kernel(x, weight, self.get("bias"))
         except NativeUnsupported:
             return super().__call__(x)
 

@@ -37,7 +37,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from brisk.kernels import mlx_extension, native, plan, quantized_matmul, scale_codes
+from brisk.kernels import ctypes_library, mlx_extension, plan, quantized_matmul, scale_codes
 from brisk.kernels.coarse import COARSE
 from brisk.kernels.native_attention import threads
 from brisk.kernels.quantized_matmul import (
@@ -210,7 +210,7 @@ def tiled_bits() -> frozenset[int]:
     those its prefill tiles do not take), none when `why_not_tiled()`."""
     if why_not_tiled() is not None:
         return frozenset()
-    lib = native.load()
+    lib = ctypes_library.load()
     if quantized_matmul.AMX and lib is not None and lib.brisk_amx_available():
         return plan.QUANTIZED_BITS - plan.AMX_BITS
     return plan.QUANTIZED_BITS

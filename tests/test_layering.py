@@ -43,7 +43,7 @@ def _absolute(name: str) -> str:
 def imported_modules(path: Path, known: frozenset[str] | set[str] = frozenset(), root: Path = ROOT):
     """Every module `path` imports, wherever the import sits (module level, a function, an
     `if TYPE_CHECKING:` block). `from pkg import name` yields `pkg.name` when that is a module
-    in `known` (`from kernels import native` imports kernels.native), else `pkg`; relative
+    in `known` (`from kernels import ctypes_library` imports kernels.ctypes_library), else `pkg`; relative
     imports are resolved against the file's package."""
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module_name(path, root).split(".")
@@ -137,7 +137,7 @@ def test_no_import_cycles_anywhere():
     """Counting imports inside functions too: a lazy import that closes a cycle
     (prompt -> session -> prompt) still ties two modules into one."""
     graph = import_graph()
-    assert "kernels.native" in graph["kernels.mlx_extension"]  # `from kernels import native` is seen
+    assert "kernels.ctypes_library" in graph["kernels.mlx_extension"]  # `from kernels import ctypes_library` is seen
     found = {component: sorted(component) for component in cycles(graph)}
     new = [" <-> ".join(names) for component, names in found.items() if component not in EXPECTED_CYCLES]
     assert new == [], "modules that import each other (a cycle)"

@@ -20,13 +20,13 @@ def test_consulting_the_plan_is_seen_and_still_answered():
 
 
 def test_asking_for_a_kernel_already_loaded_is_seen():
-    from brisk.kernels import mlx_extension, native
+    from brisk.kernels import ctypes_library, mlx_extension
 
-    native.status(), mlx_extension.status()  # loaded (or refused) before: the loaders keep it
+    ctypes_library.status(), mlx_extension.status()  # loaded (or refused) before: the loaders keep it
     watch = Watch()
     watch.start()
     try:
-        native.load(), mlx_extension.load()
+        ctypes_library.load(), mlx_extension.load()
     finally:
         seen = watch.stop()
     assert [line.split(":")[0] for line in seen] == [

@@ -119,7 +119,7 @@ def refuse_remote_code(folder: Path) -> None:
         if found:
             raise BrokenModelFolder(
                 f"{path.name} in {Path(folder).name} sets '{found[0]}': the model wants to run Python code shipped "
-                "with it, which Brisk never does. Use a model that mlx-lm supports natively."
+                "with it, which Brisk never does. Use a model that mlx-lm supports without it."
             )
 
 

@@ -41,9 +41,9 @@ def quick_sgemm_gflops(n: int = 512, repeats: int = 3) -> float:
 
 
 def _native_kernel_path() -> str:  # one library holds both CPU kernels
-    from brisk.kernels import native
+    from brisk.kernels import ctypes_library
 
-    return "native CPU kernel" if native.load() else f"portable MLX ({native.unavailable_reason()})"
+    return "native CPU kernel" if ctypes_library.load() else f"portable MLX ({ctypes_library.unavailable_reason()})"
 
 
 def _quantized_products() -> str:
@@ -72,10 +72,10 @@ def describe_kernels(loaded) -> str:
 
 def kernel_origins() -> dict[str, str]:
     """Which native libraries are prebuilt (a bundle's), built locally or fell back, and why."""
-    from brisk.kernels import mlx_extension, native
+    from brisk.kernels import ctypes_library, mlx_extension
 
     return {
-        "kernels_ctypes": describe_kernels(native.status()),
+        "kernels_ctypes": describe_kernels(ctypes_library.status()),
         "kernels_mlx_ops": describe_kernels(mlx_extension.status()),
     }
 

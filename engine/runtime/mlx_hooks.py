@@ -166,7 +166,7 @@ HOOKS = (
         "mlx_lm.models.rope_utils:Llama3RoPE",
         "private field",
         "brisk.kernels.norm_rope",
-        "Llama 3's RoPE runs natively from the module's own frequency table",
+        "Llama 3's RoPE runs on Brisk's kernel from the module's own frequency table",
         ("_freqs", "dims", "traditional"),
     ),
     Hook(
@@ -180,7 +180,7 @@ HOOKS = (
         "mlx.nn:QuantizedEmbedding",
         "subclassed",
         "brisk.kernels.quantized_matmul",
-        "a quantized embedding's lookup and as_linear (a tied head) run natively",
+        "a quantized embedding's lookup and as_linear (a tied head) run on Brisk's kernels",
         ("as_linear", "weight", "scales", "biases", "bits", "group_size", "mode"),
     ),
 )

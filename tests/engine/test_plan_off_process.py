@@ -32,7 +32,7 @@ for settings in (
     session = Session(lm, ChatSettings(model="tiny", max_tokens=12, **settings))
     done = next(e for e in session.send("The quick brown fox. The quick brown") if type(e).__name__ == "TurnFinished")
     steps.append(done.metrics.decode_step)
-from brisk.kernels import mlx_extension, native
+from brisk.kernels import ctypes_library, mlx_extension
 
 cache = os.environ["BRISK_KERNEL_CACHE"]
 maps = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
@@ -41,7 +41,7 @@ print(json.dumps({
     "compute_dtype": lm.compute_dtype,
     "decode_steps": steps,
     # what each loader holds, read without asking it (asking could build)
-    "native": getattr(native._state.get("loaded"), "value", None) is not None,
+    "native": getattr(ctypes_library._state.get("loaded"), "value", None) is not None,
     "primitives": getattr(mlx_extension._state.get("loaded"), "value", None) is not None,
     "mapped": sorted({line.split()[-1] for line in maps.splitlines() if "brisk_" in line and ".so" in line}),
     "cache": sorted(os.listdir(cache)) if os.path.isdir(cache) else None,
@@ -67,7 +67,7 @@ def test_a_process_without_native_kernels_chats_and_builds_none(tiny_llama_dir, 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert not seen["plan_native"] and seen["compute_dtype"] == "native"
+    assert not seen["plan_native"] and seen["compute_dtype"] == "stored"
     assert seen["decode_steps"][0] == seen["decode_steps"][2] == "compiled"  # MLX's attention, compiled
     assert "packed KV" in seen["decode_steps"][1]
     assert not seen["native"] and not seen["primitives"]

@@ -23,7 +23,7 @@ from brisk.engine.api.settings import ChatSettings
 from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
-# "-q4"/"-q8": the same architecture with quantized weights (native quantized layers)
+# "-q4"/"-q8": the same architecture with quantized weights (MLX's quantized layers)
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8"]
 DOC = (
     "Report on regional water use. The northern districts used more water while the southern "

@@ -22,7 +22,7 @@ from brisk.engine.models.loader import load_folder
 from tests.engine.test_draft_controller import losing_pilot
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
-# "-q4"/"-q8": the same architecture with quantized weights (native quantized layers)
+# "-q4"/"-q8": the same architecture with quantized weights (MLX's quantized layers)
 ARCHS = ["llama", "qwen2", "qwen3", "gemma3_text", "gpt_oss", "nemotron_h", "llama-q4", "qwen3-q8", "qwen2-q5"]
 PROMPTS = ["Tell me about the quick brown fox and the lazy dog.", "Zażółć gęślą jaźń, w Warszawie? 東京 🙂"]
 

@@ -1,5 +1,5 @@
 """The native kernels run two ways: as lazy MLX primitives (kernels/mlx_extension.py) and as
-eager ctypes calls (kernels/native.py), the fallback where the primitives cannot be built.
+eager ctypes calls (kernels/ctypes_library.py), the fallback where the primitives cannot be built.
 Tests that use `kernel_path` run once on each."""
 
 import pytest
@@ -24,9 +24,9 @@ def copying_compiler(tmp_path_factory):
     to its `-o` path: tests of the cache's rules (build once, hash, rebuild what does not match)
     run those rules without compiling again (a build of the primitives takes minutes on 2 cores).
     That the real compile works is what loading the shared cache proves."""
-    from brisk.kernels import native
+    from brisk.kernels import ctypes_library
 
-    built = {"ctypes": native.status(), "primitives": mlx_extension.status()}
+    built = {"ctypes": ctypes_library.status(), "primitives": mlx_extension.status()}
     for kind, loaded in built.items():
         if loaded.value is None or not loaded.path:
             pytest.skip(f"the {kind} library is not built here: {loaded.note}")

@@ -6,7 +6,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from brisk.kernels import native, native_attention
+from brisk.kernels import ctypes_library, native_attention
 from brisk.kernels.quantized_matmul import integer_products, quantized_matmul_native, quantized_matmul_reference
 from tests.kernels.test_quantized_matmul import _integer_rounded, _quantized
 from tests.pairwise import rotate_over
@@ -25,7 +25,7 @@ def _cpu_flags() -> set[str]:
 
 
 def _has_amx() -> bool:
-    lib = native.load()
+    lib = ctypes_library.load()
     return lib is not None and lib.brisk_amx_available() == 1
 
 
@@ -37,7 +37,7 @@ def _skip_without_amx() -> None:
 def test_amx_is_used_exactly_where_the_cpu_has_it():
     """Found at run time (the library is built for AVX2): never missed where the CPU has it
     (prefill 1.45x on Qwen-1.5B), never used where it does not."""
-    lib = native.load()
+    lib = ctypes_library.load()
     assert lib.brisk_amx_available() == int(AMX_FLAGS <= _cpu_flags())
     assert ("prefill on AMX tiles" in integer_products()) == _has_amx()
 

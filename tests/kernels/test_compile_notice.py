@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from brisk.kernels import compile_notice, native
+from brisk.kernels import compile_notice, ctypes_library
 from brisk.kernels.compile_notice import BUILT, FAILED, STARTED
 
 
@@ -29,7 +29,7 @@ def test_a_compile_is_announced_before_and_after_to_the_innermost_listener(tmp_p
     compile_notice.listen_always(outer.append)
     target = tmp_path / "cache" / "lib.so"
     with compile_notice.listening(inner.append):
-        native.build_verified(
+        ctypes_library.build_verified(
             target, _writer("import sys; open(sys.argv[1], 'wb').write(b'lib')"), "the native kernels"
         )
     assert target.read_bytes() == b"lib"
@@ -40,7 +40,7 @@ def test_a_compile_is_announced_before_and_after_to_the_innermost_listener(tmp_p
     assert inner[0].message.startswith("Compiling Brisk's CPU kernels once for this machine")
     assert inner[1].message.startswith("Compiled the native kernels in ")
     assert outer == []  # the inner listener replaces the outer one while it listens
-    native.build_verified(target, _writer("raise SystemExit(1)"), "the native kernels")  # built: nothing to say
+    ctypes_library.build_verified(target, _writer("raise SystemExit(1)"), "the native kernels")  # built: nothing to say
     assert len(inner) == 2 and outer == []
 
 
@@ -49,7 +49,7 @@ def test_a_failed_compile_is_announced_and_still_raises(tmp_path, monkeypatch):
     heard = []
     compile_notice.listen_always(heard.append)
     with pytest.raises(RuntimeError, match="compiling the MLX primitives failed"):
-        native.build_verified(
+        ctypes_library.build_verified(
             tmp_path / "cache" / "ops.so", _writer("import sys; sys.exit('no compiler here')"), "the MLX primitives"
         )
     assert [e.phase for e in heard] == [STARTED, FAILED]
@@ -61,7 +61,7 @@ def test_a_second_library_is_not_announced_as_the_first(tmp_path, monkeypatch):
     heard = []
     compile_notice.listen_always(heard.append)
     for name in ("a.so", "b.so"):
-        native.build_verified(tmp_path / "cache" / name, _writer("import sys; open(sys.argv[1], 'w')"), name)
+        ctypes_library.build_verified(tmp_path / "cache" / name, _writer("import sys; open(sys.argv[1], 'w')"), name)
     starts = [e for e in heard if e.phase == STARTED]
     assert [e.first for e in starts] == [True, False]
     assert starts[1].message == "Compiling: b.so…"
@@ -75,7 +75,9 @@ def test_a_listener_that_fails_does_not_fail_the_compile(tmp_path, monkeypatch):
 
     compile_notice.listen_always(broken)
     target = tmp_path / "cache" / "lib.so"
-    native.build_verified(target, _writer("import sys; open(sys.argv[1], 'wb').write(b'x')"), "the native kernels")
+    ctypes_library.build_verified(
+        target, _writer("import sys; open(sys.argv[1], 'wb').write(b'x')"), "the native kernels"
+    )
     assert target.exists()
 
 

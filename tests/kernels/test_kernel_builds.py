@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from brisk.kernels import mlx_extension, native
+from brisk.kernels import ctypes_library, mlx_extension
 
 CHECK = Path(__file__).with_name("native_check.cpp")
 # The MLX primitives (primitives.cpp, tiled.cpp) are left out of the linked program: they
 # need libmlx, which has no aarch64 build here. They are compiled for aarch64 on their own.
-PLAIN_KERNELS = [path for path in mlx_extension.KERNELS if path.parent == native.CSRC]
+PLAIN_KERNELS = [path for path in mlx_extension.KERNELS if path.parent == ctypes_library.CSRC]
 FLAGS = ["-O1", "-std=c++17", "-pthread", "-fno-math-errno", "-fassociative-math", "-fno-signed-zeros"]
 
 
@@ -58,8 +58,8 @@ def _run(runner: list[str], env: dict[str, str] | None = None) -> str:
 @pytest.fixture(scope="module")
 def host_check(tmp_path_factory) -> Path:
     """The check program built as a local build targets this host (kernels/plan.py)."""
-    host_features = [f"-m{feature}" for feature in native.cpu_features()]
-    return _build(native.find_compiler(), host_features, tmp_path_factory.mktemp("host") / "check")
+    host_features = [f"-m{feature}" for feature in ctypes_library.cpu_features()]
+    return _build(ctypes_library.find_compiler(), host_features, tmp_path_factory.mktemp("host") / "check")
 
 
 # What each ceiling leaves of the run-time paths (kernels/csrc/isa.h), if this CPU has them.
@@ -96,7 +96,8 @@ def test_the_kernels_agree_with_scalar_references_under_each_isa_ceiling_this_ho
 def test_the_portable_build_agrees_with_scalar_references_on_this_host(tmp_path):
     """No SIMD flags and BRISK_KERNELS=portable: the path an arm64 CPU (or BRISK_KERNELS=portable) takes."""
     out = _run(
-        [str(_build(native.find_compiler(), [], tmp_path / "check"))], {**os.environ, "BRISK_KERNELS": "portable"}
+        [str(_build(ctypes_library.find_compiler(), [], tmp_path / "check"))],
+        {**os.environ, "BRISK_KERNELS": "portable"},
     )
     assert "tiled available: 0, amx available: 0, float_gemm available: 0" in out
 
@@ -125,7 +126,7 @@ def test_the_mlx_primitives_compile_for_aarch64(tmp_path, source):
         f"-I{nb_dir / 'include'}",
         f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
         f"-I{sysconfig.get_paths()['include']}",
-        str(native.CSRC / "mlx_primitives" / source),
+        str(ctypes_library.CSRC / "mlx_primitives" / source),
         "-o",
         str(tmp_path / "out.o"),
     ]

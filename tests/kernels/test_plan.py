@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from brisk.kernels import mlx_extension, native, plan, quantized_matmul
+from brisk.kernels import ctypes_library, mlx_extension, plan, quantized_matmul
 from brisk.kernels.plan import Cpu, decide
 
 AVX2 = {"avx2", "fma", "f16c"}
@@ -71,7 +71,7 @@ def test_off_is_the_gpu_plan_on_the_cpu():
     off = decide(device="cpu", cpu=CPUS["zen 4"], environ={"BRISK_KERNELS": "off"})
     gpu = decide(device="gpu", cpu=CPUS["zen 4"], environ={})
     for p in (off, gpu):
-        assert not p.native and p.compute_dtype == "native"
+        assert not p.native and p.compute_dtype == "stored"
         assert {c.kernel for c in p.choices().values()} == {"MLX"}
     assert "GPU" in gpu.choices()["decode attention"].why and "BRISK_KERNELS=off" in off.describe()[0]
 
@@ -107,7 +107,7 @@ def test_this_hosts_wrappers_follow_its_plan():
     here = plan.current()
     assert quantized_matmul.VNNI == here.vnni and quantized_matmul.AMX == here.amx
     assert quantized_matmul.INTEGER_ACTIVATIONS == here.integer_x
-    assert native.cpu_features() == list(here.build_features)
+    assert ctypes_library.cpu_features() == list(here.build_features)
 
 
 def test_a_gpu_default_process_compiles_and_loads_no_kernel(monkeypatch, tmp_path):
@@ -119,20 +119,20 @@ def test_a_gpu_default_process_compiles_and_loads_no_kernel(monkeypatch, tmp_pat
 
     monkeypatch.setattr(plan, "current_device", lambda: "gpu")
     monkeypatch.setattr(plan, "_current", {})
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(ctypes_library, "_state", {})
     monkeypatch.setattr(mlx_extension, "_state", {})
-    monkeypatch.setattr(native, "_build", refuse)
+    monkeypatch.setattr(ctypes_library, "_build", refuse)
     monkeypatch.setattr(mlx_extension, "_build", refuse)
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path / "cache"))
     from brisk.kernels import sampling
 
-    assert native.load() is None and mlx_extension.load() is None
-    assert "not the CPU" in native.unavailable_reason()
+    assert ctypes_library.load() is None and mlx_extension.load() is None
+    assert "not the CPU" in ctypes_library.unavailable_reason()
     assert sampling.temperature_sampler(0.7) is None
     with pytest.raises(sampling.NativeUnsupported):
         sampling.sample_softmax_native(mx.zeros((1, 8)), 0.7)
     assert not (tmp_path / "cache").exists()
-    assert plan.current().compute_dtype == "native" and not plan.current().native
+    assert plan.current().compute_dtype == "stored" and not plan.current().native
 
 
 def test_a_gpu_default_process_loads_a_model_in_its_stored_dtype_with_mlxs_layers(monkeypatch, tiny_llama_dir):
@@ -143,7 +143,7 @@ def test_a_gpu_default_process_loads_a_model_in_its_stored_dtype_with_mlxs_layer
     gpu_plan = decide(device="gpu", cpu=plan.read_cpu(), environ={})
     monkeypatch.setattr(plan, "_current", {"plan": gpu_plan})
     loaded = load_folder(tiny_llama_dir)
-    assert loaded.compute_dtype == "native"
+    assert loaded.compute_dtype == "stored"
     types = {type(m) for _, m in loaded.model.named_modules()}
     assert not any(t.__module__.startswith("brisk.kernels.") for t in types)
     assert nn.Linear in types or nn.QuantizedLinear in types

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from brisk.kernels import native, prebuilt
-from tests.kernels.test_native_library import CXX, build_hostile
+from brisk.kernels import ctypes_library, prebuilt
+from tests.kernels.test_ctypes_library import CXX, build_hostile
 
 
 def _build_kernels_script():
@@ -47,7 +47,7 @@ def shipped(shipped_once, tmp_path, monkeypatch):
     monkeypatch.setenv("BRISK_PREBUILT_KERNELS", str(folder))
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-compiler-here"))
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(ctypes_library, "_state", {})
     return folder
 
 
@@ -86,7 +86,7 @@ def test_a_replaced_prebuilt_library_never_runs(shipped, tmp_path, monkeypatch):
     library = shipped / "brisk_kernels.so"
     library.unlink()
     build_hostile(tmp_path, library)
-    loaded = native.status()
+    loaded = ctypes_library.status()
     assert loaded.value is None and loaded.origin == "fallback"
     assert "does not match its recorded sha256" in loaded.note and "no-compiler-here" in loaded.note
     assert not (tmp_path / "mark").exists()
@@ -94,7 +94,7 @@ def test_a_replaced_prebuilt_library_never_runs(shipped, tmp_path, monkeypatch):
 
 def test_a_prebuilt_folder_others_can_write_is_refused(shipped):
     shipped.chmod(0o777)
-    loaded = native.status()
+    loaded = ctypes_library.status()
     assert loaded.value is None and "writable by others" in loaded.note
 
 
@@ -108,7 +108,7 @@ def test_a_prebuilt_folder_others_can_write_is_refused(shipped):
 )
 def test_a_prebuilt_library_for_other_sources_cpus_or_platforms_is_not_used(shipped, change, said):
     edit_manifest(shipped, "ctypes", **change)
-    loaded = native.status()
+    loaded = ctypes_library.status()
     assert loaded.value is None and said in loaded.note
 
 
@@ -120,7 +120,7 @@ def test_prebuilt_primitives_for_another_mlx_are_not_used(shipped):
         "mlx_primitives",
         mlx_extension.all_sources(),
         {"platform": prebuilt.platform_tag(), "mlx": mlx_extension._mlx_version()},
-        native.cpu_features(),
+        ctypes_library.cpu_features(),
     )
     assert path is None and "built for mlx 0.0.1" in why
 
@@ -128,6 +128,6 @@ def test_prebuilt_primitives_for_another_mlx_are_not_used(shipped):
 def test_with_a_compiler_a_refused_prebuilt_falls_back_to_a_local_build(shipped, monkeypatch, copying_compiler):
     monkeypatch.setenv("CXX", copying_compiler)
     edit_manifest(shipped, "ctypes", sources="0" * 64)
-    loaded = native.status()
+    loaded = ctypes_library.status()
     assert loaded.value is not None and loaded.origin == "built locally"
     assert "other kernel sources" in loaded.note

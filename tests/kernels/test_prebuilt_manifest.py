@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from brisk.kernels import native, prebuilt
+from brisk.kernels import ctypes_library, prebuilt
 
 GCC = shutil.which("gcc") or shutil.which("cc")
 pytestmark = pytest.mark.skipif(GCC is None, reason="building the marking library needs gcc (or cc)")
@@ -124,13 +124,13 @@ def test_brisk_info_says_why_the_prebuilt_library_was_refused(tmp_path, folder, 
     entry = {
         "file": str(outside),
         "sha256": prebuilt.file_sha256(outside),
-        "sources": prebuilt.sources_digest(native.all_sources()),
+        "sources": prebuilt.sources_digest(ctypes_library.all_sources()),
         "requires": {"platform": prebuilt.platform_tag()},
         "cpu": [],
     }
     folder.mkdir()
     (folder / prebuilt.MANIFEST).write_text(json.dumps({"libraries": {"ctypes": entry}}))
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(ctypes_library, "_state", {})
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", str(tmp_path / "no-compiler-here"))
     line = kernel_origins()["kernels_ctypes"]

@@ -5,7 +5,7 @@ import shutil
 import mlx.core as mx
 import pytest
 
-from brisk.kernels import native, native_attention
+from brisk.kernels import ctypes_library, native_attention
 from brisk.kernels.native_attention import NativeUnsupported, quantized_attention_native
 from brisk.kernels.quantized_attention import (
     quantized_attention,
@@ -164,29 +164,29 @@ def test_dispatcher_sends_decode_steps_to_the_native_kernel_on_the_cpu(monkeypat
 def test_without_the_native_kernel_the_dispatcher_falls_back(monkeypatch, tmp_path):
     """A failed build (here: a compiler that does not exist) disables the native path
     with a reason, and attention still equals the reference."""
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(ctypes_library, "_state", {})
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path / "cache"))
-    assert native.load() is None and "no-such-compiler" in native.unavailable_reason()
+    assert ctypes_library.load() is None and "no-such-compiler" in ctypes_library.unavailable_reason()
     q, qk, qv = make(1, 6, 2, 1, 100, 64, 32, 4)
     ref = quantized_attention_reference(q, qk, qv, scale=0.125)
     assert mx.allclose(quantized_attention(q, qk, qv, scale=0.125), ref, atol=1e-4, rtol=1e-4).item()
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(ctypes_library, "_state", {})
     monkeypatch.setenv("BRISK_NATIVE_KERNELS", "0")
-    assert native.load() is None and "BRISK_NATIVE_KERNELS" in native.unavailable_reason()
+    assert ctypes_library.load() is None and "BRISK_NATIVE_KERNELS" in ctypes_library.unavailable_reason()
 
 
 @needs_native
 def test_native_kernel_is_built_once_into_the_cache(monkeypatch, tmp_path, copying_compiler):
-    monkeypatch.setattr(native, "_state", {})
+    monkeypatch.setattr(ctypes_library, "_state", {})
     monkeypatch.setenv("BRISK_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", copying_compiler)  # the build's rules, not a second compile
-    assert native.load() is not None, native.unavailable_reason()
+    assert ctypes_library.load() is not None, ctypes_library.unavailable_reason()
     built = [f for f in tmp_path.iterdir() if f.suffix in (".so", ".dylib")]
     assert len(built) == 1
     stamp = built[0].stat().st_mtime_ns
-    monkeypatch.setattr(native, "_state", {})
-    assert native.load() is not None and built[0].stat().st_mtime_ns == stamp
+    monkeypatch.setattr(ctypes_library, "_state", {})
+    assert ctypes_library.load() is not None and built[0].stat().st_mtime_ns == stamp
 
 
 @needs_native
@@ -200,14 +200,14 @@ def test_native_kernel_without_f16c_converts_half_scales_the_same(monkeypatch, t
 
     cxx = shutil.which("c++") or shutil.which("g++") or shutil.which("clang++")
     lib_path = tmp_path / "portable_half.so"
-    subprocess.run(native.compile_command(cxx, lib_path, "-DBRISK_PORTABLE_HALF"), check=True)
-    portable, calls = native.open_library(lib_path), []
+    subprocess.run(ctypes_library.compile_command(cxx, lib_path, "-DBRISK_PORTABLE_HALF"), check=True)
+    portable, calls = ctypes_library.open_library(lib_path), []
     kernel = portable.brisk_kv_attention
     monkeypatch.setattr(portable, "brisk_kv_attention", lambda *args: calls.append(1) or kernel(*args))
     # The ctypes path with this build: the loaders' state as they record it (the MLX primitives,
     # built without the define, would otherwise take the call).
     monkeypatch.setattr(mlx_extension, "_state", {"loaded": Loaded(None, "off", note="the ctypes path under test")})
-    monkeypatch.setattr(native, "_state", {"loaded": Loaded(portable, "built locally", str(lib_path))})
+    monkeypatch.setattr(ctypes_library, "_state", {"loaded": Loaded(portable, "built locally", str(lib_path))})
     q, qk, qv = make(1, 6, 2, 2, 300, 64, 32, 4, seed=9)
     tiny = lambda p: (p[0], (p[1] * 1e-5).astype(mx.float16), p[2].astype(mx.float16))  # noqa: E731
     subnormal = tiny(qk)

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from brisk.kernels import native, native_attention, quantized_matmul
+from brisk.kernels import ctypes_library, native_attention, quantized_matmul
 from brisk.kernels.native_attention import NativeUnsupported
 from brisk.kernels.native_layers import blas_only, use_native_layers
 from brisk.kernels.prebuilt import Loaded
@@ -82,12 +82,12 @@ def test_five_bit_rows_of_an_odd_number_of_blocks_take_the_plain_unpacking(rows)
 
 
 def _has_integer_path() -> bool:
-    lib = native.load()
+    lib = ctypes_library.load()
     return lib is not None and lib.brisk_quantized_matmul_has_integer_x() == 1
 
 
 def _has_vnni() -> bool:
-    lib = native.load()
+    lib = ctypes_library.load()
     return lib is not None and lib.brisk_quantized_matmul_has_vnni() == 1
 
 
@@ -104,7 +104,7 @@ def _skip_without_integer_path(bits: int, vnni: bool) -> None:
 def test_vnni_is_used_exactly_where_the_cpu_has_it():
     """The library is built for AVX2 and finds VNNI-512 at run time: it must neither miss it
     on a CPU that has it (the 1.4-1.5x decode speedup) nor use it on one that lacks it."""
-    lib = native.load()
+    lib = ctypes_library.load()
     flags = set(open("/proc/cpuinfo").read().split()) if _has_integer_path() else set()
     wanted = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
     assert lib.brisk_quantized_matmul_has_vnni() == int(wanted <= flags)
@@ -302,7 +302,7 @@ def test_swapped_quantized_layers_run_natively_and_keep_the_function(monkeypatch
 
 
 def test_without_the_native_library_mlx_runs_the_quantized_layers(monkeypatch):
-    monkeypatch.setattr(native, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
+    monkeypatch.setattr(ctypes_library, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
     net = _TinyNet()
     nn.quantize(net, group_size=32, bits=8)
     assert use_native_layers(net) == 0 and type(net.proj) is nn.QuantizedLinear

@@ -7,7 +7,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from brisk.kernels import mlx_extension, native, native_attention, skinny_matmul
+from brisk.kernels import ctypes_library, mlx_extension, native_attention, skinny_matmul
 from brisk.kernels.native_attention import NativeUnsupported
 from brisk.kernels.native_layers import blas_only, use_native_layers, verify_path
 from brisk.kernels.prebuilt import Loaded
@@ -122,7 +122,7 @@ def test_quantized_and_half_precision_layers_stay_with_mlx(monkeypatch):
 
 
 def test_without_the_native_library_nothing_is_swapped(monkeypatch):
-    monkeypatch.setattr(native, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
+    monkeypatch.setattr(ctypes_library, "_state", {"loaded": Loaded(None, "off", note="turned off for the test")})
     net = _tiny_net()
     assert use_native_layers(net) == 0 and type(net.proj) is nn.Linear
     assert verify_path(net) == "blas"

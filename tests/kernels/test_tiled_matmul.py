@@ -11,7 +11,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from brisk.kernels import mlx_extension, native, native_attention, quantized_matmul, tiled_matmul
+from brisk.kernels import ctypes_library, mlx_extension, native_attention, quantized_matmul, tiled_matmul
 from brisk.kernels.coarse import COARSE, coarse_products
 from brisk.kernels.native_layers import blas_only, use_native_layers
 from brisk.kernels.quantized_matmul import NativeQuantizedLinear, quantized_matmul_reference
@@ -269,7 +269,7 @@ def test_tiles_are_used_where_the_cpu_has_vnni_and_on_amx_for_the_bits_amx_does_
         assert reason.startswith("no MLX primitives")
     elif not VNNI_FLAGS <= flags:
         assert reason.startswith("this CPU has no AVX512-VNNI")
-    elif "amx_int8" in flags and native.load().brisk_amx_available():
+    elif "amx_int8" in flags and ctypes_library.load().brisk_amx_available():
         assert reason is None and tiled_bits() == {6}  # AMX's prefill tiles take 4, 5 and 8 bits
     else:
         assert reason is None and tiled_bits() == {4, 5, 6, 8}
