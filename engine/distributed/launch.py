@@ -32,6 +32,7 @@ from brisk.engine.distributed.group import HOSTS_ENV, MARKER
 from brisk.engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
 from brisk.engine.distributed.lockstep import PROBE_ENV
 from brisk.engine.distributed.scratch import RUN_PREFIX, private_folder
+from brisk.engine.runtime.python_argv import module_argv
 
 JOIN_TIMEOUT_S = 120.0
 RANK_TIMEOUT_S = 30.0
@@ -49,11 +50,8 @@ class RankFailed(BriskError):
 
 
 def launcher_argv() -> list[str]:
-    """mlx.launch from this Python's environment."""
-    beside = Path(sys.executable).parent / "mlx.launch"
-    if beside.exists():
-        return [sys.executable, str(beside)]
-    return [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
+    """mlx.launch from this Python's environment, its relay kept from spinning."""
+    return module_argv("brisk.engine.distributed.quiet_launcher")
 
 
 def rank_argv(argv: list[str]) -> list[str]:
@@ -247,7 +245,6 @@ def run_on_ranks(
     with private_folder(RUN_PREFIX) as tmp:  # removes those a killed brisk left
         hostfile_path = Path(tmp) / "hosts.json"
         hostfile_path.write_text(to_launch_json(hosts))
-        from brisk.engine.runtime.python_argv import module_argv
 
         # brisk re-executes itself with malloc tunables (engine/host/cli.py); the ranks get the same
         forwarded = ("GLIBC_TUNABLES", PROBE_ENV, "BRISK_KERNELS", "BRISK_ISA", "BRISK_KERNEL_THREADS")

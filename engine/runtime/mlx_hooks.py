@@ -183,6 +183,19 @@ HOOKS = (
         "a quantized embedding's lookup and as_linear (a tied head) run on Brisk's kernels",
         ("as_linear", "weight", "scales", "biases", "bits", "group_size", "mode"),
     ),
+    Hook(
+        "mlx._distributed_utils.launch:select",
+        "rebound",
+        "brisk.engine.distributed.quiet_launcher",
+        "mlx.launch's relay threads wait on their ranks' output only (Brisk never writes to a rank's stdin, "
+        "and waiting on an always-writable pipe kept each thread spinning)",
+    ),
+    Hook(
+        "mlx._distributed_utils.launch:main",
+        "private call",
+        "brisk.engine.distributed.quiet_launcher",
+        "mlx.launch's entry point, run in the process whose select was rebound",
+    ),
 )
 
 

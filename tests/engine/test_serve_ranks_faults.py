@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from starlette.applications import Starlette
@@ -204,7 +205,7 @@ def _launcher_pid(brisk_pid: int) -> int | None:
             cmdline = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if parent == brisk_pid and (b"mlx.launch" in cmdline or b"_distributed_utils.launch" in cmdline):
+        if parent == brisk_pid and b"brisk.engine.distributed.quiet_launcher" in cmdline:
             return int(entry.name)
     return None
 
@@ -330,3 +331,41 @@ def test_a_slow_join_says_which_hosts_it_waits_for_every_interval():
     watch.read_line("@brisk-rank 2 joined\n")
     clock.now = 10 * JOIN_PROGRESS_S
     assert watch.join_progress(0.0, 120.0) is None  # all joined: nothing more to say
+
+
+def test_a_follower_sleeps_after_each_idle_tick_and_runs_the_commands_between(monkeypatch):
+    """Between requests rank 0 sends empty ticks (MLX's ring waits by polling: an idle
+    follower kept a core busy); a follower sleeps after each, runs what comes, stops on STOP."""
+    from brisk.engine.distributed import serve_lockstep
+
+    forget = serve_lockstep.encode(serve_lockstep.ForgetConversation(-4))
+    payloads = iter([b"", b"", forget, b"", serve_lockstep.encode(serve_lockstep.STOP)])
+    seen = []
+    monkeypatch.setattr(serve_lockstep, "share_bytes", lambda rank, payload=b"": next(payloads))
+    monkeypatch.setattr(serve_lockstep, "time", SimpleNamespace(sleep=lambda s: seen.append(("sleep", s))))
+    monkeypatch.setattr(serve_lockstep, "AgreedCancel", lambda rank, local: None)
+    monkeypatch.setattr(
+        serve_lockstep, "run_command", lambda rank, worker, command, cancel, deliver: seen.append(command)
+    )
+    assert serve_lockstep.follow(object(), object()) == 0
+    nap = ("sleep", serve_lockstep.FOLLOWER_SLEEP_S)
+    assert seen == [nap, nap, serve_lockstep.ForgetConversation(-4), nap]
+    assert 0 < serve_lockstep.FOLLOWER_SLEEP_S < serve_lockstep.IDLE_TICK_S  # back before rank 0's next tick
+
+
+def test_rank_0s_idle_tick_sends_an_empty_payload_and_stops_once_the_ring_broke(monkeypatch):
+    from brisk.engine.distributed import serve_lockstep
+
+    sent = []
+
+    def share(rank, payload=b""):
+        sent.append(payload)
+        if len(sent) == 2:
+            raise RuntimeError("[ring] lost a peer")
+        return payload
+
+    monkeypatch.setattr(serve_lockstep, "share_bytes", share)
+    tick = serve_lockstep.leader_idle(object())
+    for _ in range(4):
+        tick()
+    assert sent == [b"", b""]  # the broken ring is not polled again; the next request reports it
