@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import random
+import time
 from typing import Callable
 
 import mlx.core as mx
@@ -164,6 +165,31 @@ def leader_execute(rank: Rank, worker: EngineWorker):
     return execute
 
 
+# Between requests the followers wait in share_bytes, and MLX's ring waits by polling: an
+# idle follower kept a core busy. Rank 0 sends an empty payload every IDLE_TICK_S while no
+# request comes, and a follower sleeps for most of that after each one, so it only polls
+# for the rest; a request waits at most one tick for the followers to come back.
+IDLE_TICK_S = 0.1
+FOLLOWER_SLEEP_S = 0.9 * IDLE_TICK_S
+
+
+def leader_idle(rank: Rank) -> Callable[[], None]:
+    """Rank 0's idle tick (EngineQueue's `idle`, every IDLE_TICK_S without a request). A ring
+    that lost a peer stops the ticks; the next request meets the same error and says so."""
+    broken = False
+
+    def tick() -> None:
+        nonlocal broken
+        if broken:
+            return
+        try:
+            share_bytes(rank, b"")
+        except RuntimeError:
+            broken = True
+
+    return tick
+
+
 def stop_followers(rank: Rank) -> None:
     """Rank 0's server closed: the followers return (a group already broken is left as is)."""
     try:
@@ -180,6 +206,12 @@ def rank_worker() -> EngineWorker:
 
 def follow(rank: Rank, worker: EngineWorker) -> int:
     """A follower rank's life: run each command rank 0 sends, until it says stop."""
-    while (command := decode(share_bytes(rank))) is not None:
+    while True:
+        payload = share_bytes(rank)
+        if not payload:  # rank 0's idle tick
+            time.sleep(FOLLOWER_SLEEP_S)
+            continue
+        command = decode(payload)
+        if command is None:
+            return 0
         run_command(rank, worker, command, AgreedCancel(rank, None), lambda event: None)
-    return 0

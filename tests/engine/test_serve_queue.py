@@ -120,3 +120,48 @@ def test_kept_conversations_are_bounded_in_number_too():
         assert done.wait(10)
     assert queue.stats()["cached_conversations"] == 3 and len(worker.sessions) == 3
     queue.close()
+
+
+def test_the_idle_duty_runs_while_no_request_comes_never_during_one_and_survives_a_failure():
+    """Rank 0's idle tick (serve_lockstep.leader_idle) runs on the engine thread between
+    requests: never beside a request's commands (both use the ranks' collectives), and a
+    tick that raises does not end the thread."""
+    log, running = [], threading.Event()
+    ticked_after_request = threading.Event()
+
+    def idle():
+        assert not running.is_set()  # never inside a request
+        log.append("tick")
+        if "request" in log:
+            ticked_after_request.set()
+        if log.count("tick") == 1:
+            raise RuntimeError("a broken tick")
+
+    def execute(command, cancel, deliver):
+        running.set()
+        log.append("request" if not isinstance(command, DescribeSessions) else "describe")
+        running.clear()
+
+    queue = EngineQueue(execute=execute, idle=idle, idle_every_s=0.001)
+    try:
+        for _ in range(1000):  # a hang guard, not a time bound: ticks come at least once
+            if log.count("tick") >= 3:
+                break
+            threading.Event().wait(0.01)
+        done = threading.Event()
+        queue.submit(Job("c", [Message("user", "hi")], ChatSettings(model="m"), lambda e: e is DONE and done.set()))
+        assert done.wait(60) and ticked_after_request.wait(60)
+    finally:
+        queue.close()
+    assert log.count("tick") >= 4 and "request" in log  # the failed first tick ended nothing
+
+
+def test_without_an_idle_duty_the_engine_thread_just_waits():
+    calls = []
+    queue = EngineQueue(execute=lambda command, cancel, deliver: calls.append(command))
+    assert queue.idle is None
+    done = threading.Event()
+    queue.submit(Job("c", [Message("user", "hi")], ChatSettings(model="m"), lambda e: e is DONE and done.set()))
+    assert done.wait(60)
+    queue.close()
+    assert calls  # served

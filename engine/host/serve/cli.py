@@ -163,16 +163,20 @@ def cmd_serve(args) -> int:
         from brisk.engine.distributed.serve_front import serve_on_ranks
 
         return serve_on_ranks(args)
-    rank, execute, refusal = current(), None, None
+    rank, refusal, on_ranks = current(), None, {}
     if rank is not None:
-        from brisk.engine.distributed.serve_lockstep import follow, leader_execute, rank_worker
+        from brisk.engine.distributed import serve_lockstep
 
-        worker = rank_worker()
+        worker = serve_lockstep.rank_worker()
         if rank.rank != 0:
-            return follow(rank, worker)
-        execute = leader_execute(rank, worker)
+            return serve_lockstep.follow(rank, worker)
+        on_ranks = {
+            "execute": serve_lockstep.leader_execute(rank, worker),
+            "idle": serve_lockstep.leader_idle(rank),
+            "idle_every_s": serve_lockstep.IDLE_TICK_S,
+        }
         refusal = functools.partial(ranks.split_refusal, size=rank.size)
-    queue = EngineQueue(cache_bytes=args.cache_bytes, execute=execute)
+    queue = EngineQueue(cache_bytes=args.cache_bytes, **on_ranks)
     server = Server(
         queue,
         default_model=args.model,

@@ -86,8 +86,13 @@ class EngineQueue:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         max_conversations: int = MAX_CONVERSATIONS,
         execute: Execute | None = None,
+        idle: Callable[[], None] | None = None,
+        idle_every_s: float = 0.1,
     ):
+        """`idle`: run on the engine thread whenever no request has come for `idle_every_s`
+        (on ranks, rank 0's tick that lets the other ranks sleep between requests)."""
         self.max_conversations = max_conversations
+        self.idle, self.idle_every_s = idle, idle_every_s
         if execute is None:
             from brisk.engine.accel.speculative.costs_file import StoredPairCosts
 
@@ -157,21 +162,28 @@ class EngineQueue:
     # --- the engine thread --------------------------------------------------------------
 
     def _next(self) -> Job | None:
-        with self._lock:
-            while not self._closed and not any(self._queues.values()):
-                self._lock.wait()
-            if self._closed and not any(self._queues.values()):
-                return None
-            # Fair: the client served longest ago goes first (never served: first of all),
-            # then the earliest request; one client's burst waits behind everyone else's.
-            client = min(
-                (c for c, q in self._queues.items() if q),
-                key=lambda c: (self._served_at.get(c, -1), self._queues[c][0].seq),
-            )
-            job = self._queues[client].popleft()
-            self._served_at[client] = next(self._ticks)
-            self._running = job
-            return job
+        while True:
+            with self._lock:
+                if not self._closed and not any(self._queues.values()):
+                    self._lock.wait(self.idle_every_s if self.idle else None)
+                if self._closed and not any(self._queues.values()):
+                    return None
+                if any(self._queues.values()):
+                    # Fair: the client served longest ago goes first (never served: first of
+                    # all), then the earliest request; one client's burst waits behind the rest.
+                    client = min(
+                        (c for c, q in self._queues.items() if q),
+                        key=lambda c: (self._served_at.get(c, -1), self._queues[c][0].seq),
+                    )
+                    job = self._queues[client].popleft()
+                    self._served_at[client] = next(self._ticks)
+                    self._running = job
+                    return job
+            if self.idle is not None:  # outside the lock: requests keep arriving meanwhile
+                try:
+                    self.idle()
+                except Exception:  # the thread must outlive it, as it outlives a request's bug
+                    log.exception("the engine's idle duty failed")
 
     def _loop(self) -> None:
         while (job := self._next()) is not None:
