@@ -9,20 +9,30 @@ and silent, engine/distributed/launch.py), so here that select never waits on wr
 
 from __future__ import annotations
 
-from mlx._distributed_utils import launch
+import sys
 
-_select = launch.select
-
-
-def _select_never_writing(rlist, wlist, xlist, timeout=None):
-    readable, _, errors = _select(rlist, [], xlist, timeout)
-    return readable, [], errors
+from brisk.engine.api.errors import BriskError
+from brisk.engine.runtime.mlx_hooks import check_hooks_of
 
 
-def main() -> None:
-    launch.select = _select_never_writing  # see engine/runtime/mlx_hooks.py
+def main() -> int:
+    try:
+        check_hooks_of("brisk.engine.distributed.quiet_launcher")
+    except BriskError as exc:
+        print(f"brisk: error: {exc}", file=sys.stderr)
+        return 1
+    from mlx._distributed_utils import launch
+
+    select = launch.select
+
+    def select_never_writing(rlist, wlist, xlist, timeout=None):
+        readable, _, errors = select(rlist, [], xlist, timeout)
+        return readable, [], errors
+
+    launch.select = select_never_writing  # engine/runtime/mlx_hooks.py lists it
     launch.main()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -27,6 +27,9 @@ class Hook:
     user: str  # the Brisk module that relies on it
     why: str
     needs: tuple[str, ...] = ()  # parameters (for functions) or attributes (for classes) relied on
+    # Checked before the first model loads; False: only by its user, where it runs (the ranks'
+    # launcher: a frozen bundle leaves mlx's launcher out, and must still load models)
+    at_load: bool = True
 
 
 HOOKS = (
@@ -189,12 +192,14 @@ HOOKS = (
         "brisk.engine.distributed.quiet_launcher",
         "mlx.launch's relay threads wait on their ranks' output only (Brisk never writes to a rank's stdin, "
         "and waiting on an always-writable pipe kept each thread spinning)",
+        at_load=False,
     ),
     Hook(
         "mlx._distributed_utils.launch:main",
         "private call",
         "brisk.engine.distributed.quiet_launcher",
         "mlx.launch's entry point, run in the process whose select was rebound",
+        at_load=False,
     ),
 )
 
@@ -227,15 +232,24 @@ def _class_has(cls, name: str) -> bool:
 
 
 def _moved(hook: Hook, what: str) -> BriskError:
+    package = "mlx-lm" if hook.target.startswith("mlx_lm") else "mlx"
     return BriskError(
-        f"mlx-lm {version('mlx-lm')} moved a hook Brisk relies on ({hook.kind}, used by "
-        f"{hook.user}: {hook.why}): {what}. Install the mlx-lm version pyproject.toml pins."
+        f"{package} {version(package)} moved a hook Brisk relies on ({hook.kind}, used by "
+        f"{hook.user}: {hook.why}): {what}. Install the {package} version pyproject.toml pins."
     )
 
 
 @lru_cache(maxsize=1)
 def check_hooks() -> int:
-    """Check every hook once per process; returns how many were checked."""
-    for hook in HOOKS:
+    """Check, once per process, every hook checked before a model loads; returns how many."""
+    at_load = [hook for hook in HOOKS if hook.at_load]
+    for hook in at_load:
         check_hook(hook)
-    return len(HOOKS)
+    return len(at_load)
+
+
+def check_hooks_of(user: str) -> None:
+    """Check the hooks `user` (a module name) relies on, where it runs."""
+    for hook in HOOKS:
+        if hook.user == user:
+            check_hook(hook)

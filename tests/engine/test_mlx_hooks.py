@@ -27,7 +27,8 @@ def test_each_hook_holds_on_the_installed_mlx_lm_and_a_moved_one_is_named(hook, 
         match = "is gone"
     with pytest.raises(BriskError, match=match) as error:
         check_hook(hook)
-    assert hook.user in str(error.value) and "mlx-lm" in str(error.value)
+    package = "mlx-lm" if module_name.startswith("mlx_lm") else "mlx"  # whose version to install
+    assert hook.user in str(error.value) and str(error.value).startswith(f"{package} ")
 
 
 def test_every_module_that_imports_mlx_lm_internals_is_listed():
@@ -51,3 +52,26 @@ def test_the_loader_checks_the_hooks(tiny_llama_dir, monkeypatch):
     with pytest.raises(BriskError, match="no_such_thing is gone"):
         load_folder(tiny_llama_dir)
     check_hooks.cache_clear()
+
+
+def test_a_hook_checked_where_it_runs_never_stops_a_model_loading(tiny_llama_dir, monkeypatch):
+    """The ranks' launcher reaches into mlx's launcher, which a frozen bundle leaves out: the
+    bundle's app failed to load any model while the loader checked that hook too."""
+    import brisk.engine.runtime.mlx_hooks as hooks
+    from brisk.engine.models.loader import load_folder
+
+    gone = hooks.Hook("mlx._no_such_module:select", "rebound", "brisk.engine.x", "t", at_load=False)
+    check_hooks.cache_clear()
+    monkeypatch.setattr(hooks, "HOOKS", (gone,))
+    try:
+        assert load_folder(tiny_llama_dir).model is not None
+        with pytest.raises(BriskError, match=r"^mlx \S+ moved a hook .*select is gone from mlx._no_such_module"):
+            hooks.check_hooks_of("brisk.engine.x")
+        hooks.check_hooks_of("brisk.engine.other")  # another module's hooks are its own
+    finally:
+        check_hooks.cache_clear()
+
+
+def test_the_launcher_hooks_are_checked_where_the_launcher_runs():
+    launcher = [h for h in HOOKS if h.user == "brisk.engine.distributed.quiet_launcher"]
+    assert launcher and not any(h.at_load for h in launcher)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -219,11 +220,17 @@ def test_a_killed_launcher_is_named_not_blamed_on_rank_0(split_home):
         [sys.executable, "-m", "brisk.engine.host.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
+        launcher, ranks = None, [None, None]
+        for _ in range(1200):  # a hang guard: the ranks are found while they start
+            launcher = launcher or _launcher_pid(proc.pid)
+            ranks = [_rank_pid(launcher, r) for r in (0, 1)] if launcher else ranks
+            if None not in ranks or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert launcher is not None and None not in ranks, proc.stderr.read().decode()
         assert proc.stdout.read(1), proc.stderr.read().decode()  # rank 0 is mid-answer now
-        launcher = _launcher_pid(proc.pid)
-        assert launcher is not None
-        ranks = [_rank_pid(launcher, r) for r in (0, 1)]
-        assert None not in ranks
+        for pid in ranks:  # held there: the tiny model's answer can end (EOS) before the kill
+            os.kill(pid, signal.SIGSTOP)
         os.kill(launcher, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
     finally:
