@@ -25,7 +25,7 @@ else
     rm -rf "$work/venv"
     "$python" -m venv "$work/venv"
     "$work/venv/bin/python" -m pip install -q --upgrade pip
-    "$work/venv/bin/python" -m pip install -q "$root[gui]" "pyinstaller==6.22.3"
+    "$work/venv/bin/python" -m pip install -q --no-compile "$root[gui]" "pyinstaller==6.22.3"  # PyInstaller compiles what it ships
 fi
 
 echo "building the native kernels ahead of time"
