@@ -18,8 +18,10 @@ EXPECTED_CYCLES: dict[frozenset[str], str] = {}
 
 # Brisk's wheel leaves the benchmarks out (bench/ is its own distribution, brisk-bench), so Brisk's
 # modules must not import them. The exceptions, each with why; the list only shrinks.
-BENCH_IMPORTERS: dict[str, str] = {
-    "app.bench_latency": "itself a benchmark (the window's event-loop latency), run from a checkout",
+BENCH_IMPORTERS: dict[str, str] = {}
+# Benchmarks that drive the app (so import Qt and the app), each with why; the list only shrinks.
+APP_BENCHMARKS: dict[str, str] = {
+    "bench.app_latency": "the window's own event-loop latency while the engine works: it runs the real window",
 }
 
 
@@ -114,10 +116,13 @@ def test_engine_kernels_and_benchmarks_do_not_import_qt_or_app():
     files = source_files("engine", "kernels", "bench")
     assert len(source_files("bench")) > 10 and len(files) > 50
     for path in files:
+        if module_name(path) in APP_BENCHMARKS:
+            continue
         for module in imported_modules(path):
             if module.split(".")[0] in FORBIDDEN:
                 offenders.append(f"{path.relative_to(ROOT)} imports {module}")
     assert offenders == []
+    assert all((ROOT / (m.replace(".", "/") + ".py")).is_file() for m in APP_BENCHMARKS)  # still there
 
 
 def _is_bench(module: str) -> bool:
@@ -128,7 +133,7 @@ def test_brisk_never_imports_the_benchmarks():
     """The benchmarks import the engine, never the reverse (a lazy import inside a function counts:
     it fails the day it runs from a wheel)."""
     graph = import_graph()
-    assert "bench.common" in graph["app.bench_latency"]  # `from brisk.bench.common import ...` is seen
+    assert "bench.common" in graph["bench.app_latency"]  # `from brisk.bench.common import ...` is seen
     importers = {module for module, deps in graph.items() if not _is_bench(module) and any(map(_is_bench, deps))}
     assert importers == set(BENCH_IMPORTERS)
 

@@ -14,7 +14,8 @@ GROUP = "brisk.commands"  # an entry point `name = module:add_parser`, add_parse
 KNOWN = {
     "bench": (
         "benchmarks",
-        "pip install 'brisk[bench]' (from a checkout: pip install -e ./bench)",
+        "from Brisk's source checkout, pip install -e ./bench (brisk-bench is not on PyPI; "
+        "where it is published beside Brisk, pip install 'brisk[bench]')",
     ),
 }
 

@@ -1,5 +1,5 @@
 // Causal attention for long prefill chunks: the flash-attention recurrence over blocks of
-// keys, with q k^T and p v as sgemm calls (MKL where engine/blas.py loaded it).
+// keys, with q k^T and p v as sgemm calls (MKL where engine/runtime/blas.py loaded it).
 //
 // attention.cpp's kernel takes one query row at a time against eight keys, reading each key
 // from L1 again for every row: ~90 GFLOP/s here, a third of sgemm's, and at 8K tokens

@@ -6,7 +6,7 @@
 // rows folded together), dequantizes it in registers, and keeps an online softmax (running
 // max and sum). Keys are split into blocks across threads; the partial results are merged
 // with the log-sum-exp rule. It runs as a lazy MLX primitive (mlx_primitives/, through
-// brisk_kv_attention_flat) or, built by kernels/native.py, through ctypes with raw pointers
+// brisk_kv_attention_flat) or, built by kernels/ctypes_library.py, through ctypes with raw pointers
 // and element strides; this file needs no MLX headers.
 //
 // K and V are each dense, packed per token (groups of channels), or, for keys, packed per

@@ -18,11 +18,11 @@
 // the float x. The float-x path stays for exact comparisons (integer_x = 0) and for CPUs
 // without AVX2.
 // Many rows (prefill): tiles of the weight are dequantized to float32 and multiplied by
-// the process's cblas_sgemm (MKL when engine/blas.py loaded it), so prefill runs at sgemm
+// the process's cblas_sgemm (MKL when engine/runtime/blas.py loaded it), so prefill runs at sgemm
 // speed plus one pass of dequantization; on CPUs with AMX, 4-, 5- and 8-bit weights go to
 // amx_matmul.cpp's integer tiles instead (about 1.7x sgemm here).
 // Threads come from the library's one persistent pool (thread_pool.h): a decode step makes ~200
-// of these calls, too many to start threads for each. Built by kernels/native.py and called through ctypes, and
+// of these calls, too many to start threads for each. Built by kernels/ctypes_library.py and called through ctypes, and
 // built into the lazy MLX primitives of mlx_primitives/primitives.cpp (kernels/mlx_extension.py).
 
 #include <algorithm>

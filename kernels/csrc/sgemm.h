@@ -1,4 +1,4 @@
-// The process's cblas_sgemm, found by name: MKL's when engine/blas.py loaded it first
+// The process's cblas_sgemm, found by name: MKL's when engine/runtime/blas.py loaded it first
 // (RTLD_GLOBAL), else whatever BLAS MLX brought. Shared by the kernels that hand dense
 // products to it (quantized_matmul.cpp's prefill tiles, attention_tiles.cpp).
 #pragma once

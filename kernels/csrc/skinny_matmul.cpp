@@ -5,7 +5,7 @@
 // tokens cost about 3 plain decode steps and drafting barely paid. The weights dominate:
 // read each weight row once, in a pair, and take its dot products with every x row while it
 // sits in L1, so a few rows cost about what one does. Threads split the output columns.
-// Built on first use by kernels/native.py and called through ctypes with raw pointers.
+// Built on first use by kernels/ctypes_library.py and called through ctypes with raw pointers.
 
 #include <algorithm>
 #include <cstdint>

@@ -258,7 +258,8 @@ def test_bench_without_the_benchmarks_installed_says_how_to_get_them_in_one_line
     assert out.returncode == 2 and out.stdout == ""
     assert out.stderr.splitlines() == [
         "brisk bench: the benchmarks are not installed: "
-        "pip install 'brisk[bench]' (from a checkout: pip install -e ./bench)"
+        "from Brisk's source checkout, pip install -e ./bench (brisk-bench is not on PyPI; "
+        "where it is published beside Brisk, pip install 'brisk[bench]')"
     ]
 
 

@@ -186,7 +186,8 @@ def test_the_installed_brisk_bench_says_in_one_line_how_to_get_the_benchmarks(ve
     assert (done.returncode, done.stdout) == (2, ""), done.stderr
     assert done.stderr.splitlines() == [
         "brisk bench: the benchmarks are not installed: "
-        "pip install 'brisk[bench]' (from a checkout: pip install -e ./bench)"
+        "from Brisk's source checkout, pip install -e ./bench (brisk-bench is not on PyPI; "
+        "where it is published beside Brisk, pip install 'brisk[bench]')"
     ]
 
 

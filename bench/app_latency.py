@@ -2,7 +2,7 @@
 it decodes: a 4 ms timer records how late each tick fires (the GUI thread must never wait
 on MLX; goal p99 <= 16 ms, one frame at 60 Hz).
 
-    python -m brisk.app.bench_latency --model smollm2-135m-instruct --prompt-tokens 2048 --gen 64
+    python -m brisk.bench.app_latency --model smollm2-135m-instruct --prompt-tokens 2048 --gen 64
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m brisk.app.bench_latency")
+    parser = argparse.ArgumentParser(prog="python -m brisk.bench.app_latency")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--prompt-tokens", type=int, default=2048)
     parser.add_argument("--gen", type=int, default=64)
