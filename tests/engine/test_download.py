@@ -12,6 +12,10 @@ from brisk.engine.models.store import ModelStore
 from tests.hub_server import HubServer
 from tests.tiny_models import make_tiny_model
 
+# It runs a model only to have something to answer: what it checks (a hub download) no kernel
+# plan changes, so CI runs it once (the main stage).
+pytestmark = pytest.mark.plan_agnostic
+
 
 @pytest.fixture
 def hub_root(tmp_path):

@@ -22,6 +22,10 @@ from brisk.engine.host.serve.app import Server  # noqa: E402
 from brisk.engine.host.serve.local import LocalServer  # noqa: E402
 from brisk.engine.host.serve.scheduler import EngineQueue  # noqa: E402
 
+# It runs a model only to have something to answer: what it checks (HTTP handling around a model) no kernel
+# plan changes, so CI runs it once (the main stage).
+pytestmark = pytest.mark.plan_agnostic
+
 
 class Live(LocalServer):
     def client(self, key="unused") -> "openai.OpenAI":

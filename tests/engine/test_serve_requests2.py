@@ -22,6 +22,10 @@ from brisk.engine.host.serve.scheduler import EngineQueue  # noqa: E402
 from brisk.engine.host.worker import EngineWorker  # noqa: E402
 from tests.engine.test_serve import Live, served, tiny_home  # noqa: E402, F401  (fixtures)
 
+# It runs a model only to have something to answer: what it checks (HTTP handling around a model) no kernel
+# plan changes, so CI runs it once (the main stage).
+pytestmark = pytest.mark.plan_agnostic
+
 HI = [{"role": "user", "content": "hi"}]
 PATIENCE_S = 600  # a first request loads the model (and tries to build kernels) on a busy machine
 

@@ -16,6 +16,10 @@ from brisk.engine.turn.prompt import encode_messages, render_prompt
 from brisk.engine.turn.text_input import count_tokens_bounded
 from tests.tiny_models import CHATML
 
+# It runs a model only to have something to answer: what it checks (chat templates in their sandbox) no kernel
+# plan changes, so CI runs it once (the main stage).
+pytestmark = pytest.mark.plan_agnostic
+
 ONE_MESSAGE = [{"role": "user", "content": "hi"}]
 # What one short message may build (the floor of the work budget is 16 Mi characters),
 # with room for the interpreter's own allocations during a render.
