@@ -45,7 +45,14 @@ class Evidence:
 #   Only "fact" had the 3 questions evidence needs, and a question the words cannot tell
 #   from a two-hop one needs both: `auto` still reads Qwen-0.5B's 4K documents densely.
 # - llama-135 (SmolLM2-135M, its own draft): dense answered 0 of 7 (every kind): no evidence.
-# Every other model and band (8K and up included): no row, dense.
+# - qwen2-1777 (Qwen2.5-Coder-1.5B, draft Qwen2.5-Coder-0.5B = qwen2-630, same tokenizer), 8K-token
+#   documents, measured 2026-11-27 at nice 19 beside CI runs (TTFTs loaded; ratios only): tuning
+#   seed 1, dense 4/7 (fact 2/3, two_hop 1/1, aggregation 0/1, quote 1/1, code 0/1; cold TTFT
+#   248 s); SpecPrefill keep 0.1 6/7 (67 s), 0.2 6/7 (82 s), 0.3 5/7 (95 s); UniPrefill 3/7
+#   (77 s, 6 of 7 flagged). The tuning seed suggests SpecPrefill for "fact" at every keep, but
+#   held-out seed 3 (dense 7/7) has keep 0.2 losing a fact dense got (2/3) and keep 0.1 a quote
+#   and the code question (5/7): no row. `auto` reads Qwen-1.5B's 8K documents densely.
+# Every other model and band (16K and up included): no row, dense.
 _SPEC_FACTS = frozenset({"fact"})
 TABLE: dict[str, dict[str, tuple[Evidence, ...]]] = {
     "qwen2-630": {
