@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -185,27 +184,38 @@ def test_a_rank_that_fails_by_itself_keeps_its_own_error_line():
 @pytest.fixture(scope="module")
 def ranks_home(tmp_path_factory):
     """Tiny qwen2 models whose heads, MLP and vocabulary all split 2 ways (head_dim 32 packs
-    to int4): `tq`, and `tq-loop`, its weights a quarter as large, which answers by repeating
-    itself, so lookup decoding finds continuations to verify (multi-token forwards)."""
+    to int4): `tq`; `tq-loop`, its weights a quarter as large, which answers by repeating
+    itself, so lookup decoding finds continuations to verify (multi-token forwards); and
+    `tq-endless`, which never says a stop token (their embedding rows are zero, so their
+    logits are 0 below the best token's), so an answer is mid-answer for 30,000 tokens."""
     import mlx.core as mx
 
     from tests.tiny_models import make_tiny_model
 
     home = tmp_path_factory.mktemp("ranks-home")
-    for model_id, scale in (("tq", 1), ("tq-loop", 4)):
+    for model_id, scale, context, silent in (
+        ("tq", 1, 4096, ()),
+        ("tq-loop", 4, 4096, ()),
+        ("tq-endless", 1, 32768, STOP_TOKENS),
+    ):
         folder = make_tiny_model(
             tmp_path_factory.mktemp(model_id) / model_id,
             "qwen2",
-            context_length=4096,
+            context_length=context,
             hidden_size=128,
             intermediate_size=256,
         )
-        weights = mx.load(str(folder / "model.safetensors"))
-        mx.save_safetensors(
-            str(folder / "model.safetensors"), {k: v / scale if v.ndim == 2 else v for k, v in weights.items()}
-        )
+        weights = {k: v / scale if v.ndim == 2 else v for k, v in mx.load(str(folder / "model.safetensors")).items()}
+        if silent:  # the embedding is tied: its rows are also the output projection's
+            table = weights["model.embed_tokens.weight"]
+            rows = mx.arange(table.shape[0])[:, None]
+            weights["model.embed_tokens.weight"] = mx.where(sum(rows == t for t in silent), 0, table)
+        mx.save_safetensors(str(folder / "model.safetensors"), weights)
         ModelStore(home).install_folder(folder, model_id=model_id, source="test")
     return home
+
+
+STOP_TOKENS = (0, 2)  # tests/tiny_models.py's <|endoftext|> and <|im_end|> (the eos)
 
 
 def brisk(home, *args, **kw):
@@ -304,19 +314,16 @@ def test_a_rank_killed_mid_answer_is_named_and_nothing_hangs(ranks_home):
     """Rank 1 is killed once rank 0 has streamed text: brisk ends with one line naming the
     rank and host (mlx.launch itself would exit 0, and rank 0 would wait in its collective)."""
     env = dict(os.environ, BRISK_HOME=str(ranks_home))
-    args = ["run", "--model", "tq", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "3000", "--ranks", "2"]
+    # tq-endless: tq's answer (721 tokens) could end before its first byte had come through
+    # mlx.launch and brisk's relay on a loaded machine, and the ranks be gone
+    args = ["run", "--model", "tq-endless", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "30000", "--ranks", "2"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "brisk.engine.host.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
-        first = proc.stdout.read(1)  # rank 0 streams the answer: it is mid-answer now
+        first = proc.stdout.read(1)  # rank 0 streams the answer: it is mid-answer now, for 30,000 tokens
         assert first, proc.stderr.read().decode()
-        victim = None
-        for _ in range(100):  # bounded: the rank processes exist once rank 0 answers
-            victim = _rank_pid(proc.pid, 1)
-            if victim:
-                break
-            time.sleep(0.1)
+        victim = _rank_pid(proc.pid, 1)
         assert victim is not None
         os.kill(victim, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)

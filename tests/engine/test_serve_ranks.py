@@ -276,10 +276,10 @@ def test_a_rank_killed_mid_answer_is_named_and_the_server_refuses_then_serves_ag
         def stream():
             host_port = ("127.0.0.1", server.port)
             conn = http.client.HTTPConnection(*host_port, timeout=300)
-            body = {
-                "model": "tq",
+            body = {  # tq-endless: never stops by itself, so the kill lands mid-answer however loaded
+                "model": "tq-endless",
                 "messages": [{"role": "user", "content": PROMPT}],
-                "max_tokens": 3000,
+                "max_tokens": 30000,
                 "stream": True,
             }
             conn.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
@@ -287,14 +287,14 @@ def test_a_rank_killed_mid_answer_is_named_and_the_server_refuses_then_serves_ag
             while chunk := response.read1(4096):
                 received.append(chunk)
 
-        reader = threading.Thread(target=stream, daemon=True)
-        reader.start()
-        for _ in range(600):  # hang guard: until rank 0 has streamed some of the answer
-            if b"".join(received).count(b"data: ") >= 3:
-                break
-            time.sleep(0.1)
         victim = _rank_pid(server.proc.pid, 1)
         assert victim is not None
+        reader = threading.Thread(target=stream, daemon=True)
+        reader.start()
+        for _ in range(3000):  # hang guard: until rank 0 has streamed some of the answer
+            if b"".join(received).count(b"data: ") >= 3:
+                break
+            time.sleep(0.02)
         os.kill(victim, signal.SIGKILL)
         reader.join(timeout=180)
         assert not reader.is_alive()

@@ -23,7 +23,7 @@ from brisk.engine.api.conversation import CancelToken, Message
 from brisk.engine.api.settings import ChatSettings
 from brisk.engine.host.worker import Answer
 from brisk.engine.models.store import ModelStore
-from tests.engine.test_distributed import PROMPT, _rank_pid
+from tests.engine.test_distributed import PROMPT, _rank_pid, ranks_home  # noqa: F401  (a fixture)
 from tests.engine.test_serve_ranks import Serving, _running, front_over, get, post, rank0_stand_in  # noqa: F401
 
 # Fault handling around the ranks: no kernel plan changes it, so CI runs it once (the main stage).
@@ -212,10 +212,11 @@ def _launcher_pid(brisk_pid: int) -> int | None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="finds the launcher through /proc")
-def test_a_killed_launcher_is_named_not_blamed_on_rank_0(split_home):
+def test_a_killed_launcher_is_named_not_blamed_on_rank_0(ranks_home):  # noqa: F811
     """Killing mlx.launch itself mid-answer was reported as 'rank 0 ... ended without a result'."""
-    env = dict(os.environ, BRISK_HOME=str(split_home))
-    args = ["run", "--model", "tq", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "3000", "--ranks", "2"]
+    env = dict(os.environ, BRISK_HOME=str(ranks_home))
+    # tq-endless never stops by itself: the answer is still running when its first byte comes
+    args = ["run", "--model", "tq-endless", "--prompt", PROMPT, "--temp", "0", "--max-tokens", "30000", "--ranks", "2"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "brisk.engine.host.cli", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
@@ -229,7 +230,7 @@ def test_a_killed_launcher_is_named_not_blamed_on_rank_0(split_home):
             time.sleep(0.05)
         assert launcher is not None and None not in ranks, proc.stderr.read().decode()
         assert proc.stdout.read(1), proc.stderr.read().decode()  # rank 0 is mid-answer now
-        for pid in ranks:  # held there: the tiny model's answer can end (EOS) before the kill
+        for pid in ranks:  # held there while the launcher is killed
             os.kill(pid, signal.SIGSTOP)
         os.kill(launcher, signal.SIGKILL)
         _, err = proc.communicate(timeout=120)
