@@ -34,9 +34,13 @@ from brisk.engine.host.worker import (
     LoadModel,
 )
 
+# model-load steps whose message says what goes on until the next step or the load's end
+LASTING_STEPS = ("Downloading ", "Compiling Brisk's CPU kernels", "Compiling: ")
+
 
 class ChatController(ChatTurns, QObject):
     notice = Signal(str)  # a message for the status bar
+    lasting_notice = Signal(str)  # one that stays while what it says goes on; "" when it ended
     conversations_changed = Signal()
     busy_changed = Signal(bool)
 
@@ -69,6 +73,7 @@ class ChatController(ChatTurns, QObject):
         self._reading: dict[int, list[str]] = {}  # conversation -> names of documents still being read
         self._fit_key: dict[int, tuple] = {}  # conversation -> the settings its documents were checked under
         self.search_text = ""
+        self._lasting = False  # a download or compile is being said in the status bar
         engine.event.connect(self.on_event)
         if remote is not None:
             remote.event.connect(self.on_event)
@@ -229,6 +234,8 @@ class ChatController(ChatTurns, QObject):
     # --- engine events ---------------------------------------------------------------
 
     def on_event(self, item) -> None:
+        if not isinstance(item, ModelLoadProgressed) and self._lasting:
+            self._say_lasting("")  # the load is over (loaded, failed, or its turn has begun)
         if isinstance(item, ConversationEvent):
             cid = item.conversation_id
             answering = self._answer is not None and self._answer["cid"] == cid
@@ -241,8 +248,12 @@ class ChatController(ChatTurns, QObject):
             self._document_checked(item)
         elif isinstance(item, ModelLoadProgressed):
             self.dashboard.set_model_state(f"{item.model_id}: {item.message}")
-            # what, from where and how much: said before it starts; the kernels' one-time compile too
-            if item.message.startswith(("Downloading ", "Compiling Brisk's CPU kernels")):
+            # a download (what, from where, how much) and the kernels' one-time compile are said
+            # in the status bar for as long as they go on; the compile's end for a while
+            if item.message.startswith(LASTING_STEPS) and " failed after " not in item.message:
+                self._say_lasting(item.message)
+            elif item.message.startswith(("Compiled ", "Compiling ")):
+                self._say_lasting("")
                 self.notice.emit(item.message)
         elif isinstance(item, ModelLoaded):
             self.dashboard.model_loaded(item.model_id, item.info)
@@ -253,6 +264,10 @@ class ChatController(ChatTurns, QObject):
                 self.composer.show_message(item.message, error=True)
         elif isinstance(item, EngineWarned):
             self.notice.emit(item.message)
+
+    def _say_lasting(self, text: str) -> None:
+        self._lasting = bool(text)
+        self.lasting_notice.emit(text)
 
     def _document_checked(self, item: DocumentChecked) -> None:
         doc, fit = item.document, item.fit

@@ -91,6 +91,8 @@ class MainWindow(QMainWindow):
         self.store = store
         c = self.controller
         c.notice.connect(lambda text: self.statusBar().showMessage(text, 10000))
+        c.lasting_notice.connect(self._show_lasting_notice)
+        self._lasting_notice = ""
         c.conversations_changed.connect(self.refresh_sidebar)
         self.sidebar.selected.connect(c.open)
         self.sidebar.new_requested.connect(self.new_chat)
@@ -330,6 +332,16 @@ class MainWindow(QMainWindow):
 
         if isinstance(event, ModelsChanged):
             self.settings_panel.set_models(ModelStore().list())
+
+    def _show_lasting_notice(self, text: str) -> None:
+        """A download or compile stays said while it goes on ("" when it ended: cleared,
+        unless the status bar has moved on to another message)."""
+        bar = self.statusBar()
+        if text:
+            bar.showMessage(text)
+        elif bar.currentMessage() == self._lasting_notice:
+            bar.clearMessage()
+        self._lasting_notice = text
 
     def refresh_sidebar(self) -> None:
         self.sidebar.set_conversations(self.controller.conversations(), self.controller.current)

@@ -183,3 +183,32 @@ def test_the_kernels_one_time_compile_is_said_in_the_status_bar(qtbot, make_wind
     engine.play(ModelLoadProgressed("smollm2-135m-instruct", message))
     assert w.statusBar().currentMessage() == message
     assert w.dashboard.model_state.text().endswith(message)
+
+
+def test_the_compile_stays_said_while_it_goes_on_and_goes_when_the_model_is_ready(qtbot, make_window, engine):
+    # The notice left the status bar after 10 s while the compile went on (~40 s), and the
+    # second library's compile ("Compiling: the MLX primitives…") was never said there.
+    from brisk.engine.api.events import ModelLoaded, ModelLoadProgressed, PrefillProgressed
+    from brisk.engine.host.worker import ConversationEvent
+    from brisk.kernels.compile_notice import BUILT, STARTED, KernelCompile
+
+    w = make_window()
+    bar = w.statusBar()
+    steps = [
+        KernelCompile("the native kernels", STARTED, first=True),
+        KernelCompile("the native kernels", BUILT, seconds=21),
+        KernelCompile("the MLX primitives", STARTED),
+    ]
+    for step in steps:
+        engine.play(ModelLoadProgressed("smollm2-135m-instruct", step.message))
+    assert bar.currentMessage() == "Compiling: the MLX primitives…"
+    built = KernelCompile("the MLX primitives", BUILT, seconds=40).message
+    engine.play(ModelLoadProgressed("smollm2-135m-instruct", built))
+    assert bar.currentMessage() == "Compiled the MLX primitives in 40 s"  # for a while, as any notice
+    engine.play(ModelLoadProgressed("smollm2-135m-instruct", steps[2].message))
+    engine.play(ModelLoaded("smollm2-135m-instruct", {}))
+    assert bar.currentMessage() == ""  # the model is ready: nothing goes on any more
+    # a chat's turn loads its model with no ModelLoaded: the turn's first event ends it
+    engine.play(ModelLoadProgressed("smollm2-135m-instruct", steps[2].message))
+    engine.play(ConversationEvent(1, PrefillProgressed(0, 10)))
+    assert bar.currentMessage() == ""
