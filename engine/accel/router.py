@@ -87,7 +87,9 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     question = question_text(target.tokenizer.decode(tokens[-QUESTION_TOKENS:]))
     kind = quality_table.question_kind(question)
     kinds = kind or " and ".join(quality_table.OTHER)
-    band = quality_table.length_band(new)
+    # the table measured whole prompts read afresh: the band is the length the model reads,
+    # cached prefix included (a 4K document after a long chat is not a 4K prompt)
+    band = quality_table.length_band(len(tokens))
     methods, below = set(), []
     if settings.sparse_prefill == "auto" and pair is not None:
         if new >= settings.sparse_threshold:
@@ -102,7 +104,7 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
             below.append(f"UniPrefill's break-even {threshold}")
     if not methods:
         return None, f"{new} new tokens < {' and '.join(below) or 'what a sparse method can drop'}"
-    evidence = quality_table.allowed(key, new, kind, draft=draft, table=table, methods=methods)
+    evidence = quality_table.allowed(key, len(tokens), kind, draft=draft, table=table, methods=methods)
     if evidence is None:
         return None, f"no doc-qa evidence that sparse prefill keeps {kinds} answers for {key} at {band}"
     shown = f"doc-qa evidence for {kinds} questions at {band}"

@@ -18,6 +18,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
+from brisk.engine.accel.router import is_auto
 from brisk.engine.accel.speculative.controller import PairCosts
 from brisk.engine.accel.speculative.lookup import ContextIndex
 from brisk.engine.accel.speculative.pair import DraftPair, LookupOnly
@@ -172,6 +173,10 @@ class Session:
         )
         if settings.sparse_prefill == "off" and settings.uniprefill == "off":
             self.cache.drop_sparse()  # off means every token read densely, earlier turns' too ("Read it all")
+        elif is_auto(settings):
+            # an earlier turn's sparse read kept that question's passages, not this one's, and
+            # the doc-qa evidence is for a prompt read afresh: auto routes the whole prompt again
+            self.cache.drop_sparse()
         cached = self.cache.reuse(tokens)
         metrics.prompt_tokens, metrics.cached_tokens = len(tokens), cached
         metrics.prefilled_tokens = len(tokens) - cached

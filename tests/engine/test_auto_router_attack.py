@@ -1,0 +1,69 @@
+"""Turns that `auto` must not read sparsely: the doc-qa table's evidence is for a whole
+prompt read afresh, with its question at the end (engine/accel/quality_table.py)."""
+
+import pytest
+
+from brisk.engine.accel import quality_table as qt
+from brisk.engine.accel.router import route_prefill
+from brisk.engine.api.events import TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
+from brisk.engine.models.loader import load_folder
+from tests.tiny_models import make_tiny_model_by_key
+
+FACTS = frozenset(qt.OTHER)  # facts and two-hop questions, not counting, quoting or code
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    return load_folder(
+        make_tiny_model_by_key(tmp_path_factory.mktemp("attack") / "llama", "llama", seed=5, context_length=16384)
+    )
+
+
+def greedy(**kw):
+    return ChatSettings(**{"model": "m", "temperature": 0.0, "max_tokens": 2, "prefill_step_size": 512, **kw})
+
+
+def document(repeats: int = 15) -> str:
+    words = ("pipes reservoirs districts engineers auditors figures hearing budget mayor " * repeats).split()
+    words.insert(70, "Zanzibarx")
+    return " ".join(words)
+
+
+def uniprefill_for_facts(lm, monkeypatch, band: str = "4K") -> None:
+    key = qt.model_key(lm.config, lm.info.parameters)
+    monkeypatch.setitem(qt.TABLE, key, {band: (qt.Evidence("uniprefill", kinds=FACTS),)})
+
+
+def finished(events) -> TurnFinished:
+    return [e for e in events if isinstance(e, TurnFinished)][0]
+
+
+def test_a_later_question_is_not_answered_from_an_earlier_turns_sparse_read(lm, monkeypatch):
+    """Turn 1 (a fact question the table covers) reads the document sparsely, keeping that
+    question's passages. Turn 2 asks a counting question the table does not cover: `auto`
+    must read the document densely, not answer from turn 1's sparse cache while its
+    metrics say "dense"."""
+    uniprefill_for_facts(lm, monkeypatch)
+    session = Session(lm, greedy(uniprefill="auto", uniprefill_threshold=256, uniprefill_p=0.05))
+    first = finished(session.send(document() + "\n\nWhat does Zanzibarx mean?")).metrics
+    assert first.prefill_method == "uniprefill" and first.coverage["read_share"] < 1.0
+    second = finished(session.send("How many districts does the document name?")).metrics
+    assert second.prefill_method == "dense"
+    assert second.cached_tokens == 0  # every token of the document read again, densely
+    assert second.prefilled_tokens == second.prompt_tokens
+    assert session.cache.dense_from == 0
+
+
+def test_the_length_band_is_the_whole_prompts_not_the_uncached_parts(lm, monkeypatch):
+    """A 4K-band document pasted after a long, densely read conversation: the model reads
+    the whole prompt, a length the 4K row never measured."""
+    uniprefill_for_facts(lm, monkeypatch)
+    tokens = lm.tokenizer.encode(document(120) + "\n\nWhat does Zanzibarx mean?")
+    assert len(tokens) > 6 * 1024  # past the 4K band
+    cached = len(tokens) - 4000  # 4000 new tokens: the 4K band, were only they counted
+    settings = greedy(uniprefill="auto", uniprefill_threshold=256)
+    route = route_prefill(None, lm, None, tokens, cached, settings)
+    assert route.method == "dense" and "at 8K" in route.reason
+    assert route_prefill(None, lm, None, tokens[cached - 100 :], 0, settings).method == "uniprefill"
