@@ -94,16 +94,18 @@ def allowed(
     draft: str | None,
     table: dict | None = None,
     methods: set[str] | frozenset[str] = frozenset({"specprefill", "uniprefill"}),
+    also: tuple[str | None, ...] = (),
 ) -> Evidence | None:
     """The sparse setting `auto` may use for this prompt (one of `methods`), or None (read
-    densely). A SpecPrefill row needs the draft it was measured with."""
+    densely). A SpecPrefill row needs the draft it was measured with; the row must cover
+    `kind` and every kind in `also` (the conversation's other questions)."""
     rows = (TABLE if table is None else table).get(key, {}).get(length_band(new_tokens), ())
     for evidence in rows:
         if evidence.method not in methods:
             continue
         if evidence.method == "specprefill" and evidence.draft != draft:
             continue
-        if covers(evidence, kind):
+        if all(covers(evidence, k) for k in (kind, *also)):
             return evidence
     return None
 

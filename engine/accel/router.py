@@ -12,7 +12,9 @@
 - `auto` (either method set to auto, neither to on) keeps answers: past those thresholds it
   may read sparsely only with a setting engine/accel/quality_table.py shows keeping >= 97%
   of dense's doc-qa accuracy for this model, length band and question kind; otherwise the
-  prompt is read densely. Under `auto` the passages the question points at
+  prompt is read densely. The band counts the whole prompt (cached prefix too), and the
+  kind must hold for the chat's other questions too (`asked_in`: one asked above its
+  document, or the one a follow-up repeats). Under `auto` the passages the question points at
   (engine/accel/question_focus.py) are always read in full.
 """
 
@@ -40,18 +42,20 @@ class PrefillRoute:
     keep_focus: bool = False  # `auto`: the read must keep `focus` in full
 
 
-def route_prefill(pair, target, layers, tokens: list[int], cached: int, settings) -> PrefillRoute:
+def route_prefill(pair, target, layers, tokens: list[int], cached: int, settings, *, asked=()) -> PrefillRoute:
     """The route, without the progress of SpecPrefill's scoring (see route_prefill_steps)."""
-    return result_of(route_prefill_steps(pair, target, layers, tokens, cached, settings))
+    return result_of(route_prefill_steps(pair, target, layers, tokens, cached, settings, asked=asked))
 
 
-def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, settings):
-    """A generator of SpecPrefill's scoring progress (when a draft scores); returns the PrefillRoute."""
+def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, settings, *, asked=()):
+    """A generator of SpecPrefill's scoring progress (when a draft scores); returns the
+    PrefillRoute. `asked`: what the chat's user messages ask besides the prompt's end
+    (`asked_in`)."""
     sparse_on = settings.sparse_prefill != "off" or settings.uniprefill != "off"
     focus = _focus(target, tokens, cached) if sparse_on else []
     auto = is_auto(settings)
     if auto:
-        settings, why = auto_settings(pair, target, tokens, cached, settings)
+        settings, why = auto_settings(pair, target, tokens, cached, settings, asked=asked)
         if settings is None:
             return PrefillRoute("dense", f"dense: auto: {why}", SparsePlan(None, "off", f"off: {why}"), focus)
     route = yield from _route(pair, target, layers, tokens, cached, settings)
@@ -78,7 +82,28 @@ def _focus(target, tokens: list[int], cached: int) -> list[tuple[int, int]]:
     return [(max(s - cached, 0), e - cached) for s, e in regions if e > cached]
 
 
-def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, table=None):
+ASKED_CHARS = 400  # a question's length at most: a longer paragraph is document text
+
+
+def asked_in(messages) -> tuple[str, ...]:
+    """What a chat's user messages ask, beyond the prompt's last words: each message's last
+    paragraph (an earlier question: "Are you sure?" asks it again), and its first when that
+    is a question (one asked above the document it is about). Attached documents aside."""
+    from brisk.engine.turn.documents import split_attached
+
+    found: list[str] = []
+    for message in messages:
+        if message.role != "user":
+            continue
+        parts = [p.strip() for p in split_attached(message.content)[1].split("\n\n") if p.strip()]
+        if parts and len(parts[0]) <= ASKED_CHARS and parts[0].endswith("?"):
+            found.append(parts[0])
+        if parts:
+            found.append(parts[-1][-ASKED_CHARS:])
+    return tuple(found)
+
+
+def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, table=None, asked=()):
     """`auto`'s settings for this prompt: a fixed sparse setting the quality table allows
     (marked auto-chosen), or (None, why) to read densely."""
     new = len(tokens) - cached
@@ -86,7 +111,8 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     draft = quality_table.model_key(pair.draft.config, pair.draft.info.parameters) if pair is not None else None
     question = question_text(target.tokenizer.decode(tokens[-QUESTION_TOKENS:]))
     kind = quality_table.question_kind(question)
-    kinds = kind or " and ".join(quality_table.OTHER)
+    also = tuple(dict.fromkeys(k for k in map(quality_table.question_kind, asked) if k != kind))
+    kinds = " and ".join(dict.fromkeys(n for k in (kind, *also) for n in ((k,) if k else quality_table.OTHER)))
     # the table measured whole prompts read afresh: the band is the length the model reads,
     # cached prefix included (a 4K document after a long chat is not a 4K prompt)
     band = quality_table.length_band(len(tokens))
@@ -104,7 +130,7 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
             below.append(f"UniPrefill's break-even {threshold}")
     if not methods:
         return None, f"{new} new tokens < {' and '.join(below) or 'what a sparse method can drop'}"
-    evidence = quality_table.allowed(key, len(tokens), kind, draft=draft, table=table, methods=methods)
+    evidence = quality_table.allowed(key, len(tokens), kind, draft=draft, table=table, methods=methods, also=also)
     if evidence is None:
         return None, f"no doc-qa evidence that sparse prefill keeps {kinds} answers for {key} at {band}"
     shown = f"doc-qa evidence for {kinds} questions at {band}"

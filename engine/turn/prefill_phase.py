@@ -54,15 +54,15 @@ class TurnPrefill:
         finally:
             steps.close()
 
-    def route(self, tokens, cached, settings) -> Generator[object, None, tuple[object, dict]]:
+    def route(self, tokens, cached, settings, *, asked=()) -> Generator[object, None, tuple[object, dict]]:
         """Which prefill reads this prompt (engine/accel/router.py; SpecPrefill scores here),
         and that choice as metrics fields, known before the read starts (a cancelled read
-        still reports its method)."""
+        still reports its method). `asked`: the chat's questions (router.asked_in)."""
         step = min(settings.prefill_step_size, max(len(tokens) - cached - 1, 1))
         check_prefill_memory(self.lm, step, len(tokens), brisk.engine.runtime.info.memory_available())
         self.eta.base = cached
         route = yield from self._estimated(
-            route_prefill_steps(self.pair, self.lm, self.cache.layers, tokens, cached, settings)
+            route_prefill_steps(self.pair, self.lm, self.cache.layers, tokens, cached, settings, asked=asked)
         )
         plan = route.spec
         if plan.warning:

@@ -67,3 +67,30 @@ def test_the_length_band_is_the_whole_prompts_not_the_uncached_parts(lm, monkeyp
     route = route_prefill(None, lm, None, tokens, cached, settings)
     assert route.method == "dense" and "at 8K" in route.reason
     assert route_prefill(None, lm, None, tokens[cached - 100 :], 0, settings).method == "uniprefill"
+
+
+def test_a_question_asked_before_its_document_keeps_its_kind(lm, monkeypatch):
+    """ "How many ...?" above the pasted document: the prompt's end is the document's last
+    words, which read as a fact question; the table has no counting row: dense."""
+    uniprefill_for_facts(lm, monkeypatch)
+    settings = greedy(uniprefill="auto", uniprefill_threshold=256)
+    ask = lambda text: finished(Session(lm, settings).send(text)).metrics  # noqa: E731
+    assert ask(document() + "\n\nWhat does Zanzibarx mean?").prefill_method == "uniprefill"  # the row holds
+    first = ask("How many districts does the document below name?\n\n" + document())
+    assert first.prefill_method == "dense" and "aggregation" in first.prefill_route
+
+
+def test_a_follow_up_keeps_the_kind_of_the_question_it_follows(lm, monkeypatch):
+    """ "Are you sure?" after a counting question asks the count again: a chat read from
+    its first token (the server's requests, a reopened chat) is not a fact question."""
+    from brisk.engine.api.conversation import Message
+
+    uniprefill_for_facts(lm, monkeypatch)
+    chat = [
+        Message("user", document() + "\n\nHow many districts are named?"),
+        Message("assistant", "Nine."),
+        Message("user", "Are you sure?"),
+    ]
+    again = finished(Session(lm, greedy(uniprefill="auto", uniprefill_threshold=256)).answer(chat)).metrics
+    assert again.cached_tokens == 0
+    assert again.prefill_method == "dense" and "aggregation" in again.prefill_route
