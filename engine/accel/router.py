@@ -13,7 +13,7 @@
   may read sparsely only with a setting engine/accel/quality_table.py shows keeping >= 97%
   of dense's doc-qa accuracy for this model, length band and question kind; otherwise the
   prompt is read densely. The band counts the whole prompt (cached prefix too), and the
-  kind must hold for the chat's other questions too (`asked_in`: one asked above its
+  kind must hold for the chat's other questions too (`asked_kinds`: one asked above its
   document, or the one a follow-up repeats). Under `auto` the passages the question points at
   (engine/accel/question_focus.py) are always read in full.
 """
@@ -49,8 +49,8 @@ def route_prefill(pair, target, layers, tokens: list[int], cached: int, settings
 
 def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, settings, *, asked=()):
     """A generator of SpecPrefill's scoring progress (when a draft scores); returns the
-    PrefillRoute. `asked`: what the chat's user messages ask besides the prompt's end
-    (`asked_in`)."""
+    PrefillRoute. `asked`: the question kinds the chat's user messages ask besides the
+    prompt's end (`asked_kinds`)."""
     sparse_on = settings.sparse_prefill != "off" or settings.uniprefill != "off"
     focus = _focus(target, tokens, cached) if sparse_on else []
     auto = is_auto(settings)
@@ -83,23 +83,30 @@ def _focus(target, tokens: list[int], cached: int) -> list[tuple[int, int]]:
 
 
 ASKED_CHARS = 400  # a question's length at most: a longer paragraph is document text
+# a document sent with no words typed: no question the doc-qa suite measured (it may ask for
+# a summary, which needs every part as a count does); no table row names it: dense
+NO_QUESTION = "no_question"
 
 
-def asked_in(messages) -> tuple[str, ...]:
-    """What a chat's user messages ask, beyond the prompt's last words: each message's last
-    paragraph (an earlier question: "Are you sure?" asks it again), and its first when that
-    is a question (one asked above the document it is about). Attached documents aside."""
+def asked_kinds(messages) -> tuple[str | None, ...]:
+    """The question kinds a chat's user messages ask, beyond the prompt's last words: each
+    message's last paragraph (an earlier question: "Are you sure?" asks it again), and its
+    first when that is a question (one asked above the document it is about). Attached
+    documents aside; a message of attached documents alone asks NO_QUESTION."""
     from brisk.engine.turn.documents import split_attached
 
-    found: list[str] = []
+    found: list[str | None] = []
     for message in messages:
         if message.role != "user":
             continue
-        parts = [p.strip() for p in split_attached(message.content)[1].split("\n\n") if p.strip()]
+        documents, typed = split_attached(message.content)
+        parts = [p.strip() for p in typed.split("\n\n") if p.strip()]
+        if documents and not parts:
+            found.append(NO_QUESTION)
         if parts and len(parts[0]) <= ASKED_CHARS and parts[0].endswith("?"):
-            found.append(parts[0])
+            found.append(quality_table.question_kind(parts[0]))
         if parts:
-            found.append(parts[-1][-ASKED_CHARS:])
+            found.append(quality_table.question_kind(parts[-1][-ASKED_CHARS:]))
     return tuple(found)
 
 
@@ -111,7 +118,7 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     draft = quality_table.model_key(pair.draft.config, pair.draft.info.parameters) if pair is not None else None
     question = question_text(target.tokenizer.decode(tokens[-QUESTION_TOKENS:]))
     kind = quality_table.question_kind(question)
-    also = tuple(dict.fromkeys(k for k in map(quality_table.question_kind, asked) if k != kind))
+    also = tuple(dict.fromkeys(k for k in asked if k != kind))
     kinds = " and ".join(dict.fromkeys(n for k in (kind, *also) for n in ((k,) if k else quality_table.OTHER)))
     # the table measured whole prompts read afresh: the band is the length the model reads,
     # cached prefix included (a 4K document after a long chat is not a 4K prompt)

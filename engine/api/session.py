@@ -18,7 +18,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from brisk.engine.accel.router import asked_in, is_auto
+from brisk.engine.accel.router import asked_kinds, is_auto
 from brisk.engine.accel.speculative.controller import PairCosts
 from brisk.engine.accel.speculative.lookup import ContextIndex
 from brisk.engine.accel.speculative.pair import DraftPair, LookupOnly
@@ -185,7 +185,7 @@ class Session:
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
         prefill = TurnPrefill(self.lm, self.cache, self.pair, clock=self._clock)
-        asked = asked_in(self.messages) if is_auto(settings) else ()
+        asked = asked_kinds(self.messages) if is_auto(settings) else ()
         route, routed = yield from prefill.route(tokens, cached, settings, asked=asked)
         metrics.update(routed)
         metrics.update((yield from prefill.read(route, tokens, cached, settings, cancel, pack)))

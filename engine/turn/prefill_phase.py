@@ -57,7 +57,7 @@ class TurnPrefill:
     def route(self, tokens, cached, settings, *, asked=()) -> Generator[object, None, tuple[object, dict]]:
         """Which prefill reads this prompt (engine/accel/router.py; SpecPrefill scores here),
         and that choice as metrics fields, known before the read starts (a cancelled read
-        still reports its method). `asked`: the chat's questions (router.asked_in)."""
+        still reports its method). `asked`: the question kinds of the chat (router.asked_kinds)."""
         step = min(settings.prefill_step_size, max(len(tokens) - cached - 1, 1))
         check_prefill_memory(self.lm, step, len(tokens), brisk.engine.runtime.info.memory_available())
         self.eta.base = cached

@@ -94,3 +94,16 @@ def test_a_follow_up_keeps_the_kind_of_the_question_it_follows(lm, monkeypatch):
     again = finished(Session(lm, greedy(uniprefill="auto", uniprefill_threshold=256)).answer(chat)).metrics
     assert again.cached_tokens == 0
     assert again.prefill_method == "dense" and "aggregation" in again.prefill_route
+
+
+def test_a_document_sent_without_a_question_is_read_densely(lm, monkeypatch):
+    """An attached document and no words typed (the app sends it, titled by the file): the
+    prompt's end is the document's, not a question of any kind the suite measured."""
+    from brisk.engine.turn.documents import join_attached
+
+    uniprefill_for_facts(lm, monkeypatch)
+    settings = greedy(uniprefill="auto", uniprefill_threshold=256)
+    ask = lambda text: finished(Session(lm, settings).send(text)).metrics  # noqa: E731
+    assert ask(join_attached([("report.txt", document())], "What does Zanzibarx mean?")).prefill_method == "uniprefill"
+    bare = ask(join_attached([("report.txt", document())], ""))
+    assert bare.prefill_method == "dense" and "no doc-qa evidence" in bare.prefill_route
