@@ -86,25 +86,31 @@ ASKED_CHARS = 400  # a question's length at most: a longer paragraph is document
 # a document sent with no words typed: no question the doc-qa suite measured (it may ask for
 # a summary, which needs every part as a count does); no table row names it: dense
 NO_QUESTION = "no_question"
+# the last message asks above its document: the suite asks below it (SpecPrefill's draft
+# scores by what the last tokens attend to, and the question's passages are found from
+# the last words), so no row measured this layout: dense
+QUESTION_FIRST = "question_first"
 
 
 def asked_kinds(messages) -> tuple[str | None, ...]:
     """The question kinds a chat's user messages ask, beyond the prompt's last words: each
     message's last paragraph (an earlier question: "Are you sure?" asks it again), and its
     first when that is a question (one asked above the document it is about). Attached
-    documents aside; a message of attached documents alone asks NO_QUESTION."""
+    documents aside; a message of attached documents alone asks NO_QUESTION, and the last
+    message asking above its document QUESTION_FIRST."""
     from brisk.engine.turn.documents import split_attached
 
     found: list[str | None] = []
-    for message in messages:
-        if message.role != "user":
-            continue
+    users = [m for m in messages if m.role == "user"]
+    for message in users:
         documents, typed = split_attached(message.content)
         parts = [p.strip() for p in typed.split("\n\n") if p.strip()]
         if documents and not parts:
             found.append(NO_QUESTION)
         if parts and len(parts[0]) <= ASKED_CHARS and parts[0].endswith("?"):
             found.append(quality_table.question_kind(parts[0]))
+            if len(parts) > 1 and message is users[-1]:
+                found.append(QUESTION_FIRST)
         if parts:
             found.append(quality_table.question_kind(parts[-1][-ASKED_CHARS:]))
     return tuple(found)

@@ -107,3 +107,13 @@ def test_a_document_sent_without_a_question_is_read_densely(lm, monkeypatch):
     assert ask(join_attached([("report.txt", document())], "What does Zanzibarx mean?")).prefill_method == "uniprefill"
     bare = ask(join_attached([("report.txt", document())], ""))
     assert bare.prefill_method == "dense" and "no doc-qa evidence" in bare.prefill_route
+
+
+def test_a_fact_question_above_its_document_is_read_densely(lm, monkeypatch):
+    """The doc-qa suite asks below the document: SpecPrefill's draft scores the prompt by
+    what its last tokens attend to, and the question's passages are found from the last
+    words. A question above the document leaves both to the document's tail: no evidence."""
+    uniprefill_for_facts(lm, monkeypatch)
+    settings = greedy(uniprefill="auto", uniprefill_threshold=256)
+    first = finished(Session(lm, settings).send("What does Zanzibarx mean?\n\n" + document())).metrics
+    assert first.prefill_method == "dense" and "no doc-qa evidence" in first.prefill_route
