@@ -130,19 +130,23 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     # cached prefix included (a 4K document after a long chat is not a 4K prompt)
     band = quality_table.length_band(len(tokens))
     methods, below = set(), []
-    if settings.sparse_prefill == "auto" and pair is not None:
+    if settings.sparse_prefill == "auto" and pair is None:
+        below.append("SpecPrefill has no draft")
+    elif settings.sparse_prefill == "auto":
         if new >= settings.sparse_threshold:
             methods.add("specprefill")
         else:
-            below.append(f"SpecPrefill's threshold {settings.sparse_threshold}")
+            below.append(f"{new} new tokens < SpecPrefill's threshold {settings.sparse_threshold}")
     if settings.uniprefill == "auto" and worth_dropping(new):
         threshold = break_even(settings, target.config)
         if new >= threshold:
             methods.add("uniprefill")
         else:
-            below.append(f"UniPrefill's break-even {threshold}")
+            below.append(f"{new} new tokens < UniPrefill's break-even {threshold}")
+    elif settings.uniprefill == "auto":
+        below.append(f"{new} new tokens are too few to drop any")
     if not methods:
-        return None, f"{new} new tokens < {' and '.join(below) or 'what a sparse method can drop'}"
+        return None, "; ".join(below)
     evidence = quality_table.allowed(key, len(tokens), kind, draft=draft, table=table, methods=methods, also=also)
     if evidence is None:
         return None, f"no doc-qa evidence that sparse prefill keeps {kinds} answers for {key} at {band}"

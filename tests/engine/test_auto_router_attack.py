@@ -117,3 +117,11 @@ def test_a_fact_question_above_its_document_is_read_densely(lm, monkeypatch):
     settings = greedy(uniprefill="auto", uniprefill_threshold=256)
     first = finished(Session(lm, settings).send("What does Zanzibarx mean?\n\n" + document())).metrics
     assert first.prefill_method == "dense" and "no doc-qa evidence" in first.prefill_route
+
+
+def test_the_route_says_why_auto_read_densely_without_a_draft(lm):
+    """SpecPrefill at auto with no draft loaded: the prompt is long enough, the route must
+    not say it was too short."""
+    tokens = lm.tokenizer.encode(document() + "\n\nWhat does Zanzibarx mean?")
+    route = route_prefill(None, lm, None, tokens, 0, greedy(sparse_prefill="auto", sparse_threshold=256))
+    assert route.method == "dense" and "no draft" in route.reason and "<" not in route.reason
