@@ -153,7 +153,8 @@ def auto_settings(pair, target, tokens: list[int], cached: int, settings, *, tab
     shown = f"doc-qa evidence for {kinds} questions at {band}"
     if evidence.method == "specprefill":
         return replace(settings, sparse_prefill="on", sparse_keep=evidence.keep, uniprefill="off"), shown
-    return replace(settings, sparse_prefill="off", uniprefill="on"), shown
+    # as doc-qa measured it: the model's own p and drop layers, not the chat's
+    return replace(settings, sparse_prefill="off", uniprefill="on", uniprefill_p=None, drop_layers=None), shown
 
 
 def with_runs(selection, extra: list[tuple[int, int]]):

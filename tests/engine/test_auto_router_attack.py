@@ -125,3 +125,16 @@ def test_the_route_says_why_auto_read_densely_without_a_draft(lm):
     tokens = lm.tokenizer.encode(document() + "\n\nWhat does Zanzibarx mean?")
     route = route_prefill(None, lm, None, tokens, 0, greedy(sparse_prefill="auto", sparse_threshold=256))
     assert route.method == "dense" and "no draft" in route.reason and "<" not in route.reason
+
+
+def test_auto_runs_uniprefill_as_doc_qa_measured_it_not_at_the_chats_own_p(lm, monkeypatch):
+    """doc-qa measured UniPrefill at the model's own p and drop layers: a chat's saved
+    p 0.05 (most of the prompt dropped) is not what the row shows keeping answers."""
+    from brisk.engine.accel.router import auto_settings
+
+    uniprefill_for_facts(lm, monkeypatch)
+    tokens = lm.tokenizer.encode(document() + "\n\nWhat does Zanzibarx mean?")
+    chat = greedy(uniprefill="auto", uniprefill_threshold=256, uniprefill_p=0.05, drop_layers=[0])
+    chosen, why = auto_settings(None, lm, tokens, 0, chat)
+    assert chosen is not None and chosen.uniprefill == "on", why
+    assert chosen.uniprefill_p is None and chosen.drop_layers is None
