@@ -90,14 +90,20 @@ NO_QUESTION = "no_question"
 # scores by what the last tokens attend to, and the question's passages are found from
 # the last words), so no row measured this layout: dense
 QUESTION_FIRST = "question_first"
+# earlier turns read again with the last (a server request, a reopened chat, after a sparse
+# turn): the suite asks one question per prompt, and a follow-up's words ("Are you sure?")
+# would steer the scoring and the question's passages: dense
+EARLIER_TURNS = "earlier_turns"
+TEMPLATE_SLACK = 64  # tokens a chat template adds around one message (and a default system prompt)
 
 
-def asked_kinds(messages) -> tuple[str | None, ...]:
+def asked_kinds(messages, *, new_tokens: int = 0, count=None) -> tuple[str | None, ...]:
     """The question kinds a chat's user messages ask, beyond the prompt's last words: each
     message's last paragraph (an earlier question: "Are you sure?" asks it again), and its
     first when that is a question (one asked above the document it is about). Attached
     documents aside; a message of attached documents alone asks NO_QUESTION, and the last
-    message asking above its document QUESTION_FIRST."""
+    message asking above its document QUESTION_FIRST, and EARLIER_TURNS when the
+    `new_tokens` to read hold more than the last message (`count`: its tokens)."""
     from brisk.engine.turn.documents import split_attached
 
     found: list[str | None] = []
@@ -113,6 +119,8 @@ def asked_kinds(messages) -> tuple[str | None, ...]:
                 found.append(QUESTION_FIRST)
         if parts:
             found.append(quality_table.question_kind(parts[-1][-ASKED_CHARS:]))
+    if len(users) > 1 and count is not None and new_tokens > count(users[-1].content) + TEMPLATE_SLACK:
+        found.append(EARLIER_TURNS)
     return tuple(found)
 
 

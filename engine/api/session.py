@@ -185,7 +185,10 @@ class Session:
         yield PrefillProgressed(0, metrics.prefilled_tokens)
 
         prefill = TurnPrefill(self.lm, self.cache, self.pair, clock=self._clock)
-        asked = asked_kinds(self.messages) if is_auto(settings) else ()
+        asked: tuple[str | None, ...] = ()
+        if is_auto(settings):
+            count = lambda text: len(self.lm.tokenizer.encode(text))  # noqa: E731
+            asked = asked_kinds(self.messages, new_tokens=len(tokens) - cached, count=count)
         route, routed = yield from prefill.route(tokens, cached, settings, asked=asked)
         metrics.update(routed)
         metrics.update((yield from prefill.read(route, tokens, cached, settings, cancel, pack)))

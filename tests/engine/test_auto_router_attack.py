@@ -138,3 +138,26 @@ def test_auto_runs_uniprefill_as_doc_qa_measured_it_not_at_the_chats_own_p(lm, m
     chosen, why = auto_settings(None, lm, tokens, 0, chat)
     assert chosen is not None and chosen.uniprefill == "on", why
     assert chosen.uniprefill_p is None and chosen.drop_layers is None
+
+
+def test_earlier_turns_read_again_are_not_a_measured_prompt(lm, monkeypatch):
+    """doc-qa asks one question per prompt, at its end. A chat read from its first token
+    (a server request, a reopened chat) whose last words are a follow-up ("Are you sure?")
+    steers SpecPrefill's scoring and the question's passages by words that point nowhere:
+    dense. A document pasted in a later turn, the earlier ones cached, is still routed."""
+    from brisk.engine.api.conversation import Message
+
+    uniprefill_for_facts(lm, monkeypatch)
+    settings = greedy(uniprefill="auto", uniprefill_threshold=256)
+    chat = [
+        Message("user", document() + "\n\nWhat does Zanzibarx mean?"),
+        Message("assistant", "A district."),
+        Message("user", "Are you sure?"),
+    ]
+    again = finished(Session(lm, settings).answer(chat)).metrics
+    assert again.cached_tokens == 0 and again.prefill_method == "dense"
+    assert "no doc-qa evidence" in again.prefill_route
+    session = Session(lm, settings)
+    finished(session.send("Hello there."))
+    later = finished(session.send(document() + "\n\nWhat does Zanzibarx mean?")).metrics
+    assert later.cached_tokens > 0 and later.prefill_method == "uniprefill"
