@@ -75,6 +75,13 @@ def question_kind(question: str) -> str | None:
     q = question.lower()
     if re.search(r"\bhow many\b|\blist (every|all|each)\b|\bcount\b|\bevery\b.*\bname", q):
         return "aggregation"
+    # lists, totals and summaries in other words: every part of the document counts, as in a count
+    if re.search(
+        r"\blist\b|\bname (all|every|each)\b|\bnames of (all|every|each)\b|\btotal\b|\bhow much\b"
+        r"|\baltogether\b|\bsumm?ar(y|i[sz]e)|\benumerate\b",
+        q,
+    ):
+        return "aggregation"
     if re.search(r"\bquote\b|\bword for word\b|\bverbatim\b|\bexact (words|wording|text)\b", q):
         return "quote"
     if re.search(r"`[^`]+`|\bfunction\b|\bmethod\b|\bclass\b|\bcalls?\b|\bdef\b", q):

@@ -161,3 +161,30 @@ def test_earlier_turns_read_again_are_not_a_measured_prompt(lm, monkeypatch):
     finished(session.send("Hello there."))
     later = finished(session.send(document() + "\n\nWhat does Zanzibarx mean?")).metrics
     assert later.cached_tokens > 0 and later.prefill_method == "uniprefill"
+
+
+def test_listing_counting_and_summing_questions_in_other_words_are_not_fact_questions():
+    """The suite's counting question says "List every ... name"; users ask for lists,
+    totals and summaries in other words, and a fact row says nothing about those."""
+    for question in (
+        "List the inspectors who signed off.",
+        "Name all the inspectors.",
+        "What are the names of all inspectors?",
+        "What is the total number of inspectors?",
+        "How much did the districts spend altogether?",
+        "Summarize the document.",
+        "Give me a summary of the hearing.",
+        "Enumerate the districts.",
+    ):
+        assert qt.question_kind(question) == "aggregation", question
+    # the suite's own questions keep their kinds
+    assert qt.question_kind("What is the storage code of the Heron ledger? Answer with the code only.") is None
+    assert (
+        qt.question_kind("Who holds the key to the room where the Heron ledger is kept? Answer with the name only.")
+        is None
+    )
+    assert (
+        qt.question_kind("In the Python source above, which function calls `f`? Answer with the function's name only.")
+        == "code"
+    )
+    assert qt.question_kind("Quote the keepers' motto exactly, word for word.") == "quote"
