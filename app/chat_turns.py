@@ -61,6 +61,11 @@ class ChatTurns:
         if self._reading.get(cid):  # else the question goes without it, and the chip comes after
             self.composer.show_message(f"Still reading {self._reading[cid][0]}: send once it is shown", error=True)
             return
+        if self._rechecking.get(cid) and self._documents.get(cid):  # fits checked under the old settings
+            self.composer.show_message(
+                "Still checking whether the attachments fit these settings: send once that is shown", error=True
+            )
+            return
         documents = self._documents.get(cid, [])
         too_big = [fit for _, fit in documents if not fit.fits]
         if too_big and settings.context_overflow != "truncate_oldest":

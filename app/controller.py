@@ -72,6 +72,7 @@ class ChatController(ChatTurns, QObject):
         self._documents: dict[int, list] = {}  # conversation -> documents checked and waiting to be sent
         self._reading: dict[int, list[str]] = {}  # conversation -> names of documents still being read
         self._fit_key: dict[int, tuple] = {}  # conversation -> the settings its documents were checked under
+        self._rechecking: dict[int, int] = {}  # conversation -> its documents' fit checks not answered yet
         self.search_text = ""
         self._lasting = False  # a download or compile is being said in the status bar
         engine.event.connect(self.on_event)
@@ -226,6 +227,9 @@ class ChatController(ChatTurns, QObject):
         settings = self.settings_panel.settings()
         for i, (doc, _) in enumerate(documents):
             self.engine.submit(CheckDocument(cid, doc.name, settings, self._history_with(cid, i), document=doc))
+        self._rechecking[cid] = self._rechecking.get(cid, 0) + len(documents)
+        if cid == self.current:  # the old fit (another model's, say) is not this chat's any more
+            self.composer.show_message(f"Checking whether {_documents_fit(documents)} these settings…")
 
     def load_model(self, model_id: str) -> None:
         self.dashboard.loading(model_id)
@@ -241,6 +245,8 @@ class ChatController(ChatTurns, QObject):
             answering = self._answer is not None and self._answer["cid"] == cid
             if isinstance(item.event, EngineErrored) and self._reading.get(cid) and not answering:
                 self._reading[cid].pop(0)  # a read that failed (the engine runs jobs in order)
+            elif isinstance(item.event, EngineErrored) and not answering:
+                self._recheck_answered(cid, all_of_them=True)  # the checks failed: the last fits stand
             self._conversation_event(item.conversation_id, item.event)
         elif isinstance(item, DocumentChecked):
             if not item.recheck and self._reading.get(item.conversation_id):
@@ -271,6 +277,8 @@ class ChatController(ChatTurns, QObject):
 
     def _document_checked(self, item: DocumentChecked) -> None:
         doc, fit = item.document, item.fit
+        if item.recheck:
+            self._recheck_answered(item.conversation_id)
         documents = self._documents.setdefault(item.conversation_id, [])
         at = next((i for i, (known, _) in enumerate(documents) if known is doc), None)
         if at is not None:  # a re-check: the same document's fit now
@@ -282,6 +290,13 @@ class ChatController(ChatTurns, QObject):
         if item.conversation_id == self.current:
             self._show_attachments(item.conversation_id)
             self.composer.show_message("" if fit.fits else fit.reason, error=not fit.fits)
+
+    def _recheck_answered(self, cid: int, *, all_of_them: bool = False) -> None:
+        left = 0 if all_of_them else self._rechecking.get(cid, 0) - 1
+        if left > 0:
+            self._rechecking[cid] = left
+        else:
+            self._rechecking.pop(cid, None)
 
     def _show_attachments(self, cid: int) -> None:
         self.composer.clear_attachments()
@@ -306,6 +321,10 @@ class ChatController(ChatTurns, QObject):
 
     def _history(self, cid: int) -> list[Message]:
         return _as_engine_messages(self.store.messages(cid))
+
+
+def _documents_fit(documents: list) -> str:
+    return f"{documents[0][0].name} fits" if len(documents) == 1 else f"the {len(documents)} attachments fit"
 
 
 def _fit_key(settings: ChatSettings) -> tuple:

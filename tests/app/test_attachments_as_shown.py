@@ -105,3 +105,35 @@ def test_a_recheck_that_arrives_after_its_document_was_removed_is_dropped(qtbot,
     assert w.composer.attachments == []
     command = send(qtbot, w, "Hello")
     assert "4471" not in command.messages[-1].content
+
+
+def test_after_a_model_switch_the_old_models_refusal_is_not_shown_while_the_new_fit_is_checked(
+    qtbot, make_window, engine
+):
+    """The old model's "does not fit" stayed (and refused Send with its reason) for the ~30 s the
+    engine took to load the new model and answer the check."""
+    w = make_window()
+    too_big = Fit(12, 9000, 2048, 0, 0, False, "alpha.txt is 12 tokens; with the conversation that is 9,000")
+    attach(qtbot, w, engine, "alpha.txt", ALPHA, fit=too_big)
+    assert "9,000" in w.composer.message.text()
+    before = len(engine.commands)
+    w.settings_panel.model.setCurrentText("tiny")
+    assert w.composer.message.text() == "Checking whether alpha.txt fits these settings…"
+    count = len(engine.commands)
+    send(qtbot, w, "Summarize")
+    assert len(engine.commands) == count  # not sent on a fit nobody has checked for this model
+    assert w.composer.message.text().startswith("Still checking whether the attachments fit")
+    recheck = [c for c in engine.commands[before:] if isinstance(c, CheckDocument)][0]
+    engine.play(DocumentChecked(recheck.conversation_id, recheck.document, FITS, recheck=True))
+    assert isinstance(send(qtbot, w, "Summarize"), Answer)
+
+
+def test_a_fit_check_that_fails_after_a_model_switch_leaves_send_working(qtbot, make_window, engine):
+    from brisk.engine.api.events import EngineErrored
+    from brisk.engine.host.worker import ConversationEvent
+
+    w = make_window()
+    attach(qtbot, w, engine, "beta.txt", BETA)
+    w.settings_panel.model.setCurrentText("tiny")
+    engine.play(ConversationEvent(w.controller.current, EngineErrored("The model could not be loaded")))
+    assert isinstance(send(qtbot, w, "Go"), Answer)  # the last fits stand; Send is not stuck
