@@ -197,7 +197,13 @@ def run_perplexity(
     import math
     from pathlib import Path
 
-    from brisk.engine.accel.specprefill.scoring import DraftScorer, select_chunks, sparse_prefill
+    from brisk.engine.accel.specprefill.scoring import (
+        DraftScorer,
+        SparsePrefillDeclined,
+        select_chunks,
+        sparse_prefill,
+    )
+    from brisk.engine.api.errors import BriskError
     from brisk.engine.kv.half import make_layers
     from brisk.engine.models.loader import load_model
     from brisk.engine.turn.dense_prefill import prefill_chunks
@@ -219,9 +225,14 @@ def run_perplexity(
         full = math.exp(_continuation_nll(target.model, cache, context[-1], cont, 0))
         scorer = DraftScorer(draft)
         same = draft.info.tokenizer_fingerprint == target.info.tokenizer_fingerprint
-        importance = (
-            scorer.importance(context, 0, 512) if same else scorer.importance_across(target.tokenizer, context, 0, 512)
-        )
+        try:
+            importance = (
+                scorer.importance(context, 0, 512)
+                if same
+                else scorer.importance_across(target.tokenizer, context, 0, 512)
+            )
+        except SparsePrefillDeclined as exc:  # e.g. the draft's own tokens outgrow its context
+            raise BriskError(f"{draft_id} cannot score a {n}-token context: {exc}; try a shorter --context") from exc
         selection = select_chunks(importance, keep=keep)
         runs = [(s, min(e, n - 1)) for s, e in selection.runs if s < n - 1]
         cache = make_layers(target.model)
