@@ -9,9 +9,10 @@ Cost: the dense session keeps the document's prefix cached across a document's q
 and SpecPrefill's draft keeps its own, so only a document's first question pays the full
 read. "cold ttft" is what a first question about the document waits: dense's first
 question; every SpecPrefill row with its scoring swapped for the document's cold scoring
-(`cold_ttft`); every UniPrefill row (it reads each question cold). `auto` is not run again:
-it takes the row of the setting the router picks for that question (its answer, and its
-cold TTFT), or dense's.
+(`cold_ttft`); every UniPrefill row (it reads each question cold). `auto`: where the
+router's table allows a sparse read for a question, the turn `auto` runs is run (cold: the
+engine then also keeps the question's own passages, and applies its thresholds); elsewhere
+it reads densely, and dense's row stands for it.
 
 Seeds: `--held-out` seeds are reported apart; the table in quality_table.py must come only
 from the others (`suggested evidence` is printed from those).
@@ -53,12 +54,14 @@ def _settings(target_id: str, draft_id: str | None, method: str, max_tokens: int
         kw = {"sparse_prefill": "on", "sparse_keep": float(value), "sparse_threshold": 0, "uniprefill": "off"}
     elif name == "uniprefill":
         kw = {"sparse_prefill": "off", "uniprefill": "on"}
+    elif name == "auto":  # the router as a chat runs it (engine/accel/router.py), draft loaded
+        kw = {"sparse_prefill": "auto", "uniprefill": "auto"}
     return ChatSettings(
         model=target_id,
         temperature=0.0,
         max_tokens=max_tokens,
         spec_decode="off",
-        draft=draft_id if name == "specprefill" else None,
+        draft=draft_id if name in ("specprefill", "auto") else None,
         **kw,
     )
 
@@ -110,21 +113,41 @@ def ask_all(target, draft, doc, methods: list[str], *, held_out: bool, tokens: i
                 event = _finish(session.send(prompt))
             cold = i == 0 or method == "uniprefill"
             rows.append(_row(doc, q, method, event, cold=cold, held_out=held_out, tokens=tokens))
-            r = rows[-1]
-            if on_row:
-                on_row(r)
-            log(
-                f"  seed {doc.seed} {q.kind:11} {method:15} right={r['right']!s:5} ttft={r['ttft_s']:.1f}s "
-                f"read={r['read_share']:.2f} flag={r['flagged']!s:5} {r['answer'][:50]!r}",
-                flush=True,
-            )
+            _logged(rows[-1], on_row, log)
+        if _table_allows_sparse(target, draft, tokens, q.text):
+            # The router allows a sparse read here: the turn `auto` really runs (it also keeps
+            # the question's own passages, which the fixed settings above do not), read cold.
+            settings = _settings(target.id, draft.id if draft else None, "auto", q.max_tokens)
+            session = Session(target, settings)
+            session.pair = pair
+            event = _finish(session.send(prompt))
+            rows.append(_row(doc, q, "auto", event, cold=True, held_out=held_out, tokens=tokens))
+            _logged(rows[-1], on_row, log)
     return rows
 
 
+def _table_allows_sparse(target, draft, tokens: int, question: str) -> bool:
+    key = model_key(target.config, target.info.parameters)
+    draft_key = model_key(draft.config, draft.info.parameters) if draft is not None else None
+    return allowed(key, tokens, question_kind(question), draft=draft_key) is not None
+
+
+def _logged(r: dict, on_row, log) -> None:
+    if on_row:
+        on_row(r)
+    log(
+        f"  seed {r['seed']} {r['kind']:11} {r['method']:15} right={r['right']!s:5} ttft={r['ttft_s']:.1f}s "
+        f"read={r['read_share']:.2f} flag={r['flagged']!s:5} {r['answer'][:50]!r}",
+        flush=True,
+    )
+
+
 def add_auto(rows: list[dict], key: str, draft_key: str | None, table: dict | None = None) -> list[dict]:
-    """The router's `auto` for each question: the row of the setting it allows, dense's
-    where it allows none or where that setting's coverage flagged the question's region
-    as dropped (the router then reads densely: TTFT = the scoring plus dense's)."""
+    """The router's `auto` for each question: the turn it ran where the run measured one
+    (where the table allowed a sparse read); else, as runs saved before that were scored,
+    the row of the setting it allows, or dense's where it allows none or where that
+    setting's coverage flagged the question's region as dropped (TTFT = the scoring plus
+    dense's)."""
     cold: dict[tuple, float] = {}
     for r in rows:
         if r["cold"]:
@@ -138,6 +161,8 @@ def add_auto(rows: list[dict], key: str, draft_key: str | None, table: dict | No
     for (seed, length, kind, _, text), by_method in questions.items():
         dense = by_method.get("dense")
         if dense is None:
+            continue
+        if "auto" in by_method:  # measured (ask_all): the turn the router ran is already a row
             continue
         ev = allowed(key, length, question_kind(text), draft=draft_key, table=table)
         name = "dense" if ev is None else ev.method if ev.keep is None else f"{ev.method} {ev.keep}"

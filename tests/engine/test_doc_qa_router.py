@@ -270,3 +270,25 @@ def test_the_shipped_table_reads_every_question_densely_until_two_hops_are_shown
         assert qt.allowed("qwen2-630", 4000, kind, draft="llama-135") is None
     assert qt.allowed("qwen2-630", 4000, "fact", draft="llama-135").keep == 0.1  # the row is there
     assert qt.allowed("llama-135", 4000, None, draft="llama-135") is None
+
+
+def test_where_the_table_allows_a_sparse_read_the_suite_runs_the_turn_auto_really_runs(lm, monkeypatch):
+    """The auto column was put together from the fixed-setting rows, but under `auto` the engine
+    also keeps the question's own passages (and applies its thresholds): another method."""
+    from types import SimpleNamespace
+
+    from brisk.bench import doc_qa
+
+    key = qt.model_key(lm.config, lm.info.parameters)
+    question = Question("fact", "What is the storage code of the Heron ledger?", ["amber-otter"], depth=0.5)
+    text = " ".join(f"Line {i} of the ledger notes." for i in range(120)) + " The Heron code is amber-otter."
+    doc = SimpleNamespace(seed=1, text=text, questions=[question])
+    ask = lambda: doc_qa.ask_all(lm, lm, doc, ["dense"], held_out=False, tokens=1000, log=lambda *a, **k: None)  # noqa: E731
+
+    monkeypatch.setitem(qt.TABLE, key, {})
+    assert [r["method"] for r in ask()] == ["dense"]  # no row: auto reads densely, dense's row stands for it
+    monkeypatch.setitem(qt.TABLE, key, {"4K": (qt.Evidence("specprefill", 0.2, key, ALL_KINDS),)})
+    rows = ask()
+    assert [r["method"] for r in rows] == ["dense", "auto"]
+    assert rows[1]["route"] and rows[1]["cold"]  # the engine's own route, read cold
+    assert add_auto(rows, key, key) == []  # the measured turn is the auto column's row
