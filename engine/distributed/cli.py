@@ -36,7 +36,8 @@ def wants_ranks(args) -> bool:
     return current() is None and (bool(getattr(args, "hostfile", None)) or getattr(args, "ranks", None) is not None)
 
 
-def launch(args, argv: list[str]) -> int:
+def launch(args, argv: list[str], *, chat: bool = False) -> int:
+    """Start the ranks, each running this command (`chat`: what the user types reaches them)."""
     from brisk.engine.api.errors import BriskError
     from brisk.engine.distributed.hostfile import loopback, read_hostfile
     from brisk.engine.distributed.launch import run_on_ranks
@@ -55,6 +56,7 @@ def launch(args, argv: list[str]) -> int:
         hostfile=args.hostfile,
         join_timeout=args.join_timeout,
         rank_timeout=args.rank_timeout,
+        relay_input=chat,
     )
 
 
@@ -100,6 +102,16 @@ def pair_costs():
     from brisk.engine.distributed.group import current
 
     return PairCosts() if current() is not None else StoredPairCosts()
+
+
+def chat_input():
+    """On a rank of `brisk chat`: the user's lines and Ctrl-C, as the launching brisk passes
+    them on (engine/distributed/chat_input.py). Elsewhere None: the terminal's own."""
+    from brisk.engine.distributed.chat_input import RankInput
+    from brisk.engine.distributed.group import current
+
+    rank = current()
+    return RankInput(rank) if rank is not None else None
 
 
 def rank_metrics(session) -> dict:

@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brisk.engine.api.errors import BriskError
+from brisk.engine.distributed.chat_input import relay_user_input, send_cancel
 from brisk.engine.distributed.group import HOSTS_ENV, MARKER
 from brisk.engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
 from brisk.engine.distributed.lockstep import PROBE_ENV
+from brisk.engine.distributed.quiet_launcher import STDIN_ENV
 from brisk.engine.distributed.scratch import RUN_PREFIX, private_folder
 from brisk.engine.runtime.python_argv import module_argv
 
@@ -40,6 +42,7 @@ DEATH_GRACE_S = 3.0  # after a rank died, how long the survivors get to end by t
 # a join this slow is worth a word (an ssh login that never completes is silent otherwise);
 # more often would flood a slow but healthy start
 JOIN_PROGRESS_S = 10.0
+DOUBLE_INTERRUPT_S = 1.0  # a chat's Ctrl-C twice within this many seconds ends the chat
 RANK_ARGS = {"--ranks": True, "--hostfile": True, "--join-timeout": True, "--rank-timeout": True}
 _LAUNCHER_EXIT = re.compile(r"Node with rank (\d+) exited with code (-?\d+)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -234,10 +237,13 @@ def run_on_ranks(
     stderr=None,
     stop: threading.Event | None = None,
     hold_errors: bool = True,
+    relay_input: bool = False,
 ) -> int:
     """Run `brisk <argv>` on the ranks; rank 0's output becomes this process's. Returns rank
     0's status; raises RankFailed naming the rank and host that failed. Setting `stop` ends
-    the group (`brisk serve --ranks` closing)."""
+    the group (`brisk serve --ranks` closing). `relay_input` (a chat): this process's stdin
+    reaches every rank, and Ctrl-C stops the answer rather than the group (twice within
+    DOUBLE_INTERRUPT_S: the group)."""
     hosts = read_hostfile(hostfile) if hostfile else loopback(ranks or 0)
     check_reachable(hosts)
     out = stdout or sys.stdout.buffer
@@ -265,14 +271,15 @@ def run_on_ranks(
             *module_argv("brisk.engine.distributed.rank", *rank_argv(argv)),
         ]
         watch = RankWatch(hosts, hold_errors=hold_errors)
-        # stdin is a pipe held open and never written: mlx.launch polls it for the ranks
+        # stdin is a pipe held open: mlx.launch copies it to every rank; only a chat writes it
         proc = subprocess.Popen(
             cmd,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            start_new_session=True,
+            start_new_session=True,  # the terminal's Ctrl-C reaches this brisk alone
             preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
+            env={**os.environ, STDIN_ENV: "relay"} if relay_input else None,
         )
         relays = [
             threading.Thread(target=_copy, args=(proc.stdout, out), daemon=True),
@@ -280,6 +287,9 @@ def run_on_ranks(
         ]
         for t in relays:
             t.start()
+        if relay_input:  # not joined: it waits on the user's next line
+            threading.Thread(target=relay_user_input, args=(sys.stdin, proc.stdin), daemon=True).start()
+            default_interrupt = signal.signal(signal.SIGINT, _CancelOnInterrupt(proc.stdin))
         started_at = watch.clock()
         problem = None
         launcher_status = None  # mlx.launch's status when it ended by itself (not stopped here)
@@ -305,6 +315,8 @@ def run_on_ranks(
             _stop(proc)
             raise
         finally:
+            if relay_input:
+                signal.signal(signal.SIGINT, default_interrupt)
             for t in relays:
                 t.join(timeout=5)
             if proc.stdin:
@@ -322,6 +334,21 @@ def run_on_ranks(
         if code is None:
             raise RankFailed(no_result(hosts[0].ssh, launcher_status, proc.pid))
         return code
+
+
+class _CancelOnInterrupt:
+    """A chat's Ctrl-C: the answer stops on every rank and the chat goes on; a second within
+    DOUBLE_INTERRUPT_S raises KeyboardInterrupt, which stops the group."""
+
+    def __init__(self, sink):
+        self.sink, self.last = sink, -DOUBLE_INTERRUPT_S
+
+    def __call__(self, signum, frame) -> None:
+        now = time.monotonic()
+        if now - self.last < DOUBLE_INTERRUPT_S:
+            raise KeyboardInterrupt
+        self.last = now
+        send_cancel(self.sink)
 
 
 def no_result(host0: str, launcher_status: int | None, launcher_pid: int) -> str:

@@ -282,16 +282,19 @@ def cmd_run(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from brisk.engine.accel.speculative.costs_file import StoredPairCosts
     from brisk.engine.api.session import CancelToken, Session
+    from brisk.engine.distributed import cli as ranks
 
     settings = settings_from_args(args)
+    if ranks.wants_ranks(args):  # this brisk launches the ranks and passes them what is typed
+        return ranks.launch(args, args.argv, chat=True)
     lm, draft = load_pair(settings)
-    session = Session(lm, settings, draft=draft, pair_costs=StoredPairCosts())
+    session = Session(lm, settings, draft=draft, pair_costs=ranks.pair_costs())
+    typed = ranks.chat_input()  # on a rank: the lines the launching brisk passes on
     print(f"Brisk chat with {lm.id} ({lm.compute_dtype}). Ctrl-C stops an answer; Ctrl-D or /quit exits.")
     while True:
         try:
-            line = input("\nyou> ")
+            line = typed.input("\nyou> ") if typed else input("\nyou> ")
         except EOFError:
             print()
             return 0
@@ -299,7 +302,7 @@ def cmd_chat(args) -> int:
             return 0
         if not line.strip():
             continue
-        cancel = CancelToken()
+        cancel = typed.turn() if typed else CancelToken()
         print("brisk> ", end="", flush=True)
         try:
             for event in session.send(line, cancel=cancel):
@@ -311,6 +314,8 @@ def cmd_chat(args) -> int:
                     print(f"\n[warning] {event.message}")
                 elif isinstance(event, EngineErrored):
                     print(f"\n[error] {event.message}")
+                elif isinstance(event, TurnFinished) and event.metrics.finish_reason == "cancelled":
+                    print("\n[stopped]")  # on ranks: Ctrl-C reached them as a cancel (chat_input.py)
                 elif isinstance(event, TurnFinished):
                     m = event.metrics
                     print(
@@ -320,6 +325,9 @@ def cmd_chat(args) -> int:
         except KeyboardInterrupt:
             cancel.cancel()
             print("\n[stopped]")
+        finally:
+            if typed:
+                typed.turn_ended()
 
 
 def cmd_info(args) -> int:
@@ -387,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
 
     chat = sub.add_parser("chat", help="interactive terminal chat (prompt cache reused across turns)")
     add_sampling_args(chat)
+    add_rank_args(chat)
     chat.set_defaults(func=cmd_chat)
 
     info = sub.add_parser("info", help="backend, BLAS, dtype, memory")

@@ -6,6 +6,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -362,3 +364,87 @@ def test_real_smollm2_whose_heads_do_not_split_two_ways_is_refused(real_store):
     out = brisk_here(real_store.home, "run", "--model", "smollm2-135m-instruct", "--prompt", "hi", "--ranks", "2")
     assert out.returncode == 1
     assert "cannot be split 2 ways: attention heads 9, KV heads 3" in out.stderr
+
+
+# --- brisk chat --ranks ------------------------------------------------------------------
+
+
+def _chat(home, *extra, stdin: str, ranks: bool):
+    args = ["chat", "--model", "tq", "--temp", "0", "--max-tokens", "20", *extra]
+    return brisk(home, *args, *(["--ranks", "2"] if ranks else []), input=stdin)
+
+
+@pytest.mark.plan_agnostic  # the ranks' answers are run's (checked above); this checks the typed lines reach them
+def test_chat_on_two_ranks_answers_every_typed_line_as_one_process_does(ranks_home):
+    typed = "Hello there\nWhat comes next?\n"
+    one, two = _chat(ranks_home, stdin=typed, ranks=False), _chat(ranks_home, stdin=typed, ranks=True)
+    assert one.returncode == 0 and two.returncode == 0, two.stderr
+    answers = lambda out: [line for line in out.stdout.splitlines() if line.startswith("you> brisk>")]  # noqa: E731
+    assert len(answers(one)) == 2 and answers(two) == answers(one)
+    assert "Traceback" not in two.stderr
+
+
+def test_typed_lines_reach_the_ranks_whole_and_the_end_of_input_quits():
+    from io import BytesIO, StringIO
+
+    from brisk.engine.distributed.chat_input import CANCEL, QUIT, relay_user_input
+
+    sink = BytesIO()
+    relay_user_input(StringIO(f"one\ntw\x00o\n{CANCEL}\nlast line without a newline"), sink)
+    lines = sink.getvalue().decode().split("\n")
+    assert lines == ["one", "two", CANCEL.replace("\x00", ""), "last line without a newline", QUIT, ""]
+
+
+@pytest.mark.plan_agnostic
+def test_ctrl_c_in_a_chat_on_ranks_stops_the_answer_on_every_rank_and_the_chat_goes_on(ranks_home):
+    """Ctrl-C ended the group (its ranks killed) rather than the answer, as it does in one process."""
+    from brisk.engine.distributed.launch import DOUBLE_INTERRUPT_S
+
+    env = dict(os.environ, BRISK_HOME=str(ranks_home))
+    args = ["chat", "--model", "tq-endless", "--temp", "0", "--max-tokens", "30000", "--ranks", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "brisk.engine.host.cli", *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    seen: list[bytes] = []
+
+    def read() -> None:
+        for chunk in iter(lambda: proc.stdout.read1(4096), b""):
+            seen.append(chunk)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+
+    def wait_for(text: bytes, count: int) -> None:
+        for _ in range(6000):  # a hang guard, not a time bound
+            if b"".join(seen).count(text) >= count:
+                return
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.02)
+        raise AssertionError(b"".join(seen)[-500:])
+
+    try:
+        for turn in (1, 2):
+            proc.stdin.write(b"Tell me everything\n")
+            proc.stdin.flush()
+            wait_for(b"brisk> ", turn)
+            before = len(b"".join(seen))
+            for _ in range(6000):  # some of the (endless) answer has come
+                if len(b"".join(seen)) > before + 20:
+                    break
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGINT)
+            wait_for(b"[stopped]", turn)
+            time.sleep(DOUBLE_INTERRUPT_S)  # one Ctrl-C, not two in a row (two end the chat)
+        proc.stdin.close()  # end of input: the ranks leave the chat together
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read().decode()
+    assert proc.returncode == 0, err
+    assert b"".join(seen).count(b"you> ") == 3 and "Traceback" not in err and "error" not in err
