@@ -15,7 +15,8 @@
   prompt is read densely. The band counts the whole prompt (cached prefix too), and the
   kind must hold for the chat's other questions too (`asked_kinds`: one asked above its
   document, or the one a follow-up repeats). Under `auto` the passages the question points at
-  (engine/accel/question_focus.py) are always read in full.
+  (engine/accel/question_focus.py) are always read in full. A method set to auto beside
+  one forced on runs only where the table allows it too.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
         settings, why = auto_settings(pair, target, tokens, cached, settings, asked=asked)
         if settings is None:
             return PrefillRoute("dense", f"dense: auto: {why}", SparsePlan(None, "off", f"off: {why}"), focus)
+    elif "auto" in (settings.sparse_prefill, settings.uniprefill):
+        settings = _auto_beside_on(pair, target, tokens, cached, settings, asked)
     route = yield from _route(pair, target, layers, tokens, cached, settings)
     route = replace(route, focus=focus, keep_focus=auto)
     if auto:
@@ -67,6 +70,18 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
         note = f"used: kept {grown.kept} of {grown.total} new tokens (the question's passages included)"
         route = replace(route, spec=replace(route.spec, selection=grown, note=note))
     return route
+
+
+def _auto_beside_on(pair, target, tokens: list[int], cached: int, settings, asked):
+    """One method forced on, the other `auto`: the forced one runs as asked, and the `auto`
+    one still only where the table shows it keeping answers (off elsewhere)."""
+    forced, chosen = (
+        ("sparse_prefill", "uniprefill") if settings.sparse_prefill == "on" else ("uniprefill", "sparse_prefill")
+    )
+    alone = replace(settings, **{forced: "off"})
+    if auto_settings(pair, target, tokens, cached, alone, asked=asked)[0] is None:
+        return replace(settings, **{chosen: "off"})
+    return settings
 
 
 def is_auto(settings) -> bool:

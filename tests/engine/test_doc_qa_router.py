@@ -292,3 +292,15 @@ def test_where_the_table_allows_a_sparse_read_the_suite_runs_the_turn_auto_reall
     assert [r["method"] for r in rows] == ["dense", "auto"]
     assert rows[1]["route"] and rows[1]["cold"]  # the engine's own route, read cold
     assert add_auto(rows, key, key) == []  # the measured turn is the auto column's row
+
+
+def test_a_method_set_to_auto_beside_one_forced_on_still_needs_the_tables_word(lm, monkeypatch):
+    """SpecPrefill on with no draft and UniPrefill auto ran UniPrefill on every long prompt:
+    the `auto` half was never checked against the table."""
+    key = qt.model_key(lm.config, lm.info.parameters)
+    tokens = prompt_tokens(lm)
+    mixed = greedy(sparse_prefill="on", uniprefill="auto", uniprefill_threshold=0)
+    monkeypatch.setitem(qt.TABLE, key, {})
+    assert route_prefill(None, lm, [], tokens, 0, mixed).method == "dense"
+    monkeypatch.setitem(qt.TABLE, key, {"4K": (qt.Evidence("uniprefill", kinds=ALL_KINDS),)})
+    assert route_prefill(None, lm, [], tokens, 0, mixed).method == "uniprefill"
