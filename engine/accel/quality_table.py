@@ -44,7 +44,10 @@ class Evidence:
 #   Held-out seed 3 (not used above): dense 1/5, keep 0.1 2/5, 0.2 1/5, 0.3 2/5, UniPrefill 0/5.
 #   Only "fact" had the 3 questions evidence needs, and a question the words cannot tell
 #   from a two-hop one needs both: `auto` still reads Qwen-0.5B's 4K documents densely.
-# - llama-135 (SmolLM2-135M, its own draft): dense answered 0 of 7 (every kind): no evidence.
+# - llama-135 (SmolLM2-135M, no draft: dense, UniPrefill at p 0.99): 4K dense 0/7 (twice,
+#   sessions apart), UniPrefill 0/7; 8K (7,936 tokens, its context) dense 1/7, UniPrefill 0/7
+#   (7 of 7 flagged); held-out seed 3: 4K dense 0/7, UniPrefill 1/7; 8K dense 1/7 (quote),
+#   UniPrefill 0/7. Dense answers too little to show anything: no row.
 # - qwen2-1777 (Qwen2.5-Coder-1.5B, draft Qwen2.5-Coder-0.5B = qwen2-630, same tokenizer), 8K-token
 #   documents, measured 2026-11-27 at nice 19 beside CI runs (TTFTs loaded; ratios only): tuning
 #   seed 1, dense 4/7 (fact 2/3, two_hop 1/1, aggregation 0/1, quote 1/1, code 0/1; cold TTFT
@@ -52,11 +55,21 @@ class Evidence:
 #   (77 s, 6 of 7 flagged). The tuning seed suggests SpecPrefill for "fact" at every keep, but
 #   held-out seed 3 (dense 7/7) has keep 0.2 losing a fact dense got (2/3) and keep 0.1 a quote
 #   and the code question (5/7): no row. `auto` reads Qwen-1.5B's 8K documents densely.
-# Every other model and band (16K and up included): no row, dense.
+#   16K-token documents (2026-11-28, nice 19 beside other benchmarks; SpecPrefill at keep 0.2
+#   only, UniPrefill not run): tuning seed 3, dense 5/7 (fact 2/3, two_hop 1/1, aggregation
+#   1/1, quote 1/1, code 0/1; cold TTFT 689 s), SpecPrefill 0.2 the same on every kind
+#   (174 s, 4.0x); held-out seed 1, dense 5/7 (fact 3/3, two_hop 1/1, aggregation 1/1,
+#   quote 0/1, code 0/1; 512 s), SpecPrefill 0.2 the same on every kind (142 s, 3.6x). Only
+#   "fact" had the 3 questions evidence needs: the row below, which no question the words
+#   cannot tell from a two-hop one uses yet, so `auto` still reads these documents densely.
+# Every other model and band: no row, dense.
 _SPEC_FACTS = frozenset({"fact"})
 TABLE: dict[str, dict[str, tuple[Evidence, ...]]] = {
     "qwen2-630": {
         "4K": tuple(Evidence("specprefill", keep, "llama-135", _SPEC_FACTS) for keep in (0.1, 0.2, 0.3)),
+    },
+    "qwen2-1777": {
+        "16K": (Evidence("specprefill", 0.2, "qwen2-630", _SPEC_FACTS),),
     },
 }
 

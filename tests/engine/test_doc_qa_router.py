@@ -270,6 +270,10 @@ def test_the_shipped_table_reads_every_question_densely_until_two_hops_are_shown
         assert qt.allowed("qwen2-630", 4000, kind, draft="llama-135") is None
     assert qt.allowed("qwen2-630", 4000, "fact", draft="llama-135").keep == 0.1  # the row is there
     assert qt.allowed("llama-135", 4000, None, draft="llama-135") is None
+    for kind in (None, "aggregation", "quote", "code"):  # Qwen-1.5B at 16K: facts shown, two hops not
+        assert qt.allowed("qwen2-1777", 16000, kind, draft="qwen2-630") is None
+    assert qt.allowed("qwen2-1777", 16000, "fact", draft="qwen2-630").keep == 0.2
+    assert qt.allowed("qwen2-1777", 8000, "fact", draft="qwen2-630") is None  # 8K: the held-out seed lost a fact
 
 
 def test_where_the_table_allows_a_sparse_read_the_suite_runs_the_turn_auto_really_runs(lm, monkeypatch):
