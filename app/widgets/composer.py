@@ -10,7 +10,7 @@ from PySide6.QtWidgets import QFileDialog, QHBoxLayout, QLabel, QPlainTextEdit, 
 from brisk.app.icons import icon
 from brisk.app.widgets.context_meter import ContextMeter
 from brisk.app.widgets.safe_text import plain_label, plain_tooltip
-from brisk.app.widgets.text_wrap import has_long_run, wrap_for
+from brisk.app.widgets.text_wrap import breakable, has_long_run, wrap_for
 
 DOCUMENT_FILTER = (
     "Documents (*.txt *.md *.markdown *.pdf *.py *.js *.ts *.c *.h *.cpp *.rs *.go *.java *.json "
@@ -147,7 +147,7 @@ class Composer(QWidget):
 
     def show_message(self, text: str, *, error: bool = False) -> None:
         """A line above the box: a notice (muted), or an error (in the error colour)."""
-        self.message.setText(text)
+        self.message.setText(breakable(text))  # a long file name wraps rather than narrowing the sidebar
         self.message.setProperty("error", error)
         self.message.style().unpolish(self.message)  # the stylesheet reads the property again
         self.message.style().polish(self.message)

@@ -31,3 +31,19 @@ def wrap_for(widget, text: str) -> None:
     mode = ANYWHERE if has_long_run(text) else WORDS
     if widget.wordWrapMode() != mode:
         widget.setWordWrapMode(mode)
+
+
+# A label (not a text edit) cannot wrap inside a word: one longer than the label is wide
+# widens the label, and the window's splitter takes that width from the sidebar. A
+# zero-width space every BREAK_EVERY characters of such a word lets it wrap there.
+BREAK_EVERY = 24
+_LONG_WORD = re.compile(r"\S{%d,}" % (BREAK_EVERY + 1))
+ZERO_WIDTH_SPACE = "\u200b"
+
+
+def breakable(text: str) -> str:
+    """`text` with long words wrappable in a label (shown the same; copied, it holds
+    zero-width spaces)."""
+    return _LONG_WORD.sub(
+        lambda m: ZERO_WIDTH_SPACE.join(m[0][i : i + BREAK_EVERY] for i in range(0, len(m[0]), BREAK_EVERY)), text
+    )

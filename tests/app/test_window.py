@@ -454,3 +454,17 @@ def test_the_waiting_line_clears_at_the_first_token_and_after_a_failed_turn(qtbo
     cid = send(qtbot, w, "again").conversation_id
     engine.play(ConversationEvent(cid, EngineErrored("Model load failed", "model")))
     assert w.dashboard.saved.text() == "" and w.dashboard.ttft.text() == "–"
+
+
+def test_a_long_file_name_in_the_composers_message_wraps_instead_of_narrowing_the_sidebar(qtbot, make_window):
+    """A "does not fit" line quoting a long unbroken file name widened the message label, and
+    the splitter took that width from the sidebar (240 -> 132 px at 1000 px wide)."""
+    w = make_window()
+    w.resize(1000, 700)
+    qtbot.wait(20)
+    sidebar = w.sidebar.width()
+    name = "quarterly_report_" + "with_a_long_name_" * 6 + "final.txt"
+    w.composer.show_message(f"{name} is 14,352 tokens; more than the 8,192 this model holds", error=True)
+    qtbot.wait(20)
+    assert w.sidebar.width() == sidebar
+    assert w.composer.message.text().replace("\u200b", "").startswith(name)  # all of it, shown
