@@ -66,3 +66,25 @@ def test_every_url_in_either_stylesheet_names_a_file_that_exists(light_after):
         assert all(Path(url).is_file() for url in urls), urls
         if choice == "dark":
             assert urls  # the check box's tick
+
+
+@pytest.mark.parametrize("theme, track, handle", [("dark", "#0d1117", "#484f58"), ("light", "#eaeef2", "#afb8c1")])
+def test_a_long_code_lines_scrollbar_in_a_bubble_is_drawn_in_the_themes_colours(
+    qtbot, light_after, theme, track, handle
+):
+    """It was a black bar (Fusion's scrollbar on the bubble's transparent text browser)."""
+    apply_theme(QApplication.instance(), theme)
+    code = "```python\nx = compute(" + ", ".join(f"argument_{i}" for i in range(40)) + ")\n```"
+    bubble = MessageWidget(0, "assistant", code)
+    qtbot.addWidget(bubble)
+    bubble.resize(500, 160)
+    bubble.show()
+    qtbot.waitExposed(bubble)
+    bar = bubble.body.horizontalScrollBar()
+    qtbot.waitUntil(bar.isVisible)
+    image = bar.grab().toImage()
+    row = [QColor(image.pixel(x, bar.height() // 2)) for x in range(6, bar.width() - 6)]
+    ends = [QColor(track).getRgb()[:3], QColor(handle).getRgb()[:3]]
+    box = [(min(a, b), max(a, b)) for a, b in zip(*ends)]  # the track, the handle and blends of the two
+    assert track in {c.name() for c in row}
+    assert all(lo <= v <= hi for c in row for v, (lo, hi) in zip(c.getRgb()[:3], box)), {c.name() for c in row}
