@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from brisk.engine.api.errors import BriskError
-from brisk.engine.distributed.chat_input import relay_user_input, send_cancel
+from brisk.engine.distributed.chat_input import ANSWERING, relay_user_input, send_cancel, take_markers
 from brisk.engine.distributed.group import HOSTS_ENV, MARKER
 from brisk.engine.distributed.hostfile import Host, check_reachable, loopback, read_hostfile, to_launch_json
 from brisk.engine.distributed.lockstep import PROBE_ENV
@@ -115,6 +115,7 @@ class RankWatch:
         # "connection to a peer was lost" is a consequence, and the cause is said instead.
         self.held_errors: list[tuple[int, str]] = []  # (rank, line)
         self.progress_due = JOIN_PROGRESS_S  # seconds into the join when the next progress line is due
+        self.answering = False  # a chat's rank 0 is answering (its Ctrl-C stops the answer)
 
     def read_line(self, line: str) -> str | None:
         """Note a marker or a launcher report; return the line if the user should see it."""
@@ -281,15 +282,16 @@ def run_on_ranks(
             preexec_fn=_die_with_launcher if sys.platform == "linux" else None,
             env={**os.environ, STDIN_ENV: "relay"} if relay_input else None,
         )
+        tail = [b""]  # the last byte of rank 0's output
         relays = [
-            threading.Thread(target=_copy, args=(proc.stdout, out), daemon=True),
+            threading.Thread(target=_copy, args=(proc.stdout, out, tail, watch if relay_input else None), daemon=True),
             threading.Thread(target=_watch_lines, args=(proc.stderr, watch, err), daemon=True),
         ]
         for t in relays:
             t.start()
         if relay_input:  # not joined: it waits on the user's next line
             threading.Thread(target=relay_user_input, args=(sys.stdin, proc.stdin), daemon=True).start()
-            default_interrupt = signal.signal(signal.SIGINT, _CancelOnInterrupt(proc.stdin))
+            default_interrupt = signal.signal(signal.SIGINT, _CancelOnInterrupt(proc.stdin, watch))
         started_at = watch.clock()
         problem = None
         launcher_status = None  # mlx.launch's status when it ended by itself (not stopped here)
@@ -313,6 +315,7 @@ def run_on_ranks(
                     _stop(proc)
         except BaseException:  # Ctrl-C included: no rank outlives its launcher
             _stop(proc)
+            _end_line(out, tail)
             raise
         finally:
             if relay_input:
@@ -322,30 +325,37 @@ def run_on_ranks(
             if proc.stdin:
                 proc.stdin.close()
         if not problem:
-            for line in watch.errors_to_show():
+            shown = watch.errors_to_show()
+            if shown:
+                _end_line(out, tail)
+            for line in shown:
                 err.write(line)
             err.flush()
         if problem:
+            _end_line(out, tail)
             raise RankFailed(problem + "; the group was stopped")
         failed = watch.failure()
         if failed:
+            _end_line(out, tail)
             raise RankFailed(failed)
         code = watch.ranks[0].exit_code
         if code is None:
+            _end_line(out, tail)
             raise RankFailed(no_result(hosts[0].ssh, launcher_status, proc.pid))
         return code
 
 
 class _CancelOnInterrupt:
-    """A chat's Ctrl-C: the answer stops on every rank and the chat goes on; a second within
-    DOUBLE_INTERRUPT_S raises KeyboardInterrupt, which stops the group."""
+    """A chat's Ctrl-C, as in one process: during an answer it stops the answer on every
+    rank and the chat goes on; elsewhere (loading, at the prompt), or twice within
+    DOUBLE_INTERRUPT_S, it raises KeyboardInterrupt, which ends the chat and its ranks."""
 
-    def __init__(self, sink):
-        self.sink, self.last = sink, -DOUBLE_INTERRUPT_S
+    def __init__(self, sink, watch: RankWatch):
+        self.sink, self.watch, self.last = sink, watch, -DOUBLE_INTERRUPT_S
 
     def __call__(self, signum, frame) -> None:
         now = time.monotonic()
-        if now - self.last < DOUBLE_INTERRUPT_S:
+        if not self.watch.answering or now - self.last < DOUBLE_INTERRUPT_S:
             raise KeyboardInterrupt
         self.last = now
         send_cancel(self.sink)
@@ -362,9 +372,26 @@ def no_result(host0: str, launcher_status: int | None, launcher_pid: int) -> str
     return f"rank 0 on host {host0} ended without a result"
 
 
-def _copy(source, target) -> None:
+def _copy(source, target, tail: list[bytes], watch: RankWatch | None = None) -> None:
+    """Rank 0's output to `target`; with `watch` (a chat), its answer markers to the watch."""
+    held = b""
+
+    def on_mark(marker: bytes) -> None:
+        if watch is not None:
+            watch.answering = marker == ANSWERING
+
     for chunk in iter(lambda: source.read1(8192), b""):
-        target.write(chunk)
+        shown, held = take_markers(held + chunk, on_mark) if watch is not None else (chunk, b"")
+        if shown:
+            target.write(shown)
+            target.flush()
+            tail[0] = shown[-1:]
+
+
+def _end_line(target, tail: list[bytes]) -> None:
+    """A line break after rank 0's last output, so an error line starts on a line of its own."""
+    if tail[0] not in (b"", b"\n"):
+        target.write(b"\n")
         target.flush()
 
 

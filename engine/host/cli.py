@@ -281,6 +281,15 @@ def cmd_run(args) -> int:
     return 0
 
 
+def as_text(line: str) -> str:
+    """A typed line as text the tokenizer takes: bytes that were not UTF-8 (kept by Python as
+    lone surrogates, which the tokenizer refused with a TypeError) become U+FFFD."""
+    try:
+        return line.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a surrogate not from a byte: replaced too
+        return line.encode("utf-8", "replace").decode("utf-8")
+
+
 def cmd_chat(args) -> int:
     from brisk.engine.api.session import CancelToken, Session
     from brisk.engine.distributed import cli as ranks
@@ -302,8 +311,10 @@ def cmd_chat(args) -> int:
             return 0
         if not line.strip():
             continue
+        line = as_text(line)
         cancel = typed.turn() if typed else CancelToken()
         print("brisk> ", end="", flush=True)
+        failed = False
         try:
             for event in session.send(line, cancel=cancel):
                 if isinstance(event, PrefillProgressed) and event.total > 512 and event.done < event.total:
@@ -314,6 +325,7 @@ def cmd_chat(args) -> int:
                     print(f"\n[warning] {event.message}")
                 elif isinstance(event, EngineErrored):
                     print(f"\n[error] {event.message}")
+                    failed = True
                 elif isinstance(event, TurnFinished) and event.metrics.finish_reason == "cancelled":
                     print("\n[stopped]")  # on ranks: Ctrl-C reached them as a cancel (chat_input.py)
                 elif isinstance(event, TurnFinished):
@@ -328,6 +340,8 @@ def cmd_chat(args) -> int:
         finally:
             if typed:
                 typed.turn_ended()
+        if failed and session.messages and session.messages[-1].role == "user":
+            session.messages.pop()  # a refused line (too long, say) is not kept: the next one is answered
 
 
 def cmd_info(args) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from brisk.engine.api.errors import BriskError
-from brisk.engine.turn.text_input import count_tokens_bounded, decode_text, long_sequences_quiet, max_chars_for
+from brisk.engine.turn.text_input import count_tokens_bounded, decode_text, max_chars_for
 
 # Beyond this a file is not a document a local model can read in one context anyway, and
 # reading it would only cost memory: refuse with the size.
@@ -188,8 +188,8 @@ def check_fit(lm, messages, document: Document, settings, *, memory_available: i
     doc_tokens, complete = count_tokens_bounded(lm.tokenizer, document.text, limit)
     if not complete:
         return _too_long(document, lm, doc_tokens)
-    with long_sequences_quiet():  # a conversation past the model's maximum is the answer, not a warning
-        total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
+    # past the model's maximum is the answer here (transformers' warning is dropped: text_input.py)
+    total = len(encode_messages(lm, [*messages, Message("user", document.as_prompt())])) + 1
     shape = kv_shape(lm.config)
     layers = (lm.config.get("text_config") or lm.config)["num_hidden_layers"]
     k_bits, v_bits = planned_kv_precision(lm, settings)

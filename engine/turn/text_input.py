@@ -8,9 +8,7 @@ context, and counted in tokens incrementally, stopping as soon as it is past the
 from __future__ import annotations
 
 import codecs
-import contextlib
 import logging
-from collections.abc import Iterator
 from pathlib import Path
 
 from brisk.engine.api.errors import BriskError
@@ -101,14 +99,8 @@ class _DropLongSequenceWarning(logging.Filter):
         return not record.getMessage().startswith(LONG_SEQUENCE_WARNING)
 
 
-@contextlib.contextmanager
-def long_sequences_quiet() -> Iterator[None]:
-    """Drops transformers' long-sequence warning for calls that cannot pass `verbose=False`
-    (its chat encoder): a fit check tokenizes past the model's maximum to say it does not fit."""
-    logger = logging.getLogger("transformers.tokenization_utils_base")
-    quiet = _DropLongSequenceWarning()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+# Dropped for good, not per call: Brisk measures every prompt and document against the
+# context itself and says so in its own words (a fit check tokenizes past the maximum on
+# purpose), and transformers' chat encoder cannot pass `verbose=False`. The warning leaked
+# into `brisk chat` (twice on ranks) after an over-long line.
+logging.getLogger("transformers.tokenization_utils_base").addFilter(_DropLongSequenceWarning())

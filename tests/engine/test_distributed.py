@@ -369,30 +369,56 @@ def test_real_smollm2_whose_heads_do_not_split_two_ways_is_refused(real_store):
 # --- brisk chat --ranks ------------------------------------------------------------------
 
 
-def _chat(home, *extra, stdin: str, ranks: bool):
-    args = ["chat", "--model", "tq", "--temp", "0", "--max-tokens", "20", *extra]
-    return brisk(home, *args, *(["--ranks", "2"] if ranks else []), input=stdin)
+def _chat(home, *extra, stdin: bytes, ranks: bool):
+    args = ["chat", "--model", "tq", "--temp", "0", "--max-tokens", "20", *extra, *(["--ranks", "2"] if ranks else [])]
+    env = dict(os.environ, BRISK_HOME=str(home))
+    cmd = [sys.executable, "-m", "brisk.engine.host.cli", *args]
+    return subprocess.run(cmd, env=env, input=stdin, capture_output=True, timeout=600)
 
 
 @pytest.mark.plan_agnostic  # the ranks' answers are run's (checked above); this checks the typed lines reach them
 def test_chat_on_two_ranks_answers_every_typed_line_as_one_process_does(ranks_home):
-    typed = "Hello there\nWhat comes next?\n"
+    """Bytes that are not UTF-8 hung the ranks' chat for good (the relay died quietly on
+    them), and failed one process's turn (a TypeError from the tokenizer)."""
+    typed = b"Hello there\nsay \xff\xfe hi\nWhat comes next?\n"
     one, two = _chat(ranks_home, stdin=typed, ranks=False), _chat(ranks_home, stdin=typed, ranks=True)
     assert one.returncode == 0 and two.returncode == 0, two.stderr
-    answers = lambda out: [line for line in out.stdout.splitlines() if line.startswith("you> brisk>")]  # noqa: E731
-    assert len(answers(one)) == 2 and answers(two) == answers(one)
-    assert "Traceback" not in two.stderr
+    answers = lambda out: [line for line in out.stdout.splitlines() if line.startswith(b"you> brisk>")]  # noqa: E731
+    assert len(answers(one)) == 3 and answers(two) == answers(one)
+    assert two.stdout.endswith(b"\n") and b"\x00" not in two.stdout  # the shell's prompt on a line of its own
+    assert b"Traceback" not in two.stderr and b"error" not in one.stdout + two.stdout
+
+
+def test_a_line_the_context_cannot_hold_is_refused_and_the_next_is_answered(ranks_home):
+    """The refused line stayed in the chat: every later line was refused with it."""
+    out = _chat(ranks_home, stdin=b"hello " * 5000 + b"\nsay ok\n", ranks=False)
+    assert out.returncode == 0
+    said = out.stdout.decode()
+    assert said.count("[error]") == 1 and said.count("[ttft") == 1
+    assert "Token indices sequence length" not in out.stderr.decode()
 
 
 def test_typed_lines_reach_the_ranks_whole_and_the_end_of_input_quits():
-    from io import BytesIO, StringIO
+    from io import BytesIO
 
-    from brisk.engine.distributed.chat_input import CANCEL, QUIT, relay_user_input
+    from brisk.engine.distributed.chat_input import CANCEL, END, relay_user_input
 
     sink = BytesIO()
-    relay_user_input(StringIO(f"one\ntw\x00o\n{CANCEL}\nlast line without a newline"), sink)
+    relay_user_input(BytesIO(f"one\ntw\x00o\n{CANCEL}\nno \xff\n".encode("latin-1") + b"last line"), sink)
     lines = sink.getvalue().decode().split("\n")
-    assert lines == ["one", "two", CANCEL.replace("\x00", ""), "last line without a newline", QUIT, ""]
+    assert lines == ["one", "two", CANCEL.replace("\x00", ""), "no \ufffd", "last line", END, ""]
+
+
+def test_rank_0s_answer_markers_are_taken_out_of_its_output_even_cut_between_reads():
+    from brisk.engine.distributed.chat_input import ANSWERING, IDLE, take_markers
+
+    stream = b"you> " + ANSWERING + b"brisk> hi \x00there" + IDLE + b"\nyou> "
+    for cut in range(len(stream) + 1):
+        seen, shown, held = [], b"", b""
+        for part in (stream[:cut], stream[cut:]):
+            out, held = take_markers(held + part, seen.append)
+            shown += out
+        assert shown + held == b"you> brisk> hi \x00there\nyou> " and held == b"" and seen == [ANSWERING, IDLE]
 
 
 @pytest.mark.plan_agnostic
@@ -439,12 +465,13 @@ def test_ctrl_c_in_a_chat_on_ranks_stops_the_answer_on_every_rank_and_the_chat_g
             proc.send_signal(signal.SIGINT)
             wait_for(b"[stopped]", turn)
             time.sleep(DOUBLE_INTERRUPT_S)  # one Ctrl-C, not two in a row (two end the chat)
-        proc.stdin.close()  # end of input: the ranks leave the chat together
+        wait_for(b"you> ", 3)
+        proc.send_signal(signal.SIGINT)  # at the prompt: the chat ends, as in one process
         proc.wait(timeout=120)
         reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
     err = proc.stderr.read().decode()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 130 and "brisk: interrupted" in err, err
     assert b"".join(seen).count(b"you> ") == 3 and "Traceback" not in err and "error" not in err
