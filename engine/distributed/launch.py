@@ -139,8 +139,15 @@ class RankWatch:
                 if rank < len(self.ranks):
                     self.ranks[rank].died_with = code
                     # the launcher stops the others with SIGTERM once one fails
-                    if self.first_death is None and code != -signal.SIGTERM:
-                        self.first_death, self.death_seen_at = rank, self.clock()
+                    if code != -signal.SIGTERM:
+                        first = self.first_death
+                        if first is None:
+                            self.first_death, self.death_seen_at = rank, self.clock()
+                        elif code < 0 and (self.ranks[first].died_with or 0) > 0:
+                            # one killed by a signal is the cause over one that exited with an
+                            # error after it (its ring lost the peer): mlx.launch may report
+                            # the two in either order
+                            self.first_death = rank
                 return None
             if plain.startswith("[ring]"):
                 return None  # the survivors' socket errors once a peer is gone: the cause is said below

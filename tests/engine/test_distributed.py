@@ -167,6 +167,21 @@ def test_survivors_errors_after_a_rank_died_are_not_shown_its_cause_is():
     assert watch.failure().startswith("rank 1 on host 127.0.0.1 was killed by signal 9")
 
 
+def test_a_killed_rank_is_the_cause_even_when_the_launcher_reports_the_survivors_exit_first():
+    """mlx.launch reported rank 0's exit (1: its ring lost the peer) before rank 1's kill on a
+    loaded CI machine, and rank 0's "[ring] connection lost" was shown as the cause."""
+    watch = RankWatch(loopback(2), clock=FakeClock())
+    for rank in (0, 1):
+        watch.read_line(f"@brisk-rank {rank} joined\n")
+    assert watch.read_line("ERROR turn failed\n") is None
+    watch.read_line("brisk: error: Generation failed unexpectedly: RuntimeError: [ring] connection lost\n")
+    watch.read_line("@brisk-rank 0 exit 1\n")
+    watch.read_line("[WARN] Node with rank 0 exited with code 1\n")
+    watch.read_line("[WARN] Node with rank 1 exited with code -9\n")
+    assert watch.errors_to_show() == []
+    assert watch.failure().startswith("rank 1 on host 127.0.0.1 was killed by signal 9")
+
+
 def test_a_rank_that_fails_by_itself_keeps_its_own_error_line():
     watch = RankWatch(loopback(2), clock=FakeClock())
     for rank in (0, 1):
