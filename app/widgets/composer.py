@@ -88,7 +88,8 @@ class AttachmentChip(QWidget):
         layout.addWidget(glyph)
         # A count that stopped past the context is a lower bound, and says so as its message does.
         count = f"{tokens:,} tokens" if exact else f"more than {tokens:,} tokens"
-        self.label = plain_label(f"{name} · {count} · {note}")  # a file name is not markup
+        self.label = plain_label(breakable(f"{name} · {count} · {note}"))  # a file name is not markup
+        self.label.setWordWrap(True)  # a long name wraps rather than widening the window's middle
         self.label.setObjectName("attachmentOk" if fits else "attachmentTooBig")
         self.label.setToolTip(plain_tooltip(reason or f"{name} fits the context at this chat's KV setting"))
         layout.addWidget(self.label, 1)  # the spare width after the name, not split around it

@@ -51,8 +51,9 @@ class ContextMeter(QWidget):
         self.label = QLabel("")
         self.label.setObjectName("contextMeterText")
         self.label.setTextFormat(Qt.PlainText)  # it names models
-        row.addWidget(self.bar, 1)
-        row.addWidget(self.label)
+        self.label.setWordWrap(True)  # "more than N of M tokens · documents more than K" at a narrow width
+        row.addWidget(self.bar, 2)
+        row.addWidget(self.label, 3)  # a wrapped label takes the width its line needs before wrapping
         self.setToolTip(
             "Tokens the next turn would hold (the chat, its system prompt, waiting documents and the "
             "message typed so far) of the model's context; the documents' share is amber"

@@ -173,7 +173,7 @@ def test_a_chip_named_with_html_shows_the_name(qtbot, make_window, db_path, pict
     assert chip.label.text().startswith(name)
     assert chip.label.sizeHint().height() < IMAGE_HEIGHT / 4
     composer_chip = window.composer.add_attachment(name, 12, False, f"{name} does not fit")
-    assert composer_chip.label.text().startswith(name)
+    assert composer_chip.label.text().replace("\u200b", "").startswith(name)  # (a long word may wrap)
     assert composer_chip.label.sizeHint().height() < IMAGE_HEIGHT / 4
     tooltip = composer_chip.label.toolTip()
     assert "<img" not in tooltip and "&lt;img" in tooltip  # shown as typed, not as an image

@@ -468,3 +468,8 @@ def test_a_long_file_name_in_the_composers_message_wraps_instead_of_narrowing_th
     qtbot.wait(20)
     assert w.sidebar.width() == sidebar
     assert w.composer.message.text().replace("\u200b", "").startswith(name)  # all of it, shown
+    # its chip, and the context line a document past the context gives, neither
+    w.composer.add_attachment(name, 14352, False, "too big", exact=False)
+    w.composer.meter.label.setText("Context: more than 14,383 of 8,192 tokens (175%) · documents more than 14,352")
+    qtbot.wait(20)
+    assert w.sidebar.width() == sidebar
