@@ -18,6 +18,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _methods(text: str) -> list[str]:
+    chosen = [m.strip() for m in text.split(",") if m.strip()]
+    known = ("dense", "specprefill", "uniprefill", "auto")
+    if not chosen or any(m not in known for m in chosen):
+        raise argparse.ArgumentTypeError(f"expected a subset of {','.join(known)}, got {text!r}")
+    return chosen
+
+
 def _ints(text: str) -> list[int]:
     values = [_positive(x.strip()) for x in text.split(",") if x.strip()]
     if not values:
@@ -130,8 +138,9 @@ def add_bench_parser(sub) -> None:
     p = bench.add_parser("sparse-ppl", help="continuation perplexity after sparse vs full prefill of a text")
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
-    p.add_argument("--text-file", required=True, help="a long natural text (UTF-8)")
+    p.add_argument("--text-file", required=True, action="append", help="a long natural text (UTF-8); repeat for more")
     p.add_argument("--context", type=_ints, default=[2048, 4096])
+    p.add_argument("--cuts", type=_positive, default=1, help="windows per text, spread from its start to its end")
     p.add_argument("--keep", type=float, default=0.2)
     p.add_argument("--continuation", type=_positive, default=256)
     p.add_argument("--json", action="store_true")
@@ -145,8 +154,15 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--keep", type=_floats, default=[0.1, 0.2, 0.3], help="SpecPrefill keep fractions")
     p.add_argument("--kinds", type=lambda t: t.split(","), help="a subset of fact,two_hop,aggregation,quote,code")
     p.add_argument("--no-uniprefill", action="store_true")
+    p.add_argument(
+        "--only",
+        type=_methods,
+        help="run just these of dense,specprefill,uniprefill,auto (a missing column; --rescore merges)",
+    )
     p.add_argument("--save", help="write every answer to this JSON file as the run goes")
-    p.add_argument("--rescore", help="print the tables of a saved run again (no model runs)")
+    p.add_argument(
+        "--rescore", action="append", help="print the tables of a saved run again (no model runs); repeat to merge"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _doc_qa(a))
     p = bench.add_parser("uniprefill", help="TTFT dense vs UniPrefill: speedup, FLOP bound, kept per drop layer")
@@ -368,6 +384,7 @@ def _sparse_ppl(args) -> int:
         args.context,
         args.keep,
         continuation=args.continuation,
+        cuts=args.cuts,
         as_json=args.json,
     )
     return 0
@@ -390,6 +407,7 @@ def _doc_qa(args) -> int:
         keeps=args.keep,
         kinds=args.kinds,
         with_uniprefill=not args.no_uniprefill,
+        only=args.only,
         save=args.save,
         as_json=args.json,
     )

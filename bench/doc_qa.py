@@ -29,6 +29,7 @@ from typing import Any
 from brisk.bench.common import print_table
 from brisk.bench.doc_corpus import KINDS, build_document, score
 from brisk.engine.accel.quality_table import allowed, evidence_from, length_band, model_key, question_kind
+from brisk.engine.api.errors import BriskError
 
 README = Path(__file__).resolve().parents[1] / "README.md"  # the checkout's
 
@@ -114,7 +115,7 @@ def ask_all(target, draft, doc, methods: list[str], *, held_out: bool, tokens: i
             cold = i == 0 or method == "uniprefill"
             rows.append(_row(doc, q, method, event, cold=cold, held_out=held_out, tokens=tokens))
             _logged(rows[-1], on_row, log)
-        if _table_allows_sparse(target, draft, tokens, q.text):
+        if "auto" in methods and _table_allows_sparse(target, draft, tokens, q.text):
             # The router allows a sparse read here: the turn `auto` really runs (it also keeps
             # the question's own passages, which the fixed settings above do not), read cold.
             settings = _settings(target.id, draft.id if draft else None, "auto", q.max_tokens)
@@ -274,15 +275,21 @@ def run_doc_qa(
     keeps: list[float],
     kinds: list[str] | None = None,
     with_uniprefill: bool = True,
+    only: list[str] | None = None,
     save: str | None = None,
     as_json: bool,
 ) -> dict:
+    """`only`: run just these of dense, specprefill, uniprefill and auto (a long run's missing
+    column, merged with the rest by `rescore` of both saved files)."""
     from brisk.engine.models.loader import load_model
 
     target = load_model(target_id)
     draft = load_model(draft_id) if draft_id else None
     methods = ["dense"] + ([f"specprefill {k}" for k in keeps] if draft else [])
     methods += ["uniprefill"] if with_uniprefill else []
+    if only:
+        methods = [m for m in methods if m.split()[0] in only]
+    asked = methods + (["auto"] if not only or "auto" in only else [])
     payload: dict[str, Any] = {
         "target": target_id,
         "draft": draft_id,
@@ -307,13 +314,21 @@ def run_doc_qa(
                 if save:
                     Path(save).write_text(json.dumps(payload, indent=1))
 
-            ask_all(target, draft, doc, methods, held_out=seed in held_out, tokens=tokens, on_row=keep)
+            ask_all(target, draft, doc, asked, held_out=seed in held_out, tokens=tokens, on_row=keep)
     report(payload, as_json=as_json)
     return payload
 
 
-def rescore(path: str, *, as_json: bool) -> dict:
-    """The tables again from a saved run (`--save`), with the router's table as it is now."""
-    payload = json.loads(Path(path).read_text())
+def rescore(paths: list[str], *, as_json: bool) -> dict:
+    """The tables again from saved runs (`--save`) of one model, with the router's table as
+    it is now; several files are one run (e.g. a column run later with `--only`)."""
+    payloads = [json.loads(Path(p).read_text()) for p in paths]
+    payload = payloads[0]
+    for other in payloads[1:]:
+        if (other["target"], other.get("draft")) != (payload["target"], payload.get("draft")):
+            raise BriskError(f"{paths[0]} and the other saved runs are not of one target and draft")
+        payload["methods"] += [m for m in other["methods"] if m not in payload["methods"]]
+        payload["held_out"] = sorted(set(payload["held_out"]) | set(other["held_out"]))
+        payload["rows"] += other["rows"]
     report(payload, as_json=as_json)
     return payload

@@ -518,3 +518,36 @@ def test_bench_overhead_time_split_says_how_the_pieces_compare_with_the_measured
     assert "sum to 120% of the measured time" in over and "-" not in over
     under = split_line("prefill", "s", 1.0, {"measured_total": 2.0, "mlp": 1.0, "projections": 0.5})
     assert "sum to 75% of the measured time" in under
+
+
+def test_sparse_ppl_cuts_spread_from_a_texts_start_to_the_last_window_that_fits():
+    from brisk.bench.specprefill import cut_offsets
+
+    assert cut_offsets(10_000, 6144, 256, 1) == [0]
+    spread = cut_offsets(10_000, 6144, 256, 3)
+    assert spread == [0, 1800, 3600] and spread[-1] + 6144 + 256 == 10_000
+    assert cut_offsets(6400, 6144, 256, 4) == [0]  # one window fits, once
+    assert cut_offsets(6399, 6144, 256, 2) == []
+
+
+@pytest.mark.bench
+def test_bench_sparse_ppl_cuts_every_text_and_ends_with_the_geometric_mean(cli_home, tmp_path):
+    import math
+
+    prose = tmp_path / "prose.txt"
+    prose.write_text(" ".join(f"Line {i} says the river {i % 7} runs north." for i in range(200)))
+    code = tmp_path / "code.py"
+    code.write_text("\n".join(f"def f{i}(x):\n    return x * {i} + g{i % 5}(x)" for i in range(200)))
+    args = ["bench", "sparse-ppl", "--target", "tiny", "--draft", "tiny", "--context", "256", "--cuts", "3"]
+    out = brisk(cli_home, *args, "--text-file", str(prose), "--text-file", str(code), "--continuation", "16", "--json")
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert [(r["text"], r["context"]) for r in payload["rows"]] == [("prose.txt", 256)] * 3 + [("code.py", 256)] * 3
+    assert len({r["at"] for r in payload["rows"][:3]}) == 3
+    ratios = [r["ratio"] for r in payload["rows"]]
+    assert payload["geomean"]["256"] == pytest.approx(math.exp(sum(map(math.log, ratios)) / 6))
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    out = brisk(cli_home, *args, "--text-file", str(short))
+    assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
+    assert "short.txt has" in out.stderr and "too few for a 256-token context" in out.stderr

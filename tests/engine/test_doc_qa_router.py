@@ -308,3 +308,31 @@ def test_a_method_set_to_auto_beside_one_forced_on_still_needs_the_tables_word(l
     assert route_prefill(None, lm, [], tokens, 0, mixed).method == "dense"
     monkeypatch.setitem(qt.TABLE, key, {"4K": (qt.Evidence("uniprefill", kinds=ALL_KINDS),)})
     assert route_prefill(None, lm, [], tokens, 0, mixed).method == "uniprefill"
+
+
+def test_a_column_run_later_merges_with_the_saved_run_it_completes(tmp_path, capsys):
+    """`--only uniprefill` adds the column a long run left out; `--rescore a --rescore b`
+    reports both as one run (its accuracy beside the dense rows of the other file)."""
+    import json
+
+    from brisk.bench.doc_qa import rescore
+    from brisk.engine.api.errors import BriskError
+
+    base = {"seed": 3, "length": 16384, "depth": 0.5, "cold": True, "scoring_s": 0.0, "read_share": 1.0}
+    question = {"question": "Which licence covers the archive?", "kind": "fact", "held_out": True, "answer": "MIT"}
+    run = {"target": "t", "draft": "d", "model_key": "k", "draft_key": "dk", "methods": ["dense"], "held_out": [3]}
+    first = {**run, "rows": [{**base, **question, "method": "dense", "right": True, "ttft_s": 500.0, "flagged": False}]}
+    later = {
+        **run,
+        "methods": ["uniprefill"],
+        "rows": [{**base, **question, "method": "uniprefill", "right": True, "ttft_s": 200.0, "flagged": False}],
+    }
+    (tmp_path / "a.json").write_text(json.dumps(first))
+    (tmp_path / "b.json").write_text(json.dumps(later))
+    merged = rescore([str(tmp_path / "a.json"), str(tmp_path / "b.json")], as_json=False)
+    assert merged["methods"] == ["dense", "uniprefill"] and len(merged["rows"]) == 2
+    uni = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("uniprefill"))
+    assert uni.split()[1:4] == ["1", "1.000", "1.000"]  # n, accuracy, ratio to dense from the other file
+    (tmp_path / "c.json").write_text(json.dumps({**later, "target": "other"}))
+    with pytest.raises(BriskError, match="not of one target and draft"):
+        rescore([str(tmp_path / "a.json"), str(tmp_path / "c.json")], as_json=False)
