@@ -42,6 +42,24 @@ def _engines(text: str) -> tuple[str, ...]:
     return names
 
 
+def _fraction(text: str) -> float:
+    """A keep fraction: in (0, 1] (0, a negative one or nan kept a few chunks or all of them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a fraction in (0, 1]")
+    return value
+
+
+def _fractions(text: str) -> list[float]:
+    values = list(dict.fromkeys(_fraction(x.strip()) for x in text.split(",") if x.strip()))
+    if not values:
+        raise argparse.ArgumentTypeError("give at least one fraction")
+    return values
+
+
 def _ks(text: str) -> list:
     return [x.strip() if x.strip() == "auto" else int(x) for x in text.split(",") if x.strip()]
 
@@ -112,7 +130,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--target", required=True)
     p.add_argument("--draft", required=True)
     p.add_argument("--prompt-tokens", type=_ints, default=[2048, 4096, 8192])
-    p.add_argument("--keep", type=_floats, default=[0.1, 0.2, 0.3])
+    p.add_argument("--keep", type=_fractions, default=[0.1, 0.2, 0.3])
     p.add_argument("--runs", type=_positive, default=1)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _specprefill(a))
@@ -121,7 +139,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--draft", required=True)
     p.add_argument("--tokens", type=_positive, default=4096)
     p.add_argument("--depths", type=_floats, default=[0.1, 0.5, 0.9])
-    p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--keep", type=_fraction, default=0.2)
     p.add_argument("--k-bits", type=int, choices=(16, 8, 4), default=16, help="KV key precision of both runs")
     p.add_argument("--v-bits", type=int, choices=(16, 8, 4), default=16, help="KV value precision of both runs")
     p.add_argument("--json", action="store_true")
@@ -132,7 +150,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--entries", type=_positive, default=100)
     p.add_argument("--green", type=_positive, default=6)
     p.add_argument("--seeds", type=_ints, default=[1, 2, 3])
-    p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--keep", type=_fraction, default=0.2)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _counting(a))
     p = bench.add_parser("sparse-ppl", help="continuation perplexity after sparse vs full prefill of a text")
@@ -141,7 +159,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--text-file", required=True, action="append", help="a long natural text (UTF-8); repeat for more")
     p.add_argument("--context", type=_ints, default=[2048, 4096])
     p.add_argument("--cuts", type=_positive, default=1, help="windows per text, spread from its start to its end")
-    p.add_argument("--keep", type=float, default=0.2)
+    p.add_argument("--keep", type=_fraction, default=0.2)
     p.add_argument("--continuation", type=_positive, default=256)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=lambda a: _sparse_ppl(a))
@@ -151,7 +169,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--lengths", type=_ints, default=[4096, 8192], help="document tokens (capped by the context)")
     p.add_argument("--seeds", type=_ints, default=[1, 2], help="document seeds the router's table may be tuned on")
     p.add_argument("--held-out", type=_ints, default=[3, 4], help="document seeds kept out of tuning")
-    p.add_argument("--keep", type=_floats, default=[0.1, 0.2, 0.3], help="SpecPrefill keep fractions")
+    p.add_argument("--keep", type=_fractions, default=[0.1, 0.2, 0.3], help="SpecPrefill keep fractions")
     p.add_argument("--kinds", type=lambda t: t.split(","), help="a subset of fact,two_hop,aggregation,quote,code")
     p.add_argument("--no-uniprefill", action="store_true")
     p.add_argument(
@@ -394,6 +412,10 @@ def _doc_qa(args) -> int:
     from brisk.bench.doc_qa import rescore, run_doc_qa
 
     if args.rescore:
+        # the saved runs are reported as they are: a run's own options would be silently ignored
+        given = [o for o in ("target", "draft", "kinds", "only", "save", "no_uniprefill") if getattr(args, o)]
+        if given:
+            raise SystemExit(f"brisk bench doc-qa: --rescore runs no model; drop --{given[0].replace('_', '-')}")
         rescore(args.rescore, as_json=args.json)
         return 0
     if not args.target:

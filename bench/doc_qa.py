@@ -21,7 +21,10 @@ from the others (`suggested evidence` is printed from those).
 from __future__ import annotations
 
 import json
+import os
 import statistics
+import sys
+from functools import partial
 from itertools import zip_longest
 from pathlib import Path
 from typing import Any
@@ -100,7 +103,7 @@ def ask_all(target, draft, doc, methods: list[str], *, held_out: bool, tokens: i
     pair = DraftPair.make(target, draft) if draft is not None else None
     for i, q in enumerate(doc.questions):
         prompt = doc.text + "\n\n" + q.text
-        for method in methods:
+        for method in (m for m in methods if m != "auto"):  # auto's own turn: below, where it reads sparsely
             settings = _settings(target.id, draft.id if draft else None, method, q.max_tokens)
             if method == "dense":
                 dense.settings = settings
@@ -283,9 +286,16 @@ def run_doc_qa(
     column, merged with the rest by `rescore` of both saved files)."""
     from brisk.engine.models.loader import load_model
 
+    if save and (Path(save).is_dir() or not Path(save).resolve().parent.is_dir()):
+        raise BriskError(f"--save {save}: not a file in an existing folder")
+    # an --only column that cannot run would run nothing, and save a file without it
+    if only and "specprefill" in only and not draft_id:
+        raise BriskError("--only specprefill needs --draft")
+    if only and "uniprefill" in only and not with_uniprefill:
+        raise BriskError("--only uniprefill and --no-uniprefill leave nothing to run")
     target = load_model(target_id)
     draft = load_model(draft_id) if draft_id else None
-    methods = ["dense"] + ([f"specprefill {k}" for k in keeps] if draft else [])
+    methods = ["dense"] + ([f"specprefill {k}" for k in dict.fromkeys(keeps)] if draft else [])
     methods += ["uniprefill"] if with_uniprefill else []
     if only:
         methods = [m for m in methods if m.split()[0] in only]
@@ -299,30 +309,65 @@ def run_doc_qa(
         "held_out": held_out,
         "rows": [],
     }
+    log = partial(print, file=sys.stderr if as_json else sys.stdout)  # --json: stdout holds only the JSON
     room = target.context_length - 256  # the question and the answer need their own room
-    for n in lengths:
-        tokens = min(n, room)
+    for tokens in dict.fromkeys(min(n, room) for n in lengths):  # lengths capped alike: asked once
         # tuning and held-out seeds alternate, so a run cut short still has both
         order = [s for pair in zip_longest(seeds, held_out) for s in pair if s is not None]
         for seed in dict.fromkeys(order):
             doc = build_document(seed, target.tokenizer, tokens, README)
             doc.questions = [q for q in doc.questions if not kinds or q.kind in kinds]
-            print(f"doc seed {seed}, {tokens} tokens: {', '.join(doc.sources)}", flush=True)
+            log(f"doc seed {seed}, {tokens} tokens: {', '.join(doc.sources)}", flush=True)
 
             def keep(row: dict) -> None:  # every answer saved as it comes: a long run stopped keeps its rows
                 payload["rows"].append(row)
                 if save:
-                    Path(save).write_text(json.dumps(payload, indent=1))
+                    _save(save, payload)
 
-            ask_all(target, draft, doc, asked, held_out=seed in held_out, tokens=tokens, on_row=keep)
+            ask_all(target, draft, doc, asked, held_out=seed in held_out, tokens=tokens, on_row=keep, log=log)
     report(payload, as_json=as_json)
+    return payload
+
+
+def _save(path: str, payload: dict) -> None:
+    """The run so far, replaced whole: Ctrl-C while writing leaves the previous answers, not
+    a truncated file."""
+    part = Path(f"{path}.part")
+    part.write_text(json.dumps(payload, indent=1))
+    os.replace(part, path)
+
+
+ROW_KEYS = ("seed", "held_out", "length", "kind", "depth", "method", "answer", "right", "ttft_s", "cold")
+ROW_KEYS += ("read_share", "flagged", "scoring_s")
+
+
+def load_saved(path: str) -> dict:
+    """A saved run (`--save`); a file that is not one is a BriskError naming it. Runs saved
+    before `methods` and `held_out` were written get them from their rows."""
+    from brisk.engine.turn.text_input import read_text_file
+
+    try:
+        payload = json.loads(read_text_file(path, what="Saved run"))
+    except ValueError as exc:
+        raise BriskError(f"{path} is not a saved doc-qa run: {exc}") from exc
+    rows = payload.get("rows") if isinstance(payload, dict) else None
+    if not isinstance(rows, list) or "target" not in payload or "model_key" not in payload:
+        raise BriskError(f"{path} is not a saved doc-qa run (no target, model_key or rows)")
+    for row in rows:
+        missing = [k for k in ROW_KEYS if k not in row] if isinstance(row, dict) else ["all"]
+        if missing:
+            raise BriskError(f"{path} is not a saved doc-qa run: an answer lacks {', '.join(missing)}")
+    payload.setdefault("draft", None)
+    payload.setdefault("methods", list(dict.fromkeys(r["method"] for r in rows if r["method"] != "auto")))
+    payload.setdefault("held_out", sorted({r["seed"] for r in rows if r["held_out"]}))
     return payload
 
 
 def rescore(paths: list[str], *, as_json: bool) -> dict:
     """The tables again from saved runs (`--save`) of one model, with the router's table as
-    it is now; several files are one run (e.g. a column run later with `--only`)."""
-    payloads = [json.loads(Path(p).read_text()) for p in paths]
+    it is now; several files are one run (e.g. a column run later with `--only`). An answer
+    in two files (a file given twice, a column run again) counts once: the first file's."""
+    payloads = [load_saved(p) for p in paths]
     payload = payloads[0]
     for other in payloads[1:]:
         if (other["target"], other.get("draft")) != (payload["target"], payload.get("draft")):
@@ -330,5 +375,11 @@ def rescore(paths: list[str], *, as_json: bool) -> dict:
         payload["methods"] += [m for m in other["methods"] if m not in payload["methods"]]
         payload["held_out"] = sorted(set(payload["held_out"]) | set(other["held_out"]))
         payload["rows"] += other["rows"]
+    once = {(_qid(r), r["method"]): r for r in reversed(payload["rows"])}  # the first one stays
+    if len(once) < len(payload["rows"]):
+        print(
+            f"brisk bench doc-qa: {len(payload['rows']) - len(once)} answers given twice counted once", file=sys.stderr
+        )
+        payload["rows"] = [r for r in payload["rows"] if once[(_qid(r), r["method"])] is r]
     report(payload, as_json=as_json)
     return payload

@@ -200,6 +200,18 @@ def cut_offsets(text_tokens: int, context: int, continuation: int, cuts: int) ->
     return sorted({round(j * room / (cuts - 1)) for j in range(cuts)})
 
 
+def read_texts(text_files: list[str]) -> dict[str, str]:
+    """Each text file once, by its name (its path where two share a name); a missing, binary
+    or non-UTF-8 file is a BriskError naming it."""
+    from pathlib import Path
+
+    from brisk.engine.turn.text_input import read_text_file
+
+    files = list({Path(f).resolve(): f for f in text_files}.values())  # the same file given twice: once
+    names = [Path(f).name for f in files]
+    return {name if names.count(name) == 1 else f: read_text_file(f, what="Text file") for name, f in zip(names, files)}
+
+
 def run_perplexity(
     target_id: str,
     draft_id: str,
@@ -218,7 +230,6 @@ def run_perplexity(
     so each text can be cut in `cuts` places, and the table ends with the geometric mean
     of the ratios per context length."""
     import math
-    from pathlib import Path
 
     from brisk.engine.accel.specprefill.scoring import (
         DraftScorer,
@@ -231,9 +242,26 @@ def run_perplexity(
     from brisk.engine.models.loader import load_model
     from brisk.engine.turn.dense_prefill import prefill_chunks
 
-    texts = {Path(f).name: Path(f).read_text(encoding="utf-8") for f in text_files}
+    texts = read_texts(text_files)
+    lengths = list(dict.fromkeys(lengths))  # a context given twice would count its windows twice
     target, draft = load_model(target_id), load_model(draft_id)
     same = draft.info.tokenizer_fingerprint == target.info.tokenizer_fingerprint
+    if max(lengths) + continuation > target.context_length:  # past it the target reads garbage positions
+        raise BriskError(
+            f"{target_id} holds {target.context_length} tokens; a {max(lengths)}-token context and "
+            f"{continuation} more do not fit; try a shorter --context or --continuation"
+        )
+    if same and max(lengths) > draft.context_length:
+        raise BriskError(
+            f"{draft_id} holds {draft.context_length} tokens, too few to score a {max(lengths)}-token context"
+        )
+    encoded = {name: target.tokenizer.encode(text) for name, text in texts.items()}
+    for name, ids in encoded.items():  # every text checked before the first window is read
+        for n in lengths:
+            if not cut_offsets(len(ids), n, continuation, cuts):
+                raise BriskError(
+                    f"{name} has {len(ids)} tokens, too few for a {n}-token context and {continuation} more"
+                )
     payload: dict[str, Any] = {
         "target": target_id,
         "draft": draft_id,
@@ -244,15 +272,9 @@ def run_perplexity(
         "geomean": {},
     }
     rows = []
-    for name, text in texts.items():
-        ids = target.tokenizer.encode(text)
+    for name, ids in encoded.items():
         for n in lengths:
-            offsets = cut_offsets(len(ids), n, continuation, cuts)
-            if not offsets:
-                raise BriskError(
-                    f"{name} has {len(ids)} tokens, too few for a {n}-token context and {continuation} more"
-                )
-            for at in offsets:
+            for at in cut_offsets(len(ids), n, continuation, cuts):
                 context, cont = ids[at : at + n], ids[at + n : at + n + continuation]
                 cache = make_layers(target.model)
                 list(prefill_chunks(target.model, cache, context[:-1], 512))

@@ -287,7 +287,7 @@ def test_where_the_table_allows_a_sparse_read_the_suite_runs_the_turn_auto_reall
     question = Question("fact", "What is the storage code of the Heron ledger?", ["amber-otter"], depth=0.5)
     text = " ".join(f"Line {i} of the ledger notes." for i in range(120)) + " The Heron code is amber-otter."
     doc = SimpleNamespace(seed=1, text=text, questions=[question])
-    ask = lambda: doc_qa.ask_all(lm, lm, doc, ["dense"], held_out=False, tokens=1000, log=lambda *a, **k: None)  # noqa: E731
+    ask = lambda: doc_qa.ask_all(lm, lm, doc, ["dense", "auto"], held_out=False, tokens=1000, log=lambda *a, **k: None)  # noqa: E731
 
     monkeypatch.setitem(qt.TABLE, key, {})
     assert [r["method"] for r in ask()] == ["dense"]  # no row: auto reads densely, dense's row stands for it
