@@ -26,6 +26,15 @@ def _methods(text: str) -> list[str]:
     return chosen
 
 
+def _kinds(text: str) -> list[str]:
+    from brisk.bench.doc_corpus import KINDS
+
+    chosen = [k.strip() for k in text.split(",") if k.strip()]
+    if not chosen or any(k not in KINDS for k in chosen):  # an unknown one filtered every question out
+        raise argparse.ArgumentTypeError(f"expected a subset of {','.join(KINDS)}, got {text!r}")
+    return chosen
+
+
 def _ints(text: str) -> list[int]:
     values = [_positive(x.strip()) for x in text.split(",") if x.strip()]
     if not values:
@@ -170,7 +179,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--seeds", type=_ints, default=[1, 2], help="document seeds the router's table may be tuned on")
     p.add_argument("--held-out", type=_ints, default=[3, 4], help="document seeds kept out of tuning")
     p.add_argument("--keep", type=_fractions, default=[0.1, 0.2, 0.3], help="SpecPrefill keep fractions")
-    p.add_argument("--kinds", type=lambda t: t.split(","), help="a subset of fact,two_hop,aggregation,quote,code")
+    p.add_argument("--kinds", type=_kinds, help="a subset of fact,two_hop,aggregation,quote,code")
     p.add_argument("--no-uniprefill", action="store_true")
     p.add_argument(
         "--only",

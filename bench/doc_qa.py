@@ -363,6 +363,12 @@ def load_saved(path: str) -> dict:
     return payload
 
 
+def _draftless(payload: dict) -> bool:
+    """No answer of the run was read with its draft (dense and UniPrefill only): it merges
+    with a run of any draft."""
+    return not any(r["method"].startswith("specprefill") or r["method"] == "auto" for r in payload["rows"])
+
+
 def rescore(paths: list[str], *, as_json: bool) -> dict:
     """The tables again from saved runs (`--save`) of one model, with the router's table as
     it is now; several files are one run (e.g. a column run later with `--only`). An answer
@@ -370,8 +376,13 @@ def rescore(paths: list[str], *, as_json: bool) -> dict:
     payloads = [load_saved(p) for p in paths]
     payload = payloads[0]
     for other in payloads[1:]:
-        if (other["target"], other.get("draft")) != (payload["target"], payload.get("draft")):
+        if other["target"] != payload["target"]:
             raise BriskError(f"{paths[0]} and the other saved runs are not of one target and draft")
+        if other["draft"] != payload["draft"]:
+            if _draftless(payload):  # e.g. a column run later with `--only uniprefill` and no --draft
+                payload["draft"], payload["draft_key"] = other["draft"], other.get("draft_key")
+            elif not _draftless(other):
+                raise BriskError(f"{paths[0]} and the other saved runs are not of one target and draft")
         payload["methods"] += [m for m in other["methods"] if m not in payload["methods"]]
         payload["held_out"] = sorted(set(payload["held_out"]) | set(other["held_out"]))
         payload["rows"] += other["rows"]

@@ -229,3 +229,28 @@ def test_ctrl_c_while_an_answer_is_saved_keeps_the_answers_saved_before(lm, monk
         run([1024])
     monkeypatch.undo()
     assert [r["depth"] for r in json.loads(save.read_text())["rows"]] == [0.5]
+
+
+def test_an_unknown_question_kind_is_refused_by_the_parser(cli_home):
+    """--kinds facts (a typo) filtered every question out: a run that asked nothing."""
+    out = brisk_here(cli_home, "bench", "doc-qa", "--target", "tiny", "--kinds", "fact,facts")
+    assert out.returncode == 2 and "expected a subset of fact,two_hop" in out.stderr
+
+
+def test_a_column_run_without_a_draft_merges_with_the_run_of_a_draft(tmp_path):
+    """`--only uniprefill` needs no draft, but a run saved without one was refused beside the
+    run with one ("not of one target and draft"); two runs of two drafts still are."""
+    from brisk.bench.doc_qa import rescore
+    from brisk.engine.api.errors import BriskError
+
+    spec = saved_run(draft="d", draft_key="dk", methods=["dense", "specprefill 0.2"])
+    spec["rows"][1]["method"] = "specprefill 0.2"
+    uni = saved_run(methods=["uniprefill"])
+    uni["rows"] = uni["rows"][1:]
+    for name, run in (("spec", spec), ("uni", uni), ("other", {**spec, "draft": "e"})):
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    for order in (["spec", "uni"], ["uni", "spec"]):
+        merged = rescore([str(tmp_path / f"{name}.json") for name in order], as_json=False)
+        assert (merged["draft"], merged["draft_key"], len(merged["rows"])) == ("d", "dk", 3)
+    with pytest.raises(BriskError, match="not of one target and draft"):
+        rescore([str(tmp_path / "spec.json"), str(tmp_path / "other.json")], as_json=False)
