@@ -288,6 +288,8 @@ def run_doc_qa(
 
     if save and (Path(save).is_dir() or not Path(save).resolve().parent.is_dir()):
         raise BriskError(f"--save {save}: not a file in an existing folder")
+    if save and Path(save).exists():  # a long run saved there would be replaced at the first answer
+        raise BriskError(f"--save {save}: the file exists (a saved run?); give a new name, --rescore merges them")
     # an --only column that cannot run would run nothing, and save a file without it
     if only and "specprefill" in only and not draft_id:
         raise BriskError("--only specprefill needs --draft")

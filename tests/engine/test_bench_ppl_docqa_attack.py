@@ -254,3 +254,19 @@ def test_a_column_run_without_a_draft_merges_with_the_run_of_a_draft(tmp_path):
         assert (merged["draft"], merged["draft_key"], len(merged["rows"])) == ("d", "dk", 3)
     with pytest.raises(BriskError, match="not of one target and draft"):
         rescore([str(tmp_path / "spec.json"), str(tmp_path / "other.json")], as_json=False)
+
+
+def test_save_refuses_a_file_that_exists_so_a_column_run_later_cannot_replace_the_long_run(lm, monkeypatch, tmp_path):
+    def answer(doc, tokens, on_row, log):
+        on_row({**saved_run()["rows"][0], "length": tokens, "held_out": False})
+
+    run, save = fake_run(lm, monkeypatch, tmp_path, answer)
+    save.write_text(json.dumps(saved_run()))  # hours of answers
+    from brisk.engine.api.errors import BriskError
+
+    with pytest.raises(BriskError, match="the file exists"):
+        run([1024])
+    assert json.loads(save.read_text()) == saved_run()
+    save.unlink()
+    run([1024])
+    assert len(json.loads(save.read_text())["rows"]) == 1
