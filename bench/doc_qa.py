@@ -185,13 +185,16 @@ def summarize(rows: list[dict], methods: list[str]) -> tuple[list[list], dict]:
     answer text), cold TTFT, read share, flags; and per method and kind, accuracy."""
     table, by_kind = [], {}
     dense = {_qid(r): r for r in rows if r["method"] == "dense"}
-    dense_acc = _acc([r for r in rows if r["method"] == "dense"])
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
         if not mine:
             continue
         acc = _acc(mine)
         pairs = [(r, dense[_qid(r)]) for r in mine if _qid(r) in dense]
+        # on the questions both answered: a column run for some questions only is not
+        # compared with dense's accuracy over all of them
+        dense_acc = _acc([d for _, d in pairs])
+        paired_acc = _acc([r for r, _ in pairs])
         agree = sum(r["right"] == d["right"] for r, d in pairs) / max(len(pairs), 1)
         same = sum(r["answer"] == d["answer"] for r, d in pairs) / max(len(pairs), 1)
         ttfts = [cold_ttft(r, rows) for r in mine if r["cold"] or r["method"].startswith("specprefill")]
@@ -200,7 +203,7 @@ def summarize(rows: list[dict], methods: list[str]) -> tuple[list[list], dict]:
                 method,
                 len(mine),
                 acc,
-                acc / dense_acc if dense_acc else float("nan"),
+                paired_acc / dense_acc if dense_acc else float("nan"),
                 agree,
                 same,
                 statistics.median(ttfts) if ttfts else float("nan"),

@@ -321,7 +321,14 @@ def test_a_column_run_later_merges_with_the_saved_run_it_completes(tmp_path, cap
     base = {"seed": 3, "length": 16384, "depth": 0.5, "cold": True, "scoring_s": 0.0, "read_share": 1.0}
     question = {"question": "Which licence covers the archive?", "kind": "fact", "held_out": True, "answer": "MIT"}
     run = {"target": "t", "draft": "d", "model_key": "k", "draft_key": "dk", "methods": ["dense"], "held_out": [3]}
-    first = {**run, "rows": [{**base, **question, "method": "dense", "right": True, "ttft_s": 500.0, "flagged": False}]}
+    wrong = {**question, "question": "Which licence covers the docs?", "depth": 0.9}
+    first = {
+        **run,
+        "rows": [
+            {**base, **question, "method": "dense", "right": True, "ttft_s": 500.0, "flagged": False},
+            {**base, **wrong, "method": "dense", "right": False, "ttft_s": 1.0, "flagged": False, "cold": False},
+        ],
+    }
     later = {
         **run,
         "methods": ["uniprefill"],
@@ -330,9 +337,10 @@ def test_a_column_run_later_merges_with_the_saved_run_it_completes(tmp_path, cap
     (tmp_path / "a.json").write_text(json.dumps(first))
     (tmp_path / "b.json").write_text(json.dumps(later))
     merged = rescore([str(tmp_path / "a.json"), str(tmp_path / "b.json")], as_json=False)
-    assert merged["methods"] == ["dense", "uniprefill"] and len(merged["rows"]) == 2
+    assert merged["methods"] == ["dense", "uniprefill"] and len(merged["rows"]) == 3
     uni = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("uniprefill"))
-    assert uni.split()[1:4] == ["1", "1.000", "1.000"]  # n, accuracy, ratio to dense from the other file
+    # n, accuracy, ratio to dense on the one question both answered (not to dense's 1 of 2)
+    assert uni.split()[1:4] == ["1", "1.000", "1.000"]
     (tmp_path / "c.json").write_text(json.dumps({**later, "target": "other"}))
     with pytest.raises(BriskError, match="not of one target and draft"):
         rescore([str(tmp_path / "a.json"), str(tmp_path / "c.json")], as_json=False)
