@@ -11,6 +11,7 @@ it with full prefill and with sparse prefill.
 
 from __future__ import annotations
 
+import sys
 from functools import partial
 from typing import Any, Callable
 
@@ -307,6 +308,8 @@ def run_perplexity(
                 }
                 payload["rows"].append(entry)
                 rows.append([name, at, n, selection.kept, full, sparse, sparse / full])
+                # a run of many windows takes an hour on a CPU: each one said as it ends
+                print(f"  {name} at token {at}, {n} tokens: ratio {sparse / full:.3f}", file=sys.stderr, flush=True)
     for n in lengths:
         ratios = [r["ratio"] for r in payload["rows"] if r["context"] == n]
         mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
