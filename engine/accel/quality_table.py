@@ -62,10 +62,11 @@ class Evidence:
 #   quote 0/1, code 0/1; 512 s), SpecPrefill 0.2 the same on every kind (142 s, 3.6x). Only
 #   "fact" had the 3 questions evidence needs: the row below, which no question the words
 #   cannot tell from a two-hop one uses yet, so `auto` still reads these documents densely.
-#   UniPrefill at the model's p, 16K, tuning seed 3 only (2026-11-28, beside a perplexity
-#   run; stopped after 5 of 7 questions for time): fact 2/3, two_hop 1/1, aggregation 1/1,
-#   the same answers as dense, reading 25-27% of the tokens in full; the held-out seed was
-#   not run, so no row (the tuning seed alone suggests one for "fact").
+#   UniPrefill at the model's p, 16K, tuning seed 3 only (2026-11-28, beside perplexity
+#   runs, TTFT 242-640 s by load): 5/7, right and wrong on the same questions as dense on
+#   every kind (the code question's passage flagged as dropped), reading 25-27% of the
+#   tokens in full; the held-out seed was not run, so no row (the tuning seed alone
+#   suggests one for "fact").
 # Every other model and band: no row, dense.
 _SPEC_FACTS = frozenset({"fact"})
 TABLE: dict[str, dict[str, tuple[Evidence, ...]]] = {
