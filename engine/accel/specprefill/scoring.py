@@ -25,8 +25,9 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
    `brisk bench sparse-ppl --cuts 3`: each text cut in 3 windows from its start to its end,
    15 windows in all; held-out shutil.py, man tar, README + docs, and never-seen
    logging/__init__.py and man find): geometric mean of the ratios, drafting for itself,
-   1.103 at 6K and 1.074 at 8K; SmolLM2 drafting (cross tokenizer; its 8K window cannot
-   hold an 8K Qwen prompt in its own tokens) 1.091 at 6K. Single windows range 0.97-1.48:
+   1.103 at 6K, 1.096 at 7K and 1.074 at 8K; SmolLM2 drafting (cross tokenizer; its 8K
+   window cannot hold an 8K Qwen prompt in its own tokens) 1.091 at 6K and 1.111 at 7K.
+   Single windows range 0.97-1.62:
    one continuation moves the ratio more than the length does. The floor is the budget,
    not the scorer: on man bash at 6K (a tuning text, 1.68 here) the target's own attention
    over the real next 256 tokens, as the importance, still gives 1.14 (1.10 with 8-token
