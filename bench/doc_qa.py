@@ -342,8 +342,10 @@ def _save(path: str, payload: dict) -> None:
     os.replace(part, path)
 
 
-ROW_KEYS = ("seed", "held_out", "length", "kind", "depth", "method", "answer", "right", "ttft_s", "cold")
-ROW_KEYS += ("read_share", "flagged", "scoring_s")
+ROW_KEYS = (
+    *("seed", "held_out", "length", "kind", "depth", "method", "answer", "right", "ttft_s", "cold"),
+    *("read_share", "flagged", "scoring_s"),
+)
 
 
 def load_saved(path: str) -> dict:
