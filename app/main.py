@@ -29,8 +29,10 @@ def default_database() -> Path:
     return brisk_home() / "brisk.db"
 
 
-def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
-    """The window wired to a real engine thread (tests pass a worker of their own)."""
+def build_window(*, model_id: str, store_path: Path, worker=None, models=None, before_load=None):
+    """The window wired to a real engine thread (tests pass a worker of their own).
+    `before_load(window)` runs before the model starts loading: a slot connected later
+    misses what the engine thread said first (a fast load's ModelLoaded too)."""
     from brisk.app.engine_thread import EngineThread
     from brisk.app.store import Store
     from brisk.app.window import MainWindow
@@ -57,6 +59,8 @@ def build_window(*, model_id: str, store_path: Path, worker=None, models=None):
     )
     engine.event.connect(lambda e: _refresh_models(window, e))
     window.engine = engine
+    if before_load is not None:
+        before_load(window)
     window.controller.load_model(model_id)
     return window
 
@@ -72,6 +76,8 @@ def _refresh_models(window, event) -> None:
 def _quit_when_loaded(app, window) -> None:
     """--check: print the model's progress as it comes (a first run says what it
     downloads, and how much, before it starts), and quit once it loaded or failed."""
+    from PySide6.QtCore import QTimer
+
     from brisk.engine.api.events import EngineErrored, ModelLoaded, ModelLoadProgressed
 
     def done(event):
@@ -80,7 +86,7 @@ def _quit_when_loaded(app, window) -> None:
         if isinstance(event, (ModelLoaded, EngineErrored)):
             if isinstance(event, EngineErrored):
                 window.dashboard.set_model_state(f"failed: {event.message}")
-            app.quit()
+            QTimer.singleShot(0, app.quit)  # posted: a load done before app.exec() still ends it
 
     window.engine.event.connect(done)
 
@@ -130,7 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     apply_theme(app, saved_theme())
     app.styleHints().colorSchemeChanged.connect(lambda _: apply_theme(app, saved_theme()))
     try:
-        window = build_window(model_id=args.model, store_path=args.database or default_database())
+        window = build_window(
+            model_id=args.model,
+            store_path=args.database or default_database(),
+            before_load=(lambda w: _quit_when_loaded(app, w)) if args.check else None,
+        )
     except (StoreUnavailable, UnsafeLocation) as exc:  # a folder, locked, not private, a newer schema: untouched
         return _refuse(app, str(exc), args.check)
     except Exception as exc:  # a bug: a sentence and the log's path, never a traceback
@@ -142,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         app.processEvents()
         print(f"first window after {time.perf_counter() - started:.1f} s", flush=True)
-        _quit_when_loaded(app, window)
     code = app.exec()
     if args.check:
         print("\n".join(check_report(app, window)))
