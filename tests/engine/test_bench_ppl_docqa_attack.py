@@ -155,25 +155,6 @@ def lm(tmp_path_factory):
     return load_folder(folder)
 
 
-def test_auto_asked_beside_the_other_methods_runs_its_turn_only_where_it_reads_sparsely(lm, monkeypatch):
-    """`auto` in the methods was also run as a fixed setting: every question got an auto turn
-    (dense's row stands for it where the router reads densely), and two where it read sparsely."""
-    from brisk.bench import doc_qa
-    from brisk.bench.doc_corpus import Question
-    from brisk.engine.accel import quality_table as qt
-
-    key = qt.model_key(lm.config, lm.info.parameters)
-    question = Question("fact", "What is the storage code of the Heron ledger?", ["amber-otter"], depth=0.5)
-    text = " ".join(f"Line {i} of the ledger notes." for i in range(120)) + " The Heron code is amber-otter."
-    doc = SimpleNamespace(seed=1, text=text, questions=[question])
-    ask = lambda: doc_qa.ask_all(lm, lm, doc, ["dense", "auto"], held_out=False, tokens=1000, log=lambda *a, **k: None)  # noqa: E731
-    monkeypatch.setitem(qt.TABLE, key, {})
-    assert [r["method"] for r in ask()] == ["dense"]
-    kinds = frozenset(qt.OTHER + ("aggregation", "quote", "code"))
-    monkeypatch.setitem(qt.TABLE, key, {"4K": (qt.Evidence("specprefill", 0.2, key, kinds),)})
-    assert [r["method"] for r in ask()] == ["dense", "auto"]
-
-
 def fake_run(lm, monkeypatch, tmp_path, answer):
     """run_doc_qa with `lm` as the model and `answer(doc, tokens, on_row, log)` asking the questions."""
     from brisk.bench import doc_qa
