@@ -391,7 +391,8 @@ def test_the_prompts_last_tokens_score_beside_the_lookahead_steps(models, arch):
     # a second turn that extends the prompt reuses the cache and scores only the new tokens
     longer = prompt + [5 + i % 90 for i in range(70)]
     again = scorer.importance(longer, len(prompt), 64)
-    want = _window_then_steps(lm, longer, OBSERVATION_WINDOW, LOOKAHEAD_STEPS, len(prompt), len(longer))
+    # fewer new tokens than the window: the window is the new tokens
+    want = _window_then_steps(lm, longer, min(OBSERVATION_WINDOW, 70), LOOKAHEAD_STEPS, len(prompt), len(longer))
     assert mx.allclose(again, want, rtol=1e-2, atol=1e-6).item()
 
 
@@ -401,3 +402,33 @@ def test_observed_queries_must_match_the_drafts_layers(models):
     mx.eval(lm.model(mx.array([list(range(3, 80))]), cache=cache))
     with pytest.raises(ValueError, match="attention layers"):
         score_tokens(lm.model, cache, 9, 0, 77, steps=2, observed=[mx.zeros((1, 4, 2, 16))] * 7)
+
+
+def test_scoring_holds_one_block_of_query_rows_at_a_time(monkeypatch):
+    """The window's 128 rows and the lookahead steps are scored ROW_BLOCK at a time: at 32K
+    tokens a draft's float32 probabilities for all rows at once were ~250 MB a tensor (and
+    lazily, all layers together, 10 GB). Here: 8K keys, 136 rows, 14 query heads."""
+    from brisk.engine.accel.specprefill import scoring
+
+    seen, hq, hkv, d, rows = 8192, 14, 2, 64, OBSERVATION_WINDOW + 8
+    keys = mx.random.normal((1, hkv, seen + 8, d), key=mx.random.key(0)).astype(mx.float16)
+    queries = [mx.random.normal((1, hq, OBSERVATION_WINDOW, d), key=mx.random.key(1)).astype(mx.float16)]
+    queries += [mx.random.normal((1, hq, 1, d), key=mx.random.key(2 + i)).astype(mx.float16) for i in range(8)]
+    mx.eval(keys, queries)
+
+    def peak_and_scores(row_block):
+        monkeypatch.setattr(scoring, "ROW_BLOCK", row_block)
+        mx.synchronize()
+        mx.reset_peak_memory()
+        before = mx.get_active_memory()
+        scores = scoring.layer_importance(queries, keys, d**-0.5, 0, seen, 8)
+        mx.eval(scores)
+        return mx.get_peak_memory() - before, scores
+
+    one_tensor_all_rows = hq * rows * (seen + 8) * 4  # float32 probabilities of every row at once
+    blocked, by_block = peak_and_scores(32)
+    at_once, all_rows = peak_and_scores(rows)
+    assert by_block.shape == all_rows.shape == (rows, seen)
+    assert mx.allclose(by_block, all_rows, rtol=1e-5, atol=1e-9).item()  # the same scores
+    assert at_once > 3 * one_tensor_all_rows  # what the blocks avoid (327 MB here)
+    assert blocked < 1.5 * one_tensor_all_rows  # (84 MB here: a few block-sized tensors)

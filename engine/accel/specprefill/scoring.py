@@ -5,7 +5,7 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
 (Liu et al., 2025), as ported to MLX in "SpecPrefill on Unified Memory" (2026).
 
 1. The draft prefills the new part of the prompt (its own prompt cache, like the target's),
-   all but its last OBSERVATION_WINDOW tokens, whose queries it keeps as it reads them.
+   all but its last OBSERVATION_WINDOW (128) tokens, whose queries it keeps as it reads them.
 2. Lookahead: the draft decodes LOOKAHEAD_STEPS tokens greedily; every attention layer's
    post-RoPE query is captured where mlx-lm's model code hands it to the shared
    `scaled_dot_product_attention`, so the capture does not depend on how the module
@@ -16,23 +16,26 @@ Reference: "SpecPrefill: Speculative Prefilling for Faster Long-Context LLM Infe
    do not span the prompt (sliding windows) are skipped.
    Why the window (continuation perplexity, 2K, keep 0.2, Qwen-0.5B drafting for itself):
    8 greedy steps say little about what the next hundred tokens need; the prompt's own last
-   tokens (SnapKV's observation window) are real text, cost the draft 32 tokens, and took
-   argparse.py from 1.83x dense to 1.33x. The mean over layers helped that draft more
+   tokens (SnapKV's observation window) are real text, and 32 of them took argparse.py
+   from 1.83x dense to 1.33x. The mean over layers helped that draft more
    (1.27x) but hurt SmolLM2's (135M) on three of four texts, so the max stays. On texts
    not tuned on (Apache-2.0, shutil.py, man tar, README + docs; geometric mean, next 128
    tokens): 1.20x -> 1.15x with that draft, 1.22x -> 1.16x with SmolLM2 drafting.
    Longer contexts (2026-11-28, AMD EPYC, Qwen-0.5B target, keep 0.2, next 256 tokens,
    `brisk bench sparse-ppl --cuts 3`: each text cut in 3 windows from its start to its end,
-   15 windows in all; held-out shutil.py, man tar, README + docs, and never-seen
-   logging/__init__.py and man find): geometric mean of the ratios, drafting for itself,
-   1.103 at 6K, 1.096 at 7K and 1.074 at 8K; SmolLM2 drafting (cross tokenizer; its 8K
-   window cannot hold an 8K Qwen prompt in its own tokens) 1.091 at 6K and 1.111 at 7K.
-   Single windows range 0.97-1.62:
-   one continuation moves the ratio more than the length does. The floor is the budget,
-   not the scorer: on man bash at 6K (a tuning text, 1.68 here) the target's own attention
-   over the real next 256 tokens, as the importance, still gives 1.14 (1.10 with 8-token
-   chunks), and over their first 32 tokens 1.65; 16-64 lookahead steps or a kept window
-   of the last 128-1216 tokens did not help.
+   15 windows in all; held-out shutil.py, man tar, README + docs, logging/__init__.py and
+   man find), geometric mean of the ratios with a 32-token window: drafting for itself
+   1.103 at 6K, 1.096 at 7K, 1.074 at 8K; SmolLM2 drafting (cross tokenizer; its 8K window
+   cannot hold an 8K Qwen prompt in its own tokens) 1.091 at 6K, 1.111 at 7K.
+   Why 128 rows: on the tuning texts (man bash, argparse.py, GPL-3, 9 windows at 6K) 32,
+   64, 128 and 256 rows gave 1.090, 1.092, 1.075, 1.082 drafting for itself and 1.115,
+   1.120, 1.104, 1.104 with SmolLM2 (32 rows with the mean over layers: 1.074 and 1.130;
+   over heads: 1.087 and 1.122).
+   Single windows range 0.97-1.62: one continuation moves the ratio more than the length
+   does. The floor is the budget, not the scorer: on man bash at 6K (a tuning text, 1.68
+   with 32 rows, 1.46 with 128) the target's own attention over the real next 256 tokens,
+   as the importance, still gives 1.14 (1.10 with 8-token chunks), and over their first 32
+   tokens 1.65; 16-64 lookahead steps or a kept window of the last 128-1216 tokens did not help.
 4. Selection in 32-token chunks (aligned to the end of the prompt) by mean importance:
    the top ⌈k·M/32⌉, plus the first 32 tokens (attention sinks), the chunk with the last
    prompt token (its logits give the first answer token; reference implementations drop
@@ -56,8 +59,9 @@ from brisk.engine.runtime.mx_values import float_list, item_int
 from brisk.kernels.coarse import coarse_products
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
-OBSERVATION_WINDOW = 32  # the prompt's last tokens whose queries also score (one chunk)
+OBSERVATION_WINDOW = 128  # the prompt's last tokens whose queries also score (UniPrefill reads 128 too)
 CHUNK = 32  # selection granularity (tokens)
+ROW_BLOCK = 32  # query rows scored together (bounds the scoring's memory)
 POOL_KERNEL = 13  # smooths single-token spikes before chunking
 DEFAULT_KEEP = 0.2
 DEFAULT_THRESHOLD = 8192  # `auto` only acts on prompts at least this long
@@ -101,19 +105,27 @@ def layer_importance(
     end - start), max over heads. `steps_queries` are (B, Hq, rows, D) blocks in the order
     the keys were written (the prompt's last tokens, then one per lookahead step); `keys` are
     the layer's after the last of them, and row i saw only the first len(keys) - rows + i + 1.
-    `after`: how many of the keys follow the prompt (the lookahead tokens; default: one a row)."""
+    `after`: how many of the keys follow the prompt (the lookahead tokens; default: one a row).
+    Rows go ROW_BLOCK at a time, each block evaluated: a block's float32 probabilities over
+    a 32K prompt are ~60 MB a tensor, all rows at once ~4x that, and all layers lazily together GBs."""
     steps = sum(q.shape[2] for q in steps_queries)  # query rows, each a token that attended
     if not isinstance(keys, mx.array) or keys.shape[2] - (steps if after is None else after) < end:
         return None  # packed or sliding-window cache: it does not span the prompt
     b, hq, _, d = steps_queries[0].shape
     hkv, seen = keys.shape[1], keys.shape[2]
-    q = mx.concatenate(steps_queries, axis=2).astype(mx.float32)  # (B, Hq, steps, D)
-    q = q.reshape(b, hkv, (hq // hkv) * steps, d) * scale  # rows: a head's steps in order
-    visible = mx.arange(seen)[None] < (seen - steps + 1 + mx.arange(steps))[:, None]  # (steps, S)
-    mask = mx.where(visible, 0.0, -mx.inf).astype(mx.float32)
-    scores = (q @ keys.astype(mx.float32).swapaxes(-1, -2)).reshape(b, hkv, hq // hkv, steps, seen) + mask
-    probs = mx.softmax(scores, axis=-1)
-    return _pool(probs[..., start:end]).max(axis=(0, 1, 2))  # max over heads
+    all_rows = mx.concatenate(steps_queries, axis=2).astype(mx.float32) * scale  # (B, Hq, steps, D)
+    keys_t = keys.astype(mx.float32).swapaxes(-1, -2)
+    blocks = []
+    for first in range(0, steps, ROW_BLOCK):
+        rows = min(ROW_BLOCK, steps - first)
+        q = all_rows[:, :, first : first + rows].reshape(b, hkv, (hq // hkv) * rows, d)  # a head's rows in order
+        sees = seen - steps + 1 + first + mx.arange(rows)  # keys each row saw
+        mask = mx.where(mx.arange(seen)[None] < sees[:, None], 0.0, -mx.inf).astype(mx.float32)
+        probs = mx.softmax((q @ keys_t).reshape(b, hkv, hq // hkv, rows, seen) + mask, axis=-1)
+        block = _pool(probs[..., start:end]).max(axis=(0, 1, 2))  # max over heads
+        mx.eval(block)
+        blocks.append(block)
+    return mx.concatenate(blocks, axis=0)
 
 
 def score_tokens(
@@ -152,14 +164,15 @@ def score_tokens(
                 per_layer.append(q)
             token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
             mx.eval(token, [q for q, _, _ in captured])
-        per_layer = [
-            s
-            for s in (layer_importance(qs, k, sc, start, end, fed) for qs, (_, k, sc) in zip(queries, captured))
-            if s is not None
-        ]
-        if not per_layer:
+        most = None  # max over layers so far, (rows, end - start); one layer's scores alive at a time
+        for qs, (_, k, sc) in zip(queries, captured):
+            layer = layer_importance(qs, k, sc, start, end, fed)
+            if layer is not None:
+                most = layer if most is None else mx.maximum(most, layer)
+                mx.eval(most)
+        if most is None:
             raise NotImplementedError("no attention layer of the draft spans the prompt")
-        total = mx.stack(per_layer).max(axis=0).mean(axis=0)  # max over layers, mean over query rows
+        total = most.mean(axis=0)  # mean over query rows
         mx.eval(total)
     finally:
         trim_prompt_cache(cache, fed)
