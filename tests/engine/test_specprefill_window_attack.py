@@ -67,3 +67,30 @@ def test_scoring_keeps_no_second_copy_of_the_drafts_keys(tmp_path):
     assert keys_mb > 30  # 4 layers x 8 heads x 2048 slots x 256 x float16
     # measured: 36 MB with the views dropped, 70 MB holding them (reading 23, scoring 32)
     assert whole < max(reading, scoring) + keys_mb / 2
+
+
+def test_the_windows_logits_are_not_held_while_scoring(tmp_path, monkeypatch):
+    """The window pass's logits cover all of its 128 rows (only the last one gives the first
+    lookahead token): ~78 MB at a Qwen draft's 152K vocabulary, four times the 32-row
+    window's. Held through the scoring they added to its peak. When scoring starts the
+    scorer holds what it held before (the cache) and the window's queries, nothing more."""
+    from brisk.engine.accel.specprefill import scoring
+
+    lm = load_folder(make_tiny_model_by_key(tmp_path / "vocab", "llama", seed=1, context_length=4096, vocab_size=65536))
+    prompt = [3 + (7 * i) % 200 for i in range(2000)]
+    scorer = DraftScorer(lm)
+    _read_all_but_the_window(scorer, prompt)
+    at_entry = []
+
+    def measured(*args, **kwargs):
+        mx.synchronize()
+        at_entry.append(mx.get_active_memory())
+        return score_tokens(*args, **kwargs)
+
+    monkeypatch.setattr(scoring, "score_tokens", measured)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    scorer.importance(prompt, 0, 4096)
+    logits_bytes = OBSERVATION_WINDOW * 65536 * 4  # float32 logits of every window row: 33.5 MB
+    held = at_entry[0] - before  # the window's keys and values fit the buffers already there
+    assert held < logits_bytes / 4

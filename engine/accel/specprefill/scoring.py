@@ -304,7 +304,10 @@ class DraftScorer:
         self.cache.tokens = list(tokens)
         first = item_int(mx.argmax(logits[0, -1]))
         observed = [q for q, _, _ in captured]
-        del captured  # its keys are views of the cache's buffers: held, the lookahead's writes copy them
+        # Not held through the scoring: the window's logits (128 rows of the vocabulary, ~78 MB
+        # for a Qwen draft) and its captured keys (views of the cache's buffers: held, the
+        # lookahead's first write copies every layer's keys).
+        del logits, captured
         scores = score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens), observed=observed)
         if not can_trim_prompt_cache(self.cache.layers):
             self.cache.reset()  # the lookahead tokens could not be taken back out
