@@ -32,7 +32,7 @@ from brisk.kernels import ctypes_library, plan, prebuilt
 SOURCE = ctypes_library.CSRC / "mlx_primitives" / "primitives.cpp"
 TILED_PRIMITIVES = ctypes_library.CSRC / "mlx_primitives" / "tiled.cpp"
 # attention.cpp (and its attention_tiles.cpp, attention_flash.cpp), norm_rope.cpp, sampling.cpp,
-# activation.cpp and float_gemm.cpp are built only here: they have no ctypes path (MLX's own ops
+# pooled_attention.cpp, activation.cpp and float_gemm.cpp are built only here: they have no ctypes path (MLX's own ops
 # are their fallback).
 KERNELS = [
     TILED_PRIMITIVES,
@@ -47,6 +47,7 @@ KERNELS = [
     ctypes_library.CSRC / "norm_rope.cpp",
     ctypes_library.CSRC / "packed_attention.cpp",
     ctypes_library.CSRC / "sampling.cpp",
+    ctypes_library.CSRC / "pooled_attention.cpp",
     ctypes_library.CSRC / "activation.cpp",
 ]
 # Included by the kernels: part of the build's key.
@@ -60,7 +61,7 @@ HEADERS = [
     ctypes_library.CSRC / "mlx_primitives" / "primitive_base.h",
 ]
 MODULE = "_brisk_mlx_ops"
-VERSION = 13
+VERSION = 14
 
 _lock = threading.Lock()
 _state: dict = {}

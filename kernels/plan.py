@@ -255,6 +255,9 @@ _DECISIONS = {
     "norms and RoPE": lambda p: Choice("native one-node RMSNorm and RoPE", "MLX's CPU runs them as ~40 small ops"),
     "activation": lambda p: Choice("native SwiGLU", "one pass instead of three ops"),
     "sampling": lambda p: Choice("native softmax sampler", "MLX's Gumbel draw costs two logs per token of the vocab"),
+    "sparse-prefill scoring": lambda p: Choice(
+        "native pooled attention (softmax, pool, max over heads)", "MLX's CPU softmax pays a scalar exp per element"
+    ),
 }
 LAYER_KINDS = tuple(_DECISIONS)
 

@@ -9,9 +9,9 @@ from mlx_lm.models.cache import make_prompt_cache
 from brisk.engine.accel.positions import ShiftedRoPE, install_position_shift, position_shift
 from brisk.engine.accel.specprefill.scoring import (
     OBSERVATION_WINDOW,
+    POOL_KERNEL,
     DraftScorer,
     SparsePrefillDeclined,
-    _pool,
     capture_attention,
     score_tokens,
     select_chunks,
@@ -21,6 +21,7 @@ from brisk.engine.api.events import EngineWarned, PrefillProgressed, TurnFinishe
 from brisk.engine.api.session import Session
 from brisk.engine.api.settings import ChatSettings
 from brisk.engine.models.loader import load_folder
+from brisk.kernels.pooled_attention import average_pool
 from tests.tiny_models import make_tiny_model, make_tiny_model_by_key
 
 # "-q4"/"-q8": the same architecture with quantized weights (MLX's quantized layers)
@@ -327,7 +328,7 @@ def test_lookahead_steps_scored_together_equal_each_step_scored_alone(models, ar
             b, hq, _, d = q.shape
             rows = q.astype(mx.float32).reshape(b, k.shape[1], hq // k.shape[1], d) * scale
             probs = mx.softmax(rows @ k.astype(mx.float32).swapaxes(-1, -2), axis=-1)
-            per_layer.append(_pool(probs[..., start:end]).max(axis=(0, 1, 2)))
+            per_layer.append(average_pool(probs[..., start:end], POOL_KERNEL).max(axis=(0, 1, 2)))
         step = mx.stack(per_layer).max(axis=0)
         total = step if total is None else total + step
         token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
@@ -353,7 +354,7 @@ def _window_then_steps(lm, prompt, window, steps, start, end):
             row = q[:, :, i : i + 1].astype(mx.float32).reshape(b, k.shape[1], hq // k.shape[1], d) * scale
             probs = mx.softmax(row @ k[:, :, :seen].astype(mx.float32).swapaxes(-1, -2), axis=-1)
             probs = mx.pad(probs, [(0, 0)] * 3 + [(0, end - seen)])  # keys it did not see: 0
-            per_layer.append(_pool(probs[..., start:end]).max(axis=(0, 1, 2)))
+            per_layer.append(average_pool(probs[..., start:end], POOL_KERNEL).max(axis=(0, 1, 2)))
         rows.append(mx.stack(per_layer).max(axis=0))
     token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
     for _ in range(steps):
@@ -365,7 +366,7 @@ def _window_then_steps(lm, prompt, window, steps, start, end):
             b, hq, _, d = q.shape
             row = q.astype(mx.float32).reshape(b, k.shape[1], hq // k.shape[1], d) * scale
             probs = mx.softmax(row @ k.astype(mx.float32).swapaxes(-1, -2), axis=-1)
-            per_layer.append(_pool(probs[..., start:end]).max(axis=(0, 1, 2)))
+            per_layer.append(average_pool(probs[..., start:end], POOL_KERNEL).max(axis=(0, 1, 2)))
         rows.append(mx.stack(per_layer).max(axis=0))
         token = mx.argmax(logits[:, -1, :], axis=-1, keepdims=True)
     return mx.stack(rows).mean(axis=0)
@@ -404,12 +405,19 @@ def test_observed_queries_must_match_the_drafts_layers(models):
         score_tokens(lm.model, cache, 9, 0, 77, steps=2, observed=[mx.zeros((1, 4, 2, 16))] * 7)
 
 
-def test_scoring_holds_one_block_of_query_rows_at_a_time(monkeypatch):
+@pytest.mark.parametrize("path", ["native", "reference"])
+def test_scoring_holds_one_block_of_query_rows_at_a_time(monkeypatch, path):
     """The window's 128 rows and the lookahead steps are scored ROW_BLOCK at a time: at 32K
     tokens a draft's float32 probabilities for all rows at once were ~250 MB a tensor (and
-    lazily, all layers together, 10 GB). Here: 8K keys, 136 rows, 14 query heads."""
+    lazily, all layers together, 10 GB). Here: 8K keys, 136 rows, 14 query heads. The native
+    kernel holds only the block's logits; MLX's ops (a GPU's path) a few tensors of its size."""
     from brisk.engine.accel.specprefill import scoring
+    from brisk.kernels import mlx_extension, pooled_attention
 
+    if path == "native" and (mx.default_device() != mx.cpu or mlx_extension.load() is None):
+        pytest.skip(f"the native kernel does not run here: {mlx_extension.unavailable_reason()}")
+    if path == "reference":
+        monkeypatch.setattr(scoring, "pooled_attention_max", pooled_attention.pooled_attention_max_reference)
     seen, hq, hkv, d, rows = 8192, 14, 2, 64, OBSERVATION_WINDOW + 8
     keys = mx.random.normal((1, hkv, seen + 8, d), key=mx.random.key(0)).astype(mx.float16)
     queries = [mx.random.normal((1, hq, OBSERVATION_WINDOW, d), key=mx.random.key(1)).astype(mx.float16)]
@@ -425,10 +433,14 @@ def test_scoring_holds_one_block_of_query_rows_at_a_time(monkeypatch):
         mx.eval(scores)
         return mx.get_peak_memory() - before, scores
 
-    one_tensor_all_rows = hq * rows * (seen + 8) * 4  # float32 probabilities of every row at once
+    one_tensor_all_rows = hq * rows * (seen + 8) * 4  # float32 logits or probabilities of every row at once
     blocked, by_block = peak_and_scores(32)
     at_once, all_rows = peak_and_scores(rows)
     assert by_block.shape == all_rows.shape == (rows, seen)
     assert mx.allclose(by_block, all_rows, rtol=1e-5, atol=1e-9).item()  # the same scores
-    assert at_once > 3 * one_tensor_all_rows  # what the blocks avoid (327 MB here)
-    assert blocked < 1.5 * one_tensor_all_rows  # (84 MB here: a few block-sized tensors)
+    if path == "reference":
+        assert at_once > 3 * one_tensor_all_rows  # what the blocks avoid (327 MB here)
+        assert blocked < 1.5 * one_tensor_all_rows  # (84 MB here: a few block-sized tensors)
+    else:
+        assert at_once > one_tensor_all_rows  # every row's logits (72 MB here)
+        assert blocked < 0.5 * one_tensor_all_rows  # one block's logits, the keys in float32

@@ -59,6 +59,7 @@ from brisk.engine.accel.positions import install_position_shift, token_positions
 from brisk.engine.api.events import PrefillProgressed, result_of
 from brisk.engine.runtime.mx_values import float_list, item_int
 from brisk.kernels.coarse import coarse_products
+from brisk.kernels.pooled_attention import pooled_attention_max
 
 LOOKAHEAD_STEPS = 8  # the paper's setting
 OBSERVATION_WINDOW = 128  # the prompt's last tokens whose queries also score (UniPrefill reads 128 too)
@@ -92,14 +93,6 @@ class Selection:
     keep_fraction: float
 
 
-def _pool(scores: mx.array, kernel: int = POOL_KERNEL) -> mx.array:
-    """Average pool along the last axis, same length, zero padding (counted)."""
-    pad = kernel // 2
-    padded = mx.pad(scores, [(0, 0)] * (scores.ndim - 1) + [(pad, pad)])
-    csum = mx.concatenate([mx.zeros(scores.shape[:-1] + (1,)), mx.cumsum(padded, axis=-1)], axis=-1)
-    return (csum[..., kernel:] - csum[..., :-kernel]) / kernel
-
-
 def layer_importance(
     steps_queries: list, keys, scale: float, start: int, end: int, after: int | None = None
 ) -> mx.array | None:
@@ -116,15 +109,17 @@ def layer_importance(
     b, hq, _, d = steps_queries[0].shape
     hkv, seen = keys.shape[1], keys.shape[2]
     all_rows = mx.concatenate(steps_queries, axis=2).astype(mx.float32) * scale  # (B, Hq, steps, D)
-    keys_t = keys.astype(mx.float32).swapaxes(-1, -2)
+    keys_float = keys.astype(mx.float32)
+    mx.eval(all_rows, keys_float)  # once, not again in every block's graph
+    keys_t = keys_float.swapaxes(-1, -2)
     blocks = []
     for first in range(0, steps, ROW_BLOCK):
         rows = min(ROW_BLOCK, steps - first)
         q = all_rows[:, :, first : first + rows].reshape(b, hkv, (hq // hkv) * rows, d)  # a head's rows in order
-        sees = seen - steps + 1 + first + mx.arange(rows)  # keys each row saw
-        mask = mx.where(mx.arange(seen)[None] < sees[:, None], 0.0, -mx.inf).astype(mx.float32)
-        probs = mx.softmax((q @ keys_t).reshape(b, hkv, hq // hkv, rows, seen) + mask, axis=-1)
-        block = _pool(probs[..., start:end]).max(axis=(0, 1, 2))  # max over heads
+        # row i of the block saw the keys before it (the prompt's) and its own; the logits are
+        # not named, so MLX may reuse their buffer (on the reference path, a GPU's)
+        visible_first = seen - steps + 1 + first
+        block = pooled_attention_max((q @ keys_t).reshape(b * hq, rows, seen), visible_first, start, end, POOL_KERNEL)
         mx.eval(block)
         blocks.append(block)
     return mx.concatenate(blocks, axis=0)

@@ -53,6 +53,7 @@ int brisk_attention(const float*, const void*, const void*, int, float*, int, in
 int brisk_rms_norm(const float*, const float*, float*, int64_t, int, float);
 int brisk_swiglu(const float*, const float*, float*, int64_t, int);
 int brisk_sample_softmax(const float*, int64_t, int, float, const float*, uint32_t*);
+int brisk_pooled_attention_max(const float*, int, int, int64_t, int64_t, int64_t, int64_t, int, float*, int);
 int brisk_kv_attention_flat(const float*, float*, int, int, int, int, int, int, int, float, int, const int32_t*,
                             const void* const*, const int64_t*, const int32_t*, const void* const*, const int64_t*);
 int brisk_rope(const float*, const int64_t*, float*, int, int, int, int, int, int, float, float, int64_t, const int32_t*,
@@ -463,6 +464,42 @@ class SampleSoftmax : public CpuPrimitive {
   float inv_temperature_;
 };
 
+// SpecPrefill's importance for a block of query rows at one layer (pooled_attention.cpp): of
+// scaled float32 logits (H, rows, S), the maximum over heads of softmax over the keys each row
+// saw, average-pooled over keys [start, end). Output (rows, end - start).
+class PooledAttentionMax : public CpuPrimitive {
+ public:
+  PooledAttentionMax(mx::Stream s, int64_t visible_first, int64_t start, int64_t end, int kernel, int threads)
+      : CpuPrimitive(s), visible_first_(visible_first), start_(start), end_(end), kernel_(kernel),
+        threads_(threads) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
+    const mx::array& logits = inputs[0];
+    mx::array& out = outputs[0];
+    auto& encoder = prepare(inputs, out);
+    encoder.dispatch([x = row_major(logits, encoder), y = out.data<float>(), heads = int(logits.shape(0)),
+                      rows = int(logits.shape(1)), seen = int64_t(logits.shape(2)), first = visible_first_,
+                      start = start_, end = end_, kernel = kernel_, threads = threads_]() {
+      x.gather();
+      brisk_pooled_attention_max(x.data(), heads, rows, seen, first, start, end, kernel, y, threads);
+    });
+  }
+
+  const char* name() const override { return "BriskPooledAttentionMax"; }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const PooledAttentionMax&>(other);
+    return visible_first_ == o.visible_first_ && start_ == o.start_ && end_ == o.end_ && kernel_ == o.kernel_ &&
+           threads_ == o.threads_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {mx::Shape{inputs[0].shape(1), int(end_ - start_)}};
+  }
+
+ private:
+  int64_t visible_first_, start_, end_;
+  int kernel_, threads_;
+};
+
 // Rotary embedding of float32 x (B, H, L, D) or (B, L, D) at positions (offset + l) * scale:
 // mx.fast.rope in one node. The offset is an integer, or an int32 array with one per batch
 // entry (sparse prefill's per-token positions). Rows are read in place through their strides
@@ -624,6 +661,16 @@ mx::array sample_softmax(const mx::array& logits, const mx::array& uniforms, flo
                    {logits, plain(mx::reshape(uniforms, {int(uniforms.size())}, s), mx::float32, s)});
 }
 
+mx::array pooled_attention_max(const mx::array& logits, int64_t visible_first, int64_t start, int64_t end,
+                               int kernel, int threads) {
+  if (logits.ndim() != 3 || logits.dtype() != mx::float32 || logits.shape(0) < 1 || kernel < 1 || kernel % 2 == 0 ||
+      start < 0 || end < start || end > logits.shape(2))
+    throw std::invalid_argument("pooled_attention_max shapes, dtypes or bounds the kernel does not take");
+  const auto s = cpu_stream();
+  return mx::array(mx::Shape{logits.shape(1), int(end - start)}, mx::float32,
+                   std::make_shared<PooledAttentionMax>(s, visible_first, start, end, kernel, threads), {logits});
+}
+
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
   if (x.ndim() < 1 || w.ndim() != 1 || w.shape(0) != x.shape(-1) || x.dtype() != mx::float32)
     throw std::invalid_argument("rms_norm shapes or dtypes the kernel does not take");
@@ -684,9 +731,11 @@ NB_MODULE(_brisk_mlx_ops, m) {
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"));
   m.def("swiglu", &swiglu, nb::arg("gate"), nb::arg("up"), nb::arg("threads"));
   m.def("sample_softmax", &sample_softmax, nb::arg("logits"), nb::arg("uniforms"), nb::arg("inv_temperature"));
+  m.def("pooled_attention_max", &pooled_attention_max, nb::arg("logits"), nb::arg("visible_first"), nb::arg("start"),
+        nb::arg("end"), nb::arg("kernel"), nb::arg("threads"));
   m.def("rope", &rope, nb::arg("x"), nb::arg("dims"), nb::arg("traditional"), nb::arg("base"), nb::arg("scale"),
         nb::arg("offset"), nb::arg("offsets").none(), nb::arg("freqs").none());
   m.def("has_sgemm", [] { return brisk_quantized_matmul_has_sgemm() != 0; });
   register_tiled(m);
-  m.def("version", [] { return 13; });
+  m.def("version", [] { return 14; });
 }
