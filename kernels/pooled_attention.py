@@ -29,14 +29,29 @@ def average_pool(scores: mx.array, kernel: int) -> mx.array:
     return (csum[..., kernel:] - csum[..., :-kernel]) / kernel
 
 
+def check_bounds(logits: mx.array, visible_first: int, start: int, end: int, kernel: int) -> None:
+    """What both paths refuse (the native binding says the same): MLX's ops would otherwise
+    answer a slice past the keys or an even kernel with a shorter or longer row, silently."""
+    if logits.ndim != 3 or logits.shape[0] < 1:
+        raise ValueError(f"pooled_attention_max takes (heads, rows, keys) logits, not shape {tuple(logits.shape)}")
+    if visible_first < 1 or kernel < 1 or kernel % 2 == 0 or not 0 <= start <= end <= logits.shape[2]:
+        raise ValueError(
+            f"pooled_attention_max: visible_first {visible_first} (>= 1), kernel {kernel} (odd), "
+            f"keys [{start}, {end}) of {logits.shape[2]}"
+        )
+
+
 def pooled_attention_max_reference(logits: mx.array, visible_first: int, start: int, end: int, kernel: int) -> mx.array:
     """(rows, end - start): of scaled float32 logits (heads, rows, seen), where row r saw the
     first visible_first + r keys, the maximum over heads of softmax over those keys,
-    average-pooled over keys [start, end) with zeros outside them."""
+    average-pooled over keys [start, end) with zeros outside them. A row is NaN where a
+    head's softmax is (a NaN, +inf or no finite logit among the keys it saw)."""
+    check_bounds(logits, visible_first, start, end, kernel)
     rows, seen = logits.shape[1], logits.shape[2]
-    sees = visible_first + mx.arange(rows)
-    mask = mx.where(mx.arange(seen)[None] < sees[:, None], 0.0, -mx.inf).astype(mx.float32)
-    probs = mx.softmax(logits + mask, axis=-1)
+    sees = min(visible_first, seen) + mx.arange(rows)  # capped: past the keys is all of them (and int32)
+    # where, not + -inf: a key the row did not see is out, even a NaN or +inf one (+inf - inf is NaN)
+    seen_logits = mx.where(mx.arange(seen)[None] < sees[:, None], logits.astype(mx.float32), -mx.inf)
+    probs = mx.softmax(seen_logits, axis=-1)
     return average_pool(probs[..., start:end], kernel).max(axis=0)
 
 
@@ -44,6 +59,7 @@ def pooled_attention_max_native(logits: mx.array, visible_first: int, start: int
     # The device first: on a GPU (a Mac's default) nothing is compiled or loaded.
     if mx.default_device() != mx.cpu or logits.dtype != mx.float32 or logits.ndim != 3:
         raise NativeUnsupported("the native pooled attention takes float32 (heads, rows, keys) logits on the CPU")
+    check_bounds(logits, visible_first, start, end, kernel)
     primitives = mlx_extension.load()
     if primitives is None:
         raise NativeUnsupported(mlx_extension.unavailable_reason())

@@ -29,18 +29,29 @@ struct Job {
   int64_t seen, visible_first, start, end;
 };
 
+// The largest of x[0 .. n), or NaN when any of them is NaN (the vector max and std::max would
+// each drop it, at lanes that depend on where it sits).
 float row_max(const float* x, int64_t n) {
   int64_t i = 0;
   float best = -INFINITY;
+  bool nan = false;
 #if defined(__AVX2__) && defined(__FMA__)
-  __m256 m = _mm256_set1_ps(-INFINITY);
-  for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(x + i));
+  __m256 m = _mm256_set1_ps(-INFINITY), unordered = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    m = _mm256_max_ps(m, v);
+    unordered = _mm256_or_ps(unordered, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
+  nan = _mm256_movemask_ps(unordered) != 0;
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, m);
   for (float lane : lanes) best = std::max(best, lane);
 #endif
-  for (; i < n; ++i) best = std::max(best, x[i]);
-  return best;
+  for (; i < n; ++i) {
+    nan = nan || std::isnan(x[i]);
+    best = std::max(best, x[i]);
+  }
+  return nan ? NAN : best;
 }
 
 // e[i] = 2^((x[i] - max) * log2(e)) for i < n; returns their sum.
@@ -91,7 +102,6 @@ void run_row(void* context, int r) {
   const int64_t visible = std::min(job.seen, job.visible_first + r);
   float* out = job.out + r * n;
   std::fill(out, out + n, 0.f);
-  if (visible <= 0) return;
   // exps of key i at buffer[pad + i]; the pad before and after the slice reads as zeros
   thread_local std::vector<float> buffer;
   buffer.resize(size_t(job.seen + 2 * pad));
@@ -99,7 +109,12 @@ void run_row(void* context, int r) {
   for (int h = 0; h < job.heads; ++h) {
     const float* x = job.logits + (int64_t(h) * job.rows + r) * job.seen;
     const float max = row_max(x, visible);
-    if (!std::isfinite(max)) continue;  // no finite logit (NaN aside): nothing to weigh
+    if (!std::isfinite(max)) {
+      // a NaN, +inf or only -inf among the keys it saw: this head's softmax is NaN (MLX's ops
+      // say so too), and so is the maximum over heads; the caller declines such scores
+      std::fill(out, out + n, NAN);
+      return;
+    }
     const double total = exp_sum(x, visible, max, e);
     // the pool counts zeros outside [start, end) and past the keys this row saw
     std::fill(e + job.start - pad, e + job.start, 0.f);
@@ -114,10 +129,13 @@ extern "C" {
 
 // out (rows, end - start)[r, j] = max over heads of the average over the `kernel` keys centred
 // on key start + j (zeros outside [start, end)) of softmax(logits[h, r, :visible]), where row r
-// saw visible = min(seen, visible_first + r) keys; logits (heads, rows, seen) are already scaled.
+// saw visible = min(seen, visible_first + r) >= 1 keys; logits (heads, rows, seen) are already
+// scaled. A row is NaN where a head's softmax is (a NaN, +inf or no finite logit among its keys).
 int brisk_pooled_attention_max(const float* logits, int heads, int rows, int64_t seen, int64_t visible_first,
                                int64_t start, int64_t end, int kernel, float* out, int threads) {
-  if (heads < 1 || rows < 0 || kernel < 1 || kernel % 2 == 0 || start < 0 || end < start || end > seen) return 1;
+  if (heads < 1 || rows < 0 || visible_first < 1 || kernel < 1 || kernel % 2 == 0 || start < 0 || end < start ||
+      end > seen)
+    return 1;
   Job job{logits, out, heads, rows, kernel, seen, visible_first, start, end};
   brisk_parallel_for(rows, threads, run_row, &job);
   return 0;

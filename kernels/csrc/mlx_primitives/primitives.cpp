@@ -663,8 +663,8 @@ mx::array sample_softmax(const mx::array& logits, const mx::array& uniforms, flo
 
 mx::array pooled_attention_max(const mx::array& logits, int64_t visible_first, int64_t start, int64_t end,
                                int kernel, int threads) {
-  if (logits.ndim() != 3 || logits.dtype() != mx::float32 || logits.shape(0) < 1 || kernel < 1 || kernel % 2 == 0 ||
-      start < 0 || end < start || end > logits.shape(2))
+  if (logits.ndim() != 3 || logits.dtype() != mx::float32 || logits.shape(0) < 1 || visible_first < 1 || kernel < 1 ||
+      kernel % 2 == 0 || start < 0 || end < start || end > logits.shape(2))
     throw std::invalid_argument("pooled_attention_max shapes, dtypes or bounds the kernel does not take");
   const auto s = cpu_stream();
   return mx::array(mx::Shape{logits.shape(1), int(end - start)}, mx::float32,
