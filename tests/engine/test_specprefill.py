@@ -444,3 +444,28 @@ def test_scoring_holds_one_block_of_query_rows_at_a_time(monkeypatch, path):
     else:
         assert at_once > one_tensor_all_rows  # every row's logits (72 MB here)
         assert blocked < 0.5 * one_tensor_all_rows  # one block's logits, the keys in float32
+
+
+@pytest.mark.parametrize("path", ["native", "reference"])
+def test_a_draft_whose_attention_overflows_falls_back_to_a_full_prefill(models, tmp_path, monkeypatch, path):
+    """One head's queries past float32's range: its softmax is NaN. NaN scores would rank chunks
+    at random (the native kernel's old answer for them looked usable); the scorer refuses them,
+    its cache still ends holding the prompt, and the turn runs a full prefill with a warning."""
+    from brisk.engine.accel.specprefill import scoring
+    from brisk.kernels import pooled_attention
+
+    if path == "reference":
+        monkeypatch.setattr(scoring, "pooled_attention_max", pooled_attention.pooled_attention_max_reference)
+    draft = load_folder(make_tiny_model_by_key(tmp_path / "d", "llama", seed=1, context_length=2048))
+    attention = draft.model.model.layers[-1].self_attn
+    weight = attention.q_proj.weight  # (4 heads x 16, 64)
+    attention.q_proj.weight = mx.concatenate([weight[:16] * 1e38, weight[16:]])
+    tokens = draft.tokenizer.encode(DOC)
+    scorer = DraftScorer(draft)
+    with pytest.raises(ValueError, match="not finite"):
+        scorer.importance(tokens, 0, 64)
+    assert all(c.offset == len(tokens) for c in scorer.cache.layers if hasattr(c, "offset"))
+    target = models["llama"]
+    _, dense = turn(Session(target, greedy()), DOC)
+    _, sparse = turn(Session(target, greedy(sparse_prefill="on", sparse_keep=0.3), draft=draft), DOC)
+    assert sparse.metrics.sparse_outcome == "fallback" and sparse.token_ids == dense.token_ids

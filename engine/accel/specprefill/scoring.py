@@ -171,7 +171,9 @@ def score_tokens(
         if most is None:
             raise NotImplementedError("no attention layer of the draft spans the prompt")
         total = most.mean(axis=0)  # mean over query rows
-        mx.eval(total)
+        if not mx.all(mx.isfinite(total)).item():
+            # a draft whose queries or keys overflowed: NaN scores would rank chunks at random
+            raise ValueError("the draft's attention is not finite (NaN or infinite scores); it cannot rank the prompt")
     finally:
         trim_prompt_cache(cache, fed)
     return total
