@@ -57,6 +57,7 @@ import mlx.core as mx
 
 from brisk.engine.accel.attention_capture import capture_attention
 from brisk.engine.accel.positions import install_position_shift, token_positions
+from brisk.engine.accel.speculative.rewind import CacheCheckpoint
 from brisk.engine.api.events import PrefillProgressed, result_of
 from brisk.engine.runtime.mx_values import float_list, item_int
 from brisk.kernels.coarse import coarse_products
@@ -137,13 +138,17 @@ def score_tokens(
 ) -> mx.array:
     """Importance of cached positions [start, end) from `steps` greedy lookahead steps and,
     when given, `observed`: per attention layer, the queries of the last prompt tokens as
-    they were read (B, Hq, W, D). The lookahead tokens are trimmed off `cache` afterwards.
-    The steps only decode; all queries are scored together at the end (per step and layer,
-    the small products and MLX's exp were 0.4 s of SmolLM2's 2.3 s scoring at 2K)."""
+    they were read (B, Hq, W, D). The lookahead tokens are taken back out of `cache`
+    afterwards, also when scoring fails: trimmed, or for layers that cannot trim (recurrent
+    state, a sliding window that wraps) restored from a snapshot taken before the steps.
+    Where some layer can be neither (`CacheCheckpoint.possible` is False), the caller must
+    forget the cache. The steps only decode; all queries are scored together at the end (per
+    step and layer, the small products and MLX's exp were 0.4 s of SmolLM2's 2.3 s scoring at 2K)."""
     from mlx_lm.models.cache import trim_prompt_cache
 
     if steps < 1:
         raise ValueError("scoring needs at least one lookahead step")
+    checkpoint = CacheCheckpoint(cache, steps) if CacheCheckpoint.possible(cache) else None
     token = mx.array([[first_token]])
     queries: list[list[mx.array]] = []  # per layer, each step's captured queries
     captured: list = []
@@ -175,7 +180,10 @@ def score_tokens(
             # a draft whose queries or keys overflowed: NaN scores would rank chunks at random
             raise ValueError("the draft's attention is not finite (NaN or infinite scores); it cannot rank the prompt")
     finally:
-        trim_prompt_cache(cache, fed)
+        if checkpoint is not None:
+            checkpoint.rewind(draft_model, [first_token] * fed, 0)  # (only the count matters at keep 0)
+        else:
+            trim_prompt_cache(cache, fed)
     return total
 
 
@@ -280,8 +288,6 @@ class DraftScorer:
     def importance_steps(self, tokens: list[int], start: int, step: int):
         """Importance of tokens[start:], in the draft's own token ids. A generator of progress
         events (the draft reading the prompt, then choosing); returns the scores."""
-        from mlx_lm.models.cache import can_trim_prompt_cache
-
         if len(tokens) > self.draft.context_length:
             raise SparsePrefillDeclined(f"the draft holds {self.draft.context_length} tokens, the prompt {len(tokens)}")
         # the new tokens' last ones are read with their queries kept (the observation window)
@@ -308,7 +314,8 @@ class DraftScorer:
         # for a Qwen draft) and its captured keys (views of the cache's buffers: held, the
         # lookahead's first write copies every layer's keys).
         del logits, captured
-        scores = score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens), observed=observed)
-        if not can_trim_prompt_cache(self.cache.layers):
-            self.cache.reset()  # the lookahead tokens could not be taken back out
-        return scores
+        try:
+            return score_tokens(self.draft.model, self.cache.layers, first, start, len(tokens), observed=observed)
+        finally:
+            if not CacheCheckpoint.possible(self.cache.layers):
+                self.cache.reset()  # the lookahead tokens could not be taken back out

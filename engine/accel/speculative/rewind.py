@@ -17,6 +17,10 @@ class CannotRewind(Exception):
     """The cache has a layer this module does not know how to take tokens out of."""
 
 
+def _rewindable(layer) -> bool:
+    return isinstance(layer, (ArraysCache, RotatingKVCache)) or layer.is_trimmable()
+
+
 def _snapshot(layer):
     # mx.array(a) is a new array object: later in-place slice writes to `a` do not reach it.
     if isinstance(layer, ArraysCache):
@@ -53,6 +57,11 @@ class CacheCheckpoint:
     def check(cache) -> None:
         """Raise CannotRewind now if some layer could not be rewound later."""
         CacheCheckpoint(cache, 0)
+
+    @staticmethod
+    def possible(cache) -> bool:
+        """Whether every layer could be rewound (check without the snapshot)."""
+        return all(_rewindable(layer) for layer in cache)
 
     def rewind(self, model, fed: list[int], keep: int) -> None:
         """`fed` tokens went in since the mark; keep the first `keep` of them."""
