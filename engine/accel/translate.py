@@ -22,6 +22,28 @@ def encode_with_spans(tokenizer, text: str) -> tuple[list[int], list[tuple[int, 
     return list(enc["input_ids"]), [tuple(span) for span in enc["offset_mapping"]]
 
 
+def leading_specials(tokenizer) -> list[int]:
+    """The ids `tokenizer` puts before any text it encodes with its special tokens (a BOS:
+    Llama 3's <|begin_of_text|>, Gemma's <bos>); [] for most (Qwen, SmolLM2)."""
+    hf = _hf(tokenizer)
+    plain = list(hf("a", add_special_tokens=False)["input_ids"])
+    full = list(hf("a")["input_ids"])
+    lead = next((n for n in range(len(full) - len(plain) + 1) if full[n : n + len(plain)] == plain), 0)
+    return full[:lead]
+
+
+def encode_document(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """`text` (a whole conversation: another tokenizer's prompt as text) in `tokenizer`'s ids,
+    as a model of that tokenizer reads a prompt: after its BOS, if it has one and the text
+    does not already begin with it (some models, Gemma's above all, read badly without it).
+    The BOS spans no characters: (0, 0)."""
+    ids, spans = encode_with_spans(tokenizer, text)
+    lead = leading_specials(tokenizer)
+    if lead and ids[: len(lead)] != lead:
+        ids, spans = lead + ids, [(0, 0)] * len(lead) + spans
+    return ids, spans
+
+
 def text_and_spans(tokenizer, ids: list[int]) -> tuple[str, list[tuple[int, int]]]:
     """The text `ids` spell, and each id's character span in it.
 

@@ -276,12 +276,12 @@ class DraftScorer:
         the draft reads the same text, and each target token takes the highest importance
         of the draft tokens sharing its characters (engine/accel/translate.py). A generator
         of progress events; returns the scores."""
-        from brisk.engine.accel.translate import encode_with_spans, project, text_and_spans
+        from brisk.engine.accel.translate import encode_document, project, text_and_spans
 
         text, target_spans = text_and_spans(target_tokenizer, tokens)
-        draft_ids, draft_spans = encode_with_spans(self.draft.tokenizer, text)
+        draft_ids, draft_spans = encode_document(self.draft.tokenizer, text)  # as the drafter encodes it
         char_start = target_spans[start][0]
-        draft_start = next(i for i, (_, e) in enumerate(draft_spans) if e > char_start)
+        draft_start = next(i for i, (_, e) in enumerate(draft_spans) if e > char_start)  # (never a BOS)
         scores = float_list((yield from self.importance_steps(draft_ids, draft_start, step)))
         return mx.array(project(scores, draft_spans[draft_start:], target_spans[start:]))
 

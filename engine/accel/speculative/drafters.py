@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from brisk.engine.accel.speculative.rewind import CacheCheckpoint
-from brisk.engine.accel.translate import decode_text, encode_with_spans
+from brisk.engine.accel.translate import decode_text, encode_document, encode_with_spans
 from brisk.engine.decode.dispatch_ahead import dispatching_ahead
 from brisk.engine.decode.sampling import TokenDistribution, sample
 from brisk.engine.kv import PromptCache
@@ -191,13 +191,13 @@ class TranslatingDrafter(_Drafter):
         self.target_tokenizer, self.prefix = target_tokenizer, max(1, prefix)
 
     def catch_up(self, prompt: list[int]) -> int:
-        base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
+        base = encode_document(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
         return len(base) - self.tc.common_prefix(base)
 
     def start(self, prompt: list[int]) -> int:
         self.target = list(prompt)  # the target's tokens so far
         self.answer_from = len(prompt)
-        self.base = encode_with_spans(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
+        self.base = encode_document(self.draft.tokenizer, decode_text(self.target_tokenizer, prompt))[0]
         self.answer_ids: list[int] = []  # the draft's tokens for the answer text so far
         self.answer_spans: list[tuple[int, int]] = []  # their character spans in that text
         return self._sync(self.base)
