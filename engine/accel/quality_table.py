@@ -70,11 +70,23 @@ class Evidence:
 # SpecPrefill's rows above (qwen2-630 4K fact at keep 0.1/0.2/0.3; qwen2-1777 16K fact at
 # keep 0.2) were measured with its 32-token observation window. Its scorer reads 128 rows
 # since 2026-11-28 (engine/accel/specprefill/scoring.py): evidence for one scorer is not
-# evidence for another, so those rows are out until `brisk bench doc-qa --only
-# specprefill --rescore <saved dense run>` measures them again. They changed no route
-# (only "fact" was shown, and no question's words say "fact" alone).
-# Every model and band: no row, dense.
-TABLE: dict[str, dict[str, tuple[Evidence, ...]]] = {}
+# evidence for another, so those rows are out. They changed no route (only "fact" was
+# shown, and no question's words say "fact" alone).
+# - qwen2-1777 16K with the 128-row scorer (2026-11-28, AMD EPYC, mostly idle; SpecPrefill at
+#   keep 0.2 with Qwen-0.5B drafting; answers right / asked): tuning seeds 2, 3 and 4, dense
+#   fact 8/9, two_hop 3/3, aggregation 2/3, quote 2/3, code 1/3 (cold TTFT 276 s);
+#   SpecPrefill 7/9, 3/3, 1/3, 2/3, 1/3 (102 s; seed 4 answered one fact with a
+#   neighbouring entry's, seed 3 listed part of an aggregation). Held-out seeds 1 and 5:
+#   dense 6/6, 2/2, 1/2, 0/2, 0/2 (378 s); SpecPrefill 6/6, 2/2, 2/2, 0/2, 0/2 (104 s). The
+#   row below is what the tuning seeds show: two-hop, quote and code questions. It lacks
+#   "fact", so a question the words cannot classify still reads densely; quotes and code
+#   questions about 12K-24K-token documents read 20% of the tokens in full.
+# Every other model and band: no row, dense.
+TABLE: dict[str, dict[str, tuple[Evidence, ...]]] = {
+    "qwen2-1777": {
+        "16K": (Evidence("specprefill", 0.2, "qwen2-630", frozenset({"two_hop", "quote", "code"})),),
+    },
+}
 
 
 def model_key(config: dict, parameters: int) -> str:
