@@ -2,6 +2,8 @@
 for layers that cannot trim (recurrent state, a sliding window that has wrapped), and also
 when scoring fails, so the next turn's draft reads only the new tokens."""
 
+import contextlib
+
 import mlx.core as mx
 import pytest
 
@@ -75,4 +77,40 @@ def test_a_scoring_failure_leaves_the_draft_cache_holding_the_prompt(models, arc
     got, reads = score(scorer, both, len(first))
     want, _ = score(DraftScorer(draft), both, len(first))
     assert reads == [len(both) - OBSERVATION_WINDOW - len(first)]
+    assert mx.allclose(got, want, rtol=2e-2, atol=1e-6).item()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_lookahead_step_that_fails_partway_leaves_no_layer_holding_its_token(models, arch, monkeypatch):
+    """The second lookahead step fails inside the draft's forward, after its first attention
+    layer took the token: that layer must not keep it (trimming one token per finished step
+    left it there, and the next turn scored from a cache no prompt gives)."""
+    draft = models[arch]
+    first = draft.tokenizer.encode(DOC)
+    both = first + draft.tokenizer.encode(FOLLOW_UP)
+    scorer = DraftScorer(draft)
+    real, forwards = scoring.capture_attention, []
+
+    @contextlib.contextmanager
+    def failing_in_the_second_step(model, sink):
+        forwards.append(model)  # the observation window, then one forward per lookahead step
+
+        class Sink(list):
+            def append(self, item):
+                if len(forwards) == 3 and self:  # the step's second attention call
+                    raise RuntimeError("failed partway")
+                super().append(item)
+                sink.append(item)
+
+        with real(model, Sink()):
+            yield
+
+    monkeypatch.setattr(scoring, "capture_attention", failing_in_the_second_step)
+    with pytest.raises(RuntimeError, match="failed partway"):
+        score(scorer, first, 0)
+    monkeypatch.undo()
+    assert scorer.cache.tokens == first
+    assert all(layer.offset == len(first) for layer in scorer.cache.layers if hasattr(layer, "offset"))
+    got, _ = score(scorer, both, len(first))
+    want, _ = score(DraftScorer(draft), both, len(first))
     assert mx.allclose(got, want, rtol=2e-2, atol=1e-6).item()

@@ -181,7 +181,7 @@ def score_tokens(
             raise ValueError("the draft's attention is not finite (NaN or infinite scores); it cannot rank the prompt")
     finally:
         if checkpoint is not None:
-            checkpoint.rewind(draft_model, [first_token] * fed, 0)  # (only the count matters at keep 0)
+            checkpoint.restore(fed)  # to where each layer stood: a step that failed partway fed only some
         else:
             trim_prompt_cache(cache, fed)
     return total

@@ -52,6 +52,8 @@ class CacheCheckpoint:
         would wrap meanwhile is snapshotted too)."""
         self.cache = cache
         self.saved = {i: _snapshot(layer) for i, layer in enumerate(cache) if not _trims(layer, incoming)}
+        # where each trimmed layer stood: a forward that fails partway has fed its first layers only
+        self.offsets = {i: getattr(layer, "offset", None) for i, layer in enumerate(cache) if i not in self.saved}
 
     @staticmethod
     def check(cache) -> None:
@@ -62,6 +64,18 @@ class CacheCheckpoint:
     def possible(cache) -> bool:
         """Whether every layer could be rewound (check without the snapshot)."""
         return all(_rewindable(layer) for layer in cache)
+
+    def restore(self, fed: int) -> None:
+        """Put every layer back as it was at the mark, also after a forward that failed
+        partway (its first layers took the token, the rest did not). `fed`: the tokens that
+        went in whole, trimmed from a layer that does not say where it stands."""
+        for i, layer in enumerate(self.cache):
+            if i in self.saved:
+                _restore(layer, self.saved[i])
+            else:
+                mark = self.offsets[i]
+                layer.trim(fed if mark is None else layer.offset - mark)
+        mx.eval([layer.state for layer in self.cache])
 
     def rewind(self, model, fed: list[int], keep: int) -> None:
         """`fed` tokens went in since the mark; keep the first `keep` of them."""
