@@ -9,7 +9,9 @@ import pytest
 
 from brisk.engine.accel.specprefill import scoring
 from brisk.engine.accel.specprefill.scoring import OBSERVATION_WINDOW, DraftScorer
-from brisk.engine.api.events import PrefillProgressed
+from brisk.engine.api.events import PrefillProgressed, TurnFinished
+from brisk.engine.api.session import Session
+from brisk.engine.api.settings import ChatSettings
 from brisk.engine.models.loader import load_folder
 from tests.tiny_models import make_tiny_model_by_key
 
@@ -27,6 +29,12 @@ ARCHS = ["llama", "nemotron_h", "gemma3_text"]
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("draft-cache")
     return {arch: load_folder(make_tiny_model_by_key(root / arch, arch, seed=1, context_length=2048)) for arch in ARCHS}
+
+
+def held(arch, tokens):
+    """What the draft holds after scoring `tokens`: all of them where every layer trims, else
+    all but the last, as the drafter reads a prompt (its first proposal feeds the last)."""
+    return tokens if arch == "llama" else tokens[:-1]
 
 
 def score(scorer, tokens, start):
@@ -48,10 +56,11 @@ def test_the_next_turn_reads_only_its_new_tokens_and_scores_as_a_fresh_draft(mod
     both = first + draft.tokenizer.encode(FOLLOW_UP)
     kept = DraftScorer(draft)
     score(kept, first, 0)
-    assert kept.cache.tokens == first
+    assert kept.cache.tokens == held(arch, first)
     got, reads = score(kept, both, len(first))
     want, fresh_reads = score(DraftScorer(draft), both, len(first))
-    assert reads == [len(both) - OBSERVATION_WINDOW - len(first)]  # the conversation is not read again
+    # the conversation is not read again
+    assert reads == [len(both) - OBSERVATION_WINDOW - len(held(arch, first))]
     assert fresh_reads == [len(both) - OBSERVATION_WINDOW]
     assert got.shape == want.shape == (len(both) - len(first),)
     assert mx.allclose(got, want, rtol=2e-2, atol=1e-6).item()
@@ -73,10 +82,10 @@ def test_a_scoring_failure_leaves_the_draft_cache_holding_the_prompt(models, arc
     with pytest.raises(RuntimeError, match="scoring failed"):
         score(scorer, first, 0)
     monkeypatch.undo()
-    assert scorer.cache.tokens == first
+    assert scorer.cache.tokens == held(arch, first)
     got, reads = score(scorer, both, len(first))
     want, _ = score(DraftScorer(draft), both, len(first))
-    assert reads == [len(both) - OBSERVATION_WINDOW - len(first)]
+    assert reads == [len(both) - OBSERVATION_WINDOW - len(held(arch, first))]
     assert mx.allclose(got, want, rtol=2e-2, atol=1e-6).item()
 
 
@@ -109,8 +118,39 @@ def test_a_lookahead_step_that_fails_partway_leaves_no_layer_holding_its_token(m
     with pytest.raises(RuntimeError, match="failed partway"):
         score(scorer, first, 0)
     monkeypatch.undo()
-    assert scorer.cache.tokens == first
-    assert all(layer.offset == len(first) for layer in scorer.cache.layers if hasattr(layer, "offset"))
+    assert scorer.cache.tokens == held(arch, first)
+    assert all(layer.offset == len(held(arch, first)) for layer in scorer.cache.layers if hasattr(layer, "offset"))
     got, _ = score(scorer, both, len(first))
     want, _ = score(DraftScorer(draft), both, len(first))
     assert mx.allclose(got, want, rtol=2e-2, atol=1e-6).item()
+
+
+@pytest.mark.parametrize("arch", ["nemotron_h", "gemma3_text"])
+def test_speculative_decoding_after_a_sparse_prefill_does_not_read_the_prompt_again(models, arch, monkeypatch):
+    """Scoring and drafting share the draft's cache. The drafter holds a prompt but its last
+    token; a scorer that left the last one in a cache that cannot trim made the drafter's
+    first step start the draft over and read the whole conversation a second time."""
+    target, draft = models["llama"], models[arch]
+    model_class, reads = type(draft.model), []
+    real_call = model_class.__call__
+
+    def counting(self, inputs, *args, **kwargs):
+        if self is draft.model and inputs.shape[1] > 1:
+            reads.append(inputs.shape[1])  # a prefill (drafting feeds a token or a few at a time)
+        return real_call(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(model_class, "__call__", counting)
+    settings = ChatSettings(
+        model="m",
+        temperature=0.0,
+        max_tokens=8,
+        prefill_step_size=64,
+        sparse_prefill="on",
+        sparse_keep=0.3,
+        spec_decode="on",
+        num_draft=4,
+    )
+    events = list(Session(target, settings, draft=draft).send(DOC))
+    done = next(e for e in events if isinstance(e, TurnFinished))
+    assert done.metrics.sparse_outcome == "used"
+    assert sum(r for r in reads if r >= 16) <= done.metrics.prompt_tokens  # each prompt token read once

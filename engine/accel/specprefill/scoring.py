@@ -304,12 +304,25 @@ class DraftScorer:
                 break
             yield PrefillProgressed(done, to_read, "draft")
         yield PrefillProgressed(0, len(tokens) - start, "select")
+        layers = self.cache.layers
+        # The drafter reads a prompt to its last token but one (the last goes into its first
+        # proposal, for the logits). A cache that cannot trim is left holding that, through a
+        # mark before the last token: trimming it later would start the draft over.
+        hold_back = CacheCheckpoint.possible(layers) and not CacheCheckpoint.trims(layers, window + LOOKAHEAD_STEPS)
         captured: list = []
+        mark = None
         with capture_attention(self.draft.model, captured):
-            logits = self.draft.model(mx.array(tokens[-window:])[None], cache=self.cache.layers)
+            if hold_back and window > 1:
+                self.draft.model(mx.array(tokens[-window:-1])[None], cache=layers)
+            if hold_back:
+                mark = CacheCheckpoint(layers, 1 + LOOKAHEAD_STEPS)
+            logits = self.draft.model(mx.array(tokens[-1 if mark else -window :])[None], cache=layers)
         self.cache.tokens = list(tokens)
         first = item_int(mx.argmax(logits[0, -1]))
-        observed = [q for q, _, _ in captured]
+        calls = len(captured) // 2 if mark and window > 1 else 0  # attention calls of the first read
+        observed = [q for q, _, _ in captured[calls:]]
+        if calls:
+            observed = [mx.concatenate([a[0], b], axis=2) for a, b in zip(captured[:calls], observed)]
         # Not held through the scoring: the window's logits (128 rows of the vocabulary, ~78 MB
         # for a Qwen draft) and its captured keys (views of the cache's buffers: held, the
         # lookahead's first write copies every layer's keys).
@@ -319,3 +332,6 @@ class DraftScorer:
         finally:
             if not CacheCheckpoint.possible(self.cache.layers):
                 self.cache.reset()  # the lookahead tokens could not be taken back out
+            elif mark is not None:
+                mark.restore(1)
+                self.cache.tokens = list(tokens[:-1])

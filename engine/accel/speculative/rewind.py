@@ -77,6 +77,11 @@ class CacheCheckpoint:
                 layer.trim(fed if mark is None else layer.offset - mark)
         mx.eval([layer.state for layer in self.cache])
 
+    @staticmethod
+    def trims(cache, incoming: int) -> bool:
+        """Whether every layer could trim `incoming` tokens back off (no snapshot needed)."""
+        return all(_trims(layer, incoming) for layer in cache)
+
     def rewind(self, model, fed: list[int], keep: int) -> None:
         """`fed` tokens went in since the mark; keep the first `keep` of them."""
         drop = len(fed) - keep
