@@ -154,3 +154,35 @@ def test_speculative_decoding_after_a_sparse_prefill_does_not_read_the_prompt_ag
     done = next(e for e in events if isinstance(e, TurnFinished))
     assert done.metrics.sparse_outcome == "used"
     assert sum(r for r in reads if r >= 16) <= done.metrics.prompt_tokens  # each prompt token read once
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_an_observation_window_read_that_fails_partway_leaves_the_cache_as_it_was(models, arch, monkeypatch):
+    """The read of the prompt's last tokens fails after the draft's first attention layer took
+    them: the cache must hold what it says (the prompt before them), not a layer ahead."""
+    draft = models[arch]
+    first = draft.tokenizer.encode(DOC)
+    both = first + draft.tokenizer.encode(FOLLOW_UP)
+    scorer = DraftScorer(draft)
+    real = scoring.capture_attention
+
+    @contextlib.contextmanager
+    def failing_after_one_layer(model, sink):
+        class Sink(list):
+            def append(self, item):
+                if self:
+                    raise RuntimeError("failed partway")
+                super().append(item)
+
+        with real(model, Sink()):
+            yield
+
+    monkeypatch.setattr(scoring, "capture_attention", failing_after_one_layer)
+    with pytest.raises(RuntimeError, match="failed partway"):
+        score(scorer, first, 0)
+    monkeypatch.undo()
+    assert scorer.cache.tokens == first[:-OBSERVATION_WINDOW]
+    assert all(layer.offset == len(scorer.cache.tokens) for layer in scorer.cache.layers if hasattr(layer, "offset"))
+    got, _ = score(scorer, both, len(first))
+    want, _ = score(DraftScorer(draft), both, len(first))
+    assert mx.allclose(got, want, rtol=2e-2, atol=1e-6).item()

@@ -311,12 +311,22 @@ class DraftScorer:
         hold_back = CacheCheckpoint.possible(layers) and not CacheCheckpoint.trims(layers, window + LOOKAHEAD_STEPS)
         captured: list = []
         mark = None
-        with capture_attention(self.draft.model, captured):
-            if hold_back and window > 1:
-                self.draft.model(mx.array(tokens[-window:-1])[None], cache=layers)
-            if hold_back:
-                mark = CacheCheckpoint(layers, 1 + LOOKAHEAD_STEPS)
-            logits = self.draft.model(mx.array(tokens[-1 if mark else -window :])[None], cache=layers)
+        # a forward that fails partway leaves its first layers a window ahead of the rest
+        before = CacheCheckpoint(layers, window) if CacheCheckpoint.possible(layers) else None
+        try:
+            with capture_attention(self.draft.model, captured):
+                if hold_back and window > 1:
+                    self.draft.model(mx.array(tokens[-window:-1])[None], cache=layers)
+                if hold_back:
+                    mark = CacheCheckpoint(layers, 1 + LOOKAHEAD_STEPS)
+                logits = self.draft.model(mx.array(tokens[-1 if mark else -window :])[None], cache=layers)
+        except BaseException:
+            if before is None:
+                self.cache.reset()
+            else:
+                before.restore(0)
+            raise
+        del before
         self.cache.tokens = list(tokens)
         first = item_int(mx.argmax(logits[0, -1]))
         calls = len(captured) // 2 if mark and window > 1 else 0  # attention calls of the first read
