@@ -63,12 +63,13 @@ def route_prefill_steps(pair, target, layers, tokens: list[int], cached: int, se
         settings = _auto_beside_on(pair, target, tokens, cached, settings, asked)
     route = yield from _route(pair, target, layers, tokens, cached, settings)
     route = replace(route, focus=focus, keep_focus=auto)
-    if auto:
-        route = replace(route, reason=f"{route.reason} (auto: {why})")
     if route.method == "specprefill" and route.keep_focus and route.spec.selection is not None:
         grown = with_runs(route.spec.selection, focus)
         note = f"used: kept {grown.kept} of {grown.total} new tokens (the question's passages included)"
-        route = replace(route, spec=replace(route.spec, selection=grown, note=note))
+        # the reason is what `brisk run` prints: it must count what was read, as the note does
+        route = replace(route, reason=f"specprefill: {note}", spec=replace(route.spec, selection=grown, note=note))
+    if auto:
+        route = replace(route, reason=f"{route.reason} (auto: {why})")
     return route
 
 
