@@ -110,7 +110,8 @@ def method_name(coverage: dict) -> str:
 def coverage_tooltip(coverage: dict) -> str:
     layers = coverage.get("layers", [])
     share, total = coverage.get("read_share", 1.0), coverage.get("new_tokens", 0)
-    if layers and layers[0][0] < 0:
+    whole_model = bool(layers) and layers[0][0] < 0  # SpecPrefill: no layer read what it skipped
+    if whole_model:
         lines = [f"SpecPrefill: the model read {share:.0%} of the {total:,} new prompt tokens."]
     else:
         names = [html.escape(str(layer)) for layer, _ in layers]  # stored values: text, never markup
@@ -126,6 +127,7 @@ def coverage_tooltip(coverage: dict) -> str:
         )
     skipped = coverage.get("skipped", [])
     if skipped:
-        lines.append("Largest passages skipped by the deepest layers:")
+        where = "the model did not read" if whole_model else "skipped by the deepest layers"
+        lines.append(f"Largest passages {where}:")
         lines += [f"• tokens {s:,}–{e:,}: “{html.escape(text)}…”" for s, e, text in skipped]
     return "<br>".join(lines)
