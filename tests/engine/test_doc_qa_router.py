@@ -56,6 +56,13 @@ def test_question_kinds_from_words():
     assert qt.question_kind("List every inspector's name.") == "aggregation"
     assert qt.question_kind("Quote the keepers' motto exactly, word for word.") == "quote"
     assert qt.question_kind("Which function calls `_fold`?") == "code"
+    assert qt.question_kind("Which method calls _split_chunks?") == "code"
+    assert qt.question_kind("Which function calls os.path.join?") == "code"
+    assert qt.question_kind("Which function is called by wrap()?") == "code"
+    # code words alone are prose: `auto` may read code questions sparsely, these densely
+    assert qt.question_kind("What is the function of the NOTICE file?") is None
+    assert qt.question_kind("What class of works does the licence cover, e.g. source forms?") is None
+    assert qt.question_kind("Who calls the shots in section 4?") is None
     assert qt.question_kind("What is the storage code of the Heron ledger?") is None
     assert [qt.length_band(n) for n in (4000, 8192, 16000, 30000, 90000)] == ["4K", "8K", "16K", "32K", "longer"]
 
@@ -265,9 +272,9 @@ def test_under_auto_specprefill_keeps_the_questions_passage_and_says_so(lm, monk
 
 def test_the_shipped_table_reads_sparsely_only_where_the_128_row_scorer_kept_answers():
     """The one row: Qwen-1.5B with Qwen-0.5B drafting, 12K-24K new tokens, SpecPrefill at keep
-    0.2 for two-hop, quote and code questions (tuning seeds 2-4, 16K). It lost a fact, so a
-    question whose words do not say its kind reads densely; so does every other model, band,
-    draft and kind (the rows measured with the 32-row scorer are out)."""
+    0.2 for two-hop and code questions (tuning seeds 2-4, 16K; quotes are out, see the table).
+    It lost a fact, so a question whose words do not say its kind reads densely; so does every
+    other model, band, draft and kind (the rows measured with the 32-row scorer are out)."""
     for kind in (None, "fact", "two_hop", "aggregation", "quote", "code"):
         assert qt.allowed("qwen2-630", 4000, kind, draft="llama-135") is None
         assert qt.allowed("llama-135", 4000, kind, draft="llama-135") is None
@@ -275,12 +282,12 @@ def test_the_shipped_table_reads_sparsely_only_where_the_128_row_scorer_kept_ans
         assert qt.allowed("qwen2-1777", 16000, kind, draft="llama-135") is None  # another draft
         assert qt.allowed("qwen2-1777", 30000, kind, draft="qwen2-630") is None  # the 32K band
         row = qt.allowed("qwen2-1777", 16000, kind, draft="qwen2-630")
-        if kind in ("quote", "code", "two_hop"):
+        if kind in ("code", "two_hop"):
             assert row is not None and (row.method, row.keep) == ("specprefill", 0.2)
         else:
             assert row is None
     # a conversation that also asked for a list reads densely
-    assert qt.allowed("qwen2-1777", 16000, "quote", draft="qwen2-630", also=("aggregation",)) is None
+    assert qt.allowed("qwen2-1777", 16000, "code", draft="qwen2-630", also=("aggregation",)) is None
     assert qt.question_kind("Quote the keepers' motto word for word.") == "quote"
     assert qt.question_kind("Which function calls `rstrip`?") == "code"
 
