@@ -81,8 +81,8 @@ class CoverageMap(QWidget):
         row = QHBoxLayout()
         read = coverage.get("question_read", 0.0)
         self.warning = QLabel(
-            f"⚠ The passages your question points to were mostly skipped ({read:.0%} of them read in full): "
-            "this answer may have missed them."
+            f"⚠ The passages sharing rare words with your question were mostly skipped ({read:.0%} of them "
+            "read in full): this answer may have missed them."
         )
         self.warning.setObjectName("coverageWarning")
         self.warning.setTextFormat(Qt.PlainText)
@@ -122,8 +122,9 @@ def coverage_tooltip(coverage: dict) -> str:
         ]
     if coverage.get("question_regions"):
         lines.append(
-            f"The passages your question points to: {coverage.get('question_read', 1.0):.0%} read in full"
-            + (" (mostly skipped)." if coverage.get("question_dropped") else ".")
+            # what it measures: a word match, not a proof that the answer's passage was read
+            f"Passages sharing rare words with your question: {coverage.get('question_read', 1.0):.0%} read in "
+            "full" + (" (mostly skipped)." if coverage.get("question_dropped") else ".")
         )
     skipped = coverage.get("skipped", [])
     if skipped:

@@ -450,7 +450,7 @@ class SettingsPanel(QWidget):
         label = self.form.labelForField(self.uniprefill)
         if label is not None:
             label.setToolTip(tip)
-        adapts = " (auto adapts it)" if s.sparse_prefill == "auto" else ""
+        adapts = " (auto uses the share measured to keep answers)" if s.sparse_prefill == "auto" else ""
         self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
         self.num_draft.setEnabled(s.spec_decode == "on")
