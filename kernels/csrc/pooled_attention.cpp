@@ -54,29 +54,6 @@ float row_max(const float* x, int64_t n) {
   return nan ? NAN : best;
 }
 
-// e[i] = 2^((x[i] - max) * log2(e)) for i < n; returns their sum.
-double exp_sum(const float* x, int64_t n, float max, float* e) {
-  int64_t i = 0;
-  double total = 0.0;
-#if defined(__AVX2__) && defined(__FMA__)
-  const __m256 m = _mm256_set1_ps(max), s = _mm256_set1_ps(kLog2e);
-  __m256 sum = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = brisk::exp2_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), m), s));
-    _mm256_storeu_ps(e + i, v);
-    sum = _mm256_add_ps(sum, v);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  for (float lane : lanes) total += lane;
-#endif
-  for (; i < n; ++i) {
-    e[i] = std::exp2((x[i] - max) * kLog2e);
-    total += e[i];
-  }
-  return total;
-}
-
 // out[j] = max(out[j], scale * sum of padded[j .. j + kernel)) for j < n.
 void pool_into_max(const float* padded, int64_t n, int kernel, float scale, float* out) {
   int64_t j = 0;
@@ -115,7 +92,7 @@ void run_row(void* context, int r) {
       std::fill(out, out + n, NAN);
       return;
     }
-    const double total = exp_sum(x, visible, max, e);
+    const double total = brisk::exp2_weights(x, visible, max, kLog2e, e);
     // the pool counts zeros outside [start, end) and past the keys this row saw
     std::fill(e + job.start - pad, e + job.start, 0.f);
     std::fill(e + std::min(visible, job.end), e + job.end + pad, 0.f);

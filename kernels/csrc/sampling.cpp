@@ -26,31 +26,6 @@ float row_max(const float* x, int V) {
   return best;
 }
 
-// w[i] = 2^((x[i] - max) * scale) (0 for -inf and NaN); returns their sum.
-double weights(const float* x, int V, float max, float scale, float* w) {
-  int i = 0;
-  double total = 0.0;
-#if defined(__AVX2__) && defined(__FMA__)
-  const __m256 m = _mm256_set1_ps(max), s = _mm256_set1_ps(scale);
-  __m256 sum = _mm256_setzero_ps();
-  for (; i + 8 <= V; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    const __m256 ordered = _mm256_cmp_ps(v, v, _CMP_ORD_Q);  // NaN lanes: 0
-    const __m256 e = _mm256_and_ps(ordered, brisk::exp2_ps(_mm256_mul_ps(_mm256_sub_ps(v, m), s)));
-    _mm256_storeu_ps(w + i, e);
-    sum = _mm256_add_ps(sum, e);
-  }
-  alignas(32) float lanes[8];
-  _mm256_store_ps(lanes, sum);
-  for (float lane : lanes) total += lane;
-#endif
-  for (; i < V; ++i) {
-    w[i] = std::isnan(x[i]) ? 0.f : std::exp2((x[i] - max) * scale);
-    total += w[i];
-  }
-  return total;
-}
-
 }  // namespace
 
 extern "C" {
@@ -70,7 +45,7 @@ int brisk_sample_softmax(const float* logits, int64_t rows, int V, float inv_tem
       continue;
     }
     if (!std::isfinite(max)) continue;  // nothing but -inf and NaN
-    const double total = weights(x, V, max, inv_temperature * kLog2e, w.data());
+    const double total = brisk::exp2_weights(x, V, max, inv_temperature * kLog2e, w.data());
     const double target = double(uniforms[r]) * total;
     double cumulative = 0.0;
     int last = 0;  // the last token with weight: where rounding leaves the target past the sum

@@ -1,6 +1,6 @@
 // 2^x on eight float lanes, shared by the kernels that exponentiate in bulk (attention's
-// online softmax, sampling's softmax over the vocabulary). MLX's CPU exp costs ~22 ns per
-// element; this is a few cycles.
+// online softmax; the softmax weights of sampling and of SpecPrefill's pooled attention,
+// exp2_weights below). MLX's CPU exp costs ~22 ns per element; this is a few cycles.
 #pragma once
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -49,3 +49,36 @@ BRISK_AVX512_EXP inline __m512 exp2_ps512(__m512 x) {
 
 }  // namespace brisk
 #endif
+
+#include <cmath>
+#include <cstdint>
+
+namespace brisk {
+
+// w[i] = 2^((x[i] - max) * scale) for i < n (0 for -inf and NaN), and their sum: the weights of
+// a softmax, shared by the sampler and SpecPrefill's pooled attention.
+inline double exp2_weights(const float* x, int64_t n, float max, float scale, float* w) {
+  int64_t i = 0;
+  double total = 0.0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 m = _mm256_set1_ps(max), s = _mm256_set1_ps(scale);
+  __m256 sum = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    const __m256 ordered = _mm256_cmp_ps(v, v, _CMP_ORD_Q);  // NaN lanes: 0
+    const __m256 e = _mm256_and_ps(ordered, exp2_ps(_mm256_mul_ps(_mm256_sub_ps(v, m), s)));
+    _mm256_storeu_ps(w + i, e);
+    sum = _mm256_add_ps(sum, e);
+  }
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, sum);
+  for (float lane : lanes) total += lane;
+#endif
+  for (; i < n; ++i) {
+    w[i] = std::isnan(x[i]) ? 0.f : std::exp2((x[i] - max) * scale);
+    total += w[i];
+  }
+  return total;
+}
+
+}  // namespace brisk
