@@ -116,6 +116,7 @@ class SettingsPanel(QWidget):
         self.keep = QSlider(Qt.Horizontal)
         self.keep.setRange(5, 100)
         self.keep_label = QLabel()
+        self.keep_label.setWordWrap(True)  # its note must not widen the column past the panel
         self.uniprefill = _combo(("off", "on", "auto"))
         self.mass = _spin(0.80, 1.00, 0.005, decimals=3)  # per-model defaults such as 0.985
         self.mass.setToolTip(
@@ -450,7 +451,7 @@ class SettingsPanel(QWidget):
         label = self.form.labelForField(self.uniprefill)
         if label is not None:
             label.setToolTip(tip)
-        adapts = " (auto uses the share measured to keep answers)" if s.sparse_prefill == "auto" else ""
+        adapts = " (not used by auto)" if s.sparse_prefill == "auto" else ""
         self.keep_label.setText(f"{s.sparse_keep:.0%} of 32-token chunks{adapts}")
         self.keep.setEnabled(s.sparse_prefill != "off")
         self.num_draft.setEnabled(s.spec_decode == "on")
